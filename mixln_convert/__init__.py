@@ -1,0 +1,37 @@
+"""mixln-convert: convert pretrained Pre-LN LLaMA checkpoints to Mix-LN (arXiv 2412.13795).
+
+Python API (the CLI is a thin layer over it)::
+
+    from mixln_convert import convert, evaluate_perplexity, MixLNConfig, MixLNForCausalLM
+    convert("smollm2/", "smollm2-mixln/", alpha=0.25, strategy="calibrated")
+
+Importing this package registers the Mix-LN model type with transformers' ``AutoConfig`` and
+``AutoModelForCausalLM`` as soon as transformers' auto classes are in use, so converted
+checkpoints load with plain ``from_pretrained`` (no remote code).
+"""
+
+__version__ = "0.1.0"
+
+from .model.autoregister import install as _install_autoregister
+
+_install_autoregister()
+
+_API = {
+    "convert": "mixln_convert.conversion.converter",
+    "MixLNConfig": "mixln_convert.model.configuration_mixln",
+    "MixLNForCausalLM": "mixln_convert.model.modeling_mixln",
+    "MixLNModel": "mixln_convert.model.modeling_mixln",
+    "load_model": "mixln_convert.model.loading",
+    "load_tokenizer": "mixln_convert.model.loading",
+    "evaluate_perplexity": "mixln_convert.evaluate",
+}
+__all__ = [*_API, "__version__"]
+
+
+def __getattr__(name):
+    # The API is imported on first use: torch and transformers take seconds to import.
+    if name in _API:
+        import importlib
+
+        return getattr(importlib.import_module(_API[name]), name)
+    raise AttributeError(f"module 'mixln_convert' has no attribute {name!r}")

@@ -1,0 +1,77 @@
+"""Architecture descriptions as data (one JSON file per family, mergekit style).
+
+Each file names the source architecture, the tensor names of the embeddings, final norm,
+LM head and of one decoder layer, and what a converted checkpoint is called. Supporting a new
+LLaMA-shaped family (Mistral, Qwen2...) means adding a JSON file, not code: the converter only
+asks an :class:`Architecture` for names.
+"""
+
+import json
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+from ..errors import MixLNError
+
+
+@dataclass(frozen=True)
+class Architecture:
+    description: str
+    architectures: list[str]
+    model_type: str
+    gguf_architecture: str
+    converted: dict
+    embed: str
+    final_norm: str
+    lm_head: str
+    layer_prefix: str
+    layer: dict
+
+    @property
+    def name(self) -> str:
+        return self.architectures[0]
+
+    def layer_tensor(self, i: int, role: str) -> str | list[str]:
+        """Full tensor name(s) of ``role`` (a key of the JSON ``layer`` table) in layer ``i``."""
+        names = self.layer[role]
+        prefix = self.layer_prefix.format(i=i)
+        return [prefix + n for n in names] if isinstance(names, list) else prefix + names
+
+    def layer_of(self, tensor_name: str) -> int | None:
+        """The layer index a tensor belongs to, or None for embeddings, final norm, head."""
+        pattern = re.escape(self.layer_prefix).replace(re.escape("{i}"), r"(\d+)")
+        match = re.match(pattern, tensor_name)
+        return int(match.group(1)) if match else None
+
+
+@cache
+def all_architectures() -> tuple[Architecture, ...]:
+    files = sorted(f for f in resources.files(__package__).iterdir() if f.name.endswith(".json"))
+    return tuple(Architecture(**json.loads(f.read_text())) for f in files)
+
+
+def architecture_for(config: dict, where: str) -> Architecture:
+    """The architecture of a source checkpoint's ``config.json`` contents; ``where`` names the file.
+
+    Refuses checkpoints that are already converted and families no JSON file describes.
+    """
+    model_type = config.get("model_type")
+    for arch in all_architectures():
+        if model_type == arch.converted["model_type"]:
+            raise MixLNError(f"{where}: already a Mix-LN checkpoint (model_type {model_type!r}); convert its Pre-LN source instead")
+    declared = config.get("architectures") or []
+    for arch in all_architectures():
+        if model_type == arch.model_type and (not declared or set(declared) & set(arch.architectures)):
+            return arch
+    supported = ", ".join(a for arch in all_architectures() for a in arch.architectures)
+    found = ", ".join(declared) or model_type or "unknown"
+    raise MixLNError(f"{where}: unsupported architecture {found}; supported: {supported}")
+
+
+def architecture_of_any(config: dict, where: str) -> Architecture:
+    """The architecture of a source or an already converted checkpoint."""
+    for arch in all_architectures():
+        if config.get("model_type") == arch.converted["model_type"]:
+            return arch
+    return architecture_for(config, where)

@@ -1,0 +1,1 @@
+"""Step 1 of the pipeline (convert -> train -> analyze -> report): a Pre-LN checkpoint becomes a Mix-LN one."""

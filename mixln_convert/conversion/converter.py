@@ -1,0 +1,117 @@
+"""``convert()``: a Pre-LN LLaMA checkpoint in, a Mix-LN checkpoint folder out."""
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from .. import __version__
+from ..architectures import architecture_for
+from ..errors import MixLNError
+from ..io.loader import open_checkpoint
+from ..io.writer import ShardedWriter, atomic_output_dir, parse_size
+from .layout import post_ln_count
+from .plan import STRATEGIES, ConversionPlan
+
+MODEL_CODE = ("configuration_mixln.py", "modeling_mixln.py")  # saved beside the weights
+
+
+def parse_dtype(name: str | None) -> torch.dtype | None:
+    if name is None:
+        return None
+    dtypes = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+              "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    if name not in dtypes:
+        raise MixLNError(f"--dtype: unknown dtype {name!r} (choose from {', '.join(dtypes)})")
+    return dtypes[name]
+
+
+def convert(
+    src,
+    dst,
+    *,
+    alpha: float | None = None,
+    post_ln_layers: int | None = None,
+    strategy: str = "calibrated",
+    scaled_init: bool = True,
+    calibration_data=None,
+    calibration_tokens: int = 8192,
+    calibration_seq_len: int = 512,
+    max_shard_size: str | int = "5GB",
+    dtype: str | None = None,
+    seed: int = 0,
+    force: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Convert the Pre-LN checkpoint ``src`` (HF folder or .gguf) into a Mix-LN folder ``dst``.
+
+    The first ``floor(alpha * L)`` blocks (or ``post_ln_layers``; default alpha 0.25) become
+    Post-LN; ``strategy`` says what their weights become (see :mod:`.plan`). ``src`` is never
+    written; ``dst`` appears only when the whole conversion succeeded. Returns ``dst``.
+    """
+    if strategy not in STRATEGIES:
+        raise MixLNError(f"--strategy: unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
+    max_shard_bytes = parse_size(max_shard_size)
+    out_dtype = parse_dtype(dtype)
+    source = open_checkpoint(src)
+    arch = architecture_for(source.config, str(Path(src) / "config.json") if Path(src).is_dir() else str(src))
+    config = dict(source.config)
+    n_post = post_ln_count(config["num_hidden_layers"], alpha, post_ln_layers)
+    out_dtype = out_dtype or source.dtype()
+
+    with atomic_output_dir(dst, force=force, protect=[src]) as tmp:
+        started = time.time()
+        stats = None
+        if strategy == "calibrated" and n_post > 0:
+            stats = calibration_statistics(source, arch, n_post, src, calibration_data, calibration_tokens,
+                                           calibration_seq_len, progress)
+        plan = ConversionPlan(arch, config, n_post, strategy, scaled_init, seed, stats, out_dtype)
+        writer = ShardedWriter(tmp, max_shard_bytes)
+        for name, tensor in tqdm(plan.tensors(source), total=len(source.names()), desc="converting",
+                                 unit="tensor", disable=not progress):
+            writer.add(name, tensor)
+        writer.close()
+        provenance = {
+            "tool": f"mixln-convert {__version__}",
+            "source": str(Path(src).absolute()),
+            "strategy": strategy,
+            "scaled_init": scaled_init if strategy in ("reinit-post", "scratch") else None,
+            "seed": seed,
+            "calibration": stats,
+            "seconds": round(time.time() - started, 2),
+        }
+        write_config(tmp, config, arch, n_post, alpha, out_dtype, provenance)
+        source.copy_extras(tmp)
+    return Path(dst)
+
+
+def calibration_statistics(source, arch, n_post, src, data, tokens, seq_len, progress) -> dict:
+    from ..data import read_texts, token_blocks
+    from ..model.loading import load_tokenizer
+    from .calibrate import load_prefix, residual_rms
+
+    seq_len = min(seq_len, source.config.get("max_position_embeddings") or seq_len)
+    blocks = token_blocks(load_tokenizer(src), read_texts(data, split="calibration"), seq_len, tokens)
+    stats = residual_rms(load_prefix(source, arch, n_post), blocks, progress=progress)
+    return {**stats, "data": str(data) if data else "embedded:calibration", "tokens": blocks.numel()}
+
+
+def write_config(folder: Path, source_config: dict, arch, n_post: int, alpha, dtype, provenance: dict) -> None:
+    """config.json of the converted model plus the modeling code that ``auto_map`` points to."""
+    config = {k: v for k, v in source_config.items() if k not in ("quantization_config", "_name_or_path")}
+    config.update(
+        model_type=arch.converted["model_type"],
+        architectures=[arch.converted["architecture"]],
+        auto_map=arch.converted["auto_map"],
+        post_ln_layers=n_post,
+        alpha=alpha,
+        dtype=str(dtype).removeprefix("torch."),
+        mixln_provenance=provenance,
+    )
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    code = Path(__file__).parent.parent / "model"
+    for name in MODEL_CODE:
+        shutil.copy2(code / name, folder / name)

@@ -1,0 +1,20 @@
+"""How many leading blocks become Post-LN."""
+
+import math
+
+from ..errors import MixLNError
+
+
+def post_ln_count(num_layers: int, alpha: float | None = None, post_ln_layers: int | None = None) -> int:
+    """``floor(alpha * L)``, or an explicit count; validated against the model's depth."""
+    if post_ln_layers is not None:
+        if alpha is not None:
+            raise MixLNError("--alpha and --post-ln-layers are exclusive: give one")
+        if not 0 <= post_ln_layers <= num_layers:
+            raise MixLNError(f"--post-ln-layers: {post_ln_layers} is outside [0, {num_layers}] for this {num_layers}-layer model")
+        return post_ln_layers
+    alpha = 0.25 if alpha is None else alpha
+    if not (0.0 <= alpha <= 1.0) or math.isnan(alpha):
+        raise MixLNError(f"--alpha: {alpha} is outside [0, 1]")
+    # A tiny epsilon keeps floor(0.3 * 10) == 3 despite 0.3 * 10 == 2.9999999999999996.
+    return math.floor(alpha * num_layers + 1e-9)

@@ -1,0 +1,104 @@
+"""What each output tensor of a conversion is: the logic, kept apart from reading and writing.
+
+A plan walks the source's tensor names once and yields ``(name, tensor)`` for the output, one
+tensor at a time (so a conversion can stream). Per strategy, a Post-LN layer i (i < n_post):
+
+==============  ====================  =====================  ====================
+strategy        input_layernorm       post_attention gain    post_feedforward gain
+==============  ====================  =====================  ====================
+move            dropped               kept                   ones
+calibrated      folded into q/k/v     m_i (typical RMS)      c_{i+1}
+reinit-post     dropped               ones                   ones (layer re-initialized)
+scratch         every tensor of the model is freshly initialized
+==============  ====================  =====================  ====================
+
+``calibrated`` folds ``gain / typical_rms`` into the input columns of the projections that
+read a norm's output, because a Post-LN block feeds them a residual stream normalized to a
+constant RMS instead of the Pre-LN norm's output (see shared MIXLN.md).
+"""
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from ..architectures import Architecture
+from .initialization import fresh_tensor, init_std
+
+STRATEGIES = ("calibrated", "move", "reinit-post", "scratch")
+
+
+@dataclass
+class ConversionPlan:
+    arch: Architecture
+    config: dict
+    n_post: int
+    strategy: str
+    scaled_init: bool = True
+    seed: int = 0
+    stats: dict | None = None  # residual_rms() of the source, for "calibrated"
+    dtype: torch.dtype = torch.float32
+    roles: dict = field(init=False)  # per-layer tensor suffix -> role ("attention_inputs", ...)
+
+    def __post_init__(self):
+        self.roles = {}
+        for role, names in self.arch.layer.items():
+            for n in names if isinstance(names, list) else [names]:
+                self.roles[n] = role
+
+    def _fresh(self, name: str, role: str | None, shape) -> torch.Tensor:
+        is_norm = name == self.arch.final_norm or (role or "").endswith("norm")
+        std = None if is_norm else init_std(role or "", self.config.get("initializer_range", 0.02),
+                                             self.config["num_hidden_layers"], self.scaled_init)
+        return fresh_tensor(name, shape, std, self.seed)
+
+    def tensors(self, source) -> Iterator[tuple[str, torch.Tensor]]:
+        tied = self.config.get("tie_word_embeddings", False)
+        for name in source.names():
+            if tied and name == self.arch.lm_head:
+                continue  # written once, as the embeddings
+            i = self.arch.layer_of(name)
+            if self.strategy == "scratch":
+                yield from self._scratch(source, name, i)
+            elif i is None or i >= self.n_post:
+                yield name, source.get(name).to(self.dtype)
+            else:
+                yield from self._post_ln(source, name, i)
+
+    def _scratch(self, source, name: str, i: int | None):
+        shape = source.get(name).shape
+        if i is None:
+            yield name, self._fresh(name, None, shape).to(self.dtype)
+            return
+        role = self.roles[name.removeprefix(self.arch.layer_prefix.format(i=i))]
+        if i < self.n_post and role == "input_norm":
+            return
+        yield name, self._fresh(name, role, shape).to(self.dtype)
+        if i < self.n_post and role == "post_attention_norm":
+            pf = self.arch.layer_tensor(i, "post_feedforward_norm")
+            yield pf, self._fresh(pf, "post_feedforward_norm", shape).to(self.dtype)
+
+    def _post_ln(self, source, name: str, i: int):
+        role = self.roles[name.removeprefix(self.arch.layer_prefix.format(i=i))]
+        if role == "input_norm":
+            return
+        if self.strategy == "reinit-post":
+            tensor = self._fresh(name, role, source.get(name).shape)
+        else:
+            tensor = source.get(name).float()
+        if role == "post_attention_norm":
+            pf_name = self.arch.layer_tensor(i, "post_feedforward_norm")
+            pf = torch.ones_like(tensor)
+            if self.strategy == "calibrated":
+                tensor = torch.full_like(tensor, self.stats["mid"][i])
+                pf = torch.full_like(tensor, self.stats["input"][i + 1])
+            yield name, tensor.to(self.dtype)
+            yield pf_name, pf.to(self.dtype)
+            return
+        if self.strategy == "calibrated" and role == "attention_inputs":
+            gain = source.get(self.arch.layer_tensor(i, "input_norm")).float()
+            tensor = tensor * (gain / self.stats["input"][i])[None, :]
+        elif self.strategy == "calibrated" and role == "mlp_inputs":
+            gain = source.get(self.arch.layer_tensor(i, "post_attention_norm")).float()
+            tensor = tensor * (gain / self.stats["mid"][i])[None, :]
+        yield name, tensor.to(self.dtype)

@@ -1,0 +1,71 @@
+"""``mixln-convert inspect``: what a checkpoint holds, read tensor by tensor (norm gains only)."""
+
+from pathlib import Path
+
+from .architectures import architecture_of_any
+from .io.loader import open_checkpoint
+
+NORM_ROLES = ("input_norm", "post_attention_norm", "post_feedforward_norm")
+
+
+def describe(ckpt) -> dict:
+    source = open_checkpoint(ckpt)
+    config = source.config
+    arch = architecture_of_any(config, str(ckpt))
+    names = set(source.names())
+    n_post = config.get("post_ln_layers", 0)
+    layers = []
+    for i in range(config["num_hidden_layers"]):
+        norms = {}
+        for role in NORM_ROLES:
+            name = arch.layer_tensor(i, role)
+            if name in names:
+                gain = source.get(name).float()
+                norms[role] = {"mean": gain.mean().item(), "std": gain.std().item(),
+                               "min": gain.min().item(), "max": gain.max().item()}
+        layers.append({"index": i, "kind": "Post-LN" if i < n_post else "Pre-LN", "norms": norms})
+    params = 0
+    for name in names:
+        numel = 1
+        for d in source.shape(name):
+            numel *= d
+        params += numel
+    return {
+        "checkpoint": str(Path(ckpt)),
+        "model_type": config.get("model_type"),
+        "num_layers": config["num_hidden_layers"],
+        "post_ln_layers": n_post,
+        "alpha": config.get("alpha"),
+        "parameters": params,
+        "dtype": str(source.dtype()).removeprefix("torch."),
+        "tied_embeddings": bool(config.get("tie_word_embeddings", False)),
+        "layers": layers,
+        "provenance": config.get("mixln_provenance"),
+    }
+
+
+def format_description(d: dict) -> str:
+    head = [
+        f"checkpoint   {d['checkpoint']}",
+        f"model type   {d['model_type']}   layers {d['num_layers']}   Post-LN {d['post_ln_layers']}"
+        + (f" (alpha {d['alpha']})" if d["alpha"] is not None else ""),
+        f"parameters   {d['parameters']:,}   dtype {d['dtype']}   tied embeddings {d['tied_embeddings']}",
+        "",
+        f"{'layer':>5}  {'kind':7}  " + "  ".join(f"{r:>28}" for r in NORM_ROLES),
+    ]
+    rows = []
+    for layer in d["layers"]:
+        cells = []
+        for role in NORM_ROLES:
+            s = layer["norms"].get(role)
+            cells.append(f"{'-':>28}" if s is None else f"{s['mean']:8.3f} ±{s['std']:7.3f} [{s['min']:.2f},{s['max']:.2f}]"[:28].rjust(28))
+        rows.append(f"{layer['index']:>5}  {layer['kind']:7}  " + "  ".join(cells))
+    prov = d["provenance"]
+    tail = []
+    if prov:
+        tail = ["", "provenance"] + [f"  {k}: {v}" for k, v in prov.items() if k != "calibration"]
+        if prov.get("calibration"):
+            cal = prov["calibration"]
+            tail.append(f"  calibration: {cal.get('tokens')} tokens of {cal.get('data')}")
+            tail.append("    residual RMS at block inputs: " + ", ".join(f"{x:.3g}" for x in cal["input"]))
+    return "\n".join(head + rows + tail)

@@ -1,0 +1,182 @@
+import gzip
+import json
+import sys
+
+import pytest
+import torch
+
+from mixln_convert.data import SPLITS, embedded_corpus, read_texts, token_blocks
+from mixln_convert.data.corpus import _split_of
+from mixln_convert.errors import MixLNError
+
+
+class FakeTokenizer:
+    """Whitespace tokenizer: the text "3 4 5" is the ids [3, 4, 5]; id 0 is EOS."""
+
+    eos_token_id = 0
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, text, add_special_tokens=True):
+        assert add_special_tokens is False  # BOS/EOS inside the stream would be wrong
+        self.calls += 1
+        return {"input_ids": [int(w) for w in text.split()]}
+
+
+# ---- embedded corpus ----------------------------------------------------------------------
+
+
+def test_embedded_splits_nonempty_disjoint_deterministic():
+    docs = {s: embedded_corpus(s) for s in SPLITS}
+    assert sum(map(len, docs["validation"])) > 250_000
+    assert sum(map(len, docs["calibration"])) > 80_000
+    assert all(len(d) >= 200 and d == d.strip() for s in SPLITS for d in docs[s])
+    assert not set(docs["calibration"]) & set(docs["validation"])
+    assert not set(docs["calibration"]) & set(docs["train"])
+    assert not set(docs["validation"]) & set(docs["train"])
+    assert embedded_corpus("validation") == docs["validation"]
+    docs["validation"].clear()  # callers get a copy, not the cache
+    assert embedded_corpus("validation")
+    assert read_texts(None, "calibration") == docs["calibration"]
+
+
+def test_split_assignment_is_a_stable_hash():
+    # pinned: a change here reshuffles every split (and the numbers measured on them)
+    assert [_split_of(f"m.py:f{i}") for i in range(7)] == [
+        "calibration", "train", "train", "train", "train", "calibration", "validation"
+    ]
+    counts = {s: 0 for s in SPLITS}
+    for i in range(10_000):
+        counts[_split_of(f"m.py:f{i}")] += 1
+    assert 800 < counts["calibration"] < 1200 and 2200 < counts["validation"] < 2800
+
+
+def test_unknown_split():
+    with pytest.raises(MixLNError, match="split"):
+        embedded_corpus("test")
+
+
+# ---- user files ---------------------------------------------------------------------------
+
+
+def write_jsonl(path, records, opener=open):
+    with opener(path, "wt", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    return path
+
+
+def test_formats(tmp_path):
+    (tmp_path / "a.txt").write_text("line one\n\fline two\n", encoding="utf-8")
+    assert read_texts(tmp_path / "a.txt") == ["line one\n\fline two\n"]
+    write_jsonl(tmp_path / "b.jsonl", [{"text": "b1", "url": "x"}, {"text": "b2"}])
+    assert read_texts(str(tmp_path / "b.jsonl"), split="train") == ["b1", "b2"]
+    (tmp_path / "c.json").write_text(json.dumps([{"text": "c1"}, {"text": "c2"}]))
+    assert read_texts(tmp_path / "c.json") == ["c1", "c2"]
+    write_jsonl(tmp_path / "d.json", [{"text": "d1"}, {"text": "d2"}])  # JSON lines named .json
+    assert read_texts(tmp_path / "d.json") == ["d1", "d2"]
+    write_jsonl(tmp_path / "c4-train.00000-of-01024.json.gz", [{"text": "e1"}, {"text": ""}], gzip.open)
+    assert read_texts(tmp_path / "c4-train.00000-of-01024.json.gz") == ["e1"]  # empty docs dropped
+    write_jsonl(tmp_path / "f.jsonl.gz", [{"text": "f1"}], gzip.open)
+    assert read_texts(tmp_path / "f.jsonl.gz") == ["f1"]
+
+
+def test_parquet(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": ["p1", "p2"], "id": [1, 2]}), tmp_path / "p.parquet")
+    assert read_texts(tmp_path / "p.parquet") == ["p1", "p2"]
+    pq.write_table(pa.table({"body": ["p1"]}), tmp_path / "q.parquet")
+    with pytest.raises(MixLNError, match="q.parquet.*'text'"):
+        read_texts(tmp_path / "q.parquet")
+    (tmp_path / "r.parquet").write_bytes(b"not parquet")
+    with pytest.raises(MixLNError, match="r.parquet.*cannot read"):
+        read_texts(tmp_path / "r.parquet")
+
+
+def test_parquet_without_pyarrow(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # makes `import pyarrow.parquet` fail
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    (tmp_path / "p.parquet").write_bytes(b"PAR1")
+    with pytest.raises(MixLNError, match="p.parquet.*pip install pyarrow"):
+        read_texts(tmp_path / "p.parquet")
+
+
+def test_folder_and_glob(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / ".cache").mkdir()
+    (tmp_path / "b.txt").write_text("B")
+    (tmp_path / "sub" / "a.txt").write_text("A")
+    write_jsonl(tmp_path / "sub" / "c.jsonl", [{"text": "C"}])
+    (tmp_path / "notes.md").write_text("not a supported format: skipped in a folder")
+    (tmp_path / ".cache" / "x.txt").write_text("hidden: skipped")
+    assert read_texts(tmp_path) == ["B", "A", "C"]  # recursive, sorted by path
+    assert read_texts(tmp_path / "sub" / "*.jsonl") == ["C"]
+    assert read_texts(f"{tmp_path}/**/*.txt") == ["B", "A"]
+
+
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        ("empty.txt", b"", "no text"),
+        ("blank.jsonl", b'{"text": ""}\n{"text": "  "}\n', "no text"),
+        ("bad.jsonl", b'{"text": "ok"}\n{"text": \n', "invalid JSON at line 2"),
+        ("bad.json", b'[{"text": "ok"},\n {"text": }]', "invalid JSON at line 2"),
+        ("notext.jsonl", b'{"text": "ok"}\n{"content": "x"}\n', "line 2 has no 'text'"),
+        ("notext.json", b'[{"content": "x"}]', "record 0 has no 'text'"),
+        ("bad.json.gz", b"not gzip at all", "cannot read"),
+        ("latin1.txt", "caf\xe9".encode("latin-1"), "cannot read"),
+        ("data.csv", b"text\nx\n", "unsupported format"),
+    ],
+)
+def test_read_errors(tmp_path, name, content, message):
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(MixLNError, match=message) as e:
+        read_texts(tmp_path / name)
+    assert name in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("name, message", [("nope.txt", "no such file"), ("*.jsonl", "matches no files"), ("", "holds no")])
+def test_missing_sources(tmp_path, name, message):
+    source = str(tmp_path / name)  # "" is the (empty) folder itself
+    with pytest.raises(MixLNError, match=message) as e:
+        read_texts(source)
+    assert source in str(e.value)
+
+
+def test_unreadable_file(tmp_path, monkeypatch):
+    path = tmp_path / "secret.txt"
+    path.write_text("x")
+
+    def refuse(self):  # chmod 0 cannot stop root, so fake the refusal
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(type(path), "read_bytes", refuse)
+    with pytest.raises(MixLNError, match="secret.txt: cannot read.*Permission denied"):
+        read_texts(path)
+
+
+# ---- token blocks -------------------------------------------------------------------------
+
+
+def test_token_blocks_eos_between_documents():
+    blocks = token_blocks(FakeTokenizer(), ["1 2 3", "", "4 5", "6 7 8 9"], seq_len=4)
+    assert blocks.dtype == torch.long
+    # 1 2 3 EOS 4 5 EOS 6 7 8 9: 11 tokens, two full blocks, remainder dropped; "" adds no EOS
+    assert blocks.tolist() == [[1, 2, 3, 0], [4, 5, 0, 6]]
+
+
+def test_token_blocks_max_tokens_is_lazy():
+    tok = FakeTokenizer()
+    texts = ["1 2 3 4 5"] * 1000
+    blocks = token_blocks(tok, texts, seq_len=4, max_tokens=10)  # rounds down to 2 blocks
+    assert blocks.shape == (2, 4)
+    assert tok.calls == 2  # stopped once 8 tokens were in hand
+    assert token_blocks(tok, texts, seq_len=4, max_tokens=1).shape == (1, 4)  # at least one block
+    assert token_blocks(tok, texts, seq_len=4).shape == (5999 // 4, 4)  # 5000 tokens + 999 EOS
+
+
+def test_token_blocks_too_little_data():
+    with pytest.raises(MixLNError, match="only 3 tokens.*seq_len=8"):
+        token_blocks(FakeTokenizer(), ["1 2 3"], seq_len=8)
