@@ -6,6 +6,7 @@ from .architectures import architecture_of_any
 from .io.loader import open_checkpoint
 
 NORM_ROLES = ("input_norm", "post_attention_norm", "post_feedforward_norm")
+CELL = 30  # width of a "mean ±std [min,max]" gain cell; wider values widen their row rather than being cut
 
 
 def describe(ckpt) -> dict:
@@ -51,14 +52,15 @@ def format_description(d: dict) -> str:
         + (f" (alpha {d['alpha']})" if d["alpha"] is not None else ""),
         f"parameters   {d['parameters']:,}   dtype {d['dtype']}   tied embeddings {d['tied_embeddings']}",
         "",
-        f"{'layer':>5}  {'kind':7}  " + "  ".join(f"{r:>28}" for r in NORM_ROLES),
+        f"{'layer':>5}  {'kind':7}  " + "  ".join(f"{r:>{CELL}}" for r in NORM_ROLES),
     ]
     rows = []
     for layer in d["layers"]:
         cells = []
         for role in NORM_ROLES:
             s = layer["norms"].get(role)
-            cells.append(f"{'-':>28}" if s is None else f"{s['mean']:8.3f} ±{s['std']:7.3f} [{s['min']:.2f},{s['max']:.2f}]"[:28].rjust(28))
+            text = "-" if s is None else f"{s['mean']:.3f} ±{s['std']:.3f} [{s['min']:.2f},{s['max']:.2f}]"
+            cells.append(f"{text:>{CELL}}")
         rows.append(f"{layer['index']:>5}  {layer['kind']:7}  " + "  ".join(cells))
     prov = d["provenance"]
     tail = []
@@ -67,5 +69,7 @@ def format_description(d: dict) -> str:
         if prov.get("calibration"):
             cal = prov["calibration"]
             tail.append(f"  calibration: {cal.get('tokens')} tokens of {cal.get('data')}")
-            tail.append("    residual RMS at block inputs: " + ", ".join(f"{x:.3g}" for x in cal["input"]))
+            # One line per per-layer statistic, whatever the calibration recorded.
+            tail += [f"    {key}: " + ", ".join(f"{x:.3g}" for x in values)
+                     for key, values in cal.items() if isinstance(values, list)]
     return "\n".join(head + rows + tail)

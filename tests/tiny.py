@@ -24,15 +24,18 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
 
 
+# The tiny shape, as keyword arguments any LLaMA-derived config (MixLNConfig too) accepts.
+TINY_CONFIG = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
+                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                   bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+
+
 def tiny_config(**overrides) -> LlamaConfig:
-    values = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
-    values.update(overrides)
-    return LlamaConfig(**values)
+    return LlamaConfig(**{**TINY_CONFIG, **overrides})
 
 
-def make_tiny_llama(folder: Path, seed: int = 0, norm_noise: float = 0.5, **config_overrides) -> Path:
+def make_tiny_llama(folder: Path, seed: int = 0, norm_noise: float = 0.5, max_shard_size: str = "1GB",
+                    **config_overrides) -> Path:
     """Save a random LLaMA whose norm gains are not all ones (so moving/folding them matters)."""
     torch.manual_seed(seed)
     model = LlamaForCausalLM(tiny_config(**config_overrides))
@@ -40,6 +43,6 @@ def make_tiny_llama(folder: Path, seed: int = 0, norm_noise: float = 0.5, **conf
         for name, p in model.named_parameters():
             if name.endswith("layernorm.weight") or name == "model.norm.weight":
                 p.copy_(1 + norm_noise * torch.rand_like(p))
-    model.save_pretrained(folder, max_shard_size=config_overrides.pop("_shard", "1GB"))
+    model.save_pretrained(folder, max_shard_size=max_shard_size)
     tiny_tokenizer().save_pretrained(folder)
     return Path(folder)

@@ -40,7 +40,7 @@ def convert(
     calibration_data=None,
     calibration_tokens: int = 8192,
     calibration_seq_len: int = 512,
-    max_shard_size: str | int = "5GB",
+    max_shard_size: str | int | None = None,
     dtype: str | None = None,
     seed: int = 0,
     force: bool = False,
@@ -51,12 +51,18 @@ def convert(
     The first ``floor(alpha * L)`` blocks (or ``post_ln_layers``; default alpha 0.25) become
     Post-LN; ``strategy`` says what their weights become (see :mod:`.plan`). ``src`` is never
     written; ``dst`` appears only when the whole conversion succeeded. Returns ``dst``.
+
+    Tensors stream from the source's shards to the output's, so memory stays within one shard
+    plus ~1 GiB: output shards default to the source's largest shard, at most 5GB (a larger
+    ``max_shard_size`` lets the buffer of computed tensors grow to it).
     """
     if strategy not in STRATEGIES:
         raise MixLNError(f"--strategy: unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
-    max_shard_bytes = parse_size(max_shard_size)
+    max_shard_bytes = None if max_shard_size is None else parse_size(max_shard_size)
     out_dtype = parse_dtype(dtype)
     source = open_checkpoint(src)
+    if max_shard_bytes is None:  # the writer buffers one output shard of computed tensors
+        max_shard_bytes = min(parse_size("5GB"), source.largest_shard_bytes())
     arch = architecture_for(source.config, str(Path(src) / "config.json") if Path(src).is_dir() else str(src))
     config = dict(source.config)
     n_post = post_ln_count(config["num_hidden_layers"], alpha, post_ln_layers)
@@ -80,7 +86,7 @@ def convert(
             "strategy": strategy,
             "scaled_init": scaled_init if strategy in ("reinit-post", "scratch") else None,
             "seed": seed,
-            "calibration": stats,
+            "calibration": _provenance_of(stats),
             "seconds": round(time.time() - started, 2),
         }
         write_config(tmp, config, arch, n_post, alpha, out_dtype, provenance)
@@ -91,17 +97,28 @@ def convert(
 def calibration_statistics(source, arch, n_post, src, data, tokens, seq_len, progress) -> dict:
     from ..data import read_texts, token_blocks
     from ..model.loading import load_tokenizer
-    from .calibrate import load_prefix, residual_rms
+    from .calibrate import calibrate, load_prefix
 
     seq_len = min(seq_len, source.config.get("max_position_embeddings") or seq_len)
     blocks = token_blocks(load_tokenizer(src), read_texts(data, split="calibration"), seq_len, tokens)
-    stats = residual_rms(load_prefix(source, arch, n_post), blocks, progress=progress)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # a few blocks: the GPU makes calibration instant
+    stats = calibrate(load_prefix(source, arch, n_post, device=device), blocks, progress=progress)
+    stats = {k: [v.cpu() if torch.is_tensor(v) else v for v in vs] for k, vs in stats.items()}
     return {**stats, "data": str(data) if data else "embedded:calibration", "tokens": blocks.numel()}
+
+
+def _provenance_of(stats: dict | None) -> dict | None:
+    """The calibration statistics as JSON: the fitted gain vectors are in the weights, their means here."""
+    if stats is None:
+        return None
+    return {k: [v.mean().item() for v in vs] if k.endswith("_gain") else vs for k, vs in stats.items()}
 
 
 def write_config(folder: Path, source_config: dict, arch, n_post: int, alpha, dtype, provenance: dict) -> None:
     """config.json of the converted model plus the modeling code that ``auto_map`` points to."""
-    config = {k: v for k, v in source_config.items() if k not in ("quantization_config", "_name_or_path")}
+    # torch_dtype, transformers 4's name of dtype (set below), would contradict a --dtype conversion.
+    dropped = ("quantization_config", "_name_or_path", "torch_dtype")
+    config = {k: v for k, v in source_config.items() if k not in dropped}
     config.update(
         model_type=arch.converted["model_type"],
         architectures=[arch.converted["architecture"]],

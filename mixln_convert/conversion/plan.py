@@ -7,7 +7,7 @@ tensor at a time (so a conversion can stream). Per strategy, a Post-LN layer i (
 strategy        input_layernorm       post_attention gain    post_feedforward gain
 ==============  ====================  =====================  ====================
 move            dropped               kept                   ones
-calibrated      folded into q/k/v     m_i (typical RMS)      c_{i+1}
+calibrated      folded into q/k/v     fitted (calibrate.py)  fitted (calibrate.py)
 reinit-post     dropped               ones                   ones (layer re-initialized)
 scratch         every tensor of the model is freshly initialized
 ==============  ====================  =====================  ====================
@@ -36,7 +36,7 @@ class ConversionPlan:
     strategy: str
     scaled_init: bool = True
     seed: int = 0
-    stats: dict | None = None  # residual_rms() of the source, for "calibrated"
+    stats: dict | None = None  # calibrate() of the source, for "calibrated"
     dtype: torch.dtype = torch.float32
     roles: dict = field(init=False)  # per-layer tensor suffix -> role ("attention_inputs", ...)
 
@@ -90,15 +90,15 @@ class ConversionPlan:
             pf_name = self.arch.layer_tensor(i, "post_feedforward_norm")
             pf = torch.ones_like(tensor)
             if self.strategy == "calibrated":
-                tensor = torch.full_like(tensor, self.stats["mid"][i])
-                pf = torch.full_like(tensor, self.stats["input"][i + 1])
+                tensor = self.stats["post_attention_gain"][i].clone()
+                pf = self.stats["post_feedforward_gain"][i].clone()
             yield name, tensor.to(self.dtype)
             yield pf_name, pf.to(self.dtype)
             return
         if self.strategy == "calibrated" and role == "attention_inputs":
             gain = source.get(self.arch.layer_tensor(i, "input_norm")).float()
-            tensor = tensor * (gain / self.stats["input"][i])[None, :]
+            tensor = tensor * (gain / self.stats["input_scale"][i])[None, :]
         elif self.strategy == "calibrated" and role == "mlp_inputs":
             gain = source.get(self.arch.layer_tensor(i, "post_attention_norm")).float()
-            tensor = tensor * (gain / self.stats["mid"][i])[None, :]
+            tensor = tensor * (gain / self.stats["mid_scale"][i])[None, :]
         yield name, tensor.to(self.dtype)

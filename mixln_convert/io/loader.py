@@ -9,6 +9,8 @@ is fine for the small models that ship as GGUF here.
 
 import fnmatch
 import json
+import pickle
+import re
 import shutil
 from functools import cached_property
 from pathlib import Path
@@ -59,29 +61,40 @@ class FolderCheckpoint:
         return list(self._open(shard).keys())
 
     def _open(self, shard: str):
-        """The open handle of ``shard``; one shard is kept open at a time (bounded memory)."""
+        """The open handle of ``shard`` (for names and shapes, and .bin tensors); one at a time."""
         if self._open_name != shard:
-            file = self.path / shard
-            try:
-                if shard.endswith(".safetensors"):
-                    handle = safe_open(str(file), framework="pt", device="cpu")
-                else:
-                    handle = torch.load(file, map_location="cpu", mmap=True, weights_only=True)
-            except Exception as e:  # safetensors and torch raise several types for a bad file
-                raise MixLNError(f"{file}: corrupt or unreadable checkpoint shard ({type(e).__name__}: {e})") from None
-            self._open_name, self._open_shard = shard, handle
+            self._open_name, self._open_shard = shard, self._load(shard)
         return self._open_shard
+
+    def _load(self, shard: str):
+        file = self.path / shard
+        try:
+            if shard.endswith(".safetensors"):
+                return safe_open(str(file), framework="pt", device="cpu")
+            return torch.load(file, map_location="cpu", mmap=True, weights_only=True)
+        except pickle.UnpicklingError as e:  # weights_only met something other than tensors
+            code = re.search(r"GLOBAL (\S+)", str(e))
+            what = f"calls {code.group(1)}" if code else "holds objects other than tensors"
+            raise MixLNError(f"{file}: refused to load: its pickle {what} (only tensors are read from "
+                             ".bin files, with torch.load(weights_only=True))") from None
+        except Exception as e:  # safetensors and torch raise several types for a bad file
+            raise MixLNError(f"{file}: corrupt or unreadable checkpoint shard ({type(e).__name__}: {e})") from None
 
     def names(self) -> list[str]:
         return list(self.shard_of)
 
     def get(self, name: str) -> torch.Tensor:
+        """One tensor; from safetensors, a view of the memory-mapped shard (no copy)."""
         try:
             shard = self.shard_of[name]
         except KeyError:
             raise MixLNError(f"{self.path}: tensor {name} not found in the checkpoint") from None
-        handle = self._open(shard)
-        return handle.get_tensor(name) if shard.endswith(".safetensors") else handle[name]
+        if not shard.endswith(".safetensors"):
+            return self._open(shard)[name]
+        # A memory map of its own per tensor, released with the tensor: pages read through a
+        # shared map would count in this process's memory until the whole shard is done.
+        with self._load(shard) as handle:
+            return handle.get_tensor(name)
 
     def shape(self, name: str) -> tuple[int, ...]:
         if self.shard_of[name].endswith(".safetensors"):
@@ -92,6 +105,7 @@ class FolderCheckpoint:
         return self.get(self.names()[0]).dtype
 
     def largest_shard_bytes(self) -> int:
+        """Size of the largest shard file: what a streaming conversion may hold in memory at once."""
         return max((self.path / s).stat().st_size for s in set(self.shard_of.values()))
 
     def copy_extras(self, dst: Path) -> None:
@@ -142,7 +156,8 @@ class GGUFCheckpoint:
         return torch.float32
 
     def largest_shard_bytes(self) -> int:
-        return self.path.stat().st_size
+        """The whole dequantized model: it is in memory anyway."""
+        return sum(t.numel() * t.element_size() for t in self._state_dict.values())
 
     def copy_extras(self, dst: Path) -> None:
         from transformers import AutoTokenizer, GenerationConfig

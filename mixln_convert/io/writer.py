@@ -1,26 +1,36 @@
-"""Atomic output folders and a sharded safetensors writer.
+"""Atomic output folders and a streaming sharded safetensors writer.
 
 A conversion writes into a hidden temporary folder beside the destination and renames it
 into place at the very end, so a conversion that fails or is killed leaves no half-written
-checkpoint behind (at worst a ``.DST.tmp-*`` folder, removed on failure).
+checkpoint behind: at worst a ``.DST.tmp-*`` folder, removed on failure, and removed by the
+next run to the same DST when a kill (SIGKILL, power loss) left it behind.
 """
 
 import json
 import os
 import re
 import shutil
+import struct
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from ..errors import MixLNError
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock, so temporary folders left by killed runs stay
+    fcntl = None
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+# safetensors' names of the dtypes a checkpoint holds.
+_SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+                       torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+                       torch.uint8: "U8", torch.bool: "BOOL"}
 
 
 def parse_size(text: str | int) -> int:
@@ -33,12 +43,40 @@ def parse_size(text: str | int) -> int:
     return int(float(match.group(1)) * _UNITS[(match.group(2) or "").upper()])
 
 
+def _try_lock(folder: Path) -> int | None:
+    """An exclusive lock on ``folder``, held until the returned descriptor is closed or the
+    process dies (the kernel drops it even on SIGKILL); None if another process holds it, or
+    if this system or file system has no such locks."""
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return fd
+    except OSError:
+        os.close(fd)
+        return None
+
+
+def _remove_stale_temporaries(dst: Path) -> None:
+    """Remove the temporary folders of ``dst`` whose run is gone (their lock died with it); a
+    run to the same DST that is still going holds its lock and is left alone."""
+    for folder in dst.parent.iterdir():
+        if folder.name.startswith(f".{dst.name}.tmp-") and (fd := _try_lock(folder)) is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+            os.close(fd)
+
+
 @contextmanager
 def atomic_output_dir(dst, force: bool = False, protect=()):
     """Yield a temporary folder that becomes ``dst`` when the block succeeds.
 
     Refuses a non-empty ``dst`` unless ``force``, and any ``dst`` that is or contains one of
-    the ``protect`` paths (the source checkpoint must never be touched).
+    the ``protect`` paths (the source checkpoint must never be touched). Temporary folders of
+    ``dst`` left by killed runs are removed first: a half-written 70B model is 140 GB of disk.
     """
     dst = Path(dst).absolute()
     for p in protect:
@@ -54,7 +92,10 @@ def atomic_output_dir(dst, force: bool = False, protect=()):
         tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
     except OSError as e:
         raise MixLNError(f"{dst}: cannot write the output folder ({e.strerror})") from None
+    lock = _try_lock(tmp)  # marks tmp as alive before looking for dead ones
     try:
+        if lock is not None:
+            _remove_stale_temporaries(dst)
         yield tmp
         if dst.exists():
             old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
@@ -66,22 +107,50 @@ def atomic_output_dir(dst, force: bool = False, protect=()):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
+def write_safetensors(path: Path, tensors: list[tuple[str, torch.Tensor]], metadata: dict) -> None:
+    """Write ``tensors`` (CPU, contiguous) as one safetensors file, emptying the list as it goes.
+
+    safetensors' ``save_file`` holds every tensor until the whole file is written. Here each
+    tensor is dropped as soon as its bytes are written: a tensor memory-mapped from the source
+    shard is then unmapped, so writing a shard costs one tensor of memory, not a shard.
+    """
+    header, offset = {"__metadata__": metadata}, 0
+    for name, tensor in tensors:
+        if tensor.dtype not in _SAFETENSORS_DTYPES:
+            raise MixLNError(f"{path.parent}: tensor {name} has dtype {tensor.dtype}, which this writer does not handle")
+        size = tensor.numel() * tensor.element_size()
+        header[name] = {"dtype": _SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # tensor data starts 8-byte aligned, as safetensors writes it
+    with open(path, "wb") as file:
+        file.write(struct.pack("<Q", len(encoded)) + encoded)
+        while tensors:
+            _, tensor = tensors.pop(0)  # the list held the last reference but this one
+            file.write(tensor.reshape(-1).view(torch.uint8).numpy())
 
 
 class ShardedWriter:
     """Collect tensors and write them as ``model-XXXXX-of-YYYYY.safetensors`` shards.
 
     A shard is flushed as soon as the next tensor would exceed ``max_shard_bytes``, so memory
-    holds at most one shard. The index (``model.safetensors.index.json``) is written last, by
-    :meth:`close`; a checkpoint that fits one shard is saved as ``model.safetensors``, like
-    transformers does.
+    holds at most one shard of computed tensors (tensors passed through from a memory-mapped
+    source cost nothing until they are written, one at a time). The index
+    (``model.safetensors.index.json``) is written last, by :meth:`close`; a checkpoint that
+    fits one shard is saved as ``model.safetensors``, like transformers does.
     """
 
     def __init__(self, folder: Path, max_shard_bytes: int, metadata: dict | None = None):
         self.folder = Path(folder)
         self.max_shard_bytes = max_shard_bytes
         self.metadata = {"format": "pt", **(metadata or {})}
-        self.pending: dict[str, torch.Tensor] = {}
+        self.pending: list[tuple[str, torch.Tensor]] = []
         self.pending_bytes = 0
         self.shards: list[list[str]] = []  # tensor names of each flushed shard, in order
         self.total_bytes = 0
@@ -90,14 +159,14 @@ class ShardedWriter:
         size = tensor.numel() * tensor.element_size()
         if self.pending and self.pending_bytes + size > self.max_shard_bytes:
             self._flush()
-        self.pending[name] = tensor.contiguous()
+        self.pending.append((name, tensor.detach().cpu().contiguous()))
         self.pending_bytes += size
         self.total_bytes += size
 
     def _flush(self) -> None:
-        save_file(self.pending, str(self._temp_name(len(self.shards))), metadata=self.metadata)
-        self.shards.append(list(self.pending))
-        self.pending, self.pending_bytes = {}, 0
+        self.shards.append([name for name, _ in self.pending])
+        write_safetensors(self._temp_name(len(self.shards) - 1), self.pending, self.metadata)
+        self.pending_bytes = 0
 
     def _temp_name(self, k: int) -> Path:
         return self.folder / f"shard-{k:05d}.partial"

@@ -1,0 +1,70 @@
+"""Shared fixtures: tiny random LLaMA checkpoints, made once per session, in every input layout."""
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tiny import make_tiny_llama  # noqa: E402
+
+# Small calibration budget: the tiny model's statistics settle long before 8192 tokens.
+FAST = dict(calibration_tokens=1024, calibration_seq_len=64, progress=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    """Untied 8-layer random LLaMA saved as one model.safetensors (never modified by tests)."""
+    return make_tiny_llama(tmp_path_factory.mktemp("src") / "untied")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_tied(tmp_path_factory) -> Path:
+    return make_tiny_llama(tmp_path_factory.mktemp("src") / "tied", seed=1, tie_word_embeddings=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_sharded(tmp_path_factory) -> Path:
+    """The same kind of model in several safetensors shards with an index."""
+    folder = make_tiny_llama(tmp_path_factory.mktemp("src") / "sharded", seed=2, max_shard_size="300KB")
+    assert (folder / "model.safetensors.index.json").is_file()
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_bin(tiny_llama, tmp_path_factory) -> Path:
+    """``tiny_llama`` as a pickled ``pytorch_model.bin`` (transformers 5 only saves safetensors)."""
+    folder = tmp_path_factory.mktemp("src") / "bin"
+    shutil.copytree(tiny_llama, folder)
+    torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    return folder
+
+
+@pytest.fixture(scope="session")
+def converted(tiny_llama, tmp_path_factory) -> Path:
+    """``tiny_llama`` converted with the default (calibrated) strategy, alpha 0.25: 2 Post-LN layers."""
+    from mixln_convert.conversion.converter import convert
+
+    return convert(tiny_llama, tmp_path_factory.mktemp("converted") / "calibrated", alpha=0.25, **FAST)
+
+
+@pytest.fixture
+def tiny_convert(tmp_path):
+    """``convert(src, tmp_path / name, ...)`` with the small calibration budget and no progress bars."""
+    from mixln_convert.conversion.converter import convert
+
+    return lambda src, name="out", **kw: convert(src, tmp_path / name, **{**FAST, **kw})
+
+
+@pytest.fixture
+def cli():
+    """Run ``mixln-convert ARGS...`` in-process; returns click's Result (stdout/stderr apart)."""
+    from mixln_convert.cli import main
+
+    return lambda *args: CliRunner().invoke(main, [str(a) for a in args])

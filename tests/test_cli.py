@@ -1,0 +1,57 @@
+"""The command line: help, speed of --help, eval --json, inspect."""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mixln_convert.cli import main
+
+SCRIPT = Path(__file__).parent.parent / "mixln-convert.py"
+
+
+@pytest.mark.parametrize("command", [[], *([name] for name in main.commands)], ids=lambda c: " ".join(c) or "group")
+def test_help_of_group_and_every_command(cli, command):
+    result = cli(*command, "--help")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("Usage: main" + "".join(f" {c}" for c in command))
+
+
+def test_help_answers_in_half_a_second():
+    def wall_time() -> float:
+        start = time.perf_counter()
+        run = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True)
+        assert run.returncode == 0 and "convert" in run.stdout, run.stderr
+        return time.perf_counter() - start
+
+    # Best of three: other processes share this machine's cores.
+    assert min(wall_time() for _ in range(3)) < 0.5
+
+
+def test_eval_json_last_line(cli, converted):
+    result = cli("eval", converted, "--json", "--seq-len", "32", "--max-tokens", "128")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["tokens"] == 4 * 31  # 4 blocks of 32, the first position of each is not scored
+    assert 1 < summary["perplexity"] < 10 * 320  # a random model over a 320-token vocabulary
+
+
+def test_inspect_shows_layout_and_provenance(cli, converted):
+    result = cli("inspect", converted)
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.stdout.splitlines() if line.split()[:1] and line.split()[0].isdigit()]
+    assert [row.split()[1] for row in rows] == ["Post-LN"] * 2 + ["Pre-LN"] * 6
+    assert all(row.count("]") == 2 for row in rows)  # two norms per block, each "mean ±std [min,max]" in full
+    assert "provenance" in result.stdout and "strategy: calibrated" in result.stdout
+    assert "1024 tokens of embedded:calibration" in result.stdout
+    calibration = json.loads((converted / "config.json").read_text())["mixln_provenance"]["calibration"]
+    per_layer = [key for key, value in calibration.items() if isinstance(value, list)]
+    assert per_layer and all(f"    {key}: " in result.stdout for key in per_layer)
+
+    summary = json.loads(cli("inspect", converted, "--json").stdout)
+    assert summary["post_ln_layers"] == 2 and summary["provenance"]["strategy"] == "calibrated"
+    assert set(summary["layers"][0]["norms"]) == {"post_attention_norm", "post_feedforward_norm"}
+    assert set(summary["layers"][2]["norms"]) == {"input_norm", "post_attention_norm"}

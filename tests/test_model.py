@@ -1,0 +1,135 @@
+"""The Mix-LN model itself: block arithmetic, KV cache, gradient checkpointing, dtypes, config."""
+
+import pytest
+import torch
+from huggingface_hub.errors import StrictDataclassClassValidationError
+from tiny import TINY_CONFIG
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from mixln_convert.model.configuration_mixln import MixLNConfig
+from mixln_convert.model.modeling_mixln import MixLNForCausalLM
+
+L = TINY_CONFIG["num_hidden_layers"]
+
+
+def tiny_mixln(post_ln_layers: int, seed: int = 0, **overrides) -> MixLNForCausalLM:
+    """A random Mix-LN model whose norm gains are not ones (so a misplaced norm shows)."""
+    torch.manual_seed(seed)
+    model = MixLNForCausalLM(MixLNConfig(**{**TINY_CONFIG, **overrides}, post_ln_layers=post_ln_layers))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.5 * torch.rand_like(p))
+    return model.eval()
+
+
+def token_ids(batch: int = 2, length: int = 24, seed: int = 0) -> torch.Tensor:
+    return torch.randint(3, TINY_CONFIG["vocab_size"], (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def rms_norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
+    return norm.weight * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+
+
+def reference_logits(model: MixLNForCausalLM, ids: torch.Tensor) -> torch.Tensor:
+    """MIXLN.md's block formulas written out by hand; only attention and MLP modules are reused."""
+    inner, n_post = model.model, model.config.post_ln_layers
+    x = inner.embed_tokens.weight[ids]
+    positions = torch.arange(ids.shape[1])[None]
+    rotary = inner.rotary_emb(x, positions)
+    causal = torch.full((ids.shape[1], ids.shape[1]), float("-inf")).triu(1)[None, None]
+
+    def attention(layer, h):
+        return layer.self_attn(hidden_states=h, attention_mask=causal, position_embeddings=rotary)[0]
+
+    for i, layer in enumerate(inner.layers):
+        if i < n_post:  # Post-LN: h = N_pa(x + A(x)); out = N_pf(h + M(h))
+            h = rms_norm(x + attention(layer, x), layer.post_attention_layernorm)
+            x = rms_norm(h + layer.mlp(h), layer.post_feedforward_layernorm)
+        else:  # Pre-LN: h = x + A(N_in(x)); out = h + M(N_pa(h))
+            h = x + attention(layer, rms_norm(x, layer.input_layernorm))
+            x = h + layer.mlp(rms_norm(h, layer.post_attention_layernorm))
+    return rms_norm(x, inner.norm) @ model.lm_head.weight.T
+
+
+@pytest.mark.parametrize("n_post", [0, 2, L])
+@torch.no_grad()
+def test_forward_matches_hand_written_blocks(n_post):
+    model = tiny_mixln(n_post)
+    assert [layer.is_post_ln for layer in model.model.layers] == [i < n_post for i in range(L)]
+    assert all(hasattr(layer, "input_layernorm") != layer.is_post_ln for layer in model.model.layers)
+    assert all(hasattr(layer, "post_feedforward_layernorm") == layer.is_post_ln for layer in model.model.layers)
+    ids = token_ids()
+    torch.testing.assert_close(model(input_ids=ids).logits, reference_logits(model, ids), rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_generate_with_cache_equals_without():
+    model = tiny_mixln(3)
+    prompt = token_ids(batch=1, length=6)
+    kwargs = dict(max_new_tokens=12, do_sample=False, pad_token_id=0)
+    cached = model.generate(prompt, use_cache=True, **kwargs)
+    uncached = model.generate(prompt, use_cache=False, **kwargs)
+    assert cached.shape == (1, 18)
+    assert torch.equal(cached, uncached)
+
+
+def test_gradient_checkpointing_gives_same_gradients():
+    model = tiny_mixln(2).train()
+    ids = token_ids()
+    mlp_calls = []
+    model.model.layers[0].mlp.register_forward_hook(lambda *_: mlp_calls.append(1))
+
+    def gradients():
+        model.zero_grad()
+        mlp_calls.clear()
+        model(input_ids=ids, labels=ids).loss.backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    plain = gradients()
+    assert len(mlp_calls) == 1
+    model.activation_checkpointing_enable()  # transformers 5's name of gradient_checkpointing_enable
+    checkpointed = gradients()
+    assert len(mlp_calls) == 2  # the Post-LN block was recomputed in the backward pass
+    assert plain.keys() == checkpointed.keys()
+    for name in plain:
+        torch.testing.assert_close(checkpointed[name], plain[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@torch.no_grad()
+def test_forward_in_dtype_is_finite(dtype):
+    model = tiny_mixln(2).to(dtype)
+    logits = model(input_ids=token_ids()).logits
+    assert logits.dtype == dtype
+    assert torch.isfinite(logits).all()
+
+
+@torch.no_grad()
+def test_tied_embeddings_survive_save_and_load(tmp_path):
+    import mixln_convert  # noqa: F401  (registers mixln_llama with the Auto* classes)
+
+    model = tiny_mixln(2, tie_word_embeddings=True)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(loaded) is MixLNForCausalLM and loaded.config.post_ln_layers == 2
+    assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
+    ids = token_ids()
+    assert torch.equal(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
+@pytest.mark.parametrize("n_post", [-1, L + 1])
+def test_config_rejects_post_ln_layers_out_of_range(n_post):
+    with pytest.raises(StrictDataclassClassValidationError, match="post_ln_layers"):
+        MixLNConfig(**TINY_CONFIG, post_ln_layers=n_post)
+
+
+def test_config_model_type_and_round_trip():
+    import mixln_convert  # noqa: F401
+
+    config = MixLNConfig(**TINY_CONFIG, post_ln_layers=3, alpha=0.375)
+    assert config.model_type == "mixln_llama"
+    again = AutoConfig.for_model(**config.to_dict())
+    assert type(again) is MixLNConfig
+    assert (again.post_ln_layers, again.alpha) == (3, 0.375)

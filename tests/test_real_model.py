@@ -1,0 +1,32 @@
+"""End to end on the real SmolLM2-135M-Instruct (30 layers, tied embeddings): slow, opt-in."""
+
+import json
+
+import pytest
+from safetensors import safe_open
+
+from mixln_convert.conversion.converter import convert
+from mixln_convert.data import read_texts, token_blocks
+from mixln_convert.evaluate import evaluate_perplexity
+from mixln_convert.fetch import smollm2_gguf
+from mixln_convert.model.loading import load_model, load_tokenizer
+
+
+@pytest.mark.real_model
+def test_smollm2_calibrated_conversion_keeps_perplexity_close(tmp_path):
+    gguf = smollm2_gguf()
+    out = convert(gguf, tmp_path / "smollm2-mixln", alpha=0.25, strategy="calibrated", progress=False)
+
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "mixln_llama" and config["post_ln_layers"] == 7  # floor(0.25 * 30)
+    assert config["tie_word_embeddings"]
+    names = {name for shard in out.glob("*.safetensors") for name in safe_open(shard, "pt").keys()}
+    assert "lm_head.weight" not in names and "model.embed_tokens.weight" in names
+    assert (out / "tokenizer.json").is_file() and (out / "tokenizer_config.json").is_file()
+
+    blocks = token_blocks(load_tokenizer(out), read_texts(None, "validation"), seq_len=512, max_tokens=4 * 512)
+    original = evaluate_perplexity(load_model(gguf), blocks, progress=False)["perplexity"]
+    converted = evaluate_perplexity(load_model(out), blocks, progress=False)["perplexity"]
+    print(f"\nSmolLM2-135M perplexity on {blocks.numel()} tokens: original {original:.2f}, "
+          f"Mix-LN calibrated {converted:.2f} ({converted / original:.3f}x)")
+    assert converted / original < 1.35
