@@ -1,0 +1,144 @@
+"""What ``mixln-convert compare`` reads: analysis folders (``analysis.json`` of ``mixln-convert
+analyze``) and train output folders (``recipe.yaml`` and one folder per arm, ``mixln-convert train``).
+"""
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import MixLNError
+
+ARM_KINDS = {"mixln": "Mix-LN", "preln": "Pre-LN"}  # the train command's arm folders
+ANALYSIS_KEYS = ("checkpoint", "num_layers", "post_ln_layers", "perplexity", "layer_drop",
+                 "angular_distance_matrix", "grad_norm_per_layer")
+PER_LAYER_KEYS = ("layer_drop", "angular_distance_matrix", "grad_norm_per_layer")
+
+
+@dataclass
+class Model:
+    """One model of the comparison: an analysis, a trained arm, or a trained arm with its analysis."""
+
+    label: str
+    source: Path  # the argument it was read from
+    analysis: dict | None = None
+    arm: str | None = None  # "mixln" or "preln" when ``source`` is a train output folder
+    summary: dict = field(default_factory=dict)  # the arm's summary.json; {} while the run is unfinished
+    metrics: list[dict] = field(default_factory=list)  # the arm's metrics.jsonl records
+
+    @property
+    def post_ln_layers(self) -> int | None:
+        """Leading Post-LN blocks; None when only an unfinished arm's name tells the kind."""
+        return (self.analysis or self.summary).get("post_ln_layers")
+
+    @property
+    def kind(self) -> str:
+        """'Pre-LN', 'Mix-LN' or 'Post-LN', from the block layout."""
+        if self.post_ln_layers is None:
+            return ARM_KINDS[self.arm]
+        num_layers = (self.analysis or self.summary)["num_layers"]
+        return "Pre-LN" if self.post_ln_layers == 0 else "Post-LN" if self.post_ln_layers == num_layers else "Mix-LN"
+
+    @property
+    def layout(self) -> str:
+        """The kind with its Post-LN block count, e.g. 'Mix-LN (3 of 12 blocks Post-LN)'."""
+        if self.kind != "Mix-LN" or self.post_ln_layers is None:
+            return self.kind
+        return f"Mix-LN ({self.post_ln_layers} of {(self.analysis or self.summary)['num_layers']} blocks Post-LN)"
+
+    def tokens_trained(self) -> int | None:
+        return self.summary.get("tokens", self.metrics[-1]["tokens"]) if self.arm else None
+
+    def val_ppl(self, when: str) -> float | None:
+        """The arm's validation perplexity ``when`` 'initial' or 'final' (the last evaluation so far)."""
+        if when == "final" and "final_val_ppl" not in self.summary:
+            return next((r["val_ppl"] for r in reversed(self.metrics) if "val_ppl" in r), None)
+        return self.summary.get(f"{when}_val_ppl")
+
+    def val_curve(self) -> tuple[list[int], list[float]]:
+        """Tokens trained and validation loss at each evaluation, from 0 tokens where the summary has it."""
+        points = [(r["tokens"], r["val_loss"]) for r in self.metrics if "val_loss" in r]
+        if "initial_val_loss" in self.summary:
+            points.insert(0, (0, self.summary["initial_val_loss"]))
+        return [t for t, _ in points], [v for _, v in points]
+
+    def training_grad_norms(self) -> list[float] | None:
+        """The last ``grad_norm_per_layer`` logged during training."""
+        return next((r["grad_norm_per_layer"] for r in reversed(self.metrics) if "grad_norm_per_layer" in r), None)
+
+
+def load_inputs(paths, labels=()) -> list[Model]:
+    """The models of ``paths`` (analysis folders or files, train output folders), labelled by
+    ``labels`` (one per path) or by their folder names; a train folder gives one model per arm."""
+    if labels and len(labels) != len(paths):
+        raise MixLNError(f"--label: {len(labels)} labels for {len(paths)} inputs; give one per input or none")
+    models = []
+    for path, label in zip(map(Path, paths), labels or [None] * len(paths)):
+        models += _load(path, label)
+    seen = {}
+    for model in models:  # two folders of the same name stay apart in legends and tables
+        seen[model.label] = seen.get(model.label, 0) + 1
+        if seen[model.label] > 1:
+            model.label += f" #{seen[model.label]}"
+    return models
+
+
+def _load(path: Path, label: str | None) -> list[Model]:
+    name = label or path.absolute().name
+    if (path.is_file() and path.suffix == ".json") or (path / "analysis.json").is_file():
+        file = path if path.is_file() else path / "analysis.json"
+        return [Model(label or file.absolute().parent.name, path, analysis=read_analysis(file))]
+    if (path / "recipe.yaml").is_file():
+        arms = [arm for arm in ARM_KINDS if (path / arm).is_dir()]
+        if not arms:
+            raise MixLNError(f"{path}: train output folder without an arm folder ({' or '.join(ARM_KINDS)})")
+        return [_load_arm(path, arm, f"{name}/{arm}") for arm in arms]
+    if not path.exists():
+        raise MixLNError(f"{path}: no such file or folder")
+    is_checkpoint = (path / "config.json").is_file() or path.suffix == ".gguf"
+    hint = f"; run `mixln-convert analyze {path}` and compare its output" if is_checkpoint else ""
+    raise MixLNError(f"{path}: neither an analysis (no analysis.json) nor a train output folder (no recipe.yaml){hint}")
+
+
+def _load_arm(run: Path, arm: str, label: str) -> Model:
+    folder = run / arm
+    file = folder / "metrics.jsonl"
+    metrics = [record for record in _read_jsonl(file) if record] if file.is_file() else []
+    if not metrics:
+        raise MixLNError(f"{file}: no training metrics (has the {arm} arm started training?)")
+    summary = _read_json(folder / "summary.json") if (folder / "summary.json").is_file() else {}
+    analysis_file = folder / "analysis" / "analysis.json"
+    analysis = read_analysis(analysis_file) if analysis_file.is_file() else None
+    return Model(label, run, analysis=analysis, arm=arm, summary=summary, metrics=metrics)
+
+
+def read_analysis(file: Path) -> dict:
+    """``file`` (an analysis.json), checked for the keys and per-layer lengths the report uses."""
+    analysis = _read_json(file)
+    missing = [key for key in ANALYSIS_KEYS if key not in analysis]
+    if missing:
+        raise MixLNError(f"{file}: not an analysis of `mixln-convert analyze` (missing {', '.join(missing)})")
+    num_layers = analysis["num_layers"]
+    if not num_layers:
+        raise MixLNError(f"{file}: the analysed checkpoint has no layers")
+    for key in PER_LAYER_KEYS:
+        if len(analysis[key]) != num_layers:
+            raise MixLNError(f"{file}: {key} has {len(analysis[key])} entries for {num_layers} layers")
+    return analysis
+
+
+def _read_json(file: Path) -> dict:
+    try:
+        return json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise MixLNError(f"{file}: cannot read JSON ({e})") from None
+
+
+def _read_jsonl(file: Path) -> list[dict]:
+    try:
+        lines = file.read_text().splitlines()
+    except OSError as e:
+        raise MixLNError(f"{file}: cannot read ({e.strerror})") from None
+    try:
+        return [json.loads(line) if line.strip() else {} for line in lines]
+    except json.JSONDecodeError as e:
+        raise MixLNError(f"{file}: not one JSON object per line ({e})") from None

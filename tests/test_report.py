@@ -1,0 +1,212 @@
+"""The compare report, from synthesized analysis.json files and train output folders (no model)."""
+
+import json
+import re
+
+import pytest
+from matplotlib.image import imread
+
+L = 8
+
+
+def write_analysis(folder, *, perplexity=20.0, post_ln_layers=0, deep_drop=0.1, grad_norms=None, vocab=320,
+                   prune=None):
+    """An analysis.json of an L-block model whose deeper-half blocks each cost ``deep_drop`` perplexity."""
+    analysis = {
+        "checkpoint": str(folder.parent / f"ckpt-{folder.name}"),
+        "num_layers": L,
+        "post_ln_layers": post_ln_layers,
+        "layout": ["Post-LN" if i < post_ln_layers else "Pre-LN" for i in range(L)],
+        "tokens": 2048,
+        "perplexity": perplexity,
+        "layer_drop": [50.0 / (i + 1) if i < L // 2 else deep_drop for i in range(L)],
+        "angular_distance": [0.3 - 0.02 * i for i in range(L)],
+        "angular_distance_matrix": [[0.3 - 0.02 * l + 0.05 * n for n in range(L - l)] for l in range(L)],
+        "span": 1,
+        "block_influence": [0.1] * L,
+        "grad_norm_per_layer": grad_norms or [3.0 / (i + 1) for i in range(L)],
+        "tokenizer_vocab_size": vocab,
+    }
+    if prune:
+        analysis["prune_curve"] = {"method": "angular", "removed": list(range(1, L // 2 + 1)),
+                                   "perplexity": [perplexity * r for r in prune],
+                                   "layers": [list(range(L - n, L)) for n in range(1, L // 2 + 1)]}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "analysis.json").write_text(json.dumps(analysis))
+    return folder
+
+
+def write_arm(run, arm, *, initial, final, tokens=1_000_000, wall_time_s=750.0, summary=True):
+    folder = run / arm
+    folder.mkdir(parents=True)
+    steps, per_step = 4, tokens // 4
+    records = [{"step": s, "tokens": s * per_step, "loss": 4.0 - 0.2 * s, "lr": 1e-3, "tokens_per_s": 1000.0}
+               for s in range(1, steps + 1)]
+    records[1].update(val_loss=3.4, val_ppl=30.0, grad_norm_per_layer=[2.0] * L)
+    records[-1].update(val_loss=3.2, val_ppl=final, grad_norm_per_layer=[0.5 + 0.1 * i for i in range(L)])
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    if summary:
+        (folder / "summary.json").write_text(json.dumps({
+            "arm": arm, "source": "src", "steps": steps, "tokens": tokens, "wall_time_s": wall_time_s,
+            "final_val_loss": 3.2, "final_val_ppl": final, "initial_val_loss": 3.6, "initial_val_ppl": initial,
+            "num_layers": L, "post_ln_layers": 2 if arm == "mixln" else 0}))
+    return folder
+
+
+def write_run(path, *, mixln_final=22.8, preln_final=24.0):
+    """A train output folder: Pre-LN starts at 25.0 (the original), Mix-LN at 31.2 (converted)."""
+    path.mkdir(parents=True)
+    (path / "recipe.yaml").write_text("source: src\n")
+    write_arm(path, "mixln", initial=31.2, final=mixln_final)
+    write_arm(path, "preln", initial=25.0, final=preln_final, wall_time_s=9000.0)
+    return path
+
+
+def summary_of(report_md: str) -> str:
+    return report_md.split("## Summary")[1].split("## Perplexity")[0]
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.exit_code != 0
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_full_report(cli, tmp_path):
+    run = write_run(tmp_path / "run")
+    # Mix-LN's deep blocks matter more, its gradients are more uniform, and it loses more under pruning
+    write_analysis(run / "mixln" / "analysis", perplexity=23.0, post_ln_layers=2, deep_drop=2.3,
+                   grad_norms=[1.0, 1.1] * 4, prune=[1.1, 1.5, 2.0, 3.0])
+    write_analysis(run / "preln" / "analysis", perplexity=24.0, deep_drop=0.24,
+                   grad_norms=[4.0 / (i + 1) for i in range(L)], prune=[1.05, 1.1, 1.2, 1.4])
+    original = write_analysis(tmp_path / "analysis-original", perplexity=25.5)
+    out = tmp_path / "report"
+
+    result = cli("compare", run, original, "--out", out)
+    assert result.exit_code == 0, result.output
+    md = (out / "report.md").read_text()
+
+    rows = {tuple(c.strip() for c in line.strip("|").split("|")) for line in md.splitlines() if line.startswith("| ")}
+    mixln = ("run/mixln", "Mix-LN (2 of 8 blocks Post-LN)")
+    assert (*mixln, "before training (converted)", "31.20", "—", "0", "—") in rows
+    assert (*mixln, "after training", "22.80", "23.00", "1,000,000", "12.5 min") in rows
+    assert ("run/preln", "Pre-LN", "before training (original)", "25.00", "—", "0", "—") in rows
+    assert ("run/preln", "Pre-LN", "after training", "24.00", "24.00", "1,000,000", "2.5 h") in rows
+    assert ("analysis-original", "Pre-LN", "analysed: ckpt-analysis-original", "—", "25.50", "—", "—") in rows
+    # pruning table at N = L/8, L/4, L/2 = 1, 2, 4
+    assert ("run/mixln", "angular", "23.00", "25.30 (N=1, 1.10x)", "34.50 (N=2, 1.50x)", "69.00 (N=4, 3.00x)") in rows
+
+    summary = summary_of(md)
+    assert "Mix-LN (run/mixln) 22.80 vs Pre-LN (run/preln) 24.00 (-5.0%): Mix-LN wins by 5.0%" in summary
+    assert "from 25.00 (original) to 31.20 (1.25x)" in summary
+    assert "+2.3 (+10.0%)" in summary and "+0.24 (+1.0%)" in summary
+    assert "the deep blocks matter most in run/mixln" in summary
+    assert "most uniform in run/mixln" in summary
+    assert "run/preln keeps the most of its quality" in summary  # 1.10x vs 1.50x at N = L/4
+
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    assert set(images) == {"training_curves.png", "layer_drop.png", "angular_distance.png",
+                           "grad_norm_per_layer.png", "prune_curves.png"}
+    for name in images:
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert imread(out / name).ndim == 3
+    html = (out / "report.html").read_text()
+    assert html.count('src="data:image/png;base64,') == len(images)
+    saved = json.loads((out / "comparison.json").read_text())
+    assert [m["label"] for m in saved["models"]] == ["run/mixln", "run/preln", "analysis-original"]
+
+
+@pytest.mark.parametrize("mixln_final, preln_final, verdict", [
+    (22.8, 24.0, "Mix-LN wins by 5.0%"),
+    (25.0, 24.0, "Pre-LN wins by 4.2%"),
+    (24.05, 24.0, "a tie (within 0.5%)"),
+])
+def test_summary_names_the_winner(mixln_final, preln_final, verdict, cli, tmp_path):
+    run = write_run(tmp_path / "run", mixln_final=mixln_final, preln_final=preln_final)
+    result = cli("compare", run, "--out", tmp_path / "report", "--label", "exp")
+    assert result.exit_code == 0, result.output
+    summary = summary_of((tmp_path / "report" / "report.md").read_text())
+    assert f"Mix-LN (exp/mixln) {mixln_final:.2f} vs Pre-LN (exp/preln) {preln_final:.2f}" in summary
+    assert verdict in summary
+    assert "No analysis given" in summary
+    assert {p.name for p in (tmp_path / "report").glob("*.png")} == {"training_curves.png", "grad_norm_per_layer.png"}
+
+
+def test_missing_data_is_said(cli, tmp_path):
+    write_analysis(tmp_path / "a", perplexity=20.0, deep_drop=0.2)
+    write_analysis(tmp_path / "b", perplexity=20.0, post_ln_layers=2, deep_drop=0.2)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "recipe.yaml").write_text("source: src\n")
+    write_arm(run, "mixln", initial=31.2, final=23.1, summary=False)  # still training
+
+    result = cli("compare", tmp_path / "a" / "analysis.json", tmp_path / "b", run, "--out", tmp_path / "report")
+    assert result.exit_code == 0, result.output
+    md = (tmp_path / "report" / "report.md").read_text()
+    summary = summary_of(md)
+    assert ("run/mixln, Mix-LN (unfinished: no summary.json yet): validation perplexity not recorded before "
+            "training, 23.10 after 1,000,000 tokens.") in summary
+    assert "No Pre-LN arm was trained" in summary
+    assert "a and b are tied" in summary  # identical layer drop
+    assert "No pruning curves given" in summary
+    assert "| run/mixln | Mix-LN | training (unfinished) | 23.10 | — | 1,000,000 | — |" in md
+
+
+def test_only_analyses(cli, tmp_path):
+    a = write_analysis(tmp_path / "a")
+    result = cli("compare", a, "--out", tmp_path / "report")
+    assert result.exit_code == 0, result.output
+    summary = summary_of((tmp_path / "report" / "report.md").read_text())
+    assert "No trained arms given" in summary and "(only one model to show)" in summary
+    assert not (tmp_path / "report" / "training_curves.png").exists()
+
+
+def test_mismatched_tokenizers(cli, tmp_path):
+    a = write_analysis(tmp_path / "a", vocab=320)
+    b = write_analysis(tmp_path / "b", vocab=49152)
+    assert_one_line_error(cli("compare", a, b, "--out", tmp_path / "r1"), "a 320, b 49152", "--allow-mismatch")
+    assert not (tmp_path / "r1").exists()
+
+    allowed = cli("compare", a, b, "--out", tmp_path / "r2", "--allow-mismatch")
+    assert allowed.exit_code == 0 and "warning: the analyses used different tokenizers" in allowed.stderr
+    assert "## Warnings" in (tmp_path / "r2" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("case, fragments", [
+    ("no metrics", ["metrics.jsonl", "no training metrics"]),
+    ("empty metrics", ["metrics.jsonl", "no training metrics"]),
+    ("no arms", ["without an arm folder"]),
+    ("neither", ["neither an analysis", "nor a train output folder"]),
+    ("checkpoint", ["run `mixln-convert analyze"]),
+    ("missing", ["no such file or folder"]),
+    ("bad analysis", ["missing layer_drop"]),
+    ("unwritable out", ["cannot write the output folder"]),
+    ("labels", ["--label: 2 labels for 1 inputs"]),
+])
+def test_bad_input_one_line_error(case, fragments, cli, tmp_path):
+    good = write_analysis(tmp_path / "good")
+    path, out, extra = tmp_path / "input", tmp_path / "report", []
+    path.mkdir()
+    if case in ("no metrics", "empty metrics", "no arms"):
+        (path / "recipe.yaml").write_text("source: src\n")
+        if case != "no arms":
+            (path / "mixln").mkdir()
+        if case == "empty metrics":
+            (path / "mixln" / "metrics.jsonl").write_text("\n")
+    elif case == "checkpoint":
+        (path / "config.json").write_text("{}")
+    elif case == "missing":
+        path = tmp_path / "nowhere"
+    elif case == "bad analysis":
+        analysis = json.loads((good / "analysis.json").read_text())
+        del analysis["layer_drop"]
+        (path / "analysis.json").write_text(json.dumps(analysis))
+    elif case == "unwritable out":
+        path, out = good, tmp_path / "a-file" / "report"
+        out.parent.write_text("not a folder")
+    elif case == "labels":
+        path, extra = good, ["--label", "x", "--label", "y"]
+    assert_one_line_error(cli("compare", path, "--out", out, *extra), *fragments)
+    assert not (tmp_path / "report").exists()
