@@ -43,4 +43,7 @@ def load_model(path, dtype: torch.dtype | str | None = None, device: str | torch
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or "auto", **kwargs)
     except (OSError, ValueError, KeyError) as e:
         raise MixLNError(f"{path}: cannot load the model ({str(e).splitlines()[0]})") from None
+    if kwargs:  # GGUF weights arrive dequantized: forget the quantizer, or save_pretrained refuses the model
+        model.hf_quantizer = None
+        del model.config.quantization_config
     return model.to(device).eval()

@@ -60,6 +60,10 @@ class MixLNForCausalLM(MixLNPreTrainedModel, LlamaForCausalLM):
     def __init__(self, config: MixLNConfig):
         super().__init__(config)
         self.model = MixLNModel(config)
+        # post_init() adds the children's block classes to _no_split_modules; the LlamaModel that
+        # super() built (replaced above) left LlamaDecoderLayer there, which FSDP's auto-wrap then
+        # looks for in vain.
+        self._no_split_modules = set(MixLNPreTrainedModel._no_split_modules)
         self.post_init()
 
 

@@ -1,0 +1,302 @@
+"""`mixln-convert train`: recipes, both arms, outputs, exact resume after SIGKILL, 2 processes = 1."""
+
+import json
+import math
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from mixln_convert.errors import MixLNError
+from mixln_convert.fetch import cache_dir
+from mixln_convert.training import DEFAULTS, load_recipe, train
+from mixln_convert.training.recipe import _flatten
+
+REPO = Path(__file__).parent.parent
+RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
+WORDS = ("the of model layer norm residual stream token block attention gradient data learning rate step "
+         "train loss value function return list item order quick brown fox jumps over lazy dog").split()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def environment(tmp_path_factory):
+    """A temporary user cache (token caches), and one thread: tiny models gain nothing from more, and
+    a resumed run must do the same arithmetic as the subprocess it continues. Subprocesses inherit both."""
+    threads, models, cache = torch.get_num_threads(), cache_dir() / "models", tmp_path_factory.mktemp("cache")
+    torch.set_num_threads(1)
+    if models.is_dir():  # the real-model test finds the cached GGUF instead of fetching it again
+        (cache / "models").symlink_to(models)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MIXLN_CONVERT_CACHE", str(cache))
+        mp.setenv("OMP_NUM_THREADS", "1")
+        yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    rng = random.Random(0)
+    path = tmp_path_factory.mktemp("data") / "corpus.jsonl"
+    with open(path, "w") as f:
+        for _ in range(300):
+            f.write(json.dumps({"text": " ".join(rng.choices(WORDS, k=rng.randint(30, 80))) + "."}) + "\n")
+    return path
+
+
+def tiny(source, corpus, steps=4, **extra) -> list[str]:
+    """--set overrides that make any recipe a tiny run: seq 32, 4 sequences per step, `steps` steps."""
+    values = {"source": source, "data.train": corpus, "data.validation": None, "seq_len": 32,
+              "micro_batch_size": 2, "global_batch_size": 4, "max_tokens": steps * 4 * 32, "data.eval_tokens": 256,
+              "precision": "fp32", "schedule.warmup_steps": 1, "eval_interval": 2, "checkpoint_interval": 2,
+              "grad_norm_interval": 2, **extra}
+    return [f"{k}={'null' if v is None else v}" for k, v in values.items()]
+
+
+def metrics(out: Path, arm: str) -> list[dict]:
+    return [json.loads(line) for line in (out / arm / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_same_curve(a: list[dict], b: list[dict], tol: float):
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for ra, rb in zip(a, b):
+        for key in ("loss", "val_loss", "lr"):
+            assert (key in ra) == (key in rb)
+            assert ra.get(key, 0) == pytest.approx(rb.get(key, 0), abs=tol), (ra["step"], key)
+
+
+# ---- recipes -------------------------------------------------------------------------------
+
+
+def test_four_recipes_are_shipped():
+    assert {p.name for p in RECIPES} == {"smollm2-135m-cpu.yaml", "smollm2-135m.yaml", "llama-1b.yaml",
+                                         "llama-7b-fsdp.yaml"}
+    assert {p.name for p in (REPO / "recipes" / "accelerate").glob("*.yaml")} == {
+        "single_gpu.yaml", "multi_gpu_ddp.yaml", "fsdp.yaml"}
+    for recipe in RECIPES:  # each spells out every key, so users see all there is to set
+        assert set(_flatten(yaml.safe_load(recipe.read_text()))) == set(_flatten(DEFAULTS)), recipe.name
+
+
+# (the CPU recipe's dry run is the `finished` fixture below)
+@pytest.mark.parametrize("recipe", [p for p in RECIPES if p.name != "smollm2-135m-cpu.yaml"], ids=lambda p: p.stem)
+def test_shipped_recipe_dry_run(recipe, tiny_llama_tied, corpus, tmp_path):
+    resolved = load_recipe(recipe, tiny(tiny_llama_tied, corpus, steps=2))
+    summaries = train(resolved, tmp_path / "run", progress=False)
+    assert [s["steps"] for s in summaries.values()] == [2, 2]
+    assert all((tmp_path / "run" / arm / "final" / "config.json").is_file() for arm in ("mixln", "preln"))
+
+
+def test_set_overrides_and_types(tiny_llama_tied, corpus):
+    recipe = load_recipe(REPO / "recipes" / "llama-1b.yaml",
+                         tiny(tiny_llama_tied, corpus) + ["optim.lr=3e-4", "max_tokens=2e3", "optim.betas=[0.8, 0.9]"])
+    assert recipe["optim"]["lr"] == 3e-4 and recipe["max_tokens"] == 2000 and recipe["optim"]["betas"] == [0.8, 0.9]
+    assert recipe["source"] == str(tiny_llama_tied.absolute()) and recipe["conversion"]["alpha"] == 0.25
+
+
+@pytest.mark.parametrize("content, extra, message", [
+    ({"optim": {"lrr": 1}}, [], "unknown key 'optim.lrr'"),
+    ({}, ["--set=warmup=3"], "unknown key 'warmup'"),
+    ({}, ["--set=optim.lr=fast"], "optim.lr must be float"),
+    ({}, ["--set=source=/no/such/model"], "source: /no/such/model does not exist"),
+    ({}, ["--set=data.train=/no/such/*.jsonl"], "data.train: /no/such/*.jsonl does not exist"),
+    ({}, ["--set=max_tokens=100"], "max_tokens 100 is less than one optimizer step"),
+    ({}, ["--set=global_batch_size=5"], "global_batch_size 5 is not a multiple of micro_batch_size 2"),
+    ({}, ["--set=precision=fp8"], "precision must be one of"),
+    ({}, ["--set=nokey"], "expected KEY=VALUE"),
+])
+def test_bad_recipe_fails_before_any_work(content, extra, message, cli, tiny_llama_tied, corpus, tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(content))
+    result = cli("train", recipe, *(f"--set={s}" for s in tiny(tiny_llama_tied, corpus)), *extra,
+                 "--out", tmp_path / "out")
+    assert result.exit_code == 1
+    assert message in result.output and len(result.output.strip().splitlines()) == 1, result.output
+    assert not (tmp_path / "out").exists()
+
+
+# ---- data ----------------------------------------------------------------------------------
+
+
+def test_validation_documents_never_train(corpus, tmp_path):
+    from mixln_convert.training.data import split_texts
+
+    held_out = {"train": str(corpus), "validation": None, "validation_fraction": 0.1}
+    train_docs, validation_docs = split_texts(held_out)
+    assert 10 < len(validation_docs) < 60 and not set(train_docs) & set(validation_docs)
+    assert split_texts(held_out) == (train_docs, validation_docs)  # by content hash: deterministic
+    given = tmp_path / "validation.jsonl"  # an explicit validation file drawn from the training file
+    given.write_text("".join(corpus.read_text().splitlines(keepends=True)[:5]))
+    train_docs, validation_docs = split_texts({**held_out, "validation": str(given)})
+    assert len(validation_docs) == 5 and len(train_docs) == 295 and not set(train_docs) & set(validation_docs)
+
+
+def test_packed_blocks_visit_every_block_once_per_pass():
+    import numpy as np
+
+    from mixln_convert.training.data import PackedBlocks
+
+    blocks = np.arange(40).reshape(10, 4)
+    rows = [tuple(PackedBlocks(blocks, 25, seed=3)[i].tolist()) for i in range(25)]
+    assert sorted(rows[:10]) == sorted(rows[10:20]) == sorted(map(tuple, blocks.tolist()))
+    assert rows[:10] != rows[10:20]  # each pass reshuffles
+    assert rows == [tuple(PackedBlocks(blocks, 25, seed=3)[i].tolist()) for i in reversed(range(25))][::-1]
+
+
+# ---- one full tiny run ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def finished(tiny_llama_tied, corpus, tmp_path_factory):
+    """The CPU recipe made tiny, run through the CLI: (out, overrides, CLI output)."""
+    from click.testing import CliRunner
+
+    from mixln_convert.cli import main
+
+    out, sets = tmp_path_factory.mktemp("run") / "out", tiny(tiny_llama_tied, corpus)
+    args = ["train", str(REPO / "recipes" / "smollm2-135m-cpu.yaml"), *(f"--set={s}" for s in sets), "--out", str(out)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    return out, sets, result.output
+
+
+def test_run_writes_the_output_contract(finished):
+    out, sets, output = finished
+    recipe = load_recipe(REPO / "recipes" / "smollm2-135m-cpu.yaml", sets)
+    assert yaml.safe_load((out / "recipe.yaml").read_text()) == recipe
+    assert "mixln: 4 steps, 512 tokens" in output and "preln: 4 steps" in output
+    for arm, post_ln in (("mixln", 2), ("preln", 0)):
+        records = metrics(out, arm)
+        assert [r["step"] for r in records] == [1, 2, 3, 4]
+        assert all({"step", "tokens", "loss", "lr", "tokens_per_s"} <= r.keys() for r in records)
+        assert [r["tokens"] for r in records] == [128, 256, 384, 512]
+        for r in records[1::2]:  # steps 2 and 4: evaluation and per-layer gradient norms
+            assert r["val_ppl"] == pytest.approx(math.exp(r["val_loss"]))
+            assert len(r["grad_norm_per_layer"]) == 8 and all(g > 0 for g in r["grad_norm_per_layer"])
+        assert "val_loss" not in records[0] and "grad_norm_per_layer" not in records[0]
+        summary = json.loads((out / arm / "summary.json").read_text())
+        assert summary["arm"] == arm and summary["steps"] == 4 and summary["tokens"] == 512
+        assert summary["final_val_loss"] == records[-1]["val_loss"] and summary["post_ln_layers"] == post_ln
+        assert summary["wall_time_s"] > 0 and summary["source"]
+        # keep_checkpoints: 1 in the CPU recipe; the last step writes final/, not a checkpoint
+        assert [p.name for p in (out / arm / "checkpoints").iterdir()] == ["step-2"]
+    assert json.loads((out / "mixln" / "summary.json").read_text())["source"] == str(out / "mixln" / "converted")
+
+
+def test_final_folder_is_the_trained_model(finished):
+    from transformers import AutoModelForCausalLM
+
+    from mixln_convert.evaluate import evaluate_perplexity
+    from mixln_convert.model.loading import load_tokenizer
+    from mixln_convert.training.data import load_splits
+
+    out, sets, _ = finished
+    recipe = load_recipe(out / "recipe.yaml")
+    validation = load_splits(recipe, load_tokenizer(recipe["source"])).validation
+    for arm, kind in (("mixln", "mixln_llama"), ("preln", "llama")):
+        model = AutoModelForCausalLM.from_pretrained(out / arm / "final")
+        assert model.config.model_type == kind
+        assert model._no_split_modules == {type(model.model.layers[0]).__name__}  # what FSDP wraps
+        loss = evaluate_perplexity(model, torch.from_numpy(validation.astype("int64")), 2, progress=False)["loss"]
+        assert loss == pytest.approx(json.loads((out / arm / "summary.json").read_text())["final_val_loss"], abs=1e-5)
+
+
+def test_existing_run_is_not_overwritten(finished, cli):
+    out, sets, _ = finished
+    before = (out / "mixln" / "metrics.jsonl").read_text()
+    recipe = REPO / "recipes" / "smollm2-135m-cpu.yaml"
+    result = cli("train", recipe, *(f"--set={s}" for s in sets), "--out", out)
+    assert result.exit_code == 1 and "holds a training run already" in result.output
+    result = cli("train", recipe, *(f"--set={s}" for s in sets), "--set=optim.lr=1e-2", "--out", out, "--resume")
+    assert result.exit_code == 1 and "differs" in result.output
+    result = cli("train", recipe, *(f"--set={s}" for s in sets), "--out", out, "--resume")  # finished: nothing to do
+    assert result.exit_code == 0 and (out / "mixln" / "metrics.jsonl").read_text() == before
+
+
+# ---- reliability ----------------------------------------------------------------------------
+
+
+def _env() -> dict:
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def test_sigkill_then_resume_gives_the_uninterrupted_losses(cli, tiny_llama_tied, corpus, tmp_path):
+    recipe = REPO / "recipes" / "smollm2-135m-cpu.yaml"
+    sets = tiny(tiny_llama_tied, corpus, steps=16, checkpoint_interval=4, eval_interval=4, keep_checkpoints=0)
+    train(load_recipe(recipe, sets), tmp_path / "whole", arms=("mixln",), progress=False)
+
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "mixln_convert.cli", "train", str(recipe), *(f"--set={s}" for s in sets),
+           "--out", str(out), "--arm", "mixln"]
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline, steps = time.time() + 180, []
+    while time.time() < deadline and proc.poll() is None:  # kill once a step after a checkpoint is logged
+        steps = [int(p.name[5:]) for p in (out / "mixln" / "checkpoints").glob("step-*")]
+        logged = (out / "mixln" / "metrics.jsonl").read_text().split("\n")[:-1] if steps else []
+        if steps and logged and json.loads(logged[-1])["step"] > max(steps):
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    assert steps and max(steps) < 16 and not (out / "mixln" / "final").exists()
+
+    result = cli("train", recipe, *(f"--set={s}" for s in sets), "--out", out, "--arm", "mixln", "--resume")
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "mixln" / "summary.json").read_text())["resumed_from_step"] == max(steps)
+    assert_same_curve(metrics(out, "mixln"), metrics(tmp_path / "whole", "mixln"), tol=1e-6)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_cpu_processes_match_one(tiny_llama_tied, corpus, tmp_path):
+    recipe = REPO / "recipes" / "smollm2-135m-cpu.yaml"
+    sets = tiny(tiny_llama_tied, corpus, steps=6, global_batch_size=8, max_tokens=6 * 8 * 32)
+    train(load_recipe(recipe, sets), tmp_path / "one", arms=("preln",), progress=False)
+    # accelerate launch --cpu starts one process without MPI; torchrun + ACCELERATE_USE_CPU is the gloo setup
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+           "-m", "mixln_convert.cli", "train", str(recipe), *(f"--set={s}" for s in sets),
+           "--out", str(tmp_path / "two"), "--arm", "preln"]
+    done = subprocess.run(cmd, env={**_env(), "ACCELERATE_USE_CPU": "1"}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((tmp_path / "two" / "preln" / "summary.json").read_text())["processes"] == 2
+    assert_same_curve(metrics(tmp_path / "two", "preln"), metrics(tmp_path / "one", "preln"), tol=1e-5)
+
+
+def test_nonfinite_loss_stops_naming_the_step(cli, tiny_llama_tied, corpus, tmp_path):
+    sets = tiny(tiny_llama_tied, corpus, steps=6, checkpoint_interval=1, keep_checkpoints=0, grad_clip=0,
+                **{"optim.lr": 1e10, "schedule.warmup_steps": 0})
+    result = cli("train", REPO / "recipes" / "smollm2-135m-cpu.yaml", *(f"--set={s}" for s in sets),
+                 "--out", tmp_path / "out", "--arm", "preln")
+    error = result.output.strip().splitlines()[-1]  # the lines before it are progress bars
+    assert result.exit_code == 1 and error.startswith("Error: preln: "), result.output
+    step = int(re.search(r"(?:loss|grad norm) is -?(?:nan|inf) at step (\d+)", error).group(1))
+    last = tmp_path / "out" / "preln" / "checkpoints" / f"step-{step - 1}"
+    assert step > 1 and error.endswith(f"(last good checkpoint: {last})") and (last / "model.safetensors").is_file()
+    assert not (tmp_path / "out" / "preln" / "final").exists()
+
+
+def test_recipe_errors_are_mixln_errors(tmp_path):
+    with pytest.raises(MixLNError, match="cannot read the recipe"):
+        load_recipe(tmp_path / "missing.yaml")
+
+
+@pytest.mark.real_model
+def test_smollm2_cpu_recipe_runs_on_the_real_model(tmp_path):
+    """The shipped CPU recipe as is (source: smollm2, the GGUF; embedded corpus), one short step."""
+    recipe = load_recipe(REPO / "recipes" / "smollm2-135m-cpu.yaml",
+                         ["seq_len=64", "max_tokens=256", "data.eval_tokens=128", "micro_batch_size=2"])
+    summaries = train(recipe, tmp_path / "run", progress=False)
+    assert summaries["mixln"]["post_ln_layers"] == 7 and summaries["preln"]["post_ln_layers"] == 0
+    # the calibrated conversion keeps the model usable: perplexity within a few times the original
+    assert summaries["mixln"]["initial_val_ppl"] < 4 * summaries["preln"]["initial_val_ppl"]
