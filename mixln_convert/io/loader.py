@@ -2,8 +2,9 @@
 not) or a GGUF file.
 
 Nothing here loads a whole model to get one tensor: safetensors shards are memory-mapped and
-read per tensor; .bin shards are memory-mapped with ``torch.load(mmap=True, weights_only=True)``
-(never plain unpickling). GGUF is the exception: transformers dequantizes it as a whole, which
+read per tensor, and a tensor read unchanged says where its bytes lie (``stored_bytes``) so
+that a writer can copy them file to file; .bin shards are memory-mapped with
+``torch.load(mmap=True, weights_only=True)`` (never plain unpickling). GGUF is the exception: transformers dequantizes it as a whole, which
 is fine for the small models that ship as GGUF here.
 """
 
@@ -12,6 +13,7 @@ import json
 import pickle
 import re
 import shutil
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
@@ -36,6 +38,22 @@ def read_json(path: Path) -> dict:
         raise MixLNError(f"{path}: unreadable JSON ({e})") from None
 
 
+@dataclass(frozen=True)
+class StoredBytes:
+    """Where a source tensor's bytes lie in its file, and its in-place version counter when read."""
+
+    path: Path
+    offset: int
+    version: int
+
+
+def stored_bytes(tensor: torch.Tensor) -> StoredBytes | None:
+    """Where ``tensor``'s bytes lie on disk, if it is a source tensor as read (not modified in
+    place since): a writer can then copy them file to file, in the kernel."""
+    stored = getattr(tensor, "stored_bytes", None)
+    return stored if stored is not None and stored.version == tensor._version else None
+
+
 class FolderCheckpoint:
     """An HF checkpoint folder; ``get(name)`` reads one tensor from the shard that holds it."""
 
@@ -43,6 +61,7 @@ class FolderCheckpoint:
         self.path = Path(path)
         self.config = read_json(self.path / "config.json")
         self._open_name, self._open_shard = None, None
+        self._offsets = {}  # safetensors shard -> {tensor name: file offset of its bytes}
         self.shard_of = self._index()  # tensor name -> shard file
         for shard in sorted(set(self.shard_of.values())):
             if not (self.path / shard).is_file():
@@ -94,7 +113,20 @@ class FolderCheckpoint:
         # A memory map of its own per tensor, released with the tensor: pages read through a
         # shared map would count in this process's memory until the whole shard is done.
         with self._load(shard) as handle:
-            return handle.get_tensor(name)
+            tensor = handle.get_tensor(name)
+        tensor.stored_bytes = StoredBytes(self.path / shard, self._data_offsets(shard)[name], tensor._version)
+        return tensor
+
+    def _data_offsets(self, shard: str) -> dict[str, int]:
+        """File offset of each tensor's bytes: a safetensors file is an 8-byte header length, a
+        JSON header of offsets relative to its end, then the bytes."""
+        if shard not in self._offsets:
+            with open(self.path / shard, "rb") as file:
+                length = int.from_bytes(file.read(8), "little")
+                header = json.loads(file.read(length))
+            self._offsets[shard] = {name: 8 + length + entry["data_offsets"][0]
+                                    for name, entry in header.items() if name != "__metadata__"}
+        return self._offsets[shard]
 
     def shape(self, name: str) -> tuple[int, ...]:
         if self.shard_of[name].endswith(".safetensors"):

@@ -3,7 +3,7 @@
 A conversion writes into a hidden temporary folder beside the destination and renames it
 into place at the very end, so a conversion that fails or is killed leaves no half-written
 checkpoint behind: at worst a ``.DST.tmp-*`` folder, removed on failure, and removed by the
-next run to the same DST when a kill (SIGKILL, power loss) left it behind.
+next run to the same DST when a killed run (SIGKILL) left it behind.
 """
 
 import json
@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from ..errors import MixLNError
+from .loader import StoredBytes, stored_bytes
 
 try:
     import fcntl
@@ -115,33 +116,60 @@ def atomic_output_dir(dst, force: bool = False, protect=()):
 def write_safetensors(path: Path, tensors: list[tuple[str, torch.Tensor]], metadata: dict) -> None:
     """Write ``tensors`` (CPU, contiguous) as one safetensors file, emptying the list as it goes.
 
-    safetensors' ``save_file`` holds every tensor until the whole file is written. Here each
-    tensor is dropped as soon as its bytes are written: a tensor memory-mapped from the source
-    shard is then unmapped, so writing a shard costs one tensor of memory, not a shard.
+    A tensor still as read from a source file is copied file to file by the kernel
+    (``copy_file_range``, as ``cp`` does), so it never passes through this process. Others are
+    written from memory and dropped at once: safetensors' ``save_file`` would hold them all until
+    the file is complete, a tensor memory-mapped from the source counting as memory meanwhile.
     """
     header, offset = {"__metadata__": metadata}, 0
     for name, tensor in tensors:
         if tensor.dtype not in _SAFETENSORS_DTYPES:
             raise MixLNError(f"{path.parent}: tensor {name} has dtype {tensor.dtype}, which this writer does not handle")
-        size = tensor.numel() * tensor.element_size()
         header[name] = {"dtype": _SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + size]}
-        offset += size
+                        "data_offsets": [offset, offset + tensor.nbytes]}
+        offset += tensor.nbytes
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)  # tensor data starts 8-byte aligned, as safetensors writes it
-    with open(path, "wb") as file:
-        file.write(struct.pack("<Q", len(encoded)) + encoded)
+    with open(path, "wb", buffering=0) as file:
+        _write_all(file, struct.pack("<Q", len(encoded)) + encoded)
         while tensors:
             _, tensor = tensors.pop(0)  # the list held the last reference but this one
-            file.write(tensor.reshape(-1).view(torch.uint8).numpy())
+            stored = stored_bytes(tensor)
+            if stored is None or not _copy_file_range(stored, tensor.nbytes, file):
+                _write_all(file, tensor.reshape(-1).view(torch.uint8).numpy())
+
+
+def _write_all(file, data) -> None:
+    view = memoryview(data).cast("B")
+    while view:  # a single write may take less (Linux: at most ~2 GiB)
+        view = view[file.write(view):]
+
+
+def _copy_file_range(stored: StoredBytes, size: int, file) -> bool:
+    """Append ``size`` bytes of ``stored``'s file to ``file`` in the kernel; False where this
+    system or these file systems cannot (the caller then writes the bytes itself)."""
+    if not hasattr(os, "copy_file_range"):  # Linux only
+        return False
+    start, done = file.tell(), 0
+    try:
+        with open(stored.path, "rb") as source:
+            while done < size:
+                copied = os.copy_file_range(source.fileno(), file.fileno(), size - done, stored.offset + done)
+                if copied == 0:
+                    raise OSError(f"{stored.path}: shorter than its header says")
+                done += copied
+        return True
+    except OSError:
+        file.seek(start)
+        return False
 
 
 class ShardedWriter:
     """Collect tensors and write them as ``model-XXXXX-of-YYYYY.safetensors`` shards.
 
     A shard is flushed as soon as the next tensor would exceed ``max_shard_bytes``, so memory
-    holds at most one shard of computed tensors (tensors passed through from a memory-mapped
-    source cost nothing until they are written, one at a time). The index
+    holds at most one shard of computed tensors (source tensors passed through unchanged cost
+    nothing: the kernel copies them file to file). The index
     (``model.safetensors.index.json``) is written last, by :meth:`close`; a checkpoint that
     fits one shard is saved as ``model.safetensors``, like transformers does.
     """
@@ -159,7 +187,9 @@ class ShardedWriter:
         size = tensor.numel() * tensor.element_size()
         if self.pending and self.pending_bytes + size > self.max_shard_bytes:
             self._flush()
-        self.pending.append((name, tensor.detach().cpu().contiguous()))
+        if stored_bytes(tensor) is None:  # a source tensor as read stays this very object: detach() would
+            tensor = tensor.detach().cpu().contiguous()  # lose where its bytes lie
+        self.pending.append((name, tensor))
         self.pending_bytes += size
         self.total_bytes += size
 

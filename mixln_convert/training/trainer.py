@@ -52,8 +52,10 @@ def train(recipe: dict, out, arms=ARMS, resume: bool = False, progress: bool = T
     tokenizer = load_tokenizer(recipe["source"])
     with state.main_process_first():  # the main process tokenizes into the cache, the others read it
         splits = load_splits(recipe, tokenizer)
-    return {arm: _train_arm(recipe, arm, out / arm, splits, tokenizer, accumulation, resume, progress)
-            for arm in arms}
+    summaries = {arm: _train_arm(recipe, arm, out / arm, splits, tokenizer, accumulation, resume, progress)
+                 for arm in arms}
+    state.destroy_process_group()
+    return summaries
 
 
 def _accumulation(recipe: dict, processes: int) -> int:
@@ -267,6 +269,7 @@ def _train_arm(recipe: dict, arm: str, folder: Path, splits: Splits, tokenizer, 
     }
     if main:
         _write_atomic(folder / "summary.json", json.dumps(summary, indent=2) + "\n")
-    accelerator.end_training()
+    for tracker in accelerator.trackers:  # not end_training(): it would destroy the process group the next arm needs
+        tracker.finish()
     accelerator.free_memory()
     return summary

@@ -1,0 +1,1 @@
+"""Layer analysis (layer drop, angular distance, block influence, gradient norms) and pruning."""

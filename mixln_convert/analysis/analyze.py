@@ -1,0 +1,85 @@
+"""``analyze()``: per-layer metrics of a checkpoint, written as ``DIR/analysis.json`` and plots.
+
+The metrics follow the Mix-LN paper's layer analysis (arXiv 2412.13795, see shared MIXLN.md):
+perplexity increase when a block is skipped, angular distance between block inputs (Gromov
+et al. 2024), block influence (ShortGPT) and gradient norms per block.
+"""
+
+import json
+
+import torch
+
+from ..data import read_texts, token_blocks
+from ..errors import MixLNError
+from ..io.writer import atomic_output_dir
+from ..model.loading import load_model, load_tokenizer
+from .layers import BlockRunner, RepresentationStatistics, grad_norm_per_layer, removal_sweep
+from .plots import plot_analysis
+from .prune import check_method, choose_layers
+
+
+def analyze(ckpt, out, *, data=None, span: int = 1, seq_len: int = 256, max_tokens: int = 8 * 256,
+            batch_size: int = 4, prune_curve: bool = False, method: str = "angular", force: bool = False,
+            progress: bool = True) -> dict:
+    """Measure ``ckpt`` (HF folder, LLaMA or Mix-LN, or .gguf) on held-out text and write
+    ``out/analysis.json`` and PNG plots; returns the analysis.
+
+    ``data`` defaults to the embedded validation split, cut into ``max_tokens`` tokens in blocks
+    of ``seq_len``. ``span`` is the n of the per-layer angular distance (inputs of blocks l and
+    l+n). ``prune_curve`` adds the perplexity with N = 1..L/2 blocks removed by ``method``.
+    """
+    check_method(method)
+    if span < 1:
+        raise MixLNError(f"--span: {span} must be at least 1")
+    with atomic_output_dir(out, force=force, protect=[ckpt]) as tmp:
+        tokenizer = load_tokenizer(ckpt)
+        model = load_model(ckpt, dtype=torch.float32)  # angles and small perplexity differences need float32
+        num_layers = model.config.num_hidden_layers
+        if span > num_layers:
+            raise MixLNError(f"--span: {span} exceeds the {num_layers} layers of this model")
+        seq_len = min(seq_len, model.config.max_position_embeddings)
+        blocks = token_blocks(tokenizer, read_texts(data, split="validation"), seq_len, max_tokens)
+        n_post = getattr(model.config, "post_ln_layers", 0)
+        result = {
+            "checkpoint": str(ckpt),
+            "data": str(data) if data else "embedded:validation",
+            "num_layers": num_layers,
+            "post_ln_layers": n_post,
+            "layout": ["Post-LN" if i < n_post else "Pre-LN" for i in range(num_layers)],
+            **layer_metrics(model, blocks, span, batch_size, progress),
+            "tokenizer_vocab_size": len(tokenizer),
+        }
+        if prune_curve:
+            result["prune_curve"] = pruning_curve(BlockRunner(model), blocks, method, result, batch_size, progress)
+        (tmp / "analysis.json").write_text(json.dumps(result, indent=2) + "\n")
+        plot_analysis(result, tmp)
+    return result
+
+
+def layer_metrics(model, blocks: torch.Tensor, span: int, batch_size: int, progress: bool) -> dict:
+    """Perplexity, layer drop, angular distances and block influence (one sweep), and gradient norms."""
+    runner = BlockRunner(model)
+    num_layers = runner.num_layers
+    statistics = RepresentationStatistics(num_layers)
+    sweep = removal_sweep(runner, blocks, [[l] for l in range(num_layers)], batch_size, statistics, progress)
+    matrix = statistics.angular_distance_matrix()
+    return {
+        "tokens": sweep["tokens"],
+        "perplexity": sweep["perplexity"],
+        "layer_drop": [p - sweep["perplexity"] for p in sweep["removed"]],
+        # the last span-1 blocks have no boundary span blocks ahead: null
+        "angular_distance": [row[span - 1] if len(row) >= span else None for row in matrix],
+        "angular_distance_matrix": matrix,
+        "span": span,
+        "block_influence": statistics.block_influence(),
+        "grad_norm_per_layer": grad_norm_per_layer(model, blocks, batch_size),
+    }
+
+
+def pruning_curve(runner: BlockRunner, blocks: torch.Tensor, method: str, scores: dict, batch_size: int,
+                  progress: bool) -> dict:
+    """Perplexity with N = 1..L/2 blocks removed by ``method`` (ranked by ``scores``), in memory."""
+    counts = list(range(1, runner.num_layers // 2 + 1))
+    removals = [choose_layers(method, n, runner.num_layers, scores) for n in counts]
+    sweep = removal_sweep(runner, blocks, removals, batch_size, progress=progress)
+    return {"method": method, "removed": counts, "perplexity": sweep["removed"], "layers": removals}

@@ -1,0 +1,163 @@
+"""A causal LM run one decoder block at a time, and the per-layer metrics built on it.
+
+``model(...)`` runs every block in one go; the layer analyses need the residual stream at each
+block input and the model's output with some blocks skipped. :class:`BlockRunner` takes the
+steps of transformers' ``LlamaModel.forward`` (embeddings, rotary position embeddings, causal
+mask, blocks, final norm, head) but can start at any block and skip any, for plain LLaMA and
+Mix-LN models alike (both kinds of block take the same arguments).
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+
+@dataclass
+class Stream:
+    """One batch run through the full model."""
+
+    input_ids: torch.Tensor
+    block_kwargs: dict  # causal mask and position embeddings, the same for every block
+    residual: list[torch.Tensor]  # input of block 0..L-1, then the last block's output (before the final norm)
+
+
+class BlockRunner:
+    """Runs ``model`` (a transformers LLaMA or Mix-LN causal LM) block by block."""
+
+    def __init__(self, model):
+        self.model = model
+        self.decoder = model.model
+        self.layers = self.decoder.layers
+        self.num_layers = len(self.layers)
+
+    def embed(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """The embeddings of ``input_ids`` and the keyword arguments every block is called with."""
+        from transformers.masking_utils import create_causal_mask
+
+        hidden = self.decoder.embed_tokens(input_ids)
+        position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+        # create_causal_mask returns None where SDPA can use its own causal path, a mask otherwise
+        mask = create_causal_mask(config=self.decoder.config, inputs_embeds=hidden, attention_mask=None,
+                                  cache=None, position_ids=position_ids)
+        kwargs = {"attention_mask": mask, "position_ids": position_ids,
+                  "position_embeddings": self.decoder.rotary_emb(hidden, position_ids=position_ids)}
+        return hidden, kwargs
+
+    def run(self, hidden: torch.Tensor, block_kwargs: dict, start: int = 0, skip=frozenset()) -> torch.Tensor:
+        """The residual stream after blocks ``start``..L-1 but those in ``skip``, from ``hidden``
+        at the input of block ``start``."""
+        for i in range(start, self.num_layers):
+            if i not in skip:
+                hidden = self.layers[i](hidden, **block_kwargs)
+        return hidden
+
+    def stream(self, input_ids: torch.Tensor) -> Stream:
+        """Run the full model on ``input_ids`` and keep the residual stream at every block boundary."""
+        hidden, kwargs = self.embed(input_ids)
+        residual = [hidden]
+        for layer in self.layers:
+            residual.append(layer(residual[-1], **kwargs))
+        return Stream(input_ids, kwargs, residual)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The head's logits for the residual stream after the last block."""
+        return self.model.lm_head(self.decoder.norm(hidden))
+
+    def forward(self, input_ids: torch.Tensor, skip=frozenset()) -> torch.Tensor:
+        """Logits of the model with the blocks in ``skip`` replaced by the identity."""
+        hidden, kwargs = self.embed(input_ids)
+        return self.logits(self.run(hidden, kwargs, skip=skip))
+
+    def nll(self, hidden: torch.Tensor, input_ids: torch.Tensor) -> float:
+        """Summed next-token negative log-likelihood (as ``evaluate_perplexity`` scores it)."""
+        logits = self.logits(hidden[:, :-1]).float()  # the last position predicts nothing scored
+        return F.cross_entropy(logits.flatten(0, 1), input_ids[:, 1:].flatten(), reduction="sum").item()
+
+    def nll_without(self, stream: Stream, removed) -> float:
+        """Summed NLL of the model with the blocks ``removed`` skipped, continuing from the stored
+        input of the first removed block (the blocks before it are the full model's)."""
+        removed = set(removed)
+        first = min(removed)
+        return self.nll(self.run(stream.residual[first], stream.block_kwargs, first, removed), stream.input_ids)
+
+
+class RepresentationStatistics:
+    """Token-averaged similarity of the residual stream between every pair of block boundaries.
+
+    Boundary k is the input of block k, boundary L the last block's output before the final norm.
+    """
+
+    def __init__(self, num_layers: int):
+        self.num_layers = num_layers
+        self.cos_sum = torch.zeros(num_layers + 1, num_layers + 1, dtype=torch.float64)
+        self.angle_sum = torch.zeros_like(self.cos_sum)
+        self.tokens = 0
+
+    def add(self, residual: list[torch.Tensor]) -> None:
+        # float64: in float32 a vector's cosine with itself is 1 - 6e-8, an angle of 1e-4 * pi
+        unit = F.normalize(torch.stack(residual).flatten(1, 2).double(), dim=-1)  # [L+1, tokens, hidden]
+        cos = torch.einsum("itd,jtd->ijt", unit, unit).clamp(-1, 1)
+        self.cos_sum += cos.sum(-1).cpu()
+        self.angle_sum += (torch.arccos(cos) / math.pi).sum(-1).cpu()
+        self.tokens += unit.shape[1]
+
+    def angular_distance_matrix(self) -> list[list[float]]:
+        """Row l, entry n-1: mean arccos(cos(x_l, x_{l+n})) / pi for n = 1..L-l (Gromov et al. 2024)."""
+        mean = self.angle_sum / self.tokens
+        return [[mean[l, l + n].item() for n in range(1, self.num_layers - l + 1)] for l in range(self.num_layers)]
+
+    def block_influence(self) -> list[float]:
+        """1 - mean cos(input, output) of each block (ShortGPT)."""
+        mean = self.cos_sum / self.tokens
+        return [1 - mean[l, l + 1].item() for l in range(self.num_layers)]
+
+
+@torch.no_grad()
+def removal_sweep(runner: BlockRunner, blocks: torch.Tensor, removals=(), batch_size: int = 4,
+                  statistics: RepresentationStatistics | None = None, progress: bool = True) -> dict:
+    """Perplexity of the full model and of the model with each set of blocks in ``removals`` skipped.
+
+    One pass over ``blocks`` ([n, seq_len] token ids): each batch runs through the full model
+    once, keeping the residual stream at every block input; each removal then continues from
+    the input of its first removed block, so skipping block l costs blocks l+1..L-1 and the
+    head rather than a whole forward pass (about half the cost of L forward passes in all).
+    Memory holds L+1 residual tensors of one batch; ``batch_size`` bounds it.
+    ``statistics``, if given, sees every batch's stream.
+    Returns ``perplexity``, ``removed`` (a perplexity per removal) and ``tokens`` (positions scored).
+    """
+    full_nll, removed_nll, tokens = 0.0, [0.0] * len(removals), 0
+    batches = range(0, len(blocks), batch_size)
+    with tqdm(total=len(batches) * (1 + len(removals)), desc="layer sweep", disable=not progress, leave=False) as bar:
+        for start in batches:
+            stream = runner.stream(blocks[start:start + batch_size].to(runner.model.device))
+            full_nll += runner.nll(stream.residual[-1], stream.input_ids)
+            tokens += stream.input_ids[:, 1:].numel()
+            if statistics is not None:
+                statistics.add(stream.residual)
+            bar.update()
+            for k, removed in enumerate(removals):
+                removed_nll[k] += runner.nll_without(stream, removed)
+                bar.update()
+    return {"perplexity": math.exp(full_nll / tokens), "removed": [math.exp(n / tokens) for n in removed_nll],
+            "tokens": tokens}
+
+
+def grad_norm_per_layer(model, blocks: torch.Tensor, batch_size: int = 4) -> list[float]:
+    """L2 norm of the LM-loss gradient of each block's parameters, the loss averaged over ``blocks``.
+
+    The model's parameters are left without gradients afterwards.
+    """
+    device = model.device
+    batches = range(0, len(blocks), batch_size)
+    model.zero_grad(set_to_none=True)
+    with torch.enable_grad():
+        for start in batches:
+            batch = blocks[start:start + batch_size].to(device)
+            (model(input_ids=batch, labels=batch, use_cache=False).loss / len(batches)).backward()
+    norms = [math.sqrt(sum(p.grad.float().pow(2).sum().item() for p in layer.parameters() if p.grad is not None))
+             for layer in model.model.layers]
+    model.zero_grad(set_to_none=True)
+    return norms

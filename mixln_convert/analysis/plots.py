@@ -1,0 +1,117 @@
+"""Figures of an analysis (see :func:`.analyze.analyze`), one PNG per metric.
+
+matplotlib's object API renders on the Agg canvas: no pyplot state, no display needed.
+"""
+
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import MaxNLocator
+
+PRE_LN, POST_LN = "tab:blue", "tab:orange"
+ANGULAR_DISTANCE = "angular distance arccos(cos) / pi"
+
+
+def _layer_figure(result: dict, title: str, ylabel: str, shade_post_ln: bool = False):
+    """A figure over block index, the Post-LN blocks shaded if asked (bar plots colour them instead)."""
+    fig = Figure(figsize=(8, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    if shade_post_ln and result["post_ln_layers"]:
+        ax.axvspan(-0.5, result["post_ln_layers"] - 0.5, color=POST_LN, alpha=0.12, label="Post-LN blocks")
+    ax.set(title=f"{title}\n{Path(result['checkpoint']).name}", xlabel="block (layer index)", ylabel=ylabel,
+           xlim=(-0.5, result["num_layers"] - 0.5))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    return fig, ax
+
+
+def _bars(ax, values, layout) -> None:
+    """One bar per block, coloured (and labelled once) by the block's kind."""
+    for kind, color in (("Post-LN", POST_LN), ("Pre-LN", PRE_LN)):
+        blocks = [i for i, k in enumerate(layout) if k == kind]
+        if blocks:
+            ax.bar(blocks, [values[i] for i in blocks], color=color, label=f"{kind} block")
+
+
+def plot_layer_drop(result: dict, path: Path) -> None:
+    fig, ax = _layer_figure(result, "Perplexity increase when one block is skipped",
+                            f"perplexity increase (full model {result['perplexity']:.2f})")
+    _bars(ax, result["layer_drop"], result["layout"])
+    ax.set_yscale("symlog", linthresh=1)  # removing an early block can cost 1000x more than a late one
+    ax.legend()
+    fig.savefig(path, dpi=120)
+
+
+def plot_representation_change(result: dict, path: Path) -> None:
+    fig, ax = _layer_figure(result, "How much each block changes the residual stream", "distance",
+                            shade_post_ln=True)
+    distances = np.array([np.nan if d is None else d for d in result["angular_distance"]])
+    ax.plot(distances, marker="o", label=f"angular distance, inputs of blocks l and l+{result['span']}")
+    ax.plot(result["block_influence"], marker="s", label="block influence, 1 - cos(input, output)")
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    fig.savefig(path, dpi=120)
+
+
+def draw_angular_matrix(ax, result: dict, vmin=None, vmax=None):
+    """Heatmap of ``angular_distance_matrix`` (first block l by span n) on ``ax``; returns the image.
+    ``vmin``/``vmax`` give several models one colour scale."""
+    num_layers = result["num_layers"]
+    grid = np.full((num_layers, num_layers), np.nan)
+    for l, row in enumerate(result["angular_distance_matrix"]):
+        grid[l, :len(row)] = row
+    for axis in (ax.xaxis, ax.yaxis):  # block indices and spans: no 0.5 ticks on small models
+        axis.set_major_locator(MaxNLocator(integer=True))
+    return ax.imshow(grid, origin="lower", cmap="viridis", aspect="auto", vmin=vmin, vmax=vmax,
+                     extent=(0.5, num_layers + 0.5, -0.5, num_layers - 0.5))
+
+
+def plot_angular_matrix(result: dict, path: Path) -> None:
+    fig = Figure(figsize=(7, 6), layout="constrained")
+    ax = fig.add_subplot()
+    image = draw_angular_matrix(ax, result)
+    fig.colorbar(image, ax=ax, label=ANGULAR_DISTANCE)
+    ax.set(title=f"Angular distance between the inputs of blocks l and l+n\n{Path(result['checkpoint']).name}",
+           xlabel="span n (blocks)", ylabel="first block l")
+    fig.savefig(path, dpi=120)
+
+
+def plot_grad_norms(result: dict, path: Path) -> None:
+    fig, ax = _layer_figure(result, "Gradient norm of each block's parameters (LM loss)", "gradient L2 norm")
+    _bars(ax, result["grad_norm_per_layer"], result["layout"])
+    ax.set_yscale("log")
+    ax.legend()
+    fig.savefig(path, dpi=120)
+
+
+def plot_prune_curve(result: dict, path: Path) -> None:
+    curve = result["prune_curve"]
+    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    perplexity = [result["perplexity"], *curve["perplexity"]]
+    ax.plot([0, *curve["removed"]], perplexity, marker="o", label=f"blocks chosen by '{curve['method']}'")
+    ax.set(title=f"Perplexity after removing N blocks\n{Path(result['checkpoint']).name}",
+           xlabel="blocks removed N", ylabel="perplexity",
+           yscale="log" if max(perplexity) > 10 * min(perplexity) else "linear")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.savefig(path, dpi=120)
+
+
+PLOTS = {
+    "layer_drop.png": plot_layer_drop,
+    "representation_change.png": plot_representation_change,
+    "angular_distance_matrix.png": plot_angular_matrix,
+    "grad_norm_per_layer.png": plot_grad_norms,
+}
+
+
+def plot_analysis(result: dict, folder: Path) -> list[Path]:
+    """Write every figure ``result`` has data for into ``folder``; returns their paths."""
+    plots = {**PLOTS, **({"prune_curve.png": plot_prune_curve} if "prune_curve" in result else {})}
+    for name, plot in plots.items():
+        plot(result, Path(folder) / name)
+    return [Path(folder) / name for name in plots]

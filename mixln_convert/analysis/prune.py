@@ -1,0 +1,186 @@
+"""``prune()``: remove decoder blocks from a checkpoint, and the rules that choose them.
+
+Rules for removing N blocks (``METHODS``):
+
+- ``angular`` (Gromov et al. 2024, "The Unreasonable Ineffectiveness of the Deeper Layers"):
+  the N consecutive blocks l..l+N-1 whose input x_l and output x_{l+N} are closest,
+  by token-averaged angular distance arccos(cos) / pi on calibration text;
+- ``drop``: the N blocks whose removal alone raises perplexity least;
+- ``last``: the N deepest blocks, just before the final norm.
+
+The pruned checkpoint is of the same kind as its source, tensors streamed one at a time.
+"""
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+from .. import __version__
+from ..architectures import architecture_of_any
+from ..errors import MixLNError
+from ..io.loader import open_checkpoint
+from ..io.writer import ShardedWriter, atomic_output_dir, parse_size
+
+METHODS = ("angular", "drop", "last")
+
+
+def parse_layers(text: str, num_layers: int) -> list[int]:
+    """'20-23,27' -> [20, 21, 22, 23, 27], checked against a ``num_layers``-deep model."""
+    layers = set()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        first, _, last = part.partition("-")
+        if not (first.strip().isdigit() and (not last or last.strip().isdigit())):
+            raise MixLNError(f"--layers: {part!r} is not a layer index or range (example: 20-23,27)")
+        first, last = int(first), int(last or first)
+        if first > last:
+            raise MixLNError(f"--layers: range {part!r} is empty (write low-high)")
+        if last >= num_layers:
+            raise MixLNError(f"--layers: layer {last} is outside [0, {num_layers - 1}] for this {num_layers}-layer model")
+        layers.update(range(first, last + 1))
+    if not layers:
+        raise MixLNError(f"--layers: {text!r} selects no layer")
+    if len(layers) == num_layers:
+        raise MixLNError(f"--layers: {text!r} removes all {num_layers} layers; at least one must remain")
+    return sorted(layers)
+
+
+def check_method(method: str) -> None:
+    if method not in METHODS:
+        raise MixLNError(f"--method: unknown method {method!r} (choose from {', '.join(METHODS)})")
+
+
+def check_count(n: int, num_layers: int) -> None:
+    if not 1 <= n < num_layers:
+        raise MixLNError(f"--remove: {n} layers is outside [1, {num_layers - 1}] for this {num_layers}-layer model")
+
+
+def choose_layers(method: str, n: int, num_layers: int, scores: dict | None = None) -> list[int]:
+    """The ``n`` blocks ``method`` removes. ``scores`` holds what the method ranks by:
+    ``angular_distance_matrix`` (angular) or ``layer_drop`` (drop); see :func:`layer_scores`."""
+    check_method(method)
+    check_count(n, num_layers)
+    if method == "angular":
+        distances = span_distances(scores["angular_distance_matrix"], n)
+        start = min(range(len(distances)), key=distances.__getitem__)
+        return list(range(start, start + n))
+    if method == "drop":
+        return sorted(sorted(range(num_layers), key=scores["layer_drop"].__getitem__)[:n])
+    return list(range(num_layers - n, num_layers))
+
+
+def span_distances(angular_distance_matrix: list[list[float]], n: int) -> list[float]:
+    """Angular distance between the input and the output of blocks l..l+n-1, for each start l."""
+    return [row[n - 1] for row in angular_distance_matrix if len(row) >= n]
+
+
+def layer_scores(model, blocks, method: str, batch_size: int = 4, progress: bool = True) -> dict:
+    """What ``method`` (angular or drop) ranks blocks by, measured with ``model`` on ``blocks`` (token ids)."""
+    from .layers import BlockRunner, RepresentationStatistics, removal_sweep
+
+    runner = BlockRunner(model)
+    if method == "angular":
+        statistics = RepresentationStatistics(runner.num_layers)
+        removal_sweep(runner, blocks, batch_size=batch_size, statistics=statistics, progress=progress)
+        return {"angular_distance_matrix": statistics.angular_distance_matrix()}
+    sweep = removal_sweep(runner, blocks, [[l] for l in range(runner.num_layers)], batch_size, progress=progress)
+    return {"layer_drop": [p - sweep["perplexity"] for p in sweep["removed"]]}
+
+
+def prune(src, dst, *, layers: str | None = None, remove: int | None = None, method: str = "angular",
+          data=None, seq_len: int = 256, max_tokens: int = 8 * 256, batch_size: int = 4,
+          max_shard_size: str | int = "5GB", force: bool = False, progress: bool = True) -> Path:
+    """Write ``src`` without some of its decoder blocks to ``dst``; returns ``dst``.
+
+    Either ``layers`` names the blocks ('20-23,27'), or ``remove`` blocks are chosen by
+    ``method`` (angular and drop measure ``src`` on ``data``, default the embedded calibration
+    split, ``max_tokens`` in blocks of ``seq_len``). The remaining blocks are renumbered and
+    ``num_hidden_layers`` updated; for a Mix-LN model ``post_ln_layers`` counts the Post-LN
+    blocks left. A Mix-LN model left with no Post-LN block stays a Mix-LN checkpoint with
+    ``post_ln_layers`` 0 (all Pre-LN, numerically a LLaMA): its model type and provenance are
+    kept. What was removed, and why, is appended to ``mixln_provenance["pruned"]`` (Mix-LN) or
+    to the top-level ``pruned`` list (plain LLaMA) of config.json.
+    """
+    if Path(src).suffix == ".gguf":
+        raise MixLNError(f"{src}: cannot prune a GGUF file; convert it (mixln-convert convert) or export it "
+                         "to a checkpoint folder first")
+    if (layers is None) == (remove is None):
+        raise MixLNError("--layers and --remove: give exactly one of them")
+    check_method(method)
+    max_shard_bytes = parse_size(max_shard_size)
+    source = open_checkpoint(src)
+    arch = architecture_of_any(source.config, str(Path(src) / "config.json"))
+    num_layers = source.config["num_hidden_layers"]
+    with atomic_output_dir(dst, force=force, protect=[src]) as tmp:
+        started = time.time()
+        removed, reason = select_layers(src, num_layers, layers, remove, method, data, seq_len, max_tokens,
+                                        batch_size, progress)
+        write_kept_tensors(source, arch, removed, tmp, max_shard_bytes, progress)
+        record = {"tool": f"mixln-convert {__version__}", "source": str(Path(src).absolute()),
+                  "num_layers_before": num_layers, "removed_layers": removed, **reason,
+                  "seconds": round(time.time() - started, 2)}
+        (tmp / "config.json").write_text(json.dumps(pruned_config(source.config, arch, removed, record),
+                                                    indent=2, sort_keys=True) + "\n")
+        source.copy_extras(tmp)
+        for code in Path(src).glob("*.py"):  # a Mix-LN checkpoint's modeling code (trust_remote_code loading)
+            shutil.copy2(code, tmp / code.name)
+    return Path(dst)
+
+
+def select_layers(src, num_layers, layers, remove, method, data, seq_len, max_tokens, batch_size,
+                  progress) -> tuple[list[int], dict]:
+    """The blocks to remove from ``src`` and why: the method and the scores it ranked by."""
+    if layers is not None:
+        return parse_layers(layers, num_layers), {"method": "explicit"}
+    check_count(remove, num_layers)
+    if method == "last":
+        return choose_layers(method, remove, num_layers), {"method": method}
+    import torch
+
+    from ..data import read_texts, token_blocks
+    from ..model.loading import load_model, load_tokenizer
+
+    blocks = token_blocks(load_tokenizer(src), read_texts(data, split="calibration"), seq_len, max_tokens)
+    scores = layer_scores(load_model(src, dtype=torch.float32), blocks, method, batch_size, progress)
+    reason = {"method": method, "data": str(data) if data else "embedded:calibration", "tokens": blocks.numel()}
+    if method == "angular":
+        reason["angular_distance_by_start"] = span_distances(scores["angular_distance_matrix"], remove)
+    else:
+        reason["layer_drop"] = scores["layer_drop"]
+    return choose_layers(method, remove, num_layers, scores), reason
+
+
+def write_kept_tensors(source, arch, removed: list[int], folder: Path, max_shard_bytes: int, progress: bool) -> None:
+    """Stream every tensor but those of the ``removed`` blocks into ``folder``, blocks renumbered."""
+    from tqdm.auto import tqdm
+
+    kept = [i for i in range(source.config["num_hidden_layers"]) if i not in removed]
+    new_index = {old: new for new, old in enumerate(kept)}
+    tied = source.config.get("tie_word_embeddings", False)
+    writer = ShardedWriter(folder, max_shard_bytes)
+    for name in tqdm(source.names(), desc="pruning", unit="tensor", disable=not progress):
+        i = arch.layer_of(name)
+        if i in removed or (tied and name == arch.lm_head):  # a tied head is the embeddings: not saved twice
+            continue
+        new_name = name
+        if i is not None:
+            prefix = arch.layer_prefix.format(i=i)
+            new_name = arch.layer_prefix.format(i=new_index[i]) + name.removeprefix(prefix)
+        writer.add(new_name, source.get(name))
+    writer.close()
+
+
+def pruned_config(config: dict, arch, removed: list[int], record: dict) -> dict:
+    """config.json of the pruned model: depth, Mix-LN layout, and ``record`` in its provenance."""
+    config = {k: v for k, v in config.items() if k != "_name_or_path"}
+    config["num_hidden_layers"] -= len(removed)
+    if config.get("model_type") == arch.converted["model_type"]:
+        n_post = config["post_ln_layers"]
+        # Post-LN blocks are the leading ones, so the kept ones still are: the layout stays one count.
+        config["post_ln_layers"] = n_post - sum(i < n_post for i in removed)
+        provenance = dict(config.get("mixln_provenance") or {})
+        provenance["pruned"] = [*provenance.get("pruned", []), {**record, "post_ln_layers_before": n_post}]
+        config["mixln_provenance"] = provenance
+    else:
+        config["pruned"] = [*config.get("pruned", []), record]
+    return config

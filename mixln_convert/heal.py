@@ -1,0 +1,285 @@
+"""``heal()``: cheap recovery of a converted model by distilling only its Post-LN blocks.
+
+Most of what a conversion breaks sits in the first ``post_ln_layers`` (k) blocks, and the
+original model is there to teach them. Only those blocks (attention, MLP and their norms) are
+trained, so that the residual stream they hand to the first Pre-LN block matches the original's
+on the same tokens. Forward and backward run through the k blocks only and the teacher's prefix
+(embeddings + k blocks) runs without gradients, so a step costs about k/L of a training step.
+
+Losses:
+
+- ``residual``: per-token relative error of that stream, mean_t |s_t - t_t|^2 / |t_t|^2, so that
+  the few tokens with massive activations (RMS in the thousands) do not set the whole loss;
+- ``kl``: KL(teacher || student) of the final next-token distributions; runs both whole models
+  (still training the k blocks only), about 3.5x the FLOPs of a ``residual`` step at alpha 0.25.
+
+Measured on SmolLM2-135M-Instruct, alpha 0.25 (7 of 30 blocks Post-LN), calibrated conversion,
+batches of 4 x 256 tokens, 16,384 held-out tokens (benchmarks/heal_curve.py, on a GPU): the
+conversion starts at 1.28x the original's perplexity. ``residual`` (lr 1e-4) reaches 1.13x after
+262k tokens, then stalls at 1.12-1.16x up to 1M tokens for any lr in 3e-5..1e-3 while its
+relative error keeps falling (0.073 -> 0.037): matching the stream at one depth does not pin
+down what the later blocks read from it. ``kl`` (lr 1e-4) reaches 1.05x after 33k tokens and
+1.007x after 66k.
+
+The result is a normal converted checkpoint: every tensor of the converted model, the healed
+blocks' replaced, ``mixln_provenance["heal"]`` in config.json and ``heal_metrics.jsonl``
+(one JSON object per step: step, tokens, loss, lr, seconds since the start; evaluations add
+val_relative_error and, with ``perplexity``, val_loss and val_ppl).
+"""
+
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+from transformers import get_cosine_schedule_with_warmup
+
+from . import __version__
+from .architectures import architecture_for, architecture_of_any
+from .conversion.calibrate import load_prefix
+from .data import read_texts, token_blocks
+from .errors import MixLNError
+from .evaluate import evaluate_perplexity
+from .io.loader import open_checkpoint
+from .io.writer import ShardedWriter, atomic_output_dir, parse_size
+from .model.loading import load_model, load_tokenizer
+
+LOSSES = ("residual", "kl")
+
+
+def heal(
+    converted,
+    teacher,
+    out,
+    *,
+    data=None,
+    tokens: int = 262_144,
+    seq_len: int = 256,
+    batch_size: int = 4,
+    lr: float = 1e-4,
+    loss: str = "residual",
+    warmup_ratio: float = 0.1,
+    grad_clip: float = 1.0,
+    eval_tokens: int = 8192,
+    perplexity: bool = True,
+    eval_at=(),
+    max_shard_size: str | int = "5GB",
+    seed: int = 0,
+    force: bool = False,
+    progress: bool = True,
+) -> dict:
+    """Heal the Mix-LN checkpoint ``converted`` against its Pre-LN original ``teacher``; write ``out``.
+
+    Trains the Post-LN blocks on ``tokens`` tokens of ``data`` (a file, folder or glob, or a list of
+    documents; default the embedded corpus's train split) in batches of ``batch_size`` x ``seq_len``,
+    AdamW at peak ``lr`` with linear warmup over ``warmup_ratio`` of the steps then cosine decay,
+    gradients clipped to ``grad_clip``. Before and after (and after each token count in ``eval_at``) it measures, on
+    ``eval_tokens`` tokens of the embedded validation split, the residual relative error and, with
+    ``perplexity``, the perplexity of the whole model (the teacher's once, for reference).
+
+    Returns ``out``, ``post_ln_layers``, ``steps``, ``tokens``, ``loss``, ``lr``, ``seconds``,
+    ``relative_error`` and ``perplexity`` (each {"before", "after"}; perplexity also "teacher",
+    None without ``perplexity``).
+    """
+    from .training.data import PackedBlocks  # here, not above: the train engine imports this module
+
+    if loss not in LOSSES:
+        raise MixLNError(f"--loss: unknown loss {loss!r} (choose from {', '.join(LOSSES)})")
+    if tokens < batch_size * seq_len:
+        raise MixLNError(f"--tokens: {tokens} is less than one step (--batch-size x --seq-len = {batch_size * seq_len})")
+    steps = tokens // (batch_size * seq_len)
+    max_shard_bytes = parse_size(max_shard_size)
+    student_source, teacher_source, arch = _open_pair(converted, teacher)
+    tokenizer = _same_tokenizer(converted, teacher)
+    k = student_source.config["post_ln_layers"]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    with atomic_output_dir(out, force=force, protect=[converted, teacher]) as tmp:
+        started = time.time()
+        texts = data if isinstance(data, list) else read_texts(data, split="train")
+        train_blocks = token_blocks(tokenizer, texts, seq_len, tokens)
+        eval_blocks = token_blocks(tokenizer, read_texts(None, split="validation"), seq_len, eval_tokens)
+        student = load_student_prefix(student_source, arch, k, device)
+        teacher_prefix = load_prefix(teacher_source, arch, k, device=device)
+        teacher_model = full = None
+        if perplexity or loss == "kl":
+            teacher_model = load_model(teacher, dtype=torch.float32, device=device)
+            full = load_model(converted, dtype=torch.float32, device=device).requires_grad_(False)
+            for i, layer in enumerate(student.layers):  # the whole model runs the very blocks being trained
+                full.model.layers[i] = layer
+        teacher_ppl = None
+        if perplexity:
+            teacher_ppl = evaluate_perplexity(teacher_model, eval_blocks, batch_size, progress)["perplexity"]
+        if loss == "residual":
+            teacher_model = None  # only the evaluation above needed it
+
+        def evaluate() -> dict:
+            return held_out(student, teacher_prefix, full if perplexity else None, eval_blocks, batch_size, progress)
+
+        before = evaluate()
+        parameters = list(student.layers.parameters())
+        # No weight decay: it would pull the pretrained weights toward 0, away from the teacher.
+        optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0)
+        scheduler = get_cosine_schedule_with_warmup(optimizer, round(warmup_ratio * steps), steps)
+        batches = torch.utils.data.DataLoader(PackedBlocks(train_blocks.numpy(), steps * batch_size, seed),
+                                              batch_size=batch_size)
+        pending = sorted(eval_at)
+        with open(tmp / "heal_metrics.jsonl", "w") as metrics:
+            metrics.write(json.dumps({"step": 0, "tokens": 0, **before}) + "\n")
+            bar = tqdm(batches, total=steps, desc="healing", unit="step", disable=not progress)
+            for step, batch in enumerate(bar, 1):
+                batch = batch.to(device)
+                if loss == "residual":
+                    with torch.no_grad():
+                        target = teacher_prefix(input_ids=batch).last_hidden_state
+                    value = relative_error(student(input_ids=batch).last_hidden_state, target)
+                else:
+                    with torch.no_grad():
+                        target = teacher_model(input_ids=batch).logits
+                    value = distribution_kl(full(input_ids=batch).logits, target)
+                value.backward()
+                torch.nn.utils.clip_grad_norm_(parameters, grad_clip)
+                record = {"step": step, "tokens": step * batch.numel(), "loss": value.item(),
+                          "lr": scheduler.get_last_lr()[0], "seconds": round(time.time() - started, 2)}
+                if not math.isfinite(record["loss"]):
+                    raise MixLNError(f"--lr: the {loss} loss is {record['loss']} at step {step}; try a smaller --lr")
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+                if (pending and record["tokens"] >= pending[0]) or step == steps:
+                    pending = [t for t in pending if t > record["tokens"]]
+                    record.update(evaluate())
+                metrics.write(json.dumps(record) + "\n")
+                bar.set_postfix(loss=f"{record['loss']:.4f}")
+
+        result = {
+            "out": str(out), "post_ln_layers": k, "steps": steps, "tokens": record["tokens"], "loss": loss, "lr": lr,
+            "relative_error": {"before": before["val_relative_error"], "after": record["val_relative_error"]},
+            "perplexity": {"teacher": teacher_ppl, "before": before["val_ppl"], "after": record["val_ppl"]}
+            if perplexity else None,
+            "seconds": round(time.time() - started, 2),
+        }
+        state = student.state_dict()
+        healed = {name: state[name.removeprefix("model.")] for name in prefix_names(student_source, arch, k)
+                  if arch.layer_of(name) is not None}
+        write_healed(student_source, healed, tmp, max_shard_bytes, progress)
+        provenance = {"tool": f"mixln-convert {__version__}", "teacher": str(Path(teacher).absolute()),
+                      "data": _describe(data), "seq_len": seq_len, "batch_size": batch_size,
+                      **{key: value for key, value in result.items() if key != "out"}}
+        write_config(student_source.config, provenance, tmp)
+        student_source.copy_extras(tmp)
+        for code in Path(converted).glob("*.py"):  # the modeling code of trust_remote_code loading
+            shutil.copy2(code, tmp / code.name)
+    return result
+
+
+def _describe(data) -> str:
+    if isinstance(data, list):
+        return f"{len(data)} documents given"
+    return str(data) if data else "embedded:train"
+
+
+def _open_pair(converted, teacher):
+    """The converted checkpoint, the teacher and their architecture, refusing pairs that cannot be healed."""
+    student_source = open_checkpoint(converted)
+    arch = architecture_of_any(student_source.config, str(converted))
+    config = student_source.config
+    if config.get("model_type") != arch.converted["model_type"]:
+        raise MixLNError(f"{converted}: not a Mix-LN checkpoint (model_type {config.get('model_type')!r}); "
+                         "convert it first (mixln-convert convert)")
+    k = config.get("post_ln_layers", 0)
+    if k == 0:
+        raise MixLNError(f"{converted}: has no Post-LN layer (post_ln_layers 0); there is nothing to heal")
+    teacher_source = open_checkpoint(teacher)
+    if teacher_source.config.get("model_type") == arch.converted["model_type"]:
+        raise MixLNError(f"--teacher {teacher}: a Mix-LN checkpoint; the teacher is the Pre-LN model {converted} "
+                         "was converted from")
+    architecture_for(teacher_source.config, f"--teacher {teacher}")
+    for key in ("hidden_size", "vocab_size"):
+        if teacher_source.config.get(key) != config.get(key):
+            raise MixLNError(f"--teacher {teacher}: {key} {teacher_source.config.get(key)} differs from "
+                             f"{converted}'s {config.get(key)}; give the model it was converted from")
+    if teacher_source.config["num_hidden_layers"] < k:
+        raise MixLNError(f"--teacher {teacher}: {teacher_source.config['num_hidden_layers']} layers, fewer than "
+                         f"the {k} Post-LN layers of {converted}")
+    return student_source, teacher_source, arch
+
+
+def _same_tokenizer(converted, teacher):
+    """The converted model's tokenizer, after checking that the teacher reads text the same way."""
+    tokenizer = load_tokenizer(converted)
+    if load_tokenizer(teacher).get_vocab() != tokenizer.get_vocab():
+        raise MixLNError(f"--teacher {teacher}: its tokenizer differs from {converted}'s; give the model it was "
+                         "converted from")
+    return tokenizer
+
+
+def prefix_names(source, arch, num_layers: int) -> list[str]:
+    """Checkpoint names of the embeddings and the first ``num_layers`` blocks."""
+    return [arch.embed] + [n for n in source.names() if arch.layer_of(n) is not None and arch.layer_of(n) < num_layers]
+
+
+def load_student_prefix(source, arch, num_layers: int, device="cpu"):
+    """A ``MixLNModel`` holding the converted checkpoint's embeddings (frozen) and first ``num_layers``
+    blocks in float32, its final norm replaced by the identity (it returns the residual stream).
+    Only those tensors are read."""
+    from .model.configuration_mixln import MixLNConfig
+    from .model.modeling_mixln import MixLNModel
+
+    config = MixLNConfig.from_dict({**source.config, "num_hidden_layers": num_layers, "use_cache": False})
+    with torch.device("meta"):
+        model = MixLNModel(config)
+    model.norm = torch.nn.Identity()
+    state = {name.removeprefix("model."): source.get(name).float() for name in prefix_names(source, arch, num_layers)}
+    model.load_state_dict(state, strict=True, assign=True)
+    model.rotary_emb = type(model.rotary_emb)(config=config)  # rebuild its buffers off the meta device
+    model.embed_tokens.requires_grad_(False)
+    return model.to(device).eval()  # no dropout in LLaMA blocks: eval mode trains the same
+
+
+def relative_error(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """mean over tokens of |s_t - t_t|^2 / |t_t|^2 ([..., hidden] tensors)."""
+    return ((student - teacher).pow(2).sum(-1) / teacher.pow(2).sum(-1)).mean()
+
+
+def distribution_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
+    """KL(teacher || student) of the next-token distributions, averaged over tokens."""
+    return F.kl_div(F.log_softmax(student_logits.float().flatten(0, -2), -1),
+                    F.log_softmax(teacher_logits.float().flatten(0, -2), -1), log_target=True, reduction="batchmean")
+
+
+@torch.no_grad()
+def held_out(student, teacher_prefix, model, blocks: torch.Tensor, batch_size: int, progress: bool) -> dict:
+    """``val_relative_error`` of the student prefix against the teacher's on ``blocks``; with a whole
+    ``model`` (whose first blocks are the student's) also its ``val_loss`` and ``val_ppl``."""
+    device = next(student.parameters()).device
+    errors = []
+    for start in range(0, len(blocks), batch_size):
+        batch = blocks[start:start + batch_size].to(device)
+        stream = student(input_ids=batch).last_hidden_state
+        errors.append(relative_error(stream, teacher_prefix(input_ids=batch).last_hidden_state).item() * len(batch))
+    result = {"val_relative_error": sum(errors) / len(blocks)}
+    if model is not None:
+        measured = evaluate_perplexity(model, blocks, batch_size, progress)
+        result.update(val_loss=measured["loss"], val_ppl=measured["perplexity"])
+    return result
+
+
+def write_healed(source, healed: dict, folder: Path, max_shard_bytes: int, progress: bool) -> None:
+    """Stream every tensor of ``source`` into ``folder``, those named in ``healed`` replaced (in the source's dtype)."""
+    writer = ShardedWriter(folder, max_shard_bytes)
+    for name in tqdm(source.names(), desc="writing", unit="tensor", disable=not progress):
+        tensor = source.get(name)
+        writer.add(name, healed[name].detach().to("cpu", tensor.dtype) if name in healed else tensor)
+    writer.close()
+
+
+def write_config(config: dict, record: dict, folder: Path) -> None:
+    """The converted model's config.json with ``record`` as ``mixln_provenance["heal"]``."""
+    config = {k: v for k, v in config.items() if k != "_name_or_path"}
+    config["mixln_provenance"] = {**(config.get("mixln_provenance") or {}), "heal": record}
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

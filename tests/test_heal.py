@@ -1,0 +1,122 @@
+"""heal(): distilling the Post-LN blocks of a converted model against its original."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from tiny import make_tiny_llama
+from transformers import AutoModelForCausalLM
+
+from mixln_convert.conversion.converter import convert
+from mixln_convert.data import read_texts, token_blocks
+from mixln_convert.evaluate import evaluate_perplexity
+from mixln_convert.heal import heal
+from mixln_convert.model.loading import load_tokenizer
+from mixln_convert.model.modeling_mixln import MixLNForCausalLM
+
+SEQ_LEN, BATCH, EVAL_TOKENS = 32, 4, 512
+FAST = dict(seq_len=SEQ_LEN, batch_size=BATCH, eval_tokens=EVAL_TOKENS, progress=False)
+STEPS = 20
+LR = 0.1  # large: the tiny stream is ~30x smaller than the moved Post-LN gains make it
+
+
+def tensors(folder):
+    return {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(f).items()}
+
+
+@pytest.fixture(scope="module")
+def moved(tiny_llama, tmp_path_factory):
+    """``tiny_llama`` converted with ``move`` (norms moved, gains kept): badly mis-scaled, much to heal."""
+    return convert(tiny_llama, tmp_path_factory.mktemp("moved") / "out", alpha=0.25, strategy="move", progress=False)
+
+
+@pytest.fixture(scope="module")
+def healed(moved, tiny_llama, tmp_path_factory):
+    out = tmp_path_factory.mktemp("healed") / "out"
+    return out, heal(moved, tiny_llama, out, tokens=STEPS * BATCH * SEQ_LEN, lr=LR, **FAST)
+
+
+def test_healing_reduces_residual_error_and_held_out_loss(healed):
+    out, result = healed
+    assert result["steps"] == STEPS and result["tokens"] == STEPS * BATCH * SEQ_LEN
+    assert result["relative_error"]["after"] < 0.5 * result["relative_error"]["before"]
+    assert result["perplexity"]["after"] < result["perplexity"]["before"]
+    rows = [json.loads(line) for line in (out / "heal_metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(STEPS + 1))
+    assert all({"step", "tokens", "loss", "lr"} <= set(r) for r in rows[1:])
+    assert rows[-1]["val_ppl"] == result["perplexity"]["after"]
+
+
+def test_only_the_post_ln_blocks_change(healed, moved):
+    before, after = tensors(moved), tensors(healed[0])
+    assert before.keys() == after.keys()
+    n_post = healed[1]["post_ln_layers"]
+    assert n_post == 2
+    for name, tensor in before.items():
+        layer = int(name.split(".")[2]) if name.startswith("model.layers.") else None
+        if layer is None or layer >= n_post:  # embeddings, final norm, head and Pre-LN blocks: bit for bit
+            assert torch.equal(after[name], tensor) and after[name].dtype == tensor.dtype, name
+    assert all(not torch.equal(after[f"model.layers.{i}.{t}"], before[f"model.layers.{i}.{t}"])
+               for i in range(n_post) for t in ("self_attn.q_proj.weight", "post_feedforward_layernorm.weight"))
+
+
+def test_output_reloads_and_measures_what_heal_reported(healed, tiny_llama):
+    out, result = healed
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert type(model) is MixLNForCausalLM
+    assert {"configuration_mixln.py", "modeling_mixln.py", "tokenizer.json"} <= {p.name for p in out.iterdir()}
+    record = model.config.mixln_provenance["heal"]
+    assert record["steps"] == STEPS and record["loss"] == "residual"
+    assert record["relative_error"] == result["relative_error"]
+    assert model.config.mixln_provenance["strategy"] == "move"  # the conversion's provenance is kept
+    blocks = token_blocks(load_tokenizer(out), read_texts(None, split="validation"), SEQ_LEN, EVAL_TOKENS)
+    measured = evaluate_perplexity(model.eval(), blocks, BATCH, progress=False)["perplexity"]
+    assert measured == pytest.approx(result["perplexity"]["after"], rel=1e-4)
+
+
+def test_kl_loss_heals_through_the_whole_model(moved, tiny_llama, tmp_path):
+    result = heal(moved, tiny_llama, tmp_path / "out", tokens=10 * BATCH * SEQ_LEN, lr=LR, loss="kl", **FAST)
+    assert result["perplexity"]["after"] < result["perplexity"]["before"]
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["mixln_provenance"]["heal"]["loss"] == "kl"
+
+
+def _other_tokenizer(tiny_llama, tmp_path):
+    folder = shutil.copytree(tiny_llama, tmp_path / "other-tokenizer")
+    tokenizer = load_tokenizer(folder)
+    tokenizer.add_tokens(["<extra>"])
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+BAD_INPUTS = {
+    "teacher-other-tokenizer": (lambda src, moved, tmp: (moved, _other_tokenizer(src, tmp)), "tokenizer differs"),
+    "teacher-other-hidden-size": (lambda src, moved, tmp: (moved, make_tiny_llama(tmp / "wide", hidden_size=128)),
+                                  "hidden_size 128 differs"),
+    "teacher-is-mixln": (lambda src, moved, tmp: (moved, moved), "the teacher is the Pre-LN model"),
+    "source-not-mixln": (lambda src, moved, tmp: (src, src), "not a Mix-LN checkpoint"),
+    "source-without-post-ln": (lambda src, moved, tmp: (convert(src, tmp / "a0", alpha=0.0, strategy="move",
+                                                                progress=False), src), "post_ln_layers 0"),
+    "bad-loss": (lambda src, moved, tmp: (moved, src, "--loss", "mse"), "--loss: unknown loss"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_input_is_one_line_error_and_no_output(case, tiny_llama, moved, tmp_path, cli):
+    make, message = BAD_INPUTS[case]
+    converted, teacher, *extra = make(tiny_llama, moved, tmp_path)
+    result = cli("heal", converted, "--teacher", teacher, "--out", tmp_path / "healed", *extra)
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    assert message in lines[0]
+    assert not (tmp_path / "healed").exists()
+
+
+def test_cli_heal_reports_before_and_after(moved, tiny_llama, tmp_path, cli):
+    out = tmp_path / "healed"
+    result = cli("heal", moved, "--teacher", tiny_llama, "--out", out, "--tokens", 2 * BATCH * SEQ_LEN,
+                 "--seq-len", SEQ_LEN, "--eval-tokens", EVAL_TOKENS)
+    assert result.exit_code == 0, result.output
+    assert "held-out perplexity: teacher" in result.stdout and f"wrote {out}" in result.stdout
+    assert (out / "model.safetensors").is_file() and (out / "heal_metrics.jsonl").is_file()

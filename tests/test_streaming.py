@@ -1,0 +1,177 @@
+"""Streaming conversion: bounded memory, atomic output under SIGKILL, safe .bin loading."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tiny import make_tiny_llama
+
+REPO = Path(__file__).parent.parent
+MiB = 2**20
+# Peak memory allowed above the conversion's baseline (the process once torch, safetensors and
+# the converter are imported) besides one source shard: a tensor in flight (3 MiB here) and
+# glibc's slack after freeing buffers (reinit-post, whose fresh layers are buffered, measured
+# ~30 MiB above its shard; move ~8 MiB). The source below is 105 MiB in ~19 MiB shards, so a
+# conversion that held the whole model would overshoot by ~45 MiB. (At real scale the bound
+# is a shard + 1 GiB.)
+MARGIN = 40 * MiB
+
+# The peak is VmHWM, this process image's own high-water mark: ru_maxrss would report pytest's
+# when larger (Linux carries it over the fork and exec that start a subprocess).
+MEASURE = """
+import json, sys
+from mixln_convert.conversion.converter import convert
+
+def status(field):
+    return int(open("/proc/self/status").read().split(field + ":")[1].split()[0]) * 1024
+
+baseline = status("VmRSS")
+convert(sys.argv[1], sys.argv[2], progress=False, **json.loads(sys.argv[3]))
+print(json.dumps({"baseline": baseline, "peak": status("VmHWM")}))
+"""
+
+# Runs a conversion that SIGKILLs itself once its first output shard is on disk.
+KILLED = """
+import os, signal, sys
+from mixln_convert.io import writer
+from mixln_convert.conversion.converter import convert
+
+write = writer.write_safetensors
+def write_once_then_die(path, tensors, metadata):
+    if path.name != "shard-00000.partial":
+        os.kill(os.getpid(), signal.SIGKILL)
+    write(path, tensors, metadata)
+writer.write_safetensors = write_once_then_die
+convert(sys.argv[1], sys.argv[2], strategy="move", max_shard_size="100KB", progress=False)
+"""
+
+
+def run_python(code: str, *args) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def shard_sizes(folder: Path) -> list[int]:
+    return [p.stat().st_size for p in folder.glob("*.safetensors")]
+
+
+@pytest.fixture(scope="module")
+def big_sharded(tmp_path_factory) -> Path:
+    """105 MiB of float32 weights in 6 shards of at most 19 MiB: a whole-model load would show."""
+    return make_tiny_llama(tmp_path_factory.mktemp("src") / "big", hidden_size=512, intermediate_size=1536,
+                           num_attention_heads=8, num_key_value_heads=8, max_shard_size="20MB")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads memory use from /proc")
+@pytest.mark.parametrize("options", [dict(strategy="move", alpha=0.25), dict(strategy="move", alpha=0.0),
+                                     dict(strategy="reinit-post", alpha=1.0)], ids=["move", "alpha-0", "reinit-post"])
+def test_peak_memory_stays_within_one_shard(big_sharded, tmp_path, options):
+    largest = max(shard_sizes(big_sharded))
+    assert sum(shard_sizes(big_sharded)) > largest + MARGIN + 40 * MiB  # holding the model: 40 MiB over the bound
+    result = run_python(MEASURE, big_sharded, tmp_path / "out", json.dumps(options))
+    assert result.returncode == 0, result.stderr
+    memory = json.loads(result.stdout)
+    assert memory["peak"] - memory["baseline"] < largest + MARGIN, (memory, largest)
+    assert max(shard_sizes(tmp_path / "out")) < largest + 10_000  # default shard size: the source's largest, + header
+
+
+def test_shards_follow_max_size_and_the_index_comes_last(tiny_llama_sharded, tmp_path, monkeypatch):
+    from mixln_convert.conversion.converter import convert
+    from mixln_convert.io import writer
+
+    index_existed = []
+    write = writer.write_safetensors
+
+    def watched_write(path, tensors, metadata):
+        index_existed.append((path.parent / "model.safetensors.index.json").exists())
+        write(path, tensors, metadata)
+
+    monkeypatch.setattr(writer, "write_safetensors", watched_write)
+    out = convert(tiny_llama_sharded, tmp_path / "out", strategy="move", max_shard_size="100KB", progress=False)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert len(index_existed) >= 3 and not any(index_existed)
+    assert set(index["weight_map"].values()) == {p.name for p in out.glob("*.safetensors")}
+    assert max(shard_sizes(out)) < 100_000 + 10_000  # tensors + header
+
+
+def test_source_tensors_are_copied_file_to_file_unless_changed(tiny_llama, tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    from mixln_convert.io.loader import open_checkpoint
+    from mixln_convert.io.writer import ShardedWriter
+
+    copies = []
+    if hasattr(os, "copy_file_range"):  # Linux: count the kernel copies
+        copy = os.copy_file_range
+        monkeypatch.setattr(os, "copy_file_range", lambda *args: copies.append(args[2]) or copy(*args))
+    source = open_checkpoint(tiny_llama)
+    kept, changed = "model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.down_proj.weight"
+    writer = ShardedWriter(tmp_path, 10**9)
+    writer.add(kept, source.get(kept))
+    writer.add(changed, source.get(changed).mul_(2))  # in place: the file's bytes are stale
+    writer.close()
+    written = load_file(tmp_path / "model.safetensors")
+    assert torch.equal(written[kept], source.get(kept))
+    assert torch.equal(written[changed], 2 * source.get(changed))
+    assert sum(copies) == (source.get(kept).nbytes if hasattr(os, "copy_file_range") else 0)  # the kept one alone
+
+
+def test_killed_conversion_leaves_no_output_and_the_next_run_cleans_up(tiny_llama_sharded, tmp_path):
+    from mixln_convert.conversion.converter import convert
+
+    dst = tmp_path / "dst"
+    result = run_python(KILLED, tiny_llama_sharded, dst)
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    leftovers = list(tmp_path.iterdir())
+    assert not dst.exists() and len(leftovers) == 1 and leftovers[0].name.startswith(".dst.tmp-")
+    assert (leftovers[0] / "shard-00000.partial").is_file()  # it was killed midway, after one shard
+    convert(tiny_llama_sharded, dst, strategy="move", progress=False)
+    assert [p.name for p in tmp_path.iterdir()] == ["dst"]
+
+
+def test_a_running_conversions_temporary_folder_is_left_alone(tmp_path):
+    pytest.importorskip("fcntl")
+    from mixln_convert.io.writer import atomic_output_dir
+
+    with atomic_output_dir(tmp_path / "dst") as running:
+        with atomic_output_dir(tmp_path / "dst"):
+            assert running.is_dir()
+
+
+class RunsCode:
+    """Pickles as a call of ``os.system``: what a malicious .bin would do on plain unpickling."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.mark.parametrize("pickler", ["torch.save", "pickle.dump"])
+def test_bin_with_code_in_its_pickle_is_refused(tiny_llama, tmp_path, cli, pickler):
+    import pickle
+    import shutil
+
+    src, marker = tmp_path / "src", tmp_path / "code-ran"
+    src.mkdir()
+    shutil.copy(tiny_llama / "config.json", src)
+    state = {"model.embed_tokens.weight": torch.zeros(4, 4), "payload": RunsCode(marker)}
+    with open(src / "pytorch_model.bin", "wb") as f:
+        if pickler == "torch.save":
+            torch.save(state, f)
+        else:
+            pickle.dump(state, f)
+    result = cli("convert", src, tmp_path / "out", "--strategy", "move")
+    assert result.exit_code == 1 and "pytorch_model.bin" in result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    assert not marker.exists() and not (tmp_path / "out").exists()
+    if pickler == "torch.save":  # the zip format is unpickled, with weights_only: the call is named
+        assert f"refused to load: its pickle calls {os.system.__module__}.system" in result.output
