@@ -235,15 +235,15 @@ def demo(out, alpha, train_tokens, analysis_tokens, prune_curve, force):
 @click.option("--teacher", required=True, metavar="ORIGINAL",
               help="The Pre-LN model CONVERTED was converted from (HF folder or .gguf).")
 @_data_option("Training text (default split: train).")
-@click.option("--tokens", type=int, default=262_144, show_default=True, help="Training tokens.")
+@click.option("--tokens", type=int, default=65_536, show_default=True, help="Training tokens.")
 @click.option("--out", default=None, metavar="DIR", help="Output folder.  [default: CONVERTED-healed]")
 @click.option("--seq-len", type=int, default=256, show_default=True)
 @click.option("--batch-size", type=int, default=4, show_default=True)
 @click.option("--lr", type=float, default=1e-4, show_default=True, help="Peak learning rate (warmup, then cosine).")
-@click.option("--loss", default="residual", show_default=True,
-              help="residual (relative error of the stream entering the first Pre-LN block; runs the Post-LN "
-                   "blocks only) or kl (KL divergence of the final logits; runs both whole models, ~3.5x the FLOPs "
-                   "of a residual step, but recovers far more per token).")
+@click.option("--loss", default="kl", show_default=True,
+              help="kl (KL divergence of the final logits; runs both whole models, ~3.5x the FLOPs of a residual "
+                   "step, but recovers far more per token) or residual (relative error of the stream entering the "
+                   "first Pre-LN block; runs the Post-LN blocks only).")
 @click.option("--eval-tokens", type=int, default=8192, show_default=True,
               help="Held-out tokens (embedded validation split) measured before and after.")
 @click.option("--perplexity/--no-perplexity", default=True, show_default=True,

@@ -35,7 +35,7 @@ def moved(tiny_llama, tmp_path_factory):
 @pytest.fixture(scope="module")
 def healed(moved, tiny_llama, tmp_path_factory):
     out = tmp_path_factory.mktemp("healed") / "out"
-    return out, heal(moved, tiny_llama, out, tokens=STEPS * BATCH * SEQ_LEN, lr=LR, **FAST)
+    return out, heal(moved, tiny_llama, out, tokens=STEPS * BATCH * SEQ_LEN, lr=LR, loss="residual", **FAST)
 
 
 def test_healing_reduces_residual_error_and_held_out_loss(healed):

@@ -302,3 +302,14 @@ def test_smollm2_cpu_recipe_runs_on_the_real_model(tmp_path):
     assert summaries["mixln"]["post_ln_layers"] == 7 and summaries["preln"]["post_ln_layers"] == 0
     # the calibrated conversion keeps the model usable: perplexity within a few times the original
     assert summaries["mixln"]["initial_val_ppl"] < 4 * summaries["preln"]["initial_val_ppl"]
+
+
+def test_heal_section_heals_the_converted_model_before_training(tiny_llama_tied, corpus, tmp_path):
+    sets = tiny(tiny_llama_tied, corpus, steps=2, **{"heal.tokens": 2 * 4 * 32, "heal.seq_len": 32,
+                                                     "heal.loss": "residual", "conversion.strategy": "move"})
+    summary = train(load_recipe(REPO / "recipes" / "smollm2-135m-cpu.yaml", sets), tmp_path / "run",
+                    arms=("mixln",), progress=False)["mixln"]
+    healed = tmp_path / "run" / "mixln" / "healed"
+    assert summary["source"] == str(healed) and (healed / "heal_metrics.jsonl").is_file()
+    heal_record = json.loads((healed / "config.json").read_text())["mixln_provenance"]["heal"]
+    assert heal_record["tokens"] == 2 * 4 * 32

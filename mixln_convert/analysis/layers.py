@@ -123,7 +123,8 @@ def removal_sweep(runner: BlockRunner, blocks: torch.Tensor, removals=(), batch_
     One pass over ``blocks`` ([n, seq_len] token ids): each batch runs through the full model
     once, keeping the residual stream at every block input; each removal then continues from
     the input of its first removed block, so skipping block l costs blocks l+1..L-1 and the
-    head rather than a whole forward pass (about half the cost of L forward passes in all).
+    head rather than a whole forward pass: about half the block work of L forward passes (the
+    head still runs once per removal; see benchmarks/layer_drop.py).
     Memory holds L+1 residual tensors of one batch; ``batch_size`` bounds it.
     ``statistics``, if given, sees every batch's stream.
     Returns ``perplexity``, ``removed`` (a perplexity per removal) and ``tokens`` (positions scored).

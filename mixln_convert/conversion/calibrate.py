@@ -29,28 +29,6 @@ per-channel least squares 9.54.
 import torch
 from tqdm.auto import tqdm
 
-from ..architectures import Architecture
-
-
-def load_prefix(source, arch: Architecture, num_layers: int, dtype=torch.float32, device="cpu"):
-    """transformers' ``LlamaModel`` holding the source's embeddings and first ``num_layers`` blocks
-    (its final norm replaced by the identity: the prefix returns the residual stream)."""
-    from transformers import LlamaConfig
-    from transformers.models.llama.modeling_llama import LlamaModel
-
-    config = LlamaConfig.from_dict({**source.config, "num_hidden_layers": num_layers, "use_cache": False})
-    config._attn_implementation = "sdpa"  # causal without an explicit mask in the manual block calls below
-    with torch.device("meta"):
-        model = LlamaModel(config)
-    model.norm = torch.nn.Identity()
-    wanted = [arch.embed] + [n for n in source.names() if (arch.layer_of(n) or 0) < num_layers and arch.layer_of(n) is not None]
-    state = {name.removeprefix("model."): source.get(name).to(dtype) for name in wanted}
-    missing = set(model.state_dict()) - set(state)
-    if missing:
-        raise KeyError(f"prefix weights missing: {sorted(missing)[:3]}")
-    model.load_state_dict(state, strict=True, assign=True)
-    model.rotary_emb = type(model.rotary_emb)(config=config)  # rebuild its buffers off the meta device
-    return model.to(device).eval()
 
 
 def _unit(x: torch.Tensor, eps: float) -> torch.Tensor:

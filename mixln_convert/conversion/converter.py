@@ -97,7 +97,8 @@ def convert(
 def calibration_statistics(source, arch, n_post, src, data, tokens, seq_len, progress) -> dict:
     from ..data import read_texts, token_blocks
     from ..model.loading import load_tokenizer
-    from .calibrate import calibrate, load_prefix
+    from ..model.prefix import load_prefix
+    from .calibrate import calibrate
 
     seq_len = min(seq_len, source.config.get("max_position_embeddings") or seq_len)
     blocks = token_blocks(load_tokenizer(src), read_texts(data, split="calibration"), seq_len, tokens)

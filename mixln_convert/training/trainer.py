@@ -30,9 +30,10 @@ from transformers import get_cosine_with_min_lr_schedule_with_warmup
 from ..conversion.converter import convert
 from ..errors import MixLNError
 from ..evaluate import evaluate_perplexity
+from ..heal import heal
 from ..io.writer import atomic_output_dir
 from ..model.loading import load_model, load_tokenizer
-from .data import PackedBlocks, Splits, load_splits
+from .data import PackedBlocks, Splits, load_splits, split_texts
 from .recipe import optimizer_steps
 
 ARMS = ("mixln", "preln")
@@ -93,14 +94,19 @@ def _arm_source(recipe: dict, arm: str, folder: Path, progress: bool) -> str:
     """The checkpoint an arm trains from, converting the source for the Mix-LN arm if needed."""
     if arm == "preln":
         return recipe["source"]
-    if recipe["converted"]:
-        return recipe["converted"]
-    target = folder / "converted"
+    converted = recipe["converted"] or folder / "converted"
     with PartialState().main_process_first():  # the main process converts, the others then find the folder
-        if not (target / "config.json").is_file():
-            convert(recipe["source"], target, alpha=recipe["conversion"]["alpha"],
+        if not (Path(converted) / "config.json").is_file():
+            convert(recipe["source"], converted, alpha=recipe["conversion"]["alpha"],
                     strategy=recipe["conversion"]["strategy"], seed=recipe["seed"], progress=progress)
-    return str(target)
+        if not recipe["heal"]["tokens"]:
+            return str(converted)
+        healed = folder / "healed"
+        if not (healed / "config.json").is_file():
+            # the engine's own training documents: with a user data.train, its validation documents are held out
+            heal(converted, recipe["source"], healed, data=split_texts(recipe["data"])[0], perplexity=False,
+                 seed=recipe["seed"], progress=progress, **recipe["heal"])
+    return str(healed)
 
 
 def _adamw(model, optim: dict) -> torch.optim.AdamW:

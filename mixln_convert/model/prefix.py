@@ -1,0 +1,36 @@
+"""The first blocks of a checkpoint as a model of their own, read tensor by tensor.
+
+Calibration (the original's first blocks) and healing (the converted model's first blocks,
+taught by the original's) need only the embeddings and the first ``num_layers`` blocks:
+loading those alone makes both cost a few layers of a 70B model, not the whole of it.
+"""
+
+import torch
+
+
+def prefix_names(source, arch, num_layers: int) -> list[str]:
+    """Checkpoint names of the embeddings and the first ``num_layers`` blocks."""
+    return [arch.embed] + [n for n in source.names() if arch.layer_of(n) is not None and arch.layer_of(n) < num_layers]
+
+
+def load_prefix(source, arch, num_layers: int, dtype=torch.float32, device="cpu"):
+    """transformers' ``LlamaModel`` (or ``MixLNModel`` for a converted source) holding the source's
+    embeddings and first ``num_layers`` blocks; its final norm is the identity, so it returns the
+    residual stream. Attention is SDPA: causal without an explicit mask, also in manual block calls.
+    """
+    if source.config.get("model_type") == arch.converted["model_type"]:
+        from .configuration_mixln import MixLNConfig as Config
+        from .modeling_mixln import MixLNModel as Model
+    else:
+        from transformers import LlamaConfig as Config
+        from transformers.models.llama.modeling_llama import LlamaModel as Model
+
+    config = Config.from_dict({**source.config, "num_hidden_layers": num_layers, "use_cache": False})
+    config._attn_implementation = "sdpa"
+    with torch.device("meta"):  # no time spent initializing weights that are loaded next
+        model = Model(config)
+    model.norm = torch.nn.Identity()
+    state = {name.removeprefix("model."): source.get(name).to(dtype) for name in prefix_names(source, arch, num_layers)}
+    model.load_state_dict(state, strict=True, assign=True)
+    model.rotary_emb = type(model.rotary_emb)(config=config)  # rebuild its buffers off the meta device
+    return model.to(device).eval()
