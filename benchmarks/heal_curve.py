@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mixln_convert import convert  # noqa: E402
 from mixln_convert.fetch import smollm2_gguf  # noqa: E402
-from mixln_convert.heal import heal  # noqa: E402
+from mixln_convert.healing import heal  # noqa: E402
 
 
 def main():

@@ -1,8 +1,8 @@
 """mixln-convert: convert pretrained Pre-LN LLaMA checkpoints to Mix-LN (arXiv 2412.13795).
 
-Python API (the CLI is a thin layer over it)::
+Python API (the CLI is a thin layer over it; one function per command)::
 
-    from mixln_convert import convert, evaluate_perplexity, MixLNConfig, MixLNForCausalLM
+    from mixln_convert import convert, heal, train, load_recipe, analyze, prune, compare
     convert("smollm2/", "smollm2-mixln/", alpha=0.25, strategy="calibrated")
 
 Importing this package registers the Mix-LN model type with transformers' ``AutoConfig`` and
@@ -18,12 +18,18 @@ _install_autoregister()
 
 _API = {
     "convert": "mixln_convert.conversion.converter",
+    "heal": "mixln_convert.healing",
+    "train": "mixln_convert.training",
+    "load_recipe": "mixln_convert.training",
+    "analyze": "mixln_convert.analysis.analyze",
+    "prune": "mixln_convert.analysis.prune",
+    "compare": "mixln_convert.report",
+    "evaluate_perplexity": "mixln_convert.evaluate",
+    "load_model": "mixln_convert.model.loading",
+    "load_tokenizer": "mixln_convert.model.loading",
     "MixLNConfig": "mixln_convert.model.configuration_mixln",
     "MixLNForCausalLM": "mixln_convert.model.modeling_mixln",
     "MixLNModel": "mixln_convert.model.modeling_mixln",
-    "load_model": "mixln_convert.model.loading",
-    "load_tokenizer": "mixln_convert.model.loading",
-    "evaluate_perplexity": "mixln_convert.evaluate",
 }
 __all__ = [*_API, "__version__"]
 

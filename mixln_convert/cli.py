@@ -213,9 +213,9 @@ def train(recipe_file, overrides, arm, out, resume):
 @click.option("--out", default="mixln-demo", show_default=True, type=click.Path(path_type=str),
               help="Folder for everything the demo writes.")
 @click.option("--alpha", type=float, default=0.25, show_default=True)
-@click.option("--train-tokens", type=int, default=None, metavar="N",
-              help="Training tokens per arm (default: the smollm2-135m-cpu recipe's budget, minutes on a CPU).")
-@click.option("--analysis-tokens", type=int, default=1024, show_default=True, help="Held-out tokens per analysis.")
+@click.option("--train-tokens", type=int, default=8192, show_default=True, metavar="N",
+              help="Training tokens per arm (the smollm2-135m-cpu recipe, 1,024 tokens a step); more for a real recovery.")
+@click.option("--analysis-tokens", type=int, default=512, show_default=True, help="Held-out tokens per analysis.")
 @click.option("--prune-curve/--no-prune-curve", default=True, show_default=True)
 @click.option("--force", is_flag=True, help="Replace a non-empty --out folder.")
 def demo(out, alpha, train_tokens, analysis_tokens, prune_curve, force):
@@ -257,7 +257,7 @@ def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, e
     checkpoint folder with heal_metrics.jsonl."""
     from pathlib import Path
 
-    from .heal import heal as run
+    from .healing import heal as run
 
     out = out or str(Path(converted).with_name(Path(converted).name + "-healed"))
     result = run(converted, teacher, out, data=data, tokens=tokens, seq_len=seq_len, batch_size=batch_size, lr=lr,

@@ -18,7 +18,12 @@ from .training import load_recipe, train
 RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "smollm2-135m-cpu.yaml"
 
 
-def run_demo(out, *, alpha: float = 0.25, train_tokens: int | None = None, analysis_tokens: int = 1024,
+DEMO_TRAIN_TOKENS = 8 * 4 * 256  # 8 optimizer steps of the CPU recipe per arm: minutes on 2 cores
+DEMO_ANALYSIS_TOKENS = 2 * 256
+
+
+def run_demo(out, *, alpha: float = 0.25, train_tokens: int = DEMO_TRAIN_TOKENS,
+             analysis_tokens: int = DEMO_ANALYSIS_TOKENS,
              prune_curve: bool = True, force: bool = False) -> dict:
     """Run the pipeline into ``out``; returns the comparison (its ``summary`` sentences, ...)."""
     out = Path(out)
@@ -28,7 +33,8 @@ def run_demo(out, *, alpha: float = 0.25, train_tokens: int | None = None, analy
         shutil.rmtree(out)
     if not RECIPE.is_file():
         raise MixLNError(f"{RECIPE}: the demo recipe is missing (run the demo from a source checkout)")
-    overrides = [f"conversion.alpha={alpha}"] + ([f"max_tokens={train_tokens}"] if train_tokens else [])
+    overrides = [f"conversion.alpha={alpha}", f"max_tokens={train_tokens}", f"eval_interval={train_tokens // 1024}",
+                 f"data.eval_tokens={analysis_tokens * 2}"]
     recipe = load_recipe(RECIPE, overrides)
     print(f"[1/4] source model: {smollm2_gguf()}")
     print(f"[2/4] convert + recovery training of both arms ({recipe['max_tokens']} tokens each) -> {out / 'train'}")

@@ -100,7 +100,7 @@ def test_analyze_real_gguf(tmp_path):
     from mixln_convert.analysis.analyze import analyze
     from mixln_convert.fetch import smollm2_gguf
 
-    analysis = analyze(smollm2_gguf(), tmp_path / "a", seq_len=64, max_tokens=128, progress=False)
+    analysis = analyze(smollm2_gguf(), tmp_path / "a", seq_len=32, max_tokens=64, progress=False)
     assert analysis["num_layers"] == 30 and analysis["post_ln_layers"] == 0
     assert analysis["tokenizer_vocab_size"] == 49152
     assert 1 < analysis["perplexity"] < 200

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from mixln_convert.conversion.converter import convert
 from mixln_convert.data import read_texts, token_blocks
 from mixln_convert.evaluate import evaluate_perplexity
-from mixln_convert.heal import heal
+from mixln_convert.healing import heal
 from mixln_convert.model.loading import load_tokenizer
 from mixln_convert.model.modeling_mixln import MixLNForCausalLM
 

@@ -30,7 +30,7 @@ from transformers import get_cosine_with_min_lr_schedule_with_warmup
 from ..conversion.converter import convert
 from ..errors import MixLNError
 from ..evaluate import evaluate_perplexity
-from ..heal import heal
+from ..healing import heal
 from ..io.writer import atomic_output_dir
 from ..model.loading import load_model, load_tokenizer
 from .data import PackedBlocks, Splits, load_splits, split_texts
