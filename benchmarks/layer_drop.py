@@ -13,10 +13,11 @@ alike; the sweep's time includes its full-model pass.
 The sweep saves block work only: with b the cost of a block and h that of the head (final norm,
 vocabulary projection, loss), it costs (L + L(L-1)/2) b + (L+1) h against L((L-1) b + h), i.e.
 about 1/2 + 1/(L-1) where the head is cheap. SmolLM2-135M's head (vocabulary 49152 x hidden 576)
-costs ~8 blocks, which lifts its ratio to ~0.62; measured on 2 shared CPU cores:
+costs ~8 blocks, which lifts its ratio to ~0.65. Measured on a shared 2-core CPU, 4 x 256 tokens:
 
-    SmolLM2-135M GGUF, 30 layers, 4 x 256 tokens   naive 560 s, sweep 345 s, ratio 0.616
-    random LLaMA, 24 layers, hidden 512, vocab 4096  naive 179 s, sweep  94 s, ratio 0.526
+    SmolLM2-135M GGUF, 30 layers, 1 thread            naive 117 s, sweep  76 s, ratio 0.646
+    SmolLM2-135M GGUF, 30 layers, 2 threads (loaded)  naive 560 s, sweep 345 s, ratio 0.616
+    random LLaMA, 24 layers, hidden 512, vocab 4096   naive 179 s, sweep  94 s, ratio 0.526
 """
 
 import argparse
