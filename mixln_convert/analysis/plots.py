@@ -35,11 +35,20 @@ def _bars(ax, values, layout) -> None:
             ax.bar(blocks, [values[i] for i in blocks], color=color, label=f"{kind} block")
 
 
+def scale_layer_drop_axis(ax, values) -> None:
+    """Symlog once the costs span decades (removing an early block can cost 1000x more than a late
+    one); no empty negative half when no removal helped."""
+    if max(abs(v) for v in values) > 100:
+        ax.set_yscale("symlog", linthresh=1)
+    if min(values) >= 0:
+        ax.set_ylim(bottom=0)
+
+
 def plot_layer_drop(result: dict, path: Path) -> None:
     fig, ax = _layer_figure(result, "Perplexity increase when one block is skipped",
                             f"perplexity increase (full model {result['perplexity']:.2f})")
     _bars(ax, result["layer_drop"], result["layout"])
-    ax.set_yscale("symlog", linthresh=1)  # removing an early block can cost 1000x more than a late one
+    scale_layer_drop_axis(ax, result["layer_drop"])
     ax.legend()
     fig.savefig(path, dpi=120)
 

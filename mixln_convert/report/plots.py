@@ -11,7 +11,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter, MaxNLocator
 
-from ..analysis.plots import ANGULAR_DISTANCE, draw_angular_matrix
+from ..analysis.plots import ANGULAR_DISTANCE, draw_angular_matrix, scale_layer_drop_axis
 from .inputs import Model
 
 
@@ -59,8 +59,7 @@ def plot_layer_drop(models: list[Model], path: Path) -> None:
         ax.plot(m.analysis["layer_drop"], color=color, marker="o",
                 label=f"{m.label}, {m.layout} (full model {m.analysis['perplexity']:.2f})")
     _mark_post_ln(ax, analysed)
-    if max(abs(d) for m, _ in analysed for d in m.analysis["layer_drop"]) > 100:
-        ax.set_yscale("symlog", linthresh=1)  # removing an early block can cost 1000x more than a late one
+    scale_layer_drop_axis(ax, [d for m, _ in analysed for d in m.analysis["layer_drop"]])
     _save(fig, path)
 
 
