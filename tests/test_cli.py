@@ -55,3 +55,13 @@ def test_inspect_shows_layout_and_provenance(cli, converted):
     assert summary["post_ln_layers"] == 2 and summary["provenance"]["strategy"] == "calibrated"
     assert set(summary["layers"][0]["norms"]) == {"post_attention_norm", "post_feedforward_norm"}
     assert set(summary["layers"][2]["norms"]) == {"input_norm", "post_attention_norm"}
+
+
+def test_streaming_conversion_does_not_import_transformers(tiny_llama_sharded, tmp_path):
+    """move/reinit-post/alpha-0 need no model code: transformers (9 s to import here) stays out."""
+    code = ("import sys; from mixln_convert.conversion.converter import convert; "
+            f"convert({str(tiny_llama_sharded)!r}, {str(tmp_path / 'out')!r}, strategy='move', progress=False); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'transformers'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=SCRIPT.parent)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]" and (tmp_path / "out" / "config.json").is_file()
