@@ -9,7 +9,7 @@ $(VENV): pyproject.toml scripts/setup.sh
 setup: $(VENV)
 
 demo: $(VENV)
-	.venv/bin/mixln-convert demo
+	.venv/bin/mixln-convert demo --force  # a rerun replaces the earlier mixln-demo/
 
 test: $(VENV)
 	.venv/bin/python -m pytest
