@@ -66,7 +66,7 @@ class ConversionPlan:
                 yield from self._post_ln(source, name, i)
 
     def _scratch(self, source, name: str, i: int | None):
-        shape = source.get(name).shape
+        shape = source.shape(name)
         if i is None:
             yield name, self._fresh(name, None, shape).to(self.dtype)
             return
@@ -83,7 +83,7 @@ class ConversionPlan:
         if role == "input_norm":
             return
         if self.strategy == "reinit-post":
-            tensor = self._fresh(name, role, source.get(name).shape)
+            tensor = self._fresh(name, role, source.shape(name))
         else:  # as stored: moved tensors stream through uncopied; the folds below compute in float32
             tensor = source.get(name)
         if role == "post_attention_norm":
