@@ -3,7 +3,6 @@
 import math
 
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 
@@ -18,9 +17,9 @@ def evaluate_perplexity(model, blocks: torch.Tensor, batch_size: int = 4, progre
     total_nll, total_tokens = 0.0, 0
     for start in tqdm(range(0, len(blocks), batch_size), desc="evaluating", disable=not progress, leave=False):
         batch = blocks[start:start + batch_size].to(device)
-        logits = model(input_ids=batch, use_cache=False).logits.float()
-        nll = F.cross_entropy(logits[:, :-1].flatten(0, 1), batch[:, 1:].flatten(), reduction="sum")
-        total_nll += nll.item()
+        # the model's own loss, summed (num_items_in_batch=1): it shifts the labels rather than
+        # copying the [batch, seq, vocab] logits
+        total_nll += model(input_ids=batch, labels=batch, num_items_in_batch=1, use_cache=False).loss.item()
         total_tokens += batch[:, 1:].numel()
     loss = total_nll / total_tokens
     return {"perplexity": math.exp(loss), "loss": loss, "tokens": total_tokens}

@@ -6,22 +6,22 @@ import pytest
 import torch
 
 from mixln_convert.data import SPLITS, embedded_corpus, read_texts, token_blocks
-from mixln_convert.data.corpus import _split_of
+from mixln_convert.data.corpus import TOKENIZE_BATCH, _split_of
 from mixln_convert.errors import MixLNError
 
 
 class FakeTokenizer:
-    """Whitespace tokenizer: the text "3 4 5" is the ids [3, 4, 5]; id 0 is EOS."""
+    """Whitespace tokenizer of a batch of texts: "3 4 5" is the ids [3, 4, 5]; id 0 is EOS."""
 
     eos_token_id = 0
 
     def __init__(self):
-        self.calls = 0
+        self.documents = 0  # documents tokenized so far
 
-    def __call__(self, text, add_special_tokens=True):
+    def __call__(self, texts: list[str], add_special_tokens=True):
         assert add_special_tokens is False  # BOS/EOS inside the stream would be wrong
-        self.calls += 1
-        return {"input_ids": [int(w) for w in text.split()]}
+        self.documents += len(texts)
+        return {"input_ids": [[int(w) for w in text.split()] for text in texts]}
 
 
 # ---- embedded corpus ----------------------------------------------------------------------
@@ -172,7 +172,7 @@ def test_token_blocks_max_tokens_is_lazy():
     texts = ["1 2 3 4 5"] * 1000
     blocks = token_blocks(tok, texts, seq_len=4, max_tokens=10)  # rounds down to 2 blocks
     assert blocks.shape == (2, 4)
-    assert tok.calls == 2  # stopped once 8 tokens were in hand
+    assert tok.documents == TOKENIZE_BATCH < len(texts)  # stopped after the batch that held 8 tokens
     assert token_blocks(tok, texts, seq_len=4, max_tokens=1).shape == (1, 4)  # at least one block
     assert token_blocks(tok, texts, seq_len=4).shape == (5999 // 4, 4)  # 5000 tokens + 999 EOS
 

@@ -288,6 +288,19 @@ def test_nonfinite_loss_stops_naming_the_step(cli, tiny_llama_tied, corpus, tmp_
     assert not (tmp_path / "out" / "preln" / "final").exists()
 
 
+def test_nonfinite_message_names_the_first_block_with_nonfinite_gradients(converted):
+    from mixln_convert.model.loading import load_model
+    from mixln_convert.training.trainer import nonfinite_blocks
+
+    layers = load_model(converted).model.layers
+    norms = [1.0] * len(layers)
+    assert nonfinite_blocks(norms, layers) == ""
+    norms[1] = norms[3] = math.nan
+    assert layers[1].is_post_ln and not layers[3].is_post_ln
+    assert nonfinite_blocks(norms, layers) == (f" (non-finite gradients in 2 of {len(layers)} blocks, "
+                                               "the first block 1, Post-LN)")
+
+
 def test_recipe_errors_are_mixln_errors(tmp_path):
     with pytest.raises(MixLNError, match="cannot read the recipe"):
         load_recipe(tmp_path / "missing.yaml")

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..data import read_texts, token_blocks
+from ..data.corpus import read_texts, token_ids
 from ..errors import MixLNError
 from ..fetch import cache_dir
 from .recipe import optimizer_steps
@@ -54,8 +54,9 @@ def token_stream(tokenizer, texts: list[str], max_tokens: int | None = None) -> 
         key.update(text.encode() + b"\0")
     path = cache_dir() / "tokens" / f"{key.hexdigest()[:32]}.npy"
     if not path.is_file():
-        # blocks of length 1 are the plain stream
-        ids = token_blocks(tokenizer, texts, 1, max_tokens).view(-1).numpy().astype(np.int32)
+        ids = token_ids(tokenizer, texts, max_tokens)[:max_tokens]
+        if len(ids) == 0:
+            raise MixLNError("the text gives no tokens")
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".npy", delete=False) as tmp:
             np.save(tmp, ids)

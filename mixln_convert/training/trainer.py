@@ -149,6 +149,16 @@ def _layer_grad_norms(accelerator: Accelerator, layers) -> list[float]:
     return squares.sqrt().tolist()
 
 
+def nonfinite_blocks(norms: list[float], layers) -> str:
+    """Where a non-finite step went wrong first, for its error message: '' if every block's
+    gradient norm is finite (the loss alone overflowed)."""
+    bad = [i for i, norm in enumerate(norms) if not math.isfinite(norm)]
+    if not bad:
+        return ""
+    kind = "Post-LN" if getattr(layers[bad[0]], "is_post_ln", False) else "Pre-LN"
+    return f" (non-finite gradients in {len(bad)} of {len(norms)} blocks, the first block {bad[0]}, {kind})"
+
+
 def _checkpoints(folder: Path) -> list[tuple[int, Path]]:
     found = [(int(p.name.removeprefix("step-")), p) for p in (folder / "checkpoints").glob("step-*")]
     return sorted(found)
@@ -244,7 +254,8 @@ def _train_arm(recipe: dict, arm: str, folder: Path, splits: Splits, tokenizer, 
             if not math.isfinite(record[name]):
                 found = _checkpoints(folder)
                 last = found[-1][1] if found else "none, the run starts from its source"
-                raise MixLNError(f"{arm}: {name.replace('_', ' ')} is {record[name]} at step {done}; "
+                where = nonfinite_blocks(_layer_grad_norms(accelerator, layers), layers)
+                raise MixLNError(f"{arm}: {name.replace('_', ' ')} is {record[name]} at step {done}{where}; "
                                  f"training stopped (last good checkpoint: {last})")
         optimizer.step()
         scheduler.step()
