@@ -68,7 +68,8 @@ def format_description(d: dict) -> str:
         tail = ["", "provenance"] + [f"  {k}: {v}" for k, v in prov.items() if k != "calibration"]
         if prov.get("calibration"):
             cal = prov["calibration"]
-            tail.append(f"  calibration: {cal.get('tokens')} tokens of {cal.get('data')}")
+            tail.append(f"  calibration: {cal.get('tokens')} tokens of {cal.get('data')}"
+                        + (f" in blocks of {cal['seq_len']}" if "seq_len" in cal else ""))
             # One line per per-layer statistic, whatever the calibration recorded.
             tail += [f"    {key}: " + ", ".join(f"{x:.3g}" for x in values)
                      for key, values in cal.items() if isinstance(values, list)]

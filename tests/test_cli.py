@@ -46,7 +46,7 @@ def test_inspect_shows_layout_and_provenance(cli, converted):
     assert [row.split()[1] for row in rows] == ["Post-LN"] * 2 + ["Pre-LN"] * 6
     assert all(row.count("]") == 2 for row in rows)  # two norms per block, each "mean ±std [min,max]" in full
     assert "provenance" in result.stdout and "strategy: calibrated" in result.stdout
-    assert "1024 tokens of embedded:calibration" in result.stdout
+    assert "1024 tokens of embedded:calibration in blocks of 64" in result.stdout
     calibration = json.loads((converted / "config.json").read_text())["mixln_provenance"]["calibration"]
     per_layer = [key for key, value in calibration.items() if isinstance(value, list)]
     assert per_layer and all(f"    {key}: " in result.stdout for key in per_layer)
@@ -65,3 +65,10 @@ def test_streaming_conversion_does_not_import_transformers(tiny_llama_sharded, t
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=SCRIPT.parent)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]" and (tmp_path / "out" / "config.json").is_file()
+
+
+def test_convert_calibration_flags_reach_the_calibration(cli, tiny_llama, tmp_path):
+    result = cli("convert", tiny_llama, tmp_path / "out", "--calibration-tokens", "512", "--calibration-seq-len", "32")
+    assert result.exit_code == 0, result.output
+    calibration = json.loads((tmp_path / "out" / "config.json").read_text())["mixln_provenance"]["calibration"]
+    assert calibration["tokens"] == 512 and calibration["seq_len"] == 32

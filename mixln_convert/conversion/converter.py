@@ -17,6 +17,10 @@ from .layout import post_ln_count
 from .plan import STRATEGIES, ConversionPlan
 
 MODEL_CODE = ("configuration_mixln.py", "modeling_mixln.py")  # saved beside the weights
+# Calibration blocks of 128 tokens fitted SmolLM2's Post-LN gains better than 512 at every evaluated
+# length (128-1024; 1.18x against 1.22x the original's perplexity at 512), 64 and 32 worse: each
+# block's first positions carry the massive activations, and short blocks give the fit more of them.
+CALIBRATION_SEQ_LEN = 128
 
 
 def parse_dtype(name: str | None) -> torch.dtype | None:
@@ -39,7 +43,7 @@ def convert(
     scaled_init: bool = True,
     calibration_data=None,
     calibration_tokens: int = 8192,
-    calibration_seq_len: int = 512,
+    calibration_seq_len: int = CALIBRATION_SEQ_LEN,
     max_shard_size: str | int | None = None,
     dtype: str | None = None,
     seed: int = 0,
@@ -105,7 +109,8 @@ def calibration_statistics(source, arch, n_post, src, data, tokens, seq_len, pro
     device = "cuda" if torch.cuda.is_available() else "cpu"  # a few blocks: the GPU makes calibration instant
     stats = calibrate(load_prefix(source, arch, n_post, device=device), blocks, progress=progress)
     stats = {k: [v.cpu() if torch.is_tensor(v) else v for v in vs] for k, vs in stats.items()}
-    return {**stats, "data": str(data) if data else "embedded:calibration", "tokens": blocks.numel()}
+    return {**stats, "data": str(data) if data else "embedded:calibration", "tokens": blocks.numel(),
+            "seq_len": blocks.shape[1]}
 
 
 def _provenance_of(stats: dict | None) -> dict | None:
