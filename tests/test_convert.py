@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from tiny import TINY_CONFIG
+from tiny import TINY_CONFIG, make_tiny_llama
 
 from mixln_convert.data import read_texts, token_blocks
 from mixln_convert.evaluate import evaluate_perplexity
@@ -61,6 +61,17 @@ def test_alpha_zero_reproduces_the_source_exactly(tiny_llama, tiny_convert, stra
     converted, source = logits(out), logits(tiny_llama)
     assert converted.dtype == source.dtype == torch.float32
     assert torch.equal(converted, source)
+
+
+def test_mistral_source_converts_like_llama(tiny_convert, tmp_path):
+    """A Mistral checkpoint without sliding-window attention is LLaMA's blocks under another name
+    (architectures/mistral.json): alpha 0 reproduces it exactly, alpha 0.25 gives a usable model."""
+    source = make_tiny_llama(tmp_path / "mistral", family="mistral", sliding_window=None)
+    assert json.loads((source / "config.json").read_text())["architectures"] == ["MistralForCausalLM"]
+    assert torch.equal(logits(tiny_convert(source, "alpha0", alpha=0.0, strategy="move")), logits(source))
+    converted = load_model(tiny_convert(source, "calibrated", alpha=0.25))
+    assert type(converted) is MixLNForCausalLM and converted.config.post_ln_layers == N_POST
+    assert torch.isfinite(logits(tmp_path / "calibrated")).all()
 
 
 @pytest.mark.parametrize("strategy", ["calibrated", "move", "reinit-post", "scratch"])
@@ -314,6 +325,10 @@ def gguf_of_gpt2(tmp: Path, fixtures) -> tuple[list, str]:
     return [path], str(path)
 
 
+def mistral_sliding_window(tmp: Path, fixtures) -> tuple[list, str]:
+    return [make_tiny_llama(tmp / "mistral", family="mistral", sliding_window=16)], "sliding_window 16"
+
+
 def flag(*args: str, named: str):
     return lambda tmp, fixtures: ([fixtures("tiny_llama"), *args], named)
 
@@ -333,6 +348,7 @@ BAD_INPUTS = {
     "calibration-missing": lambda tmp, fixtures: ([fixtures("tiny_llama"), "--calibration-data", tmp / "nope.txt"],
                                                   str(tmp / "nope.txt")),
     "gguf-gpt2": gguf_of_gpt2,
+    "mistral-sliding-window": mistral_sliding_window,
 }
 
 

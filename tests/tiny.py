@@ -1,10 +1,10 @@
-"""Tiny random LLaMA checkpoints with a real (byte-level BPE) tokenizer, built offline."""
+"""Tiny random LLaMA (and Mistral) checkpoints with a real (byte-level BPE) tokenizer, built offline."""
 
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM, MistralForCausalLM, PreTrainedTokenizerFast
 
 VOCAB = 320
 TRAINING_TEXT = [
@@ -34,11 +34,16 @@ def tiny_config(**overrides) -> LlamaConfig:
     return LlamaConfig(**{**TINY_CONFIG, **overrides})
 
 
+FAMILIES = {"llama": LlamaForCausalLM, "mistral": MistralForCausalLM}  # name -> model class
+
+
 def make_tiny_llama(folder: Path, seed: int = 0, norm_noise: float = 0.5, max_shard_size: str = "1GB",
-                    **config_overrides) -> Path:
-    """Save a random LLaMA whose norm gains are not all ones (so moving/folding them matters)."""
+                    family: str = "llama", **config_overrides) -> Path:
+    """Save a random LLaMA (or another ``family``) whose norm gains are not all ones (so
+    moving/folding them matters)."""
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(tiny_config(**config_overrides))
+    model_class = FAMILIES[family]
+    model = model_class(model_class.config_class(**{**TINY_CONFIG, **config_overrides}))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("layernorm.weight") or name == "model.norm.weight":

@@ -2,13 +2,14 @@
 
 Each file names the source architecture, the tensor names of the embeddings, final norm,
 LM head and of one decoder layer, and what a converted checkpoint is called. Supporting a new
-LLaMA-shaped family (Mistral, Qwen2...) means adding a JSON file, not code: the converter only
-asks an :class:`Architecture` for names.
+LLaMA-shaped family means adding a JSON file, not code: the converter only asks an
+:class:`Architecture` for names (``mistral.json`` is one; Qwen2's q/k/v biases without an o_proj
+bias are not a LLaMA block, so it would need model code too).
 """
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 
@@ -27,6 +28,9 @@ class Architecture:
     lm_head: str
     layer_prefix: str
     layer: dict
+    # config keys the Mix-LN model does not implement -> what they are; a source converts only
+    # where they are null or absent (Mistral's sliding_window)
+    unsupported_config: dict = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -63,6 +67,10 @@ def architecture_for(config: dict, where: str) -> Architecture:
     declared = config.get("architectures") or []
     for arch in all_architectures():
         if model_type == arch.model_type and (not declared or set(declared) & set(arch.architectures)):
+            for key, feature in arch.unsupported_config.items():
+                if config.get(key) is not None:
+                    raise MixLNError(f"{where}: {key} {config[key]}: the Mix-LN model has no {feature}; "
+                                     f"only {arch.name} checkpoints with {key} null convert")
             return arch
     supported = ", ".join(a for arch in all_architectures() for a in arch.architectures)
     found = ", ".join(declared) or model_type or "unknown"
