@@ -1,7 +1,8 @@
 """Architecture descriptions as data (one JSON file per family, mergekit style).
 
 Each file names the source architecture, the tensor names of the embeddings, final norm,
-LM head and of one decoder layer, and what a converted checkpoint is called. Supporting a new
+LM head and of one decoder layer, and what a converted checkpoint is called; a family that
+shares another's names says ``"extends": "llama.json"`` and lists only what differs. Supporting a new
 LLaMA-shaped family means adding a JSON file, not code: the converter only asks an
 :class:`Architecture` for names (``mistral.json`` is one; Qwen2's q/k/v biases without an o_proj
 bias are not a LLaMA block, so it would need model code too).
@@ -49,10 +50,17 @@ class Architecture:
         return int(match.group(1)) if match else None
 
 
+def _read(name: str) -> dict:
+    """A description's fields; ``"extends": "other.json"`` takes that file's and overrides some."""
+    fields = json.loads(resources.files(__package__).joinpath(name).read_text())
+    base = fields.pop("extends", None)
+    return {**_read(base), **fields} if base else fields
+
+
 @cache
 def all_architectures() -> tuple[Architecture, ...]:
-    files = sorted(f for f in resources.files(__package__).iterdir() if f.name.endswith(".json"))
-    return tuple(Architecture(**json.loads(f.read_text())) for f in files)
+    files = sorted(f.name for f in resources.files(__package__).iterdir() if f.name.endswith(".json"))
+    return tuple(Architecture(**_read(name)) for name in files)
 
 
 def architecture_for(config: dict, where: str) -> Architecture:

@@ -254,7 +254,8 @@ def _train_arm(recipe: dict, arm: str, folder: Path, splits: Splits, tokenizer, 
             if not math.isfinite(record[name]):
                 found = _checkpoints(folder)
                 last = found[-1][1] if found else "none, the run starts from its source"
-                where = nonfinite_blocks(_layer_grad_norms(accelerator, layers), layers)
+                norms = record.get("grad_norm_per_layer") or _layer_grad_norms(accelerator, layers)
+                where = nonfinite_blocks(norms, layers)
                 raise MixLNError(f"{arm}: {name.replace('_', ' ')} is {record[name]} at step {done}{where}; "
                                  f"training stopped (last good checkpoint: {last})")
         optimizer.step()
