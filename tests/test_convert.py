@@ -342,6 +342,8 @@ BAD_INPUTS = {
     "post-ln-layers-above-L": flag("--post-ln-layers", str(L + 1), named="--post-ln-layers"),
     "already-mixln": already_mixln,
     "unknown-strategy": flag("--strategy", "magic", named="--strategy"),
+    "calibration-seq-len-zero": flag("--calibration-seq-len", "0", named="--calibration-seq-len"),
+    "calibration-tokens-negative": flag("--calibration-tokens", "-5", named="--calibration-tokens"),
     "calibration-empty": calibration_file(b"", "empty.txt"),
     "calibration-not-utf8": calibration_file(b"\xff\xfe\x00bad", "binary.txt"),
     "calibration-bad-json": calibration_file(b'{"text": "ok"}\n{broken\n', "broken.jsonl"),

@@ -62,6 +62,9 @@ def convert(
     """
     if strategy not in STRATEGIES:
         raise MixLNError(f"--strategy: unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
+    for flag, value in (("--calibration-seq-len", calibration_seq_len), ("--calibration-tokens", calibration_tokens)):
+        if value < 1:
+            raise MixLNError(f"{flag}: must be a positive number of tokens, got {value}")
     max_shard_bytes = None if max_shard_size is None else parse_size(max_shard_size)
     out_dtype = parse_dtype(dtype)
     source = open_checkpoint(src)
