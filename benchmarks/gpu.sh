@@ -4,7 +4,7 @@
 #   there:       run(command="bash benchmarks/gpu.sh", carry=[".gpu"], timeout_s=560)
 # Builds random-init sources of two shapes (benchmarks/gpu_sources.py: SmolLM2-135M and a 1B-class
 # LLaMA), converts each to Mix-LN (calibrated, alpha 0.25) and trains each arm STEPS steps of
-# recipes/smollm2-135m.yaml (64 x 2048 tokens a step, micro-batch 16, bf16 autocast, fp32 masters)
+# the shipped recipe smollm2-135m (64 x 2048 tokens a step, micro-batch 16, bf16 autocast, fp32 masters)
 # on the embedded corpus. SmolLM2 keeps the recipe's heal (64k tokens, where the first GPU run hit a
 # NaN at step 2); the 1B skips it. Each arm runs on its own, so one failing leaves the others' figures.
 # Prints, per shape and arm, the median tokens/s after 3 warm-up steps and MFU = 6 x parameters x
@@ -30,7 +30,7 @@ for shape in $SOURCES; do
     heal=65536; [ "$shape" = llama-1b ] && heal=0
     for arm in preln mixln; do
         start=$(date +%s)
-        "$PYTHON" -m mixln_convert.cli train recipes/smollm2-135m.yaml --arm "$arm" --out "$WORK/$shape-$arm" \
+        "$PYTHON" -m mixln_convert.cli train smollm2-135m --arm "$arm" --out "$WORK/$shape-$arm" \
             --set source="$WORK/sources/$shape" --set heal.tokens=$heal \
             --set data.train=null --set data.validation=null --set data.eval_tokens=65536 \
             --set max_tokens=$((STEPS * 64 * 2048)) --set schedule.warmup_steps=5 --set log_interval=1 \

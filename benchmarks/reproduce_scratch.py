@@ -32,7 +32,7 @@ from mixln_convert.fetch import cache_dir  # noqa: E402
 from mixln_convert.training import load_recipe, train  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-RECIPE = REPO / "recipes" / "smollm2-135m-cpu.yaml"
+RECIPE = "smollm2-135m-cpu"  # shipped with the package
 VOCAB = 4096
 MODEL = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=688, num_hidden_layers=12, num_attention_heads=4,
              num_key_value_heads=4, max_position_embeddings=256, tie_word_embeddings=True, bos_token_id=1,

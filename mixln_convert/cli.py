@@ -5,6 +5,9 @@ Heavy libraries (torch, transformers) are imported inside the commands that need
 """
 
 import json
+import math
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -12,16 +15,78 @@ import click
 
 from . import __version__
 from .errors import MixLNError
+from .io.paths import check_destination, check_readable
+from .options import DTYPES, LOSSES, METHODS, STRATEGIES
 
 
 class Group(click.Group):
-    """Turns a MixLNError into a one-line message and exit status 1, never a traceback."""
+    """Every failure is one line and a non-zero exit, never a traceback: a MixLNError (bad input)
+    or a usage error as itself, an OSError naming its file, anything else as an internal error
+    (MIXLN_CONVERT_DEBUG=1 shows its traceback)."""
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except click.exceptions.Exit:
+            raise
+        except click.UsageError as e:
+            raise OneLineError(e.format_message(), exit_code=2) from None
+        except click.ClickException:
+            raise
         except MixLNError as e:
-            raise click.ClickException(str(e)) from None
+            raise OneLineError(str(e)) from None
+        except OSError as e:
+            where = f"{e.filename}: " if e.filename else ""
+            raise OneLineError(f"{where}{e.strerror or e}") from None
+        except Exception as e:
+            if os.environ.get("MIXLN_CONVERT_DEBUG"):
+                raise
+            first = (str(e).strip().splitlines() or [""])[0]
+            raise OneLineError(f"internal error {type(e).__name__}: {first} (a bug; MIXLN_CONVERT_DEBUG=1 shows "
+                               "the traceback)") from None
+
+    def main(self, *args, **kwargs):
+        # SIGTERM (a scheduler's kill, `timeout`) unwinds like Ctrl-C, so temporary folders are removed.
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _terminate)
+        return super().main(*args, **kwargs)
+
+
+def _terminate(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+class OneLineError(click.ClickException):
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(" ".join(message.split("\n")))
+        self.exit_code = exit_code
+
+
+class Finite(click.ParamType):
+    """A float in a range, refusing nan and inf (click.FloatRange lets nan through)."""
+
+    name = "float"
+
+    def __init__(self, low=None, high=None, low_open=False, high_open=False):
+        self.low, self.high, self.low_open, self.high_open = low, high, low_open, high_open
+
+    def convert(self, value, param, ctx):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        above = self.low is None or (number > self.low if self.low_open else number >= self.low)
+        below = self.high is None or (number < self.high if self.high_open else number <= self.high)
+        if not (math.isfinite(number) and above and below):
+            low = "-inf" if self.low is None else self.low
+            high = "inf" if self.high is None else self.high
+            interval = f"{'(' if self.low_open or self.low is None else '['}{low}, {high}{')' if self.high_open or self.high is None else ']'}"
+            self.fail(f"{value} is not in {interval}", param, ctx)
+        return number
+
+
+POSITIVE = click.IntRange(min=1)
+SEED = click.IntRange(0, 2**32 - 1)
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -45,30 +110,53 @@ def _data_option(help_text):
                              "a glob. Default: the embedded corpus (Python's standard-library docstrings).")
 
 
+def _must_exist(path, what: str) -> None:
+    """A checkpoint or data argument that is not there: refused before any library is imported."""
+    if path is not None:
+        check_readable(path, what)
+
+
+_SEQ_LEN_HELP = "Tokens per evaluated block (at most the model's max_position_embeddings)."
+_ALLOW_LONGER = click.option("--allow-longer", is_flag=True,
+                             help="Allow a --seq-len beyond the model's max_position_embeddings.")
+
+
 @main.command()
 @click.argument("src", type=click.Path(path_type=str))
 @click.argument("dst", type=click.Path(path_type=str))
-@click.option("--alpha", type=float, default=None, show_default="0.25",
+@click.option("--alpha", type=Finite(0, 1), default=None, show_default="0.25",
               help="Fraction of leading layers made Post-LN: floor(alpha * L).")
-@click.option("--post-ln-layers", type=int, default=None, help="Exact number of leading Post-LN layers (instead of --alpha).")
-@click.option("--strategy", default="calibrated", show_default=True,
+@click.option("--post-ln-layers", type=click.IntRange(min=0), default=None,
+              help="Exact number of leading Post-LN layers (instead of --alpha).")
+@click.option("--strategy", type=click.Choice(STRATEGIES), default="calibrated", show_default=True,
               help="calibrated (fold norms, calibrate gains: usable at once), move (paper layout, weights carried "
-                   "over), reinit-post (re-initialize the Post-LN layers), scratch (fresh Mix-LN model).")
+                   "over; needs training), reinit-post (re-initialize the Post-LN layers; needs training), scratch "
+                   "(fresh Mix-LN model).")
 @click.option("--scaled-init/--no-scaled-init", default=True, show_default=True,
               help="o_proj/down_proj of initialized layers use std initializer_range/sqrt(2L).")
-@click.option("--calibration-data", default=None, metavar="PATH", help="Text for the calibration statistics (default: embedded corpus, calibration split).")
-@click.option("--calibration-tokens", type=int, default=8192, show_default=True)
-@click.option("--calibration-seq-len", type=int, default=128, show_default=True,
+@click.option("--calibration-data", default=None, metavar="PATH",
+              help="Text for the calibration statistics (default: embedded corpus, calibration split).")
+@click.option("--calibration-tokens", type=POSITIVE, default=8192, show_default=True,
+              help="Tokens the calibrated gains are fitted on.")
+@click.option("--calibration-seq-len", type=POSITIVE, default=128, show_default=True,
               help="Tokens per calibration block (128 fitted SmolLM2 better than 512 or 64).")
 @click.option("--max-shard-size", default=None,
               help="Largest output shard, e.g. 5GB, 500MB. Default: the source's largest shard, at most 5GB "
                    "(memory use grows with it).")
-@click.option("--dtype", default=None, help="Output dtype (float32, bfloat16, float16); default: the source's.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of initialized weights.")
-@click.option("--force", is_flag=True, help="Replace a non-empty DST.")
+@click.option("--dtype", type=click.Choice(DTYPES), default=None, help="Output dtype; default: the source's.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of initialized weights.")
+@click.option("--force", is_flag=True, help="Replace a non-empty DST (never an input).")
 def convert(src, dst, alpha, post_ln_layers, strategy, scaled_init, calibration_data, calibration_tokens,
             calibration_seq_len, max_shard_size, dtype, seed, force):
-    """Convert the Pre-LN checkpoint SRC (HF folder or .gguf) into a Mix-LN checkpoint folder DST."""
+    """Convert the Pre-LN checkpoint SRC (HF folder or .gguf) into a Mix-LN checkpoint folder DST.
+
+    SRC is checked before any work (config keys, every tensor present with its shape, values
+    finite as they are read) and never written; DST appears only when complete."""
+    _must_exist(src, "SRC")
+    _must_exist(calibration_data, "--calibration-data")
+    check_destination(dst, {"SRC": src, "--calibration-data": calibration_data}, force)
+    if alpha is not None and post_ln_layers is not None:
+        raise MixLNError("--alpha and --post-ln-layers are exclusive: give one")
     from .conversion.converter import convert as run
 
     out = run(src, dst, alpha=alpha, post_ln_layers=post_ln_layers, strategy=strategy, scaled_init=scaled_init,
@@ -76,28 +164,40 @@ def convert(src, dst, alpha, post_ln_layers, strategy, scaled_init, calibration_
               calibration_seq_len=calibration_seq_len, max_shard_size=max_shard_size, dtype=dtype, seed=seed,
               force=force)
     click.echo(f"wrote {out}")
+    if strategy in ("move", "reinit-post", "scratch"):
+        click.echo(f"note: a {strategy} conversion is not usable before training (its perplexity is in the "
+                   "thousands); use the default calibrated strategy for a model usable at once", err=True)
 
 
 @main.command(name="eval")
 @click.argument("ckpt", type=click.Path(path_type=str))
 @_data_option("Held-out text.")
-@click.option("--seq-len", type=int, default=512, show_default=True)
-@click.option("--max-tokens", type=int, default=16 * 512, show_default=True)
-@click.option("--batch-size", type=int, default=4, show_default=True)
+@click.option("--seq-len", type=POSITIVE, default=512, show_default=True, help=_SEQ_LEN_HELP)
+@click.option("--max-tokens", type=POSITIVE, default=16 * 512, show_default=True,
+              help="Held-out tokens scored (whole blocks of --seq-len).")
+@click.option("--batch-size", type=POSITIVE, default=4, show_default=True, help="Blocks per forward pass.")
+@_ALLOW_LONGER
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
-def eval_(ckpt, data, seq_len, max_tokens, batch_size, as_json):
+def eval_(ckpt, data, seq_len, max_tokens, batch_size, allow_longer, as_json):
     """Perplexity of CKPT (HF folder, plain LLaMA or Mix-LN, or .gguf) on held-out text."""
+    _must_exist(ckpt, "CKPT")
+    _must_exist(data, "--data")
     from .data import read_texts, token_blocks
     from .evaluate import evaluate_perplexity
-    from .model.loading import load_model, load_tokenizer
+    from .io.loader import open_checkpoint
+    from .limits import check_seq_len
 
-    blocks = token_blocks(load_tokenizer(ckpt), read_texts(data, split="validation"), seq_len, max_tokens)
-    result = {"checkpoint": ckpt, "data": data or "embedded:validation",
-              **evaluate_perplexity(load_model(ckpt, dtype=None), blocks, batch_size)}
+    source = open_checkpoint(ckpt)
+    check_seq_len("--seq-len", seq_len, source.config, allow_longer)
+    texts = read_texts(data, split="validation")
+    blocks = token_blocks(source.tokenizer, texts, seq_len, max_tokens, source=data or "embedded:validation")
+    result = {"checkpoint": ckpt, "data": data or "embedded:validation", "seq_len": seq_len,
+              **evaluate_perplexity(source.model(), blocks, batch_size)}
     if as_json:
         click.echo(json.dumps(result))
     else:
-        click.echo(f"{ckpt}: perplexity {result['perplexity']:.3f} on {result['tokens']} tokens")
+        click.echo(f"{ckpt}: perplexity {result['perplexity']:.3f} on {result['tokens']} tokens "
+                   f"({result['data']}, blocks of {seq_len})")
 
 
 @main.command()
@@ -105,6 +205,7 @@ def eval_(ckpt, data, seq_len, max_tokens, batch_size, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def inspect(ckpt, as_json):
     """Layer table (Post-LN/Pre-LN, norm tensors and gain statistics), size, dtype, provenance."""
+    _must_exist(ckpt, "CKPT")
     from .inspect_checkpoint import describe, format_description
 
     summary = describe(ckpt)
@@ -128,25 +229,28 @@ _METHOD_HELP = ("How --remove/--prune-curve choose N blocks: angular (the N cons
 @click.argument("ckpt", type=click.Path(path_type=str))
 @_data_option("Held-out text.")
 @click.option("--out", default=None, metavar="DIR", help="Output folder.  [default: analysis-<CKPT name>]")
-@click.option("--span", type=int, default=1, show_default=True,
+@click.option("--span", type=POSITIVE, default=1, show_default=True,
               help="n of the per-layer angular distance, between the inputs of blocks l and l+n.")
 @click.option("--prune-curve", is_flag=True, help="Also the perplexity with N = 1..L/2 blocks removed by --method.")
-@click.option("--method", default="angular", show_default=True, help=_METHOD_HELP)
-@click.option("--seq-len", type=int, default=256, show_default=True)
-@click.option("--max-tokens", type=int, default=8 * 256, show_default=True)
-@click.option("--batch-size", type=int, default=4, show_default=True)
-@click.option("--force", is_flag=True, help="Replace a non-empty output folder.")
-def analyze(ckpt, data, out, span, prune_curve, method, seq_len, max_tokens, batch_size, force):
+@click.option("--method", type=click.Choice(METHODS), default="angular", show_default=True, help=_METHOD_HELP)
+@click.option("--seq-len", type=POSITIVE, default=256, show_default=True, help=_SEQ_LEN_HELP)
+@click.option("--max-tokens", type=POSITIVE, default=8 * 256, show_default=True,
+              help="Held-out tokens measured (whole blocks of --seq-len).")
+@click.option("--batch-size", type=POSITIVE, default=4, show_default=True, help="Blocks per forward pass.")
+@_ALLOW_LONGER
+@click.option("--force", is_flag=True, help="Replace a non-empty output folder (never an input).")
+def analyze(ckpt, data, out, span, prune_curve, method, seq_len, max_tokens, batch_size, allow_longer, force):
     """Per-layer analysis of CKPT (HF folder or .gguf): perplexity increase when each block is skipped,
     angular distance between block inputs, block influence, gradient norms; writes DIR/analysis.json
     and PNG plots."""
-    from pathlib import Path
-
+    _must_exist(ckpt, "CKPT")
+    _must_exist(data, "--data")
+    out = out or f"analysis-{Path(ckpt).stem}"
+    check_destination(out, {"CKPT": ckpt, "--data": data}, force, flag="--out")
     from .analysis.analyze import analyze as run
 
-    out = out or f"analysis-{Path(ckpt).stem}"
     result = run(ckpt, out, data=data, span=span, seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size,
-                 prune_curve=prune_curve, method=method, force=force)
+                 prune_curve=prune_curve, method=method, force=force, allow_longer=allow_longer)
     cheapest = min(range(result["num_layers"]), key=result["layer_drop"].__getitem__)
     click.echo(f"{ckpt}: perplexity {result['perplexity']:.3f}; cheapest block to skip {cheapest} "
                f"({result['layer_drop'][cheapest]:+.3f})")
@@ -157,18 +261,22 @@ def analyze(ckpt, data, out, span, prune_curve, method, seq_len, max_tokens, bat
 @click.argument("ckpt", type=click.Path(path_type=str))
 @click.argument("out", type=click.Path(path_type=str))
 @click.option("--layers", default=None, metavar="LIST", help="Blocks to remove (0-based), e.g. 20-23,27.")
-@click.option("--remove", type=int, default=None, metavar="N", help="Number of blocks to remove, chosen by --method.")
-@click.option("--method", default="angular", show_default=True, help=_METHOD_HELP)
+@click.option("--remove", type=POSITIVE, default=None, metavar="N", help="Number of blocks to remove, chosen by --method.")
+@click.option("--method", type=click.Choice(METHODS), default="angular", show_default=True, help=_METHOD_HELP)
 @_data_option("Calibration text for --method angular/drop (default split: calibration).")
-@click.option("--seq-len", type=int, default=256, show_default=True)
-@click.option("--max-tokens", type=int, default=8 * 256, show_default=True)
-@click.option("--batch-size", type=int, default=4, show_default=True)
+@click.option("--seq-len", type=POSITIVE, default=256, show_default=True, help="Tokens per measured block.")
+@click.option("--max-tokens", type=POSITIVE, default=8 * 256, show_default=True,
+              help="Tokens measured for --method angular/drop.")
+@click.option("--batch-size", type=POSITIVE, default=4, show_default=True, help="Blocks per forward pass.")
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard, e.g. 5GB, 500MB.")
-@click.option("--force", is_flag=True, help="Replace a non-empty OUT.")
+@click.option("--force", is_flag=True, help="Replace a non-empty OUT (never an input).")
 def prune(ckpt, out, layers, remove, method, data, seq_len, max_tokens, batch_size, max_shard_size, force):
-    """Remove decoder blocks from the checkpoint folder CKPT (LLaMA or Mix-LN) into OUT."""
-    from pathlib import Path
-
+    """Remove decoder blocks from the checkpoint CKPT (folder or .gguf, LLaMA or Mix-LN) into the folder OUT."""
+    _must_exist(ckpt, "CKPT")
+    _must_exist(data, "--data")
+    check_destination(out, {"CKPT": ckpt, "--data": data}, force, flag="OUT")
+    if (layers is None) == (remove is None):
+        raise MixLNError("--layers and --remove: give exactly one of them")
     from .analysis.prune import prune as run
 
     run(ckpt, out, layers=layers, remove=remove, method=method, data=data, seq_len=seq_len, max_tokens=max_tokens,
@@ -180,7 +288,7 @@ def prune(ckpt, out, layers, remove, method, data, seq_len, max_tokens, batch_si
 
 
 @main.command()
-@click.argument("recipe_file", metavar="RECIPE.yaml", type=click.Path(path_type=str))
+@click.argument("recipe_file", metavar="RECIPE", required=False)
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a recipe key, dotted for nested ones, e.g. --set optim.lr=3e-4 (repeatable).")
 @click.option("--arm", type=click.Choice(["mixln", "preln", "both"]), default="both", show_default=True,
@@ -188,42 +296,78 @@ def prune(ckpt, out, layers, remove, method, data, seq_len, max_tokens, batch_si
 @click.option("--out", default=None, metavar="DIR", help="Output folder. Default: out/<recipe name>.")
 @click.option("--resume", is_flag=True,
               help="Continue the run in DIR from each arm's last checkpoint (or add an arm not trained yet).")
-def train(recipe_file, overrides, arm, out, resume):
+@click.option("--list", "list_recipes", is_flag=True, help="List the shipped recipes and exit.")
+def train(recipe_file, overrides, arm, out, resume, list_recipes):
     """Continued pre-training: the source converted to Mix-LN and the Pre-LN original, trained on
-    the same data, order and token budget (recipes/*.yaml).
+    the same data, order and token budget. RECIPE is a shipped recipe's name (see --list, e.g.
+    smollm2-135m-cpu) or a YAML file.
 
     \b
-    Several processes (DDP or FSDP, see recipes/accelerate/):
-      accelerate launch --config_file recipes/accelerate/multi_gpu_ddp.yaml \\
-          -m mixln_convert.cli train RECIPE.yaml
+    Several processes (DDP or FSDP; `mixln-convert recipes` lists the shipped accelerate configs):
+      accelerate launch --config_file "$(mixln-convert recipes --path multi_gpu_ddp)" \
+          -m mixln_convert.cli train RECIPE
     """
-    from pathlib import Path
+    from .training.recipe import load_recipe, recipe_path
 
+    if list_recipes:
+        return _print_recipes()
+    if recipe_file is None:
+        raise click.UsageError("Missing argument 'RECIPE' (a shipped recipe's name, see --list, or a YAML file).")
+    recipe = load_recipe(recipe_file, overrides)
+    out = out or Path("out") / recipe_path(recipe_file).stem
     from accelerate import PartialState
 
-    from .training import ARMS, load_recipe
+    from .training import ARMS
     from .training import train as run
 
-    recipe = load_recipe(recipe_file, overrides)
-    summaries = run(recipe, out or Path("out") / Path(recipe_file).stem, ARMS if arm == "both" else (arm,), resume)
+    summaries = run(recipe, out, ARMS if arm == "both" else (arm,), resume)
     if PartialState().is_main_process:
         for s in summaries.values():
             click.echo(f"{s['arm']}: {s['steps']} steps, {s['tokens']} tokens, validation perplexity "
                        f"{s['initial_val_ppl']:.3f} -> {s['final_val_ppl']:.3f}")
 
 
+def _print_recipes() -> None:
+    from .training.recipe import RECIPES, shipped_recipes
+
+    click.echo("recipes (mixln-convert train NAME):")
+    for name, description in shipped_recipes().items():
+        click.echo(f"  {name:<20} {description}")
+    click.echo("accelerate configs (accelerate launch --config_file \"$(mixln-convert recipes --path NAME)\"):")
+    for entry in sorted((RECIPES / "accelerate").iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".yaml"):
+            first = next((line for line in entry.read_text().splitlines() if line.startswith("#")), "#")
+            click.echo(f"  {entry.name.removesuffix('.yaml'):<20} {first.lstrip('# ').strip()}")
+
+
+@main.command()
+@click.option("--path", "name", default=None, metavar="NAME",
+              help="Print the installed path of the shipped recipe or accelerate config NAME.")
+def recipes(name):
+    """The training recipes and accelerate configs that ship with mixln-convert."""
+    if name is None:
+        return _print_recipes()
+    from .training.recipe import shipped_file
+
+    click.echo(str(shipped_file(name)))
+
+
 @main.command()
 @click.option("--out", default="mixln-demo", show_default=True, type=click.Path(path_type=str),
               help="Folder for everything the demo writes.")
-@click.option("--alpha", type=float, default=0.25, show_default=True)
-@click.option("--train-tokens", type=int, default=8192, show_default=True, metavar="N",
+@click.option("--alpha", type=Finite(0, 1), default=0.25, show_default=True,
+              help="Fraction of leading layers made Post-LN.")
+@click.option("--train-tokens", type=POSITIVE, default=8192, show_default=True, metavar="N",
               help="Training tokens per arm (the smollm2-135m-cpu recipe, 1,024 tokens a step); more for a real recovery.")
-@click.option("--analysis-tokens", type=int, default=512, show_default=True, help="Held-out tokens per analysis.")
+@click.option("--analysis-tokens", type=POSITIVE, default=512, show_default=True, help="Held-out tokens per analysis.")
 @click.option("--prune-curve/--no-prune-curve", default=True, show_default=True)
 @click.option("--force", is_flag=True, help="Replace a non-empty --out folder.")
 def demo(out, alpha, train_tokens, analysis_tokens, prune_curve, force):
     """The whole pipeline on the embedded default: SmolLM2-135M (from PyPI) converted to Mix-LN,
     both arms trained on Python's own docstrings, every stage analyzed, one report."""
+    from .fetch import cache_dir
+
+    check_destination(out, {"the model cache": cache_dir()}, force, flag="--out")
     from .demo import run_demo
 
     comparison = run_demo(out, alpha=alpha, train_tokens=train_tokens, analysis_tokens=analysis_tokens,
@@ -238,31 +382,36 @@ def demo(out, alpha, train_tokens, analysis_tokens, prune_curve, force):
 @click.option("--teacher", required=True, metavar="ORIGINAL",
               help="The Pre-LN model CONVERTED was converted from (HF folder or .gguf).")
 @_data_option("Training text (default split: train).")
-@click.option("--tokens", type=int, default=65_536, show_default=True, help="Training tokens.")
+@click.option("--tokens", type=POSITIVE, default=65_536, show_default=True, help="Training tokens.")
 @click.option("--out", default=None, metavar="DIR", help="Output folder.  [default: CONVERTED-healed]")
-@click.option("--seq-len", type=int, default=256, show_default=True)
-@click.option("--batch-size", type=int, default=4, show_default=True)
-@click.option("--lr", type=float, default=1e-4, show_default=True, help="Peak learning rate (warmup, then cosine).")
-@click.option("--loss", default="kl", show_default=True,
+@click.option("--seq-len", type=POSITIVE, default=256, show_default=True, help="Tokens per training block.")
+@click.option("--batch-size", type=POSITIVE, default=4, show_default=True, help="Blocks per step.")
+@click.option("--lr", type=Finite(0, None, low_open=True), default=1e-4, show_default=True,
+              help="Peak learning rate (warmup, then cosine).")
+@click.option("--loss", type=click.Choice(LOSSES), default="kl", show_default=True,
               help="kl (KL divergence of the final logits; runs both whole models, ~3.5x the FLOPs of a residual "
                    "step, but recovers far more per token) or residual (relative error of the stream entering the "
                    "first Pre-LN block; runs the Post-LN blocks only).")
-@click.option("--eval-tokens", type=int, default=8192, show_default=True,
+@click.option("--eval-tokens", type=POSITIVE, default=8192, show_default=True,
               help="Held-out tokens (embedded validation split) measured before and after.")
 @click.option("--perplexity/--no-perplexity", default=True, show_default=True,
               help="Also measure whole-model perplexity (loads the teacher and CONVERTED whole).")
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard, e.g. 5GB, 500MB.")
-@click.option("--force", is_flag=True, help="Replace a non-empty output folder.")
+@click.option("--force", is_flag=True, help="Replace a non-empty output folder (never an input).")
 def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, eval_tokens, perplexity,
          max_shard_size, force):
     """Heal the Mix-LN checkpoint CONVERTED cheaply: distill only its Post-LN blocks from the
     teacher (with --loss residual a step costs about k/L of a training step). Writes a converted
     checkpoint folder with heal_metrics.jsonl."""
-    from pathlib import Path
-
+    _must_exist(converted, "CONVERTED")
+    _must_exist(teacher, "--teacher")
+    _must_exist(data, "--data")
+    out = out or str(Path(converted).with_name(Path(converted).name + "-healed"))
+    check_destination(out, {"CONVERTED": converted, "--teacher": teacher, "--data": data}, force, flag="--out")
+    if tokens < batch_size * seq_len:
+        raise MixLNError(f"--tokens: {tokens} is less than one step (--batch-size x --seq-len = {batch_size * seq_len})")
     from .healing import heal as run
 
-    out = out or str(Path(converted).with_name(Path(converted).name + "-healed"))
     result = run(converted, teacher, out, data=data, tokens=tokens, seq_len=seq_len, batch_size=batch_size, lr=lr,
                  loss=loss, eval_tokens=eval_tokens, perplexity=perplexity, max_shard_size=max_shard_size,
                  force=force)
@@ -286,14 +435,13 @@ def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, e
                    "folder's arms become NAME/mixln and NAME/preln.  [default: folder names]")
 @click.option("--allow-mismatch", is_flag=True,
               help="Compare analyses made with different tokenizers (with a warning) instead of refusing.")
-@click.option("--force", is_flag=True, help="Replace a non-empty output folder.")
+@click.option("--force", is_flag=True, help="Replace a non-empty output folder (never an input).")
 def compare(inputs, out, labels, allow_mismatch, force):
     """Report comparing analyses (folders or files with analysis.json, from `analyze`) and training
     runs (`train` output folders; an arm's analysis/analysis.json is used too): perplexity table,
     training curves, layer drop, angular distance, gradient norms, pruning, and a summary in words.
     Writes DIR/report.md, DIR/report.html, the PNGs and DIR/comparison.json."""
-    from pathlib import Path
-
+    check_destination(out, {f"input {i + 1}": path for i, path in enumerate(inputs)}, force, flag="--out")
     from .report import compare as run
 
     result = run(inputs, out, labels=labels, allow_mismatch=allow_mismatch, force=force)

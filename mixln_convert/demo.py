@@ -10,12 +10,12 @@ import shutil
 from pathlib import Path
 
 from .analysis.analyze import analyze
-from .errors import MixLNError
-from .fetch import smollm2_gguf
+from .fetch import cache_dir, smollm2_gguf
+from .io.paths import check_destination
 from .report import compare
 from .training import load_recipe, train
 
-RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "smollm2-135m-cpu.yaml"
+RECIPE = "smollm2-135m-cpu"  # shipped with the package
 
 
 DEMO_TRAIN_TOKENS = 8 * 4 * 256  # 8 optimizer steps of the CPU recipe per arm: minutes on 2 cores
@@ -27,12 +27,9 @@ def run_demo(out, *, alpha: float = 0.25, train_tokens: int = DEMO_TRAIN_TOKENS,
              prune_curve: bool = True, force: bool = False) -> dict:
     """Run the pipeline into ``out``; returns the comparison (its ``summary`` sentences, ...)."""
     out = Path(out)
+    check_destination(out, {"the model cache": cache_dir()}, force, flag="--out")
     if out.exists() and any(out.iterdir()):
-        if not force:
-            raise MixLNError(f"{out}: exists and is not empty (use --force to replace it)")
         shutil.rmtree(out)
-    if not RECIPE.is_file():
-        raise MixLNError(f"{RECIPE}: the demo recipe is missing (run the demo from a source checkout)")
     overrides = [f"conversion.alpha={alpha}", f"max_tokens={train_tokens}", f"eval_interval={train_tokens // 1024}",
                  f"data.eval_tokens={analysis_tokens * 2}"]
     recipe = load_recipe(RECIPE, overrides)

@@ -30,7 +30,6 @@ val_relative_error and, with ``perplexity``, val_loss and val_ppl).
 
 import json
 import math
-import shutil
 import time
 from pathlib import Path
 
@@ -40,16 +39,17 @@ from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
 from . import __version__
-from .architectures import architecture_for, architecture_of_any
+from .architectures import architecture_for
 from .data import read_texts, token_blocks
 from .errors import MixLNError
+from .options import LOSSES
 from .evaluate import evaluate_perplexity
 from .io.loader import open_checkpoint
-from .io.writer import ShardedWriter, atomic_output_dir, parse_size
-from .model.loading import load_model, load_tokenizer
+from .io.paths import check_destination, check_readable
+from .io.writer import ShardedWriter, atomic_output_dir, copy_model_code, parse_size
+from .limits import check_fraction, check_nonnegative, check_positive, check_positive_float, check_seed, check_seq_len
 from .model.prefix import load_prefix, prefix_names
 
-LOSSES = ("residual", "kl")
 
 
 def heal(
@@ -90,27 +90,41 @@ def heal(
 
     if loss not in LOSSES:
         raise MixLNError(f"--loss: unknown loss {loss!r} (choose from {', '.join(LOSSES)})")
+    for flag, value in (("--tokens", tokens), ("--seq-len", seq_len), ("--batch-size", batch_size),
+                        ("--eval-tokens", eval_tokens)):
+        check_positive(flag, value)
+    check_positive_float("--lr", lr)
+    check_fraction("warmup_ratio", warmup_ratio, high_open=True)
+    check_nonnegative("grad_clip", grad_clip)
+    check_seed(seed)
     if tokens < batch_size * seq_len:
         raise MixLNError(f"--tokens: {tokens} is less than one step (--batch-size x --seq-len = {batch_size * seq_len})")
     steps = tokens // (batch_size * seq_len)
     max_shard_bytes = parse_size(max_shard_size)
-    student_source, teacher_source, arch = _open_pair(converted, teacher)
-    tokenizer = _same_tokenizer(converted, teacher)
+    inputs = {"CONVERTED": converted, "--teacher": teacher, "--data": None if isinstance(data, list) else data}
+    if inputs["--data"] is not None:
+        check_readable(data, "--data")
+    check_destination(out, inputs, force, flag="--out")
+    student_source, teacher_source = _open_pair(converted, teacher)
+    check_seq_len("--seq-len", seq_len, student_source.config)
+    arch = student_source.arch
+    tokenizer = _same_tokenizer(student_source, teacher_source)
     k = student_source.config["post_ln_layers"]
     device = "cuda" if torch.cuda.is_available() else "cpu"
 
-    with atomic_output_dir(out, force=force, protect=[converted, teacher]) as tmp:
+    with atomic_output_dir(out, force=force, protect=inputs) as tmp:
         started = time.time()
         texts = data if isinstance(data, list) else read_texts(data, split="train")
-        train_blocks = token_blocks(tokenizer, texts, seq_len, tokens)
-        eval_blocks = token_blocks(tokenizer, read_texts(None, split="validation"), seq_len, eval_tokens)
+        train_blocks = token_blocks(tokenizer, texts, seq_len, tokens, source=_describe(data))
+        eval_blocks = token_blocks(tokenizer, read_texts(None, split="validation"), seq_len, eval_tokens,
+                                   source="embedded:validation")
         student = load_prefix(student_source, arch, k, device=device)
         student.embed_tokens.requires_grad_(False)  # only the Post-LN blocks learn
         teacher_prefix = load_prefix(teacher_source, arch, k, device=device)
         teacher_model = full = None
         if perplexity or loss == "kl":
-            teacher_model = load_model(teacher, dtype=torch.float32, device=device)
-            full = load_model(converted, dtype=torch.float32, device=device).requires_grad_(False)
+            teacher_model = teacher_source.model(dtype=torch.float32, device=device)
+            full = student_source.model(dtype=torch.float32, device=device).requires_grad_(False)
             for i, layer in enumerate(student.layers):  # the whole model runs the very blocks being trained
                 full.model.layers[i] = layer
         teacher_ppl = None
@@ -174,8 +188,7 @@ def heal(
                       **{key: value for key, value in result.items() if key != "out"}}
         write_config(student_source.config, provenance, tmp)
         student_source.copy_extras(tmp)
-        for code in Path(converted).glob("*.py"):  # the modeling code of trust_remote_code loading
-            shutil.copy2(code, tmp / code.name)
+        copy_model_code(tmp)
     return result
 
 
@@ -186,18 +199,17 @@ def _describe(data) -> str:
 
 
 def _open_pair(converted, teacher):
-    """The converted checkpoint, the teacher and their architecture, refusing pairs that cannot be healed."""
+    """The converted checkpoint and its teacher, refusing pairs that cannot be healed."""
     student_source = open_checkpoint(converted)
-    arch = architecture_of_any(student_source.config, str(converted))
     config = student_source.config
-    if config.get("model_type") != arch.converted["model_type"]:
+    if not student_source.is_mixln:
         raise MixLNError(f"{converted}: not a Mix-LN checkpoint (model_type {config.get('model_type')!r}); "
                          "convert it first (mixln-convert convert)")
     k = config.get("post_ln_layers", 0)
     if k == 0:
         raise MixLNError(f"{converted}: has no Post-LN layer (post_ln_layers 0); there is nothing to heal")
     teacher_source = open_checkpoint(teacher)
-    if teacher_source.config.get("model_type") == arch.converted["model_type"]:
+    if teacher_source.is_mixln:
         raise MixLNError(f"--teacher {teacher}: a Mix-LN checkpoint; the teacher is the Pre-LN model {converted} "
                          "was converted from")
     architecture_for(teacher_source.config, f"--teacher {teacher}")
@@ -208,15 +220,15 @@ def _open_pair(converted, teacher):
     if teacher_source.config["num_hidden_layers"] < k:
         raise MixLNError(f"--teacher {teacher}: {teacher_source.config['num_hidden_layers']} layers, fewer than "
                          f"the {k} Post-LN layers of {converted}")
-    return student_source, teacher_source, arch
+    return student_source, teacher_source
 
 
-def _same_tokenizer(converted, teacher):
+def _same_tokenizer(student_source, teacher_source):
     """The converted model's tokenizer, after checking that the teacher reads text the same way."""
-    tokenizer = load_tokenizer(converted)
-    if load_tokenizer(teacher).get_vocab() != tokenizer.get_vocab():
-        raise MixLNError(f"--teacher {teacher}: its tokenizer differs from {converted}'s; give the model it was "
-                         "converted from")
+    tokenizer = student_source.tokenizer
+    if teacher_source.tokenizer.get_vocab() != tokenizer.get_vocab():
+        raise MixLNError(f"--teacher {teacher_source.path}: its tokenizer differs from {student_source.path}'s; "
+                         "give the model it was converted from")
     return tokenizer
 
 

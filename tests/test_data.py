@@ -178,5 +178,5 @@ def test_token_blocks_max_tokens_is_lazy():
 
 
 def test_token_blocks_too_little_data():
-    with pytest.raises(MixLNError, match="only 3 tokens.*seq_len=8"):
+    with pytest.raises(MixLNError, match="only 3 tokens.*--seq-len 8"):
         token_blocks(FakeTokenizer(), ["1 2 3"], seq_len=8)

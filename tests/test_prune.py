@@ -131,34 +131,34 @@ def test_drop_and_last_methods(tiny_llama, tmp_path):
     (["--layers", "two"], "'two' is not a layer index"),
     (["--layers", "0-7"], "removes all 8 layers"),
     (["--remove", "8"], "--remove: 8 layers is outside [1, 7]"),
-    (["--remove", "0"], "--remove: 0 layers is outside"),
+    (["--remove", "0"], "'--remove': 0 is not in the range x>=1"),
     (["--layers", "1", "--remove", "2"], "give exactly one"),
     ([], "give exactly one"),
-    (["--remove", "1", "--method", "random"], "--method: unknown method 'random'"),
+    (["--remove", "1", "--method", "random"], "'--method': 'random' is not one of"),
 ])
 def test_prune_bad_input_is_one_line(args, message, tiny_llama, tmp_path, cli):
     result = cli("prune", tiny_llama, tmp_path / "out", *args)
-    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert result.exit_code in (1, 2) and isinstance(result.exception, SystemExit), result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.stderr
     assert not (tmp_path / "out").exists() and list(tmp_path.iterdir()) == []
 
 
-def test_prune_refuses_gguf(tmp_path, cli):
+def test_prune_refuses_a_corrupt_gguf_naming_it(tmp_path, cli):
     (tmp_path / "model.gguf").write_bytes(b"GGUF")
     result = cli("prune", tmp_path / "model.gguf", tmp_path / "out", "--layers", "1")
     assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1
-    assert "cannot prune a GGUF" in result.stderr and "convert" in result.stderr
+    assert f"{tmp_path / 'model.gguf'}: not a readable GGUF file" in result.stderr
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--span", "0"], "--span: 0 must be at least 1"),
+    (["--span", "0"], "'--span': 0 is not in the range x>=1"),
     (["--span", "9"], "--span: 9 exceeds the 8 layers"),
-    (["--method", "random"], "--method: unknown method"),
+    (["--method", "random"], "'--method': 'random' is not one of"),
 ])
 def test_analyze_bad_input_is_one_line(args, message, tiny_llama, tmp_path, cli):
     result = cli("analyze", tiny_llama, "--out", tmp_path / "out", "--max-tokens", 64, *args)
-    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert result.exit_code in (1, 2) and isinstance(result.exception, SystemExit), result.output
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error")]  # after transformers' bar
     assert len(errors) == 1 and message in errors[0] and "Traceback" not in result.stderr, result.stderr
     assert list(tmp_path.iterdir()) == []

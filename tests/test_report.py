@@ -182,7 +182,7 @@ def test_mismatched_tokenizers(cli, tmp_path):
     ("checkpoint", ["run `mixln-convert analyze"]),
     ("missing", ["no such file or folder"]),
     ("bad analysis", ["missing layer_drop"]),
-    ("unwritable out", ["cannot write the output folder"]),
+    ("unwritable out", ["is not a writable folder"]),
     ("labels", ["--label: 2 labels for 1 inputs"]),
 ])
 def test_bad_input_one_line_error(case, fragments, cli, tmp_path):

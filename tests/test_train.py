@@ -22,7 +22,7 @@ from mixln_convert.training import DEFAULTS, load_recipe, train
 from mixln_convert.training.recipe import _flatten
 
 REPO = Path(__file__).parent.parent
-RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
+RECIPES = sorted((REPO / "mixln_convert" / "recipes").glob("*.yaml"))
 WORDS = ("the of model layer norm residual stream token block attention gradient data learning rate step "
          "train loss value function return list item order quick brown fox jumps over lazy dog").split()
 
@@ -79,7 +79,7 @@ def assert_same_curve(a: list[dict], b: list[dict], tol: float):
 def test_four_recipes_are_shipped():
     assert {p.name for p in RECIPES} == {"smollm2-135m-cpu.yaml", "smollm2-135m.yaml", "llama-1b.yaml",
                                          "llama-7b-fsdp.yaml"}
-    assert {p.name for p in (REPO / "recipes" / "accelerate").glob("*.yaml")} == {
+    assert {p.name for p in (REPO / "mixln_convert" / "recipes" / "accelerate").glob("*.yaml")} == {
         "single_gpu.yaml", "multi_gpu_ddp.yaml", "fsdp.yaml"}
     for recipe in RECIPES:  # each spells out every key, so users see all there is to set
         assert set(_flatten(yaml.safe_load(recipe.read_text()))) == set(_flatten(DEFAULTS)), recipe.name
@@ -95,7 +95,7 @@ def test_shipped_recipe_dry_run(recipe, tiny_llama_tied, corpus, tmp_path):
 
 
 def test_set_overrides_and_types(tiny_llama_tied, corpus):
-    recipe = load_recipe(REPO / "recipes" / "llama-1b.yaml",
+    recipe = load_recipe(REPO / "mixln_convert" / "recipes" / "llama-1b.yaml",
                          tiny(tiny_llama_tied, corpus) + ["optim.lr=3e-4", "max_tokens=2e3", "optim.betas=[0.8, 0.9]"])
     assert recipe["optim"]["lr"] == 3e-4 and recipe["max_tokens"] == 2000 and recipe["optim"]["betas"] == [0.8, 0.9]
     assert recipe["source"] == str(tiny_llama_tied.absolute()) and recipe["conversion"]["alpha"] == 0.25
@@ -161,7 +161,7 @@ def finished(tiny_llama_tied, corpus, tmp_path_factory):
     from mixln_convert.cli import main
 
     out, sets = tmp_path_factory.mktemp("run") / "out", tiny(tiny_llama_tied, corpus)
-    args = ["train", str(REPO / "recipes" / "smollm2-135m-cpu.yaml"), *(f"--set={s}" for s in sets), "--out", str(out)]
+    args = ["train", "smollm2-135m-cpu", *(f"--set={s}" for s in sets), "--out", str(out)]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     return out, sets, result.output
@@ -169,7 +169,7 @@ def finished(tiny_llama_tied, corpus, tmp_path_factory):
 
 def test_run_writes_the_output_contract(finished):
     out, sets, output = finished
-    recipe = load_recipe(REPO / "recipes" / "smollm2-135m-cpu.yaml", sets)
+    recipe = load_recipe("smollm2-135m-cpu", sets)
     assert yaml.safe_load((out / "recipe.yaml").read_text()) == recipe
     assert "mixln: 4 steps, 512 tokens" in output and "preln: 4 steps" in output
     for arm, post_ln in (("mixln", 2), ("preln", 0)):
@@ -211,7 +211,7 @@ def test_final_folder_is_the_trained_model(finished):
 def test_existing_run_is_not_overwritten(finished, cli):
     out, sets, _ = finished
     before = (out / "mixln" / "metrics.jsonl").read_text()
-    recipe = REPO / "recipes" / "smollm2-135m-cpu.yaml"
+    recipe = "smollm2-135m-cpu"
     result = cli("train", recipe, *(f"--set={s}" for s in sets), "--out", out)
     assert result.exit_code == 1 and "holds a training run already" in result.output
     result = cli("train", recipe, *(f"--set={s}" for s in sets), "--set=optim.lr=1e-2", "--out", out, "--resume")
@@ -228,7 +228,7 @@ def _env() -> dict:
 
 
 def test_sigkill_then_resume_gives_the_uninterrupted_losses(cli, tiny_llama_tied, corpus, tmp_path):
-    recipe = REPO / "recipes" / "smollm2-135m-cpu.yaml"
+    recipe = "smollm2-135m-cpu"
     sets = tiny(tiny_llama_tied, corpus, steps=16, checkpoint_interval=4, eval_interval=4, keep_checkpoints=0)
     train(load_recipe(recipe, sets), tmp_path / "whole", arms=("mixln",), progress=False)
 
@@ -260,7 +260,7 @@ def _free_port() -> int:
 
 
 def test_two_cpu_processes_match_one(tiny_llama_tied, corpus, tmp_path):
-    recipe = REPO / "recipes" / "smollm2-135m-cpu.yaml"
+    recipe = "smollm2-135m-cpu"
     sets = tiny(tiny_llama_tied, corpus, steps=6, global_batch_size=8, max_tokens=6 * 8 * 32)
     train(load_recipe(recipe, sets), tmp_path / "one", progress=False)
     # accelerate launch --cpu starts one process without MPI; torchrun + ACCELERATE_USE_CPU is the gloo setup.
@@ -278,7 +278,7 @@ def test_two_cpu_processes_match_one(tiny_llama_tied, corpus, tmp_path):
 def test_nonfinite_loss_stops_naming_the_step(cli, tiny_llama_tied, corpus, tmp_path):
     sets = tiny(tiny_llama_tied, corpus, steps=6, checkpoint_interval=1, keep_checkpoints=0, grad_clip=0,
                 **{"optim.lr": 1e10, "schedule.warmup_steps": 0})
-    result = cli("train", REPO / "recipes" / "smollm2-135m-cpu.yaml", *(f"--set={s}" for s in sets),
+    result = cli("train", "smollm2-135m-cpu", *(f"--set={s}" for s in sets),
                  "--out", tmp_path / "out", "--arm", "preln")
     error = result.output.strip().splitlines()[-1]  # the lines before it are progress bars
     assert result.exit_code == 1 and error.startswith("Error: preln: "), result.output
@@ -309,7 +309,7 @@ def test_recipe_errors_are_mixln_errors(tmp_path):
 @pytest.mark.real_model
 def test_smollm2_cpu_recipe_runs_on_the_real_model(tmp_path):
     """The shipped CPU recipe as is (source: smollm2, the GGUF; embedded corpus), one short step."""
-    recipe = load_recipe(REPO / "recipes" / "smollm2-135m-cpu.yaml",
+    recipe = load_recipe("smollm2-135m-cpu",
                          ["seq_len=64", "max_tokens=256", "data.eval_tokens=128", "micro_batch_size=2"])
     summaries = train(recipe, tmp_path / "run", progress=False)
     assert summaries["mixln"]["post_ln_layers"] == 7 and summaries["preln"]["post_ln_layers"] == 0
@@ -320,7 +320,7 @@ def test_smollm2_cpu_recipe_runs_on_the_real_model(tmp_path):
 def test_heal_section_heals_the_converted_model_before_training(tiny_llama_tied, corpus, tmp_path):
     sets = tiny(tiny_llama_tied, corpus, steps=2, **{"heal.tokens": 2 * 4 * 32, "heal.seq_len": 32,
                                                      "heal.loss": "residual", "conversion.strategy": "move"})
-    summary = train(load_recipe(REPO / "recipes" / "smollm2-135m-cpu.yaml", sets), tmp_path / "run",
+    summary = train(load_recipe("smollm2-135m-cpu", sets), tmp_path / "run",
                     arms=("mixln",), progress=False)["mixln"]
     healed = tmp_path / "run" / "mixln" / "healed"
     assert summary["source"] == str(healed) and (healed / "heal_metrics.jsonl").is_file()

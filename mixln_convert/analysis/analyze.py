@@ -11,8 +11,10 @@ import torch
 
 from ..data import read_texts, token_blocks
 from ..errors import MixLNError
+from ..io.loader import open_checkpoint
+from ..io.paths import check_destination, check_readable
 from ..io.writer import atomic_output_dir
-from ..model.loading import load_model, load_tokenizer
+from ..limits import check_positive, check_seq_len
 from .layers import BlockRunner, RepresentationStatistics, grad_norm_per_layer, removal_sweep
 from .plots import plot_analysis
 from .prune import check_method, choose_layers
@@ -20,25 +22,33 @@ from .prune import check_method, choose_layers
 
 def analyze(ckpt, out, *, data=None, span: int = 1, seq_len: int = 256, max_tokens: int = 8 * 256,
             batch_size: int = 4, prune_curve: bool = False, method: str = "angular", force: bool = False,
-            progress: bool = True) -> dict:
+            allow_longer: bool = False, progress: bool = True) -> dict:
     """Measure ``ckpt`` (HF folder, LLaMA or Mix-LN, or .gguf) on held-out text and write
     ``out/analysis.json`` and PNG plots; returns the analysis.
 
     ``data`` defaults to the embedded validation split, cut into ``max_tokens`` tokens in blocks
-    of ``seq_len``. ``span`` is the n of the per-layer angular distance (inputs of blocks l and
-    l+n). ``prune_curve`` adds the perplexity with N = 1..L/2 blocks removed by ``method``.
+    of ``seq_len`` (at most the model's max_position_embeddings unless ``allow_longer``). ``span``
+    is the n of the per-layer angular distance (inputs of blocks l and l+n). ``prune_curve`` adds
+    the perplexity with N = 1..L/2 blocks removed by ``method``.
     """
     check_method(method)
-    if span < 1:
-        raise MixLNError(f"--span: {span} must be at least 1")
-    with atomic_output_dir(out, force=force, protect=[ckpt]) as tmp:
-        tokenizer = load_tokenizer(ckpt)
-        model = load_model(ckpt, dtype=torch.float32)  # angles and small perplexity differences need float32
-        num_layers = model.config.num_hidden_layers
-        if span > num_layers:
-            raise MixLNError(f"--span: {span} exceeds the {num_layers} layers of this model")
-        seq_len = min(seq_len, model.config.max_position_embeddings)
-        blocks = token_blocks(tokenizer, read_texts(data, split="validation"), seq_len, max_tokens)
+    for flag, value in (("--span", span), ("--seq-len", seq_len), ("--max-tokens", max_tokens),
+                        ("--batch-size", batch_size)):
+        check_positive(flag, value)
+    inputs = {"CKPT": ckpt, "--data": data}
+    if data is not None:
+        check_readable(data, "--data")
+    check_destination(out, inputs, force, flag="--out")
+    source = open_checkpoint(ckpt)
+    num_layers = source.config["num_hidden_layers"]
+    if span > num_layers:
+        raise MixLNError(f"--span: {span} exceeds the {num_layers} layers of this model")
+    check_seq_len("--seq-len", seq_len, source.config, allow_longer)
+    with atomic_output_dir(out, force=force, protect=inputs) as tmp:
+        tokenizer = source.tokenizer
+        blocks = token_blocks(tokenizer, read_texts(data, split="validation"), seq_len, max_tokens,
+                              source=data or "embedded:validation")
+        model = source.model(dtype=torch.float32)  # angles and small perplexity differences need float32
         n_post = getattr(model.config, "post_ln_layers", 0)
         result = {
             "checkpoint": str(ckpt),

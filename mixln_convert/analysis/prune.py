@@ -12,27 +12,29 @@ The pruned checkpoint is of the same kind as its source, tensors streamed one at
 """
 
 import json
-import shutil
+import re
 import time
 from pathlib import Path
 
 from .. import __version__
-from ..architectures import architecture_of_any
 from ..errors import MixLNError
 from ..io.loader import open_checkpoint
-from ..io.writer import ShardedWriter, atomic_output_dir, parse_size
+from ..io.paths import check_destination
+from ..io.writer import ShardedWriter, atomic_output_dir, copy_model_code, parse_size
+from ..limits import check_positive, check_seq_len
+from ..options import METHODS
 
-METHODS = ("angular", "drop", "last")
+_LAYER_RANGE = re.compile(r"([0-9]+)\s*(?:-\s*([0-9]+))?")  # ASCII digits only: '²'.isdigit() is True
 
 
 def parse_layers(text: str, num_layers: int) -> list[int]:
     """'20-23,27' -> [20, 21, 22, 23, 27], checked against a ``num_layers``-deep model."""
     layers = set()
     for part in filter(None, (p.strip() for p in text.split(","))):
-        first, _, last = part.partition("-")
-        if not (first.strip().isdigit() and (not last or last.strip().isdigit())):
+        match = _LAYER_RANGE.fullmatch(part)
+        if not match:
             raise MixLNError(f"--layers: {part!r} is not a layer index or range (example: 20-23,27)")
-        first, last = int(first), int(last or first)
+        first, last = int(match.group(1)), int(match.group(2) or match.group(1))
         if first > last:
             raise MixLNError(f"--layers: range {part!r} is empty (write low-high)")
         if last >= num_layers:
@@ -101,47 +103,52 @@ def prune(src, dst, *, layers: str | None = None, remove: int | None = None, met
     kept. What was removed, and why, is appended to ``mixln_provenance["pruned"]`` (Mix-LN) or
     to the top-level ``pruned`` list (plain LLaMA) of config.json.
     """
-    if Path(src).suffix == ".gguf":
-        raise MixLNError(f"{src}: cannot prune a GGUF file; convert it (mixln-convert convert) or export it "
-                         "to a checkpoint folder first")
     if (layers is None) == (remove is None):
         raise MixLNError("--layers and --remove: give exactly one of them")
     check_method(method)
+    for flag, value in (("--seq-len", seq_len), ("--max-tokens", max_tokens), ("--batch-size", batch_size)):
+        check_positive(flag, value)
     max_shard_bytes = parse_size(max_shard_size)
+    inputs = {"CKPT": src, "--data": data}
+    check_destination(dst, inputs, force, flag="OUT")
     source = open_checkpoint(src)
-    arch = architecture_of_any(source.config, str(Path(src) / "config.json"))
     num_layers = source.config["num_hidden_layers"]
-    with atomic_output_dir(dst, force=force, protect=[src]) as tmp:
+    if layers is not None:
+        parse_layers(layers, num_layers)
+    else:
+        check_count(remove, num_layers)
+        if method != "last":
+            check_seq_len("--seq-len", seq_len, source.config)
+    with atomic_output_dir(dst, force=force, protect=inputs) as tmp:
         started = time.time()
-        removed, reason = select_layers(src, num_layers, layers, remove, method, data, seq_len, max_tokens,
+        removed, reason = select_layers(source, num_layers, layers, remove, method, data, seq_len, max_tokens,
                                         batch_size, progress)
-        write_kept_tensors(source, arch, removed, tmp, max_shard_bytes, progress)
+        write_kept_tensors(source, source.arch, removed, tmp, max_shard_bytes, progress)
         record = {"tool": f"mixln-convert {__version__}", "source": str(Path(src).absolute()),
                   "num_layers_before": num_layers, "removed_layers": removed, **reason,
                   "seconds": round(time.time() - started, 2)}
-        (tmp / "config.json").write_text(json.dumps(pruned_config(source.config, arch, removed, record),
+        (tmp / "config.json").write_text(json.dumps(pruned_config(source.config, source.arch, removed, record),
                                                     indent=2, sort_keys=True) + "\n")
         source.copy_extras(tmp)
-        for code in Path(src).glob("*.py"):  # a Mix-LN checkpoint's modeling code (trust_remote_code loading)
-            shutil.copy2(code, tmp / code.name)
+        if source.is_mixln:
+            copy_model_code(tmp)
     return Path(dst)
 
 
-def select_layers(src, num_layers, layers, remove, method, data, seq_len, max_tokens, batch_size,
+def select_layers(source, num_layers, layers, remove, method, data, seq_len, max_tokens, batch_size,
                   progress) -> tuple[list[int], dict]:
-    """The blocks to remove from ``src`` and why: the method and the scores it ranked by."""
+    """The blocks to remove from ``source`` and why: the method and the scores it ranked by."""
     if layers is not None:
         return parse_layers(layers, num_layers), {"method": "explicit"}
-    check_count(remove, num_layers)
     if method == "last":
         return choose_layers(method, remove, num_layers), {"method": method}
     import torch
 
     from ..data import read_texts, token_blocks
-    from ..model.loading import load_model, load_tokenizer
 
-    blocks = token_blocks(load_tokenizer(src), read_texts(data, split="calibration"), seq_len, max_tokens)
-    scores = layer_scores(load_model(src, dtype=torch.float32), blocks, method, batch_size, progress)
+    blocks = token_blocks(source.tokenizer, read_texts(data, split="calibration"), seq_len, max_tokens,
+                          source=data or "embedded:calibration")
+    scores = layer_scores(source.model(dtype=torch.float32), blocks, method, batch_size, progress)
     reason = {"method": method, "data": str(data) if data else "embedded:calibration", "tokens": blocks.numel()}
     if method == "angular":
         reason["angular_distance_by_start"] = span_distances(scores["angular_distance_matrix"], remove)

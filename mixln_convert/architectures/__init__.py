@@ -32,6 +32,8 @@ class Architecture:
     # config keys the Mix-LN model does not implement -> what they are; a source converts only
     # where they are null or absent (Mistral's sliding_window)
     unsupported_config: dict = field(default_factory=dict)
+    # the same tensors' names in a GGUF file, and the GGUF metadata keys (after "<arch>.") of the config
+    gguf: dict = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -48,6 +50,20 @@ class Architecture:
         pattern = re.escape(self.layer_prefix).replace(re.escape("{i}"), r"(\d+)")
         match = re.match(pattern, tensor_name)
         return int(match.group(1)) if match else None
+
+
+    def gguf_names(self, num_layers: int) -> dict[str, str]:
+        """{GGUF tensor name: checkpoint tensor name} of a ``num_layers``-deep model."""
+        table = self.gguf
+        names = {table[key]: getattr(self, key) for key in ("embed", "final_norm", "lm_head")}
+        for i in range(num_layers):
+            for role, gguf_names in table["layer"].items():
+                ours = self.layer_tensor(i, role)
+                gguf_names = [gguf_names] if isinstance(gguf_names, str) else gguf_names
+                ours = [ours] if isinstance(ours, str) else ours
+                prefix = table["layer_prefix"].format(i=i)
+                names.update({prefix + g: o for g, o in zip(gguf_names, ours)})
+        return names
 
 
 def _read(name: str) -> dict:
@@ -83,6 +99,15 @@ def architecture_for(config: dict, where: str) -> Architecture:
     supported = ", ".join(a for arch in all_architectures() for a in arch.architectures)
     found = ", ".join(declared) or model_type or "unknown"
     raise MixLNError(f"{where}: unsupported architecture {found}; supported: {supported}")
+
+
+def architecture_of_gguf(gguf_arch: str, where: str) -> Architecture:
+    """The architecture a GGUF file's ``general.architecture`` names."""
+    for arch in all_architectures():
+        if arch.gguf_architecture == gguf_arch and arch.gguf:
+            return arch
+    supported = sorted({a.gguf_architecture for a in all_architectures()})
+    raise MixLNError(f"{where}: GGUF architecture {gguf_arch!r} is not supported (expected {', '.join(map(repr, supported))})")
 
 
 def architecture_of_any(config: dict, where: str) -> Architecture:

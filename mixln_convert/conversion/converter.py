@@ -1,7 +1,6 @@
 """``convert()``: a Pre-LN LLaMA checkpoint in, a Mix-LN checkpoint folder out."""
 
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -12,11 +11,13 @@ from .. import __version__
 from ..architectures import architecture_for
 from ..errors import MixLNError
 from ..io.loader import open_checkpoint
-from ..io.writer import ShardedWriter, atomic_output_dir, parse_size
+from ..io.paths import check_destination, check_readable
+from ..io.writer import ShardedWriter, atomic_output_dir, copy_model_code, parse_size
+from ..limits import check_positive, check_seed, check_seq_len
 from .layout import post_ln_count
-from .plan import STRATEGIES, ConversionPlan
+from ..options import STRATEGIES
+from .plan import ConversionPlan
 
-MODEL_CODE = ("configuration_mixln.py", "modeling_mixln.py")  # saved beside the weights
 # Calibration blocks of 128 tokens fitted SmolLM2's Post-LN gains better than 512 at every evaluated
 # length (128-1024; 1.18x against 1.22x the original's perplexity at 512), 64 and 32 worse: each
 # block's first positions carry the massive activations, and short blocks give the fit more of them.
@@ -63,23 +64,29 @@ def convert(
     if strategy not in STRATEGIES:
         raise MixLNError(f"--strategy: unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
     for flag, value in (("--calibration-seq-len", calibration_seq_len), ("--calibration-tokens", calibration_tokens)):
-        if value < 1:
-            raise MixLNError(f"{flag}: must be a positive number of tokens, got {value}")
+        check_positive(flag, value)
+    check_seed(seed)
     max_shard_bytes = None if max_shard_size is None else parse_size(max_shard_size)
     out_dtype = parse_dtype(dtype)
+    inputs = {"SRC": src, "--calibration-data": calibration_data}
+    if calibration_data is not None:
+        check_readable(calibration_data, "--calibration-data")
+    check_destination(dst, inputs, force)
     source = open_checkpoint(src)
-    if max_shard_bytes is None:  # the writer buffers one output shard of computed tensors
-        max_shard_bytes = min(parse_size("5GB"), source.largest_shard_bytes())
-    arch = architecture_for(source.config, str(Path(src) / "config.json") if Path(src).is_dir() else str(src))
+    arch = architecture_for(source.config, source.where)
     config = dict(source.config)
     n_post = post_ln_count(config["num_hidden_layers"], alpha, post_ln_layers)
+    if strategy == "calibrated" and n_post > 0:
+        check_seq_len("--calibration-seq-len", calibration_seq_len, config)
+    if max_shard_bytes is None:  # the writer buffers one output shard of computed tensors
+        max_shard_bytes = min(parse_size("5GB"), source.largest_shard_bytes())
     out_dtype = out_dtype or source.dtype()
 
-    with atomic_output_dir(dst, force=force, protect=[src]) as tmp:
+    with atomic_output_dir(dst, force=force, protect=inputs) as tmp:
         started = time.time()
         stats = None
         if strategy == "calibrated" and n_post > 0:
-            stats = calibration_statistics(source, arch, n_post, src, calibration_data, calibration_tokens,
+            stats = calibration_statistics(source, arch, n_post, calibration_data, calibration_tokens,
                                            calibration_seq_len, progress)
         plan = ConversionPlan(arch, config, n_post, strategy, scaled_init, seed, stats, out_dtype)
         writer = ShardedWriter(tmp, max_shard_bytes)
@@ -101,17 +108,21 @@ def convert(
     return Path(dst)
 
 
-def calibration_statistics(source, arch, n_post, src, data, tokens, seq_len, progress) -> dict:
+def calibration_statistics(source, arch, n_post, data, tokens, seq_len, progress) -> dict:
     from ..data import read_texts, token_blocks
-    from ..model.loading import load_tokenizer
     from ..model.prefix import load_prefix
     from .calibrate import calibrate
 
-    seq_len = min(seq_len, source.config.get("max_position_embeddings") or seq_len)
-    blocks = token_blocks(load_tokenizer(src), read_texts(data, split="calibration"), seq_len, tokens)
+    blocks = token_blocks(source.tokenizer, read_texts(data, split="calibration"), seq_len, tokens,
+                          flag="--calibration-seq-len", source=data or "embedded:calibration")
     device = "cuda" if torch.cuda.is_available() else "cpu"  # a few blocks: the GPU makes calibration instant
     stats = calibrate(load_prefix(source, arch, n_post, device=device), blocks, progress=progress)
     stats = {k: [v.cpu() if torch.is_tensor(v) else v for v in vs] for k, vs in stats.items()}
+    for key, values in stats.items():
+        for i, value in enumerate(values):
+            if not torch.isfinite(torch.as_tensor(value)).all():
+                raise MixLNError(f"--calibration-data {data or 'embedded:calibration'}: calibration gave a "
+                                 f"non-finite {key} in block {i}; the source's activations overflow on this text")
     return {**stats, "data": str(data) if data else "embedded:calibration", "tokens": blocks.numel(),
             "seq_len": blocks.shape[1]}
 
@@ -138,6 +149,4 @@ def write_config(folder: Path, source_config: dict, arch, n_post: int, alpha, dt
         mixln_provenance=provenance,
     )
     (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    code = Path(__file__).parent.parent / "model"
-    for name in MODEL_CODE:
-        shutil.copy2(code / name, folder / name)
+    copy_model_code(folder)

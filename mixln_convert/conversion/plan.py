@@ -25,7 +25,6 @@ import torch
 from ..architectures import Architecture
 from .initialization import fresh_tensor, init_std
 
-STRATEGIES = ("calibrated", "move", "reinit-post", "scratch")
 
 
 @dataclass

@@ -1,26 +1,34 @@
-"""Lazy tensor access to a source checkpoint: an HF folder (safetensors or .bin, sharded or
-not) or a GGUF file.
+"""One Checkpoint type for every input: an HF folder (safetensors or .bin, sharded or not) or a
+GGUF file, opened, classified and validated once per process (:func:`open_checkpoint`).
 
-Nothing here loads a whole model to get one tensor: safetensors shards are memory-mapped and
-read per tensor, and a tensor read unchanged says where its bytes lie (``stored_bytes``) so
+A checkpoint gives its config, architecture, tokenizer, lazy tensors and, when asked, the whole
+model. Nothing here loads a whole model to get one tensor: safetensors shards are memory-mapped
+and read per tensor, and a tensor read unchanged says where its bytes lie (``stored_bytes``) so
 that a writer can copy them file to file; .bin shards are memory-mapped with
-``torch.load(mmap=True, weights_only=True)`` (never plain unpickling). GGUF is the exception: transformers dequantizes it as a whole, which
-is fine for the small models that ship as GGUF here.
+``torch.load(mmap=True, weights_only=True)`` (never plain unpickling). GGUF is the exception:
+transformers dequantizes it as a whole, once per process.
+
+Before any of that, the file headers are checked against the config (:mod:`.validate`); every
+tensor read is checked for NaN/inf, and so is every model loaded whole.
 """
 
+import copy
 import fnmatch
 import json
+import os
 import pickle
 import re
 import shutil
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
+from ..architectures import architecture_of_any, architecture_of_gguf
 from ..errors import MixLNError
+from .validate import check_config, check_finite, check_tensors
 
 # Files beside the weights that a converted checkpoint needs too (tokenizer, generation defaults).
 EXTRA_FILE_PATTERNS = (
@@ -29,7 +37,7 @@ EXTRA_FILE_PATTERNS = (
 )
 
 
-def read_json(path: Path) -> dict:
+def read_json(path: Path):
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
@@ -54,29 +62,116 @@ def stored_bytes(tensor: torch.Tensor) -> StoredBytes | None:
     return stored if stored is not None and stored.version == tensor._version else None
 
 
-class FolderCheckpoint:
+# safetensors' dtype names -> bytes per element, of the dtypes a model checkpoint may hold
+_FLOAT_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
+_MAX_HEADER = 100 * 2**20  # safetensors' own limit on a header's size
+
+
+class Checkpoint(ABC):
+    """A validated input checkpoint: ``config`` (a dict), ``arch``, tensors by name, the
+    tokenizer and, on request, the whole model."""
+
+    path: Path
+    config: dict
+    arch: object
+
+    @property
+    def is_mixln(self) -> bool:
+        return self.config.get("model_type") == self.arch.converted["model_type"]
+
+    @property
+    def where(self) -> str:
+        """What error messages about this checkpoint's config name."""
+        return str(self.path / "config.json") if self.path.is_dir() else str(self.path)
+
+    @abstractmethod
+    def names(self) -> list[str]: ...
+
+    @abstractmethod
+    def get(self, name: str) -> torch.Tensor: ...
+
+    @abstractmethod
+    def shape(self, name: str) -> tuple[int, ...]: ...
+
+    @abstractmethod
+    def dtype(self) -> torch.dtype: ...
+
+    @abstractmethod
+    def largest_shard_bytes(self) -> int: ...
+
+    @abstractmethod
+    def copy_extras(self, dst: Path) -> None: ...
+
+    @abstractmethod
+    def _load_model(self, dtype): ...
+
+    @abstractmethod
+    def _tokenizer_args(self) -> tuple[Path, dict]: ...
+
+    @cached_property
+    def tokenizer(self):
+        """The checkpoint's tokenizer, loaded once per process."""
+        from transformers import AutoTokenizer
+
+        folder, kwargs = self._tokenizer_args()
+        try:
+            return AutoTokenizer.from_pretrained(folder, **kwargs)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise MixLNError(f"{self.path}: cannot load its tokenizer ({str(e).splitlines()[0]})") from None
+
+    def model(self, dtype: torch.dtype | str | None = None, device: str | torch.device = "cpu"):
+        """The whole causal LM in eval mode, values checked; Mix-LN checkpoints load through this
+        package's registered classes (no remote code). A fresh copy at every call."""
+        from ..model import register  # noqa: F401  (registers the Mix-LN classes with the Auto* factories)
+
+        model = self._load_model(dtype)
+        for name, tensor in model.state_dict().items():
+            check_finite(name, tensor, str(self.path))
+        return model.to(device).eval()
+
+
+class FolderCheckpoint(Checkpoint):
     """An HF checkpoint folder; ``get(name)`` reads one tensor from the shard that holds it."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
         self.config = read_json(self.path / "config.json")
+        check_config(self.config, self.where)
+        self.arch = architecture_of_any(self.config, self.where)
         self._open_name, self._open_shard = None, None
-        self._offsets = {}  # safetensors shard -> {tensor name: file offset of its bytes}
+        self._headers = {}  # safetensors shard -> {tensor name: header entry with the file offset}
         self.shard_of = self._index()  # tensor name -> shard file
-        for shard in sorted(set(self.shard_of.values())):
-            if not (self.path / shard).is_file():
-                raise MixLNError(f"{self.path / shard}: shard named in the index is missing")
+        check_tensors({name: self.shape(name) for name in self.shard_of}, self.config, self.arch, str(self.path))
 
     def _index(self) -> dict[str, str]:
         for index_name, single in (("model.safetensors.index.json", "model.safetensors"),
                                    ("pytorch_model.bin.index.json", "pytorch_model.bin")):
             if (self.path / index_name).is_file():
-                return dict(read_json(self.path / index_name)["weight_map"])
+                return self._read_index(self.path / index_name)
             if (self.path / single).is_file():
                 return {name: single for name in self._shard_names(single)}
         raise MixLNError(f"{self.path}: no model.safetensors, pytorch_model.bin or index found")
 
+    def _read_index(self, file: Path) -> dict[str, str]:
+        index = read_json(file)
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise MixLNError(f"{file}: weight_map must be a non-empty mapping of tensor names to shard files")
+        for name, shard in weight_map.items():
+            if not isinstance(shard, str) or Path(shard).name != shard or shard in (".", ".."):
+                raise MixLNError(f"{file}: tensor {name} maps to {shard!r}, not a shard file name in this folder")
+        for shard in sorted(set(weight_map.values())):
+            if not (self.path / shard).is_file():
+                raise MixLNError(f"{self.path / shard}: shard named in the index is missing")
+            held = set(self._shard_names(shard))
+            absent = [name for name, s in weight_map.items() if s == shard and name not in held]
+            if absent:
+                raise MixLNError(f"{self.path / shard}: lacks tensor {absent[0]}, which {file.name} places there")
+        return dict(weight_map)
+
     def _shard_names(self, shard: str) -> list[str]:
+        if shard.endswith(".safetensors"):
+            return list(self._header(shard))
         return list(self._open(shard).keys())
 
     def _open(self, shard: str):
@@ -86,11 +181,13 @@ class FolderCheckpoint:
         return self._open_shard
 
     def _load(self, shard: str):
+        from safetensors import safe_open
+
         file = self.path / shard
         try:
             if shard.endswith(".safetensors"):
                 return safe_open(str(file), framework="pt", device="cpu")
-            return torch.load(file, map_location="cpu", mmap=True, weights_only=True)
+            state = torch.load(file, map_location="cpu", mmap=True, weights_only=True)
         except pickle.UnpicklingError as e:  # weights_only met something other than tensors
             code = re.search(r"GLOBAL (\S+)", str(e))
             what = f"calls {code.group(1)}" if code else "holds objects other than tensors"
@@ -98,40 +195,80 @@ class FolderCheckpoint:
                              ".bin files, with torch.load(weights_only=True))") from None
         except Exception as e:  # safetensors and torch raise several types for a bad file
             raise MixLNError(f"{file}: corrupt or unreadable checkpoint shard ({type(e).__name__}: {e})") from None
+        if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+            raise MixLNError(f"{file}: not a state dict of tensors")
+        return state
+
+    def _header(self, shard: str) -> dict[str, dict]:
+        """A safetensors shard's header, checked against the file: an 8-byte header length, a JSON
+        header of dtypes, shapes and offsets relative to its end, then the bytes (all of them:
+        a truncated shard is refused here, before any work)."""
+        if shard in self._headers:
+            return self._headers[shard]
+        file = self.path / shard
+        bad = f"{file}: corrupt safetensors shard"
+        try:
+            size = file.stat().st_size
+            with open(file, "rb") as f:
+                length = int.from_bytes(f.read(8), "little")
+                if size < 8 or length > min(size - 8, _MAX_HEADER):
+                    raise MixLNError(f"{bad} (header length {length} for a file of {size} bytes)")
+                header = json.loads(f.read(length))
+        except OSError as e:
+            raise MixLNError(f"{file}: cannot read ({e.strerror})") from None
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise MixLNError(f"{bad} (its header is not JSON)") from None
+        if not isinstance(header, dict):
+            raise MixLNError(f"{bad} (its header is not a JSON object)")
+        entries, end = {}, 0
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            try:
+                dtype, shape, (first, last) = entry["dtype"], [int(d) for d in entry["shape"]], entry["data_offsets"]
+            except (TypeError, KeyError, ValueError):
+                raise MixLNError(f"{bad} (tensor {name}: malformed header entry)") from None
+            if dtype not in _FLOAT_DTYPES:
+                raise MixLNError(f"{file}: tensor {name} has dtype {dtype}; a model's weights are floating point")
+            numel = 1
+            for d in shape:
+                numel *= d
+            if not (isinstance(first, int) and isinstance(last, int) and 0 <= first <= last
+                    and last - first == numel * _FLOAT_DTYPES[dtype]):
+                raise MixLNError(f"{bad} (tensor {name}: offsets {[first, last]} do not fit shape {shape} {dtype})")
+            entries[name] = {"shape": tuple(shape), "offset": 8 + length + first}
+            end = max(end, last)
+        if 8 + length + end > size:
+            raise MixLNError(f"{file}: truncated ({size} bytes, its header needs {8 + length + end})")
+        self._headers[shard] = entries
+        return entries
 
     def names(self) -> list[str]:
         return list(self.shard_of)
 
     def get(self, name: str) -> torch.Tensor:
-        """One tensor; from safetensors, a view of the memory-mapped shard (no copy)."""
+        """One tensor, its values checked; from safetensors, a view of the memory-mapped shard (no copy)."""
         try:
             shard = self.shard_of[name]
         except KeyError:
             raise MixLNError(f"{self.path}: tensor {name} not found in the checkpoint") from None
         if not shard.endswith(".safetensors"):
-            return self._open(shard)[name]
+            tensor = self._open(shard)[name]
+            check_finite(name, tensor, str(self.path / shard))
+            return tensor
         # A memory map of its own per tensor, released with the tensor: pages read through a
         # shared map would count in this process's memory until the whole shard is done.
         with self._load(shard) as handle:
             tensor = handle.get_tensor(name)
-        tensor.stored_bytes = StoredBytes(self.path / shard, self._data_offsets(shard)[name], tensor._version)
+        check_finite(name, tensor, str(self.path / shard))
+        tensor.stored_bytes = StoredBytes(self.path / shard, self._header(shard)[name]["offset"], tensor._version)
         return tensor
 
-    def _data_offsets(self, shard: str) -> dict[str, int]:
-        """File offset of each tensor's bytes: a safetensors file is an 8-byte header length, a
-        JSON header of offsets relative to its end, then the bytes."""
-        if shard not in self._offsets:
-            with open(self.path / shard, "rb") as file:
-                length = int.from_bytes(file.read(8), "little")
-                header = json.loads(file.read(length))
-            self._offsets[shard] = {name: 8 + length + entry["data_offsets"][0]
-                                    for name, entry in header.items() if name != "__metadata__"}
-        return self._offsets[shard]
-
     def shape(self, name: str) -> tuple[int, ...]:
-        if self.shard_of[name].endswith(".safetensors"):
-            return tuple(self._open(self.shard_of[name]).get_slice(name).get_shape())
-        return tuple(self.get(name).shape)
+        shard = self.shard_of[name]
+        if shard.endswith(".safetensors"):
+            return self._header(shard)[name]["shape"]
+        return tuple(self._open(shard)[name].shape)
 
     def dtype(self) -> torch.dtype:
         return self.get(self.names()[0]).dtype
@@ -145,33 +282,74 @@ class FolderCheckpoint:
             if file.is_file() and any(fnmatch.fnmatch(file.name, p) for p in EXTRA_FILE_PATTERNS):
                 shutil.copy2(file, dst / file.name)
 
+    def _load_model(self, dtype):
+        from transformers import AutoModelForCausalLM
 
-class GGUFCheckpoint:
-    """A .gguf file, dequantized to float32 through transformers' GGUF loader."""
+        try:
+            return AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype or "auto")
+        except (OSError, ValueError, KeyError) as e:
+            raise MixLNError(f"{self.path}: cannot load the model ({str(e).splitlines()[0]})") from None
+
+    def _tokenizer_args(self) -> tuple[Path, dict]:
+        return self.path, {}
+
+
+class GGUFCheckpoint(Checkpoint):
+    """A .gguf file: its tensor table and metadata checked from the header, the weights
+    dequantized to float32 through transformers' GGUF loader, once per process."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        arch = gguf_architecture(self.path)
-        if arch != "llama":
-            raise MixLNError(f"{self.path}: GGUF architecture {arch!r} is not supported (expected 'llama')")
-
-    @cached_property
-    def _model(self):
-        from transformers import AutoModelForCausalLM
-
-        return AutoModelForCausalLM.from_pretrained(self.path.parent, gguf_file=self.path.name, dtype=torch.float32)
+        meta, tensors = _read_gguf_header(self.path)
+        self.arch = architecture_of_gguf(meta["general.architecture"], str(self.path))
+        prefix = meta["general.architecture"] + "."
+        layout = {key: meta.get(prefix + gguf_key) for key, gguf_key in self.arch.gguf["config"].items()}
+        if layout.get("vocab_size") is None and "tokenizer.ggml.tokens" in meta:
+            layout["vocab_size"] = meta["tokenizer.ggml.tokens"]
+        layout["tie_word_embeddings"] = self.arch.gguf["lm_head"] not in tensors
+        check_config(layout, str(self.path))
+        names = self.arch.gguf_names(layout["num_hidden_layers"])
+        ignored = ("rope_freqs.weight",)  # LLaMA 3 GGUFs store the rope scaling the config gives too
+        unknown = [n for n in tensors if n not in names and n not in ignored and not _beyond(n, self.arch, layout)]
+        if unknown:
+            raise MixLNError(f"{self.path}: unexpected GGUF tensor {unknown[0]} for a {self.arch.name} model")
+        shapes = {names.get(n, n): shape for n, shape in tensors.items() if n not in ignored}
+        check_tensors({n: s for n, s in shapes.items()}, layout, self.arch, str(self.path))
+        self._layout = layout
 
     @cached_property
     def config(self) -> dict:
-        config = self._model.config.to_dict()
+        """transformers' config of the GGUF (read from its metadata, no weights)."""
+        from transformers import AutoConfig
+
+        try:
+            config = AutoConfig.from_pretrained(self.path.parent, gguf_file=self.path.name).to_dict()
+        except (OSError, ValueError, KeyError) as e:
+            raise MixLNError(f"{self.path}: cannot read its config ({str(e).splitlines()[0]})") from None
         config.pop("quantization_config", None)  # the dequantized weights are plain tensors
-        config["architectures"] = ["LlamaForCausalLM"]
+        config["architectures"] = [self.arch.name]
         return config
 
     @cached_property
+    def _dequantized(self):
+        from transformers import AutoModelForCausalLM
+
+        try:
+            model = AutoModelForCausalLM.from_pretrained(self.path.parent, gguf_file=self.path.name,
+                                                         dtype=torch.float32)
+        except (OSError, ValueError, KeyError, RuntimeError) as e:
+            raise MixLNError(f"{self.path}: cannot dequantize ({str(e).splitlines()[0]})") from None
+        model.hf_quantizer = None  # the weights are plain tensors now: save_pretrained would refuse a quantizer
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        for name, tensor in model.state_dict().items():
+            check_finite(name, tensor, str(self.path))
+        return model.eval()
+
+    @cached_property
     def _state_dict(self) -> dict[str, torch.Tensor]:
-        state = self._model.state_dict()
-        if self._model.config.tie_word_embeddings:
+        state = self._dequantized.state_dict()
+        if self._layout["tie_word_embeddings"]:
             state.pop("lm_head.weight", None)
         return state
 
@@ -192,29 +370,68 @@ class GGUFCheckpoint:
         return sum(t.numel() * t.element_size() for t in self._state_dict.values())
 
     def copy_extras(self, dst: Path) -> None:
-        from transformers import AutoTokenizer, GenerationConfig
+        from transformers import GenerationConfig
 
-        AutoTokenizer.from_pretrained(self.path.parent, gguf_file=self.path.name).save_pretrained(dst)
-        GenerationConfig.from_model_config(self._model.config).save_pretrained(dst)
+        self.tokenizer.save_pretrained(dst)
+        GenerationConfig.from_model_config(self._dequantized.config).save_pretrained(dst)
+
+    def _load_model(self, dtype):
+        model = copy.deepcopy(self._dequantized)  # the cached one stays as read, whatever callers do
+        return model.to(dtype) if dtype not in (None, "auto") else model
+
+    def _tokenizer_args(self) -> tuple[Path, dict]:
+        return self.path.parent, {"gguf_file": self.path.name}
 
 
-def gguf_architecture(path: Path) -> str:
-    from gguf import GGUFReader
+def _beyond(gguf_name: str, arch, layout: dict) -> bool:
+    """A GGUF layer tensor of a layer past the config's depth (check_tensors names it)."""
+    match = re.match(re.escape(arch.gguf["layer_prefix"]).replace(re.escape("{i}"), r"(\d+)"), gguf_name)
+    return bool(match) and int(match.group(1)) >= layout["num_hidden_layers"]
+
+
+def _read_gguf_header(path: Path) -> tuple[dict, dict[str, tuple[int, ...]]]:
+    """A GGUF file's scalar metadata ({key: value}; token lists as their length) and tensor
+    shapes in checkpoint order ([out, in], GGUF stores them reversed)."""
+    from gguf import GGUFReader, GGUFValueType
 
     try:
-        field = GGUFReader(path).fields["general.architecture"]
-        return bytes(field.parts[field.data[0]]).decode()
+        reader = GGUFReader(path)
+        meta = {}
+        for key, field in reader.fields.items():
+            if not field.types:
+                continue
+            if field.types[0] == GGUFValueType.ARRAY:
+                meta[key] = len(field.data)
+            elif field.types[0] == GGUFValueType.STRING:
+                meta[key] = bytes(field.parts[field.data[0]]).decode()
+            else:
+                meta[key] = field.parts[field.data[0]].tolist()[0]
+        tensors = {t.name: tuple(int(d) for d in reversed(t.shape.tolist())) for t in reader.tensors}
     except Exception as e:  # a truncated or foreign file fails in many ways inside gguf
         raise MixLNError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+    if "general.architecture" not in meta:
+        raise MixLNError(f"{path}: GGUF file without general.architecture")
+    return meta, tensors
 
 
-def open_checkpoint(path) -> FolderCheckpoint | GGUFCheckpoint:
-    """Open a source checkpoint: an HF folder or a ``.gguf`` file."""
+def open_checkpoint(path) -> Checkpoint:
+    """The checkpoint at ``path`` (an HF folder or a ``.gguf`` file), validated; opened once per
+    process for as long as its files are unchanged."""
     path = Path(path)
     if not path.exists():
         raise MixLNError(f"{path}: no such checkpoint")
     if path.is_file() and path.suffix == ".gguf":
-        return GGUFCheckpoint(path)
-    if path.is_dir():
-        return FolderCheckpoint(path)
-    raise MixLNError(f"{path}: expected a checkpoint folder or a .gguf file")
+        marker = path
+    elif path.is_dir():
+        marker = path / "config.json"
+        if not marker.is_file():
+            raise MixLNError(f"{path}: no config.json; expected a checkpoint folder or a .gguf file")
+    else:
+        raise MixLNError(f"{path}: expected a checkpoint folder or a .gguf file")
+    stat = marker.stat()
+    return _open(os.path.realpath(path), stat.st_mtime_ns, stat.st_size, stat.st_ino)
+
+
+@lru_cache(maxsize=8)
+def _open(path: str, mtime_ns: int, size: int, inode: int) -> Checkpoint:
+    return GGUFCheckpoint(Path(path)) if path.endswith(".gguf") and os.path.isfile(path) else FolderCheckpoint(Path(path))

@@ -6,6 +6,7 @@ checkpoint behind: at worst a ``.DST.tmp-*`` folder, removed on failure, and rem
 next run to the same DST when a killed run (SIGKILL) left it behind.
 """
 
+import errno
 import json
 import os
 import re
@@ -13,12 +14,14 @@ import shutil
 import struct
 import tempfile
 from contextlib import contextmanager
+from importlib import resources
 from pathlib import Path
 
 import torch
 
 from ..errors import MixLNError
 from .loader import StoredBytes, stored_bytes
+from .paths import check_destination
 
 try:
     import fcntl
@@ -28,6 +31,7 @@ except ImportError:  # Windows: no flock, so temporary folders left by killed ru
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+MODEL_CODE = ("configuration_mixln.py", "modeling_mixln.py")  # saved beside a Mix-LN checkpoint's weights
 # safetensors' names of the dtypes a checkpoint holds.
 _SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
                        torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
@@ -71,46 +75,69 @@ def _remove_stale_temporaries(dst: Path) -> None:
             os.close(fd)
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
-def atomic_output_dir(dst, force: bool = False, protect=()):
+def atomic_output_dir(dst, force: bool = False, protect=None):
     """Yield a temporary folder that becomes ``dst`` when the block succeeds.
 
-    Refuses a non-empty ``dst`` unless ``force``, and any ``dst`` that is or contains one of
-    the ``protect`` paths (the source checkpoint must never be touched). Temporary folders of
-    ``dst`` left by killed runs are removed first: a half-written 70B model is 140 GB of disk.
+    Refuses (see :func:`.paths.check_destination`) a non-empty ``dst`` unless ``force``, and any
+    ``dst`` that is, contains or lies inside one of the ``protect`` inputs ({what: path}).
+    Temporary folders of ``dst`` left by killed runs are removed first: a half-written 70B model
+    is 140 GB of disk. The folder gets the user's umask (mkdtemp alone gives 0700). An OSError
+    while writing (a full disk) becomes a one-line error naming ``dst``; the temporary folder goes.
     """
-    dst = Path(dst).absolute()
-    for p in protect:
-        p = Path(p).absolute()
-        if dst == p or p.is_relative_to(dst) or (p.is_dir() and dst.is_relative_to(p)):
-            raise MixLNError(f"{dst}: the output must not be, contain or lie inside the source {p}")
-    if dst.exists() and not dst.is_dir():
-        raise MixLNError(f"{dst}: exists and is not a folder")
-    if dst.is_dir() and any(dst.iterdir()) and not force:
-        raise MixLNError(f"{dst}: exists and is not empty (use --force to replace it)")
+    dst = check_destination(dst, protect or {}, force)
     try:
         dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
+        os.chmod(tmp, 0o777 & ~_umask())
     except OSError as e:
         raise MixLNError(f"{dst}: cannot write the output folder ({e.strerror})") from None
     lock = _try_lock(tmp)  # marks tmp as alive before looking for dead ones
     try:
         if lock is not None:
             _remove_stale_temporaries(dst)
-        yield tmp
-        if dst.exists():
-            old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
-            dst.rename(old)
-            tmp.rename(dst)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(dst)
+        try:
+            yield tmp
+            if dst.exists():
+                old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+                dst.rename(old)
+                tmp.rename(dst)
+                shutil.rmtree(old)
+            else:
+                tmp.rename(dst)
+        except OSError as e:
+            raise MixLNError(write_failure(dst, e, tmp)) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:
         if lock is not None:
             os.close(lock)
+
+
+def write_failure(dst: Path, error: OSError, tmp: Path | None = None) -> str:
+    """The one-line message of an OSError met while writing ``dst``: what failed and, for a full
+    disk, how much the output had taken when it stopped."""
+    where = f" ({error.filename})" if error.filename else ""
+    message = f"{dst}: writing the output failed: {error.strerror or error}{where}"
+    if error.errno in (errno.ENOSPC, errno.EDQUOT) and tmp is not None and tmp.is_dir():
+        written = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file())
+        message += f"; {written / 1e9:.2f} GB were written before the disk filled, free space and run again"
+    return message
+
+
+def copy_model_code(folder: Path) -> None:
+    """The Mix-LN modeling code that a converted config's ``auto_map`` points to, from this package
+    (never from an input folder), so plain transformers loads the output with trust_remote_code."""
+    code = resources.files("mixln_convert.model")
+    for name in MODEL_CODE:
+        (Path(folder) / name).write_bytes(code.joinpath(name).read_bytes())
 
 
 def write_safetensors(path: Path, tensors: list[tuple[str, torch.Tensor]], metadata: dict) -> None:

@@ -2,22 +2,23 @@
 ``--set dotted.key=value``, type-checked and validated before any work starts.
 
 Every key a recipe may hold is in ``DEFAULTS``; a key that is not there is an error, so a typo
-never silently trains with a default.
+never silently trains with a default. The shipped recipes and accelerate configs are package
+data (``mixln_convert/recipes/``): ``train NAME`` takes one by name, or any YAML file by path.
 """
 
 import copy
 import glob
 import math
 import os
+from importlib import resources
 from pathlib import Path
 
 import yaml
 
-from ..conversion.plan import STRATEGIES
 from ..errors import MixLNError
+from ..options import LOSSES, PRECISIONS, STRATEGIES
 
 SMOLLM2 = "smollm2"  # `source: smollm2` names the embedded default model (the cached GGUF)
-PRECISIONS = ("auto", "bf16", "fp32")  # auto: bf16 autocast on GPU, fp32 on CPU
 
 DEFAULTS = {
     "source": None,  # the Pre-LN model: HF folder, .gguf, or "smollm2"
@@ -46,6 +47,7 @@ DEFAULTS = {
     "keep_checkpoints": 2,  # most recent checkpoints kept per arm; 0 keeps all
     "grad_norm_interval": 10,
     "seed": 0,
+    "allow_longer_seq": False,  # true: seq_len may exceed the source's max_position_embeddings
 }
 PATH_KEYS = ("source", "converted", "data.train", "data.validation")  # strings or None; others typed by default
 
@@ -82,6 +84,10 @@ def _typed(key: str, value, default, where: str):
             if not isinstance(value, list) or len(value) != len(default):
                 raise ValueError
             return [float(v) for v in value]
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ValueError
+            return value
         if isinstance(default, float):
             if isinstance(value, bool) or not isinstance(value, (int, float, str)):
                 raise ValueError
@@ -95,7 +101,8 @@ def _typed(key: str, value, default, where: str):
             raise ValueError
         return value
     except (ValueError, TypeError, OverflowError):
-        kind = f"a list of {len(default)} numbers" if isinstance(default, list) else type(default).__name__
+        kind = (f"a list of {len(default)} numbers" if isinstance(default, list) else "true or false"
+                if isinstance(default, bool) else type(default).__name__)
         raise MixLNError(f"{where}: {key} must be {kind}, got {value!r}") from None
 
 
@@ -117,24 +124,72 @@ def _check(r: dict, where: str) -> None:
         if not ok:
             raise MixLNError(f"{where}: {message}")
 
+    def number(key: str, ok, interval: str):
+        value = flat[key]
+        need(math.isfinite(value) and ok(value), f"{key} must be {interval}, got {value!r}")
+
+    flat = _flatten(r)
     need(r["source"] is not None, "source is required (a Pre-LN checkpoint folder, a .gguf, or smollm2)")
     need(r["conversion"]["strategy"] in STRATEGIES, f"conversion.strategy must be one of {', '.join(STRATEGIES)}")
-    need(0 <= r["conversion"]["alpha"] <= 1, "conversion.alpha must be in [0, 1]")
+    need(r["heal"]["loss"] in LOSSES, f"heal.loss must be one of {', '.join(LOSSES)}")
     need(r["precision"] in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}")
-    flat = _flatten(r)
     for key in ("seq_len", "micro_batch_size", "global_batch_size", "max_tokens", "data.eval_tokens",
-                "log_interval", "eval_interval", "checkpoint_interval", "grad_norm_interval"):
-        need(flat[key] > 0, f"{key} must be positive")
-    need(0 < r["data"]["validation_fraction"] < 1, "data.validation_fraction must be in (0, 1)")
-    need(r["optim"]["lr"] > 0 and math.isfinite(r["optim"]["lr"]), "optim.lr must be a positive number")
-    need(0 <= r["schedule"]["min_lr_ratio"] <= 1, "schedule.min_lr_ratio must be in [0, 1]")
-    need(r["schedule"]["warmup_steps"] >= 0 and r["keep_checkpoints"] >= 0 and r["grad_clip"] >= 0,
-         "schedule.warmup_steps, keep_checkpoints and grad_clip must not be negative")
+                "log_interval", "eval_interval", "checkpoint_interval", "grad_norm_interval", "heal.seq_len",
+                "heal.batch_size"):
+        number(key, lambda v: v > 0, "a positive integer")
+    for key in ("heal.tokens", "schedule.warmup_steps", "keep_checkpoints"):
+        number(key, lambda v: v >= 0, "an integer >= 0")
+    number("conversion.alpha", lambda v: 0 <= v <= 1, "in [0, 1]")
+    number("data.validation_fraction", lambda v: 0 < v < 1, "in (0, 1)")
+    number("optim.lr", lambda v: v > 0, "a number > 0")
+    number("heal.lr", lambda v: v > 0, "a number > 0")
+    number("optim.eps", lambda v: v > 0, "a number > 0")
+    number("optim.weight_decay", lambda v: v >= 0, "a number >= 0")
+    number("grad_clip", lambda v: v >= 0, "a number >= 0 (0 disables clipping)")
+    number("schedule.min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]")
+    number("seed", lambda v: 0 <= v < 2**32, "an integer in [0, 2^32)")
+    for i, beta in enumerate(r["optim"]["betas"]):
+        need(math.isfinite(beta) and 0 <= beta < 1, f"optim.betas[{i}] must be in [0, 1), got {beta!r}")
     need(r["global_batch_size"] % r["micro_batch_size"] == 0,
          f"global_batch_size {r['global_batch_size']} is not a multiple of micro_batch_size {r['micro_batch_size']}")
     step_tokens = r["global_batch_size"] * r["seq_len"]
     need(r["max_tokens"] >= step_tokens, f"max_tokens {r['max_tokens']} is less than one optimizer step "
                                          f"(global_batch_size x seq_len = {step_tokens} tokens)")
+    heal_step = r["heal"]["batch_size"] * r["heal"]["seq_len"]
+    need(r["heal"]["tokens"] == 0 or r["heal"]["tokens"] >= heal_step,
+         f"heal.tokens {r['heal']['tokens']} is less than one heal step (heal.batch_size x heal.seq_len = "
+         f"{heal_step}); 0 skips the heal")
+
+
+RECIPES = resources.files("mixln_convert") / "recipes"
+
+
+def shipped_recipes() -> dict[str, str]:
+    """{name: first comment line} of the recipes that ship with the package."""
+    found = {}
+    for entry in sorted(RECIPES.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".yaml"):
+            first = next((line for line in entry.read_text().splitlines() if line.startswith("#")), "#")
+            found[entry.name.removesuffix(".yaml")] = first.lstrip("# ").strip()
+    return found
+
+
+def shipped_file(name: str) -> Path:
+    """Path of a shipped recipe (``smollm2-135m-cpu``) or accelerate config (``accelerate/fsdp``)."""
+    for candidate in (RECIPES / f"{name}.yaml", RECIPES / "accelerate" / f"{name}.yaml"):
+        if candidate.is_file():
+            return Path(str(candidate))
+    names = ", ".join([*shipped_recipes(), *(f"accelerate/{e.name.removesuffix('.yaml')}"
+                                            for e in (RECIPES / "accelerate").iterdir())])
+    raise MixLNError(f"{name}: neither a recipe file nor a shipped recipe or config ({names})")
+
+
+def recipe_path(name_or_path) -> Path:
+    """A recipe argument: a YAML file that exists, else the name of a shipped recipe."""
+    path = Path(os.path.expanduser(str(name_or_path)))
+    if path.is_file() or path.suffix in (".yaml", ".yml") or os.sep in str(name_or_path):
+        return path
+    return shipped_file(str(name_or_path))
 
 
 def load_recipe(path, overrides=()) -> dict:
@@ -143,8 +198,9 @@ def load_recipe(path, overrides=()) -> dict:
     Paths become absolute (``source: smollm2`` the cached SmolLM2 GGUF, fetched if missing); any
     unknown key, wrong type, missing file or impossible budget raises a one-line MixLNError.
     """
+    path = recipe_path(path)
     try:
-        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        loaded = yaml.safe_load(path.read_text()) or {}
     except OSError as e:
         raise MixLNError(f"{path}: cannot read the recipe ({e.strerror})") from None
     except yaml.YAMLError as e:
@@ -153,12 +209,16 @@ def load_recipe(path, overrides=()) -> dict:
         raise MixLNError(f"{path}: a recipe must be a mapping of keys to values")
     recipe = copy.deepcopy(DEFAULTS)
     for key, value in _flatten(loaded).items():
-        _assign(recipe, key, value, str(path))
+        _assign(recipe, str(key), value, str(path))
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep:
             raise MixLNError(f"--set {item}: expected KEY=VALUE, e.g. --set optim.lr=3e-4")
-        _assign(recipe, key.strip(), yaml.safe_load(text), f"--set {item}")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise MixLNError(f"--set {item}: the value is not valid YAML") from None
+        _assign(recipe, key.strip(), value, f"--set {item}")
     defaults = _flatten(DEFAULTS)
     for key, value in _flatten(recipe).items():
         value = _typed(key, value, defaults[key], str(path))

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,8 +32,11 @@ from ..conversion.converter import convert
 from ..errors import MixLNError
 from ..evaluate import evaluate_perplexity
 from ..healing import heal
-from ..io.writer import atomic_output_dir
-from ..model.loading import load_model, load_tokenizer
+from ..io.loader import open_checkpoint
+from ..io.paths import check_not_input
+from ..io.writer import atomic_output_dir, copy_model_code
+from ..limits import check_seq_len
+from ..model.loading import load_model
 from .data import PackedBlocks, Splits, load_splits, split_texts
 from .recipe import optimizer_steps
 
@@ -50,7 +54,11 @@ def train(recipe: dict, out, arms=ARMS, resume: bool = False, progress: bool = T
     state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
     accumulation = _accumulation(recipe, state.num_processes)
     _claim(out, recipe, resume, state)
-    tokenizer = load_tokenizer(recipe["source"])
+    source = open_checkpoint(recipe["source"])
+    check_seq_len("seq_len", recipe["seq_len"], source.config, recipe["allow_longer_seq"])
+    if recipe["heal"]["tokens"]:
+        check_seq_len("heal.seq_len", recipe["heal"]["seq_len"], source.config, recipe["allow_longer_seq"])
+    tokenizer = source.tokenizer
     with state.main_process_first():  # the main process tokenizes into the cache, the others read it
         splits = load_splits(recipe, tokenizer)
     summaries = {arm: _train_arm(recipe, arm, out / arm, splits, tokenizer, accumulation, resume, progress)
@@ -76,11 +84,18 @@ def _write_atomic(path: Path, text: str) -> None:
 def _claim(out: Path, recipe: dict, resume: bool, state: PartialState) -> None:
     """Refuse to mix two runs in one folder; the main process then writes the resolved recipe."""
     saved = out / "recipe.yaml"
+    inputs = {key: recipe[key] for key in ("source", "converted")}
+    inputs.update({f"data.{key}": recipe["data"][key] for key in ("train", "validation")})
+    check_not_input(out, inputs, "--out")
     if saved.is_file():
         if not resume:
             raise MixLNError(f"{out}: holds a training run already; add --resume to continue it, "
                              "or choose another --out")
-        if yaml.safe_load(saved.read_text()) != recipe:
+        try:
+            started_with = yaml.safe_load(saved.read_text())
+        except (OSError, ValueError, yaml.YAMLError):
+            raise MixLNError(f"{saved}: damaged; it holds the recipe --resume must match") from None
+        if started_with != recipe:
             raise MixLNError(f"{out}: --resume needs the recipe the run started with, and {saved} differs")
     elif out.is_dir() and any(out.iterdir()):
         raise MixLNError(f"{out}: exists, is not empty and holds no training run; choose another --out")
@@ -175,16 +190,47 @@ def _save_checkpoint(accelerator: Accelerator, folder: Path, step: int, keep: in
 
 
 def _restore(accelerator: Accelerator, folder: Path) -> int:
-    """Load the last checkpoint, drop the metrics logged after it; returns its step (0: none)."""
-    found = _checkpoints(folder)
-    step = found[-1][0] if found else 0
-    if found:
-        accelerator.load_state(found[-1][1])
+    """Load the last checkpoint that loads (a damaged one is skipped with a warning), drop the
+    metrics logged after it; returns its step (0: none)."""
+    step = 0
+    for found_step, checkpoint in reversed(_checkpoints(folder)):
+        try:
+            accelerator.load_state(checkpoint)
+        except Exception as e:  # torch, safetensors and pickle each fail their own way on a damaged file
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            print(f"warning: {checkpoint} is damaged ({first[:200]}); trying the checkpoint before it",
+                  file=sys.stderr)
+            continue
+        step = found_step
+        break
+    else:
+        if _checkpoints(folder):
+            raise MixLNError(f"{_checkpoints(folder)[-1][1]}: damaged, and no earlier checkpoint loads; "
+                             "remove the arm's checkpoints folder to start it again")
     metrics = folder / "metrics.jsonl"
     if accelerator.is_main_process and metrics.is_file():
-        kept = [line for line in metrics.read_text().splitlines() if json.loads(line)["step"] <= step]
+        kept = [line for line in _complete_lines(metrics) if json.loads(line)["step"] <= step]
         _write_atomic(metrics, "".join(line + "\n" for line in kept))
+    accelerator.wait_for_everyone()
     return step
+
+
+def _complete_lines(metrics: Path) -> list[str]:
+    """The records of ``metrics`` (metrics.jsonl); a last line cut short by a kill is dropped, a
+    damaged line before it is an error naming the file."""
+    lines = [line for line in metrics.read_text(errors="replace").splitlines() if line.strip()]
+    records = []
+    for n, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+                raise ValueError
+        except ValueError:
+            if n == len(lines):
+                break  # written while the process was killed
+            raise MixLNError(f"{metrics}: line {n} is damaged (not a training record); remove it to resume") from None
+        records.append(line)
+    return records
 
 
 def _save_final(accelerator: Accelerator, model, tokenizer, folder: Path, source: str) -> None:
@@ -193,16 +239,18 @@ def _save_final(accelerator: Accelerator, model, tokenizer, folder: Path, source
         with atomic_output_dir(folder / "final", force=True) as tmp:
             accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state_dict)
             tokenizer.save_pretrained(tmp)
-            if Path(source).is_dir():  # a converted folder's modeling code, for trust_remote_code loading
-                for code in Path(source).glob("*.py"):
-                    shutil.copy2(code, tmp)
+            if getattr(accelerator.unwrap_model(model).config, "post_ln_layers", None) is not None:  # Mix-LN: remote code
+                copy_model_code(tmp)
     accelerator.wait_for_everyone()
 
 
 def _train_arm(recipe: dict, arm: str, folder: Path, splits: Splits, tokenizer, accumulation: int,
                resume: bool, progress: bool) -> dict:
     if resume and (folder / "summary.json").is_file():
-        return json.loads((folder / "summary.json").read_text())  # finished before the interruption
+        try:  # finished before the interruption
+            return json.loads((folder / "summary.json").read_text())
+        except (OSError, ValueError):
+            raise MixLNError(f"{folder / 'summary.json'}: damaged; remove it to train the {arm} arm again") from None
     started = time.time()
     folder.mkdir(parents=True, exist_ok=True)
     source = _arm_source(recipe, arm, folder, progress)

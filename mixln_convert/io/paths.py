@@ -1,0 +1,67 @@
+"""Where a command may write: its inputs are never written, whatever the spelling of the paths.
+
+Paths are compared resolved (``..``, symlinks, relative spellings), so ``x/../src`` and a link
+to ``src`` are ``src``. An output may not be an input, lie inside one or contain one. This module
+imports neither torch nor transformers: every command runs these checks before any weights are read.
+"""
+
+import glob
+import os
+from pathlib import Path
+
+from ..errors import MixLNError
+
+
+def resolved(path) -> Path:
+    """``path`` made absolute with ``..`` and every symlink resolved (the part that exists)."""
+    return Path(os.path.realpath(os.path.expanduser(str(path))))
+
+
+def _related(a: Path, b: Path) -> bool:
+    return a == b or a.is_relative_to(b) or b.is_relative_to(a)
+
+
+def input_paths(path) -> list[Path]:
+    """The files and folders an input argument names: a path, or each match of a glob pattern."""
+    text = os.path.expanduser(str(path))
+    if os.path.exists(text) or not any(c in text for c in "*?["):
+        return [resolved(text)]
+    return [resolved(m) for m in sorted(glob.glob(text, recursive=True))]
+
+
+def check_not_input(dst, inputs: dict, flag: str = "DST") -> Path:
+    """Refuse ``dst`` when it is, contains or lies inside one of ``inputs`` ({what: path or None};
+    a glob counts by its matches); returns ``dst`` resolved."""
+    target = resolved(dst)
+    for what, value in inputs.items():
+        if value is None:
+            continue
+        for path in input_paths(value):
+            if _related(target, path):
+                how = "is" if target == path else "contains" if path.is_relative_to(target) else "lies inside"
+                raise MixLNError(f"{flag} {dst}: {how} the input {what} {path}; an input is never written "
+                                 "(--force does not change this)")
+    return target
+
+
+def check_destination(dst, inputs: dict, force: bool = False, flag: str = "DST") -> Path:
+    """Refuse ``dst`` (named ``flag`` in messages) before any work when it is, contains or lies
+    inside one of ``inputs`` ({what: path or None}; globs count by their matches), when it
+    exists and is not a folder, or when it is a non-empty folder and ``force`` is not set.
+    Returns ``dst`` resolved."""
+    target = check_not_input(dst, inputs, flag)
+    if target.exists() and not target.is_dir():
+        raise MixLNError(f"{flag} {dst}: exists and is not a folder")
+    if target.is_dir() and any(target.iterdir()) and not force:
+        raise MixLNError(f"{flag} {dst}: exists and is not empty (use --force to replace it)")
+    parent = next((p for p in target.parents if p.exists()), None)
+    if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise MixLNError(f"{flag} {dst}: cannot create it ({parent} is not a writable folder)")
+    return target
+
+
+def check_readable(path, flag: str) -> None:
+    """A data or checkpoint argument that must exist now (a glob must match)."""
+    if not input_paths(path) or not all(p.exists() for p in input_paths(path)):
+        raise MixLNError(f"{flag} {path}: no such file or folder" if not any(c in str(path) for c in "*?[")
+                         else f"{flag} {path}: glob pattern matches no files")

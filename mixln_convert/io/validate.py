@@ -1,0 +1,119 @@
+"""A checkpoint checked against its config before any work: config keys and types, the tensor
+table the architecture needs (every layer, nothing beyond the last), shapes, and values.
+
+A reader builds the table of tensor names and shapes from file headers alone (safetensors
+headers, GGUF tensor infos), so these checks cost no weight reads; values are checked as tensors
+are read (:func:`check_finite`).
+"""
+
+from ..errors import MixLNError
+
+REQUIRED_SIZES = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
+OPTIONAL_SIZES = ("num_key_value_heads", "head_dim", "max_position_embeddings")
+# buffers some older checkpoints saved, which the model recomputes
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+FINITE_CHUNK = 1 << 24  # elements checked at a time: bounded scratch memory for multi-GB tensors
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_config(config, where: str) -> None:
+    """Keys and types the converter and the model read, each error naming ``where`` and the key."""
+    if not isinstance(config, dict):
+        raise MixLNError(f"{where}: a config must be a JSON object, found a JSON {type(config).__name__}")
+    for key in REQUIRED_SIZES:
+        if key not in config:
+            raise MixLNError(f"{where}: required key {key} is missing")
+    for key in REQUIRED_SIZES + OPTIONAL_SIZES:
+        value = config.get(key)
+        if (key in REQUIRED_SIZES or value is not None) and not (_is_int(value) and value >= 1):
+            raise MixLNError(f"{where}: {key} must be a positive integer, got {value!r}")
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    if config.get("head_dim") is None and hidden % heads:
+        raise MixLNError(f"{where}: hidden_size {hidden} is not divisible by num_attention_heads {heads}")
+    kv_heads = config.get("num_key_value_heads") or heads
+    if heads % kv_heads:
+        raise MixLNError(f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+    for key in ("tie_word_embeddings", "attention_bias", "mlp_bias"):
+        if config.get(key) is not None and not isinstance(config[key], bool):
+            raise MixLNError(f"{where}: {key} must be true or false, got {config[key]!r}")
+    eps = config.get("rms_norm_eps", 1e-6)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
+        raise MixLNError(f"{where}: rms_norm_eps must be a number in (0, 1), got {eps!r}")
+    if "post_ln_layers" in config:
+        k = config["post_ln_layers"]
+        if not (_is_int(k) and 0 <= k <= config["num_hidden_layers"]):
+            raise MixLNError(f"{where}: post_ln_layers must be an integer in [0, num_hidden_layers "
+                             f"{config['num_hidden_layers']}], got {k!r}")
+
+
+def expected_shapes(config: dict, arch, post_ln_layers: int) -> dict[str, tuple[int, ...]]:
+    """Every tensor name a checkpoint of ``config`` must hold, with its shape; the first
+    ``post_ln_layers`` blocks in the Post-LN layout (no input norm, a post-feedforward norm)."""
+    hidden, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or hidden // heads
+    q, kv = heads * head_dim, kv_heads * head_dim
+    shapes = {arch.embed: (vocab, hidden), arch.final_norm: (hidden,)}
+    if not config.get("tie_word_embeddings", False):
+        shapes[arch.lm_head] = (vocab, hidden)
+    weights = dict(zip(arch.layer["attention_inputs"], [(q, hidden), (kv, hidden), (kv, hidden)]))
+    weights[arch.layer["attention_output"]] = (hidden, q)
+    weights.update({name: (inter, hidden) for name in arch.layer["mlp_inputs"]})
+    weights[arch.layer["mlp_output"]] = (hidden, inter)
+    biases = {}
+    if config.get("attention_bias"):
+        biases.update({name: shape[:1] for name, shape in weights.items()
+                       if name in arch.layer["attention_inputs"] or name == arch.layer["attention_output"]})
+    if config.get("mlp_bias"):
+        biases.update({name: shape[:1] for name, shape in weights.items()
+                       if name in arch.layer["mlp_inputs"] or name == arch.layer["mlp_output"]})
+    for i in range(config["num_hidden_layers"]):
+        prefix = arch.layer_prefix.format(i=i)
+        norms = ["post_attention_norm", "post_feedforward_norm"] if i < post_ln_layers else ["input_norm",
+                                                                                            "post_attention_norm"]
+        shapes.update({prefix + arch.layer[role]: (hidden,) for role in norms})
+        shapes.update({prefix + name: shape for name, shape in weights.items()})
+        shapes.update({prefix + name.removesuffix(".weight") + ".bias": shape for name, shape in biases.items()})
+    return shapes
+
+
+def check_tensors(shapes: dict[str, tuple[int, ...]], config: dict, arch, where: str) -> None:
+    """``shapes`` ({name: shape} of what the checkpoint holds) against what ``config`` needs."""
+    expected = expected_shapes(config, arch, config.get("post_ln_layers", 0))
+    missing = [name for name in expected if name not in shapes]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise MixLNError(f"{where}: tensor {missing[0]} is missing{more}; the config asks for "
+                         f"{config['num_hidden_layers']} layers")
+    num_layers = config["num_hidden_layers"]
+    for name, shape in shapes.items():
+        if name in expected:
+            if tuple(shape) != expected[name]:
+                raise MixLNError(f"{where}: tensor {name} has shape {list(shape)}, the config asks for "
+                                 f"{list(expected[name])}")
+            continue
+        layer = arch.layer_of(name)
+        if layer is not None and layer >= num_layers:
+            raise MixLNError(f"{where}: tensor {name} lies beyond the config's num_hidden_layers {num_layers}")
+        if name.endswith(IGNORED_SUFFIXES):
+            continue
+        if name == arch.lm_head and tuple(shape) == expected[arch.embed]:
+            continue  # a tied head saved anyway: the embeddings are used
+        raise MixLNError(f"{where}: unexpected tensor {name} (shape {list(shape)}) for this "
+                         f"{'Mix-LN' if config.get('post_ln_layers') else arch.name} layout")
+
+
+def check_finite(name: str, tensor, where: str) -> None:
+    """Refuse a floating tensor holding NaN or inf, checked a chunk at a time."""
+    import torch
+
+    if not tensor.is_floating_point():
+        return
+    flat = tensor.reshape(-1)
+    for start in range(0, flat.numel(), FINITE_CHUNK):
+        if not torch.isfinite(flat[start:start + FINITE_CHUNK]).all():
+            raise MixLNError(f"{where}: tensor {name} holds NaN or inf values")

@@ -1,0 +1,51 @@
+"""Range checks of the numbers a user gives (flags, recipe keys, API arguments), each error
+naming the flag or key. No torch here: commands check their numbers before any work."""
+
+import math
+
+from .errors import MixLNError
+
+SEED_LIMIT = 2**32  # numpy's and torch's seeds are 32-bit
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_positive(flag: str, value) -> None:
+    if not (_is_number(value) and value == int(value) and value >= 1):
+        raise MixLNError(f"{flag}: must be a positive integer, got {value!r}")
+
+
+def check_nonnegative(flag: str, value) -> None:
+    if not (_is_number(value) and math.isfinite(value) and value >= 0):
+        raise MixLNError(f"{flag}: must be a number >= 0, got {value!r}")
+
+
+def check_positive_float(flag: str, value) -> None:
+    if not (_is_number(value) and math.isfinite(value) and value > 0):
+        raise MixLNError(f"{flag}: must be a finite number > 0, got {value!r}")
+
+
+def check_fraction(flag: str, value, *, low_open: bool = False, high_open: bool = False) -> None:
+    """``value`` in [0, 1], or with open ends."""
+    ok = _is_number(value) and math.isfinite(value) and (0 < value if low_open else 0 <= value) and (
+        value < 1 if high_open else value <= 1)
+    if not ok:
+        interval = f"{'(' if low_open else '['}0, 1{')' if high_open else ']'}"
+        raise MixLNError(f"{flag}: must be in {interval}, got {value!r}")
+
+
+def check_seed(value, flag: str = "--seed") -> None:
+    if not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < SEED_LIMIT):
+        raise MixLNError(f"{flag}: must be an integer in [0, 2^32), got {value!r}")
+
+
+def check_seq_len(flag: str, seq_len: int, config: dict, allow_longer: bool = False) -> None:
+    """A sequence length the model was trained for: at most its ``max_position_embeddings``
+    (positions beyond it were never seen in pre-training), unless the user opts in."""
+    check_positive(flag, seq_len)
+    limit = config.get("max_position_embeddings")
+    if limit and seq_len > limit and not allow_longer:
+        raise MixLNError(f"{flag}: {seq_len} exceeds the model's max_position_embeddings {limit} "
+                         "(--allow-longer to use it anyway)")
