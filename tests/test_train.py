@@ -5,6 +5,7 @@ import math
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -326,3 +327,38 @@ def test_heal_section_heals_the_converted_model_before_training(tiny_llama_tied,
     assert summary["source"] == str(healed) and (healed / "heal_metrics.jsonl").is_file()
     heal_record = json.loads((healed / "config.json").read_text())["mixln_provenance"]["heal"]
     assert heal_record["tokens"] == 2 * 4 * 32
+
+
+def _as_if_killed_after(run: Path, arm: str, step: int) -> None:
+    """Make the finished ``run`` look killed a while after ``step``: no summary or final model, and
+    metrics.jsonl ending in a line cut short."""
+    folder = run / arm
+    (folder / "summary.json").unlink()
+    shutil.rmtree(folder / "final")
+    kept = [line for line in (folder / "metrics.jsonl").read_text().splitlines() if json.loads(line)["step"] <= step + 1]
+    (folder / "metrics.jsonl").write_text("\n".join(kept) + '\n{"step": ' + str(step + 2) + ', "lo')
+
+
+def test_resume_skips_a_damaged_checkpoint_and_a_cut_metrics_line(cli, tiny_llama_tied, corpus, tmp_path):
+    recipe = "smollm2-135m-cpu"
+    sets = tiny(tiny_llama_tied, corpus, steps=12, checkpoint_interval=4, eval_interval=4, keep_checkpoints=0)
+    train(load_recipe(recipe, sets), tmp_path / "whole", arms=("mixln",), progress=False)
+    run = tmp_path / "damaged"
+    shutil.copytree(tmp_path / "whole", run)
+    _as_if_killed_after(run, "mixln", 8)
+    shard = run / "mixln" / "checkpoints" / "step-8" / "model.safetensors"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+
+    result = cli("train", recipe, *(f"--set={s}" for s in sets), "--out", run, "--arm", "mixln", "--resume")
+    assert result.exit_code == 0, result.output
+    assert "step-8 is damaged" in result.stderr
+    assert json.loads((run / "mixln" / "summary.json").read_text())["resumed_from_step"] == 4
+    assert_same_curve(metrics(run, "mixln"), metrics(tmp_path / "whole", "mixln"), tol=1e-6)
+
+    _as_if_killed_after(run, "mixln", 8)  # now every checkpoint is damaged: a one-line refusal
+    shutil.rmtree(run / "mixln" / "checkpoints" / "step-4")
+    shard.write_bytes(shard.read_bytes()[:100])
+    result = cli("train", recipe, *(f"--set={s}" for s in sets), "--out", run, "--arm", "mixln", "--resume")
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "step-8: damaged, and no earlier checkpoint loads" in errors[0], result.stderr

@@ -128,7 +128,7 @@ def write_failure(dst: Path, error: OSError, tmp: Path | None = None) -> str:
     message = f"{dst}: writing the output failed: {error.strerror or error}{where}"
     if error.errno in (errno.ENOSPC, errno.EDQUOT) and tmp is not None and tmp.is_dir():
         written = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file())
-        message += f"; {written / 1e9:.2f} GB were written before the disk filled, free space and run again"
+        message += f"; {written / 2**20:,.1f} MiB were written before the disk filled, free space and run again"
     return message
 
 

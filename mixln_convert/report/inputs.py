@@ -3,6 +3,7 @@ analyze``) and train output folders (``recipe.yaml`` and one folder per arm, ``m
 """
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -105,21 +106,79 @@ def _load_arm(run: Path, arm: str, label: str) -> Model:
     metrics = [record for record in _read_jsonl(file) if record] if file.is_file() else []
     if not metrics:
         raise MixLNError(f"{file}: no training metrics (has the {arm} arm started training?)")
+    for n, record in enumerate(metrics, 1):
+        if not isinstance(record, dict):
+            raise MixLNError(f"{file}: record {n} is not a JSON object")
+        _check_fields(record, METRIC_FIELDS, f"{file}: record {n}", required=("step", "tokens"))
     summary = _read_json(folder / "summary.json") if (folder / "summary.json").is_file() else {}
+    if not isinstance(summary, dict):
+        raise MixLNError(f"{folder / 'summary.json'}: not a JSON object")
+    _check_fields(summary, SUMMARY_FIELDS, str(folder / "summary.json"))
     analysis_file = folder / "analysis" / "analysis.json"
     analysis = read_analysis(analysis_file) if analysis_file.is_file() else None
     return Model(label, run, analysis=analysis, arm=arm, summary=summary, metrics=metrics)
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _numbers(value) -> bool:
+    return isinstance(value, list) and all(_number(v) for v in value)
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+# what each field the report reads must hold, and how to say it
+ANALYSIS_FIELDS = {
+    "checkpoint": (lambda v: isinstance(v, str), "a string"),
+    "num_layers": (lambda v: _count(v) and v > 0, "a positive integer"),
+    "post_ln_layers": (_count, "an integer >= 0"),
+    "perplexity": (lambda v: _number(v) and v > 0, "a positive number"),
+    "layer_drop": (_numbers, "a list of numbers"),
+    "angular_distance_matrix": (lambda v: isinstance(v, list) and all(_numbers(row) for row in v),
+                                "a list of lists of numbers"),
+    "grad_norm_per_layer": (_numbers, "a list of numbers"),
+    "tokenizer_vocab_size": (lambda v: v is None or _count(v), "an integer"),
+    "prune_curve": (lambda v: isinstance(v, dict) and isinstance(v.get("method"), str) and _numbers(v.get("removed"))
+                    and _numbers(v.get("perplexity")) and len(v["removed"]) == len(v["perplexity"]),
+                    "an object with method, removed and perplexity lists of one length"),
+}
+METRIC_FIELDS = {
+    "step": (lambda v: _count(v), "an integer >= 0"),
+    "tokens": (lambda v: _count(v), "an integer >= 0"),
+    "loss": (_number, "a number"), "val_loss": (_number, "a number"), "val_ppl": (_number, "a number"),
+    "lr": (_number, "a number"), "grad_norm": (_number, "a number"),
+    "grad_norm_per_layer": (_numbers, "a list of numbers"),
+}
+SUMMARY_FIELDS = {key: (_number, "a number") for key in (
+    "tokens", "steps", "wall_time_s", "final_val_loss", "final_val_ppl", "initial_val_loss", "initial_val_ppl",
+    "tokens_per_s", "num_layers", "post_ln_layers")}
+
+
+def _check_fields(record: dict, fields: dict, where: str, required=()) -> None:
+    for key in required:
+        if key not in record:
+            raise MixLNError(f"{where}: missing {key}")
+    for key, (ok, kind) in fields.items():
+        if key in record and not ok(record[key]):
+            raise MixLNError(f"{where}: {key} must be {kind}, got {str(record[key])[:60]}")
+
+
 def read_analysis(file: Path) -> dict:
-    """``file`` (an analysis.json), checked for the keys and per-layer lengths the report uses."""
+    """``file`` (an analysis.json), checked for the keys, types and per-layer lengths the report uses."""
     analysis = _read_json(file)
+    if not isinstance(analysis, dict):
+        raise MixLNError(f"{file}: not an analysis of `mixln-convert analyze` (not a JSON object)")
     missing = [key for key in ANALYSIS_KEYS if key not in analysis]
     if missing:
         raise MixLNError(f"{file}: not an analysis of `mixln-convert analyze` (missing {', '.join(missing)})")
+    _check_fields(analysis, ANALYSIS_FIELDS, str(file))
     num_layers = analysis["num_layers"]
-    if not num_layers:
-        raise MixLNError(f"{file}: the analysed checkpoint has no layers")
+    if analysis["post_ln_layers"] > num_layers:
+        raise MixLNError(f"{file}: post_ln_layers {analysis['post_ln_layers']} exceeds num_layers {num_layers}")
     for key in PER_LAYER_KEYS:
         if len(analysis[key]) != num_layers:
             raise MixLNError(f"{file}: {key} has {len(analysis[key])} entries for {num_layers} layers")
@@ -138,6 +197,8 @@ def _read_jsonl(file: Path) -> list[dict]:
         lines = file.read_text().splitlines()
     except OSError as e:
         raise MixLNError(f"{file}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise MixLNError(f"{file}: not UTF-8 text") from None
     try:
         return [json.loads(line) if line.strip() else {} for line in lines]
     except json.JSONDecodeError as e:

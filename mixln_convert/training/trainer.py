@@ -53,11 +53,11 @@ def train(recipe: dict, out, arms=ARMS, resume: bool = False, progress: bool = T
     # Accelerator reads `accelerate launch --cpu` (ACCELERATE_USE_CPU) itself; PartialState does not.
     state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
     accumulation = _accumulation(recipe, state.num_processes)
-    _claim(out, recipe, resume, state)
     source = open_checkpoint(recipe["source"])
     check_seq_len("seq_len", recipe["seq_len"], source.config, recipe["allow_longer_seq"])
     if recipe["heal"]["tokens"]:
         check_seq_len("heal.seq_len", recipe["heal"]["seq_len"], source.config, recipe["allow_longer_seq"])
+    _claim(out, recipe, resume, state)
     tokenizer = source.tokenizer
     with state.main_process_first():  # the main process tokenizes into the cache, the others read it
         splits = load_splits(recipe, tokenizer)
@@ -180,11 +180,16 @@ def _checkpoints(folder: Path) -> list[tuple[int, Path]]:
 
 
 def _save_checkpoint(accelerator: Accelerator, folder: Path, step: int, keep: int) -> None:
-    tmp = folder / "checkpoints" / f".step-{step}.tmp"
+    tmp, final = folder / "checkpoints" / f".step-{step}.tmp", folder / "checkpoints" / f"step-{step}"
+    if accelerator.is_main_process and tmp.exists():  # left by a run killed while saving
+        shutil.rmtree(tmp)
+    accelerator.wait_for_everyone()
     accelerator.save_state(tmp)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        tmp.rename(tmp.with_name(f"step-{step}"))  # only complete checkpoints carry a step-N name
+        if final.exists():  # a damaged checkpoint the resume skipped
+            shutil.rmtree(final)
+        tmp.rename(final)  # only complete checkpoints carry a step-N name
         for _, old in _checkpoints(folder)[:-keep] if keep else []:
             shutil.rmtree(old)
 

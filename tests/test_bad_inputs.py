@@ -1,0 +1,435 @@
+"""Bad inputs across every command: each row is a command line and a fragment of the expected
+message. Every row must end with a non-zero exit, one "Error:" line, no traceback, no output
+folder, and every input file byte for byte as it was (sha256 over the whole inputs tree)."""
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tiny import TINY_CONFIG
+
+L = TINY_CONFIG["num_hidden_layers"]
+
+
+def digests(root: Path) -> dict[str, str]:
+    """{relative path: sha256} of every file under ``root`` (links listed, not followed)."""
+    found = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_symlink():
+            found[str(path.relative_to(root))] = "link -> " + os.readlink(path)
+        elif path.is_file():
+            found[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
+
+
+class Inputs:
+    """The inputs of one row, all under ``root``: good ones copied from the session fixtures, bad
+    ones made by the row."""
+
+    def __init__(self, root: Path, fixtures):
+        self.root = root
+        self.fixtures = fixtures
+        root.mkdir()
+        self.text = root / "text.txt"
+        self.text.write_text(" ".join(f"A short sentence about item number {i}." for i in range(400)))
+
+    @property
+    def src(self) -> Path:
+        return self._copy("tiny_llama", "src")
+
+    @property
+    def sharded(self) -> Path:
+        return self._copy("tiny_llama_sharded", "sharded")
+
+    @property
+    def converted(self) -> Path:
+        return self._copy("converted", "converted")
+
+    def _copy(self, fixture: str, name: str) -> Path:
+        target = self.root / name
+        if not target.exists():
+            shutil.copytree(self.fixtures(fixture), target)
+        return target
+
+    def variant(self, name: str, config=None, tensors=None, base: str = "src") -> Path:
+        """A copy of ``base`` whose config.json is ``config(config)`` and whose single shard holds
+        ``tensors(state)``."""
+        folder = self.root / name
+        shutil.copytree(getattr(self, base), folder)
+        if config is not None:
+            original = json.loads((folder / "config.json").read_text())
+            (folder / "config.json").write_text(json.dumps(config(original)))
+        if tensors is not None:
+            state = load_file(folder / "model.safetensors")
+            save_file(tensors(state), folder / "model.safetensors")
+        return folder
+
+    def file(self, name: str, content: bytes | str) -> Path:
+        path = self.root / name
+        path.write_bytes(content.encode() if isinstance(content, str) else content)
+        return path
+
+    def analysis(self, name: str, **changes) -> Path:
+        folder = self.root / name
+        folder.mkdir()
+        analysis = {"checkpoint": "ckpt", "num_layers": 2, "post_ln_layers": 0, "perplexity": 10.0,
+                    "layer_drop": [1.0, 2.0], "angular_distance_matrix": [[0.1, 0.2], [0.1]],
+                    "grad_norm_per_layer": [1.0, 1.0], "tokenizer_vocab_size": 320, **changes}
+        (folder / "analysis.json").write_text(json.dumps(analysis))
+        return folder
+
+    def run(self, name: str, metrics: str, summary=None) -> Path:
+        folder = self.root / name
+        (folder / "mixln").mkdir(parents=True)
+        (folder / "recipe.yaml").write_text("source: x\n")
+        (folder / "mixln" / "metrics.jsonl").write_bytes(metrics if isinstance(metrics, bytes) else metrics.encode())
+        if summary is not None:
+            (folder / "mixln" / "summary.json").write_text(json.dumps(summary))
+        return folder
+
+
+def _set(key, value):
+    def change(config):
+        config[key] = value
+        return config
+    return change
+
+
+def _drop(key):
+    return lambda config: {k: v for k, v in config.items() if k != key}
+
+
+def _tensor(name, make):
+    def change(state):
+        state[name] = make(state[name])
+        return state
+    return change
+
+
+def _without(name):
+    return lambda state: {k: v for k, v in state.items() if k != name}
+
+
+def _poison(name, value):
+    def make(t):
+        t = t.clone()
+        t.view(-1)[3] = value
+        return t
+    return _tensor(name, make)
+
+
+def layer(i, suffix):
+    return f"model.layers.{i}.{suffix}"
+
+
+def index_without(inputs, tensor):
+    folder = inputs.root / "sharded-bad"
+    shutil.copytree(inputs.sharded, folder)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    del index["weight_map"][tensor]
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    return folder
+
+
+def index_edit(inputs, edit):
+    folder = inputs.root / "sharded-bad"
+    shutil.copytree(inputs.sharded, folder)
+    path = folder / "model.safetensors.index.json"
+    path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+    return folder
+
+
+def truncated(inputs):
+    folder = inputs.variant("truncated")
+    shard = folder / "model.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-1000])
+    return folder
+
+
+def llama_gguf(inputs, blocks: int, tensors_for: int):
+    """A LLaMA GGUF whose metadata says ``blocks`` layers but holds tensors for ``tensors_for``."""
+    from gguf import GGUFWriter
+
+    path = inputs.root / "partial.gguf"
+    writer = GGUFWriter(path, "llama")
+    h, inter, vocab = 8, 16, 32
+    writer.add_block_count(blocks)
+    writer.add_embedding_length(h)
+    writer.add_feed_forward_length(inter)
+    writer.add_head_count(2)
+    writer.add_head_count_kv(2)
+    writer.add_context_length(64)
+    writer.add_vocab_size(vocab)
+    writer.add_tensor("token_embd.weight", np.zeros((vocab, h), np.float32))
+    writer.add_tensor("output_norm.weight", np.ones(h, np.float32))
+    for i in range(tensors_for):
+        for name, shape in (("attn_norm", (h,)), ("ffn_norm", (h,)), ("attn_q", (h, h)), ("attn_k", (h, h)),
+                            ("attn_v", (h, h)), ("attn_output", (h, h)), ("ffn_gate", (inter, h)),
+                            ("ffn_up", (inter, h)), ("ffn_down", (h, inter))):
+            writer.add_tensor(f"blk.{i}.{name}.weight", np.zeros(shape, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def broken_config(inputs):
+    folder = inputs.variant("v")
+    (folder / "config.json").write_text("{not json")
+    return folder
+
+
+def symlink(inputs, target: Path, name: str = "link") -> Path:
+    link = inputs.root / name
+    link.symlink_to(target, target_is_directory=True)
+    return link
+
+
+def recipe(inputs, *sets):
+    """`train` with a tiny recipe on the row's source and text."""
+    base = [f"source={inputs.src}", f"data.train={inputs.text}", f"data.validation={inputs.text}",
+            "seq_len=32", "micro_batch_size=2", "global_batch_size=2", "max_tokens=128", "data.eval_tokens=64",
+            "heal.seq_len=32", "heal.batch_size=2"]
+    return ["train", "smollm2-135m-cpu", *(f"--set={s}" for s in base + list(sets))]
+
+
+# Each row: (id, builder(inputs, out) -> argv, fragment of the one error line). ``out`` is the
+# output path the row's command is given; it must not exist afterwards.
+ROWS = [
+    # ---- paths: an input is never written, whatever the spelling ----
+    ("convert-dst-dotdot-src", lambda i, o: ["convert", i.src, i.root / "x" / ".." / "src", "--force"], "is the input SRC"),
+    ("convert-dst-symlink-to-src", lambda i, o: ["convert", symlink(i, i.src), i.src, "--force"], "is the input SRC"),
+    ("convert-dst-inside-src-via-link", lambda i, o: ["convert", symlink(i, i.src), i.src / "out"], "lies inside the input SRC"),
+    ("convert-dst-inside-src", lambda i, o: ["convert", i.src, i.src / "sub", "--force"], "lies inside the input SRC"),
+    ("convert-dst-contains-src", lambda i, o: ["convert", i.src, i.root, "--force"], "contains the input SRC"),
+    ("convert-dst-is-calibration-data", lambda i, o: ["convert", i.src, i.root / "data", "--force",
+                                                      "--calibration-data", i.file("data", "x" * 10)], "is the input --calibration-data"),
+    ("heal-out-is-teacher", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", i.src, "--force"], "is the input --teacher"),
+    ("heal-out-is-converted", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", i.converted, "--force"], "is the input CONVERTED"),
+    ("heal-out-contains-data", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--data", i.text, "--out", i.root, "--force"], "contains the input"),
+    ("prune-out-contains-ckpt", lambda i, o: ["prune", i.src, i.root, "--layers", "1", "--force"], "contains the input CKPT"),
+    ("prune-out-is-ckpt-via-link", lambda i, o: ["prune", i.src, symlink(i, i.src), "--layers", "1", "--force"], "is the input CKPT"),
+    ("analyze-out-is-ckpt", lambda i, o: ["analyze", i.src, "--out", i.src, "--force"], "is the input CKPT"),
+    ("analyze-out-is-data", lambda i, o: ["analyze", i.src, "--out", i.text, "--data", i.text, "--force"], "is the input --data"),
+    ("compare-out-is-input", lambda i, o: ["compare", i.analysis("a"), "--out", i.root / "a", "--force"], "is the input input 1"),
+    ("compare-out-dotdot-input", lambda i, o: ["compare", i.analysis("a"), "--out", i.root / "a" / "..", "--force"], "contains the input input 1"),
+    ("train-out-is-source", lambda i, o: [*recipe(i), "--out", i.src], "is the input source"),
+    ("train-out-contains-data", lambda i, o: [*recipe(i), "--out", i.root], "contains the input"),
+    ("convert-dst-nonempty", lambda i, o: ["convert", i.src, i.variant("full")], "exists and is not empty"),
+    ("convert-dst-is-file", lambda i, o: ["convert", i.src, i.text], "exists and is not a folder"),
+    # ---- the checkpoint against its config ----
+    ("config-is-a-list", lambda i, o: ["convert", i.variant("v", config=lambda c: [c]), o], "a config must be a JSON object"),
+    ("config-not-json", lambda i, o: ["convert", broken_config(i), o], "unreadable JSON"),
+    ("config-no-num-layers", lambda i, o: ["convert", i.variant("v", config=_drop("num_hidden_layers")), o], "num_hidden_layers is missing"),
+    ("config-layers-a-string", lambda i, o: ["convert", i.variant("v", config=_set("num_hidden_layers", "8")), o], "num_hidden_layers must be a positive integer"),
+    ("config-hidden-not-divisible", lambda i, o: ["convert", i.variant("v", config=lambda c: {**_drop("head_dim")(c), "num_attention_heads": 6}), o], "not divisible by num_attention_heads"),
+    ("config-kv-heads-not-dividing", lambda i, o: ["convert", i.variant("v", config=_set("num_key_value_heads", 3)), o], "not a multiple of num_key_value_heads"),
+    ("config-eps-negative", lambda i, o: ["convert", i.variant("v", config=_set("rms_norm_eps", -1)), o], "rms_norm_eps"),
+    ("config-more-layers-than-weights", lambda i, o: ["convert", i.variant("v", config=_set("num_hidden_layers", L + 2)), o], f"tensor {layer(L, 'input_layernorm.weight')} is missing"),
+    ("config-fewer-layers-than-weights", lambda i, o: ["convert", i.variant("v", config=_set("num_hidden_layers", L - 2)), o], "lies beyond the config's num_hidden_layers"),
+    ("untied-without-lm-head", lambda i, o: ["convert", i.variant("v", tensors=_without("lm_head.weight")), o], "tensor lm_head.weight is missing"),
+    ("without-final-norm", lambda i, o: ["convert", i.variant("v", tensors=_without("model.norm.weight")), o], "tensor model.norm.weight is missing"),
+    ("attention-bias-without-biases", lambda i, o: ["convert", i.variant("v", config=_set("attention_bias", True)), o], "q_proj.bias is missing"),
+    ("unexpected-tensor", lambda i, o: ["convert", i.variant("v", tensors=lambda s: {**s, "model.extra.weight": torch.ones(2)}), o], "unexpected tensor model.extra.weight"),
+    ("wrong-shape-pre-ln", lambda i, o: ["convert", i.variant("v", tensors=_tensor(layer(6, "mlp.down_proj.weight"), lambda t: t[:, :-1].contiguous())), o], "has shape [64, 127]"),
+    ("wrong-shape-post-ln", lambda i, o: ["convert", i.variant("v", tensors=_tensor(layer(0, "self_attn.q_proj.weight"), lambda t: t[:-1].contiguous())), o], "self_attn.q_proj.weight has shape"),
+    ("wrong-shape-norm", lambda i, o: ["convert", i.variant("v", tensors=_tensor(layer(0, "input_layernorm.weight"), lambda t: t[:-1].contiguous())), o], "input_layernorm.weight has shape"),
+    ("integer-tensor", lambda i, o: ["convert", i.variant("v", tensors=_tensor("model.norm.weight", lambda t: t.to(torch.int32))), o], "has dtype I32"),
+    ("nan-in-pre-ln-tensor", lambda i, o: ["convert", i.variant("v", tensors=_poison(layer(7, "mlp.down_proj.weight"), float("nan"))), o], "mlp.down_proj.weight holds NaN or inf"),
+    ("inf-in-post-ln-norm", lambda i, o: ["convert", i.variant("v", tensors=_poison(layer(0, "input_layernorm.weight"), float("inf"))), o], "input_layernorm.weight holds NaN or inf"),
+    ("nan-moved-unchanged", lambda i, o: ["convert", i.variant("v", tensors=_poison("model.embed_tokens.weight", float("nan"))), o, "--strategy", "move"], "embed_tokens.weight holds NaN or inf"),
+    ("index-lacks-final-norm", lambda i, o: ["convert", index_without(i, "model.norm.weight"), o], "tensor model.norm.weight is missing"),
+    ("index-names-tensor-shard-lacks", lambda i, o: ["convert", index_edit(i, lambda x: {**x, "weight_map": {
+        **x["weight_map"], "model.ghost.weight": sorted(set(x["weight_map"].values()))[0]}}), o], "lacks tensor model.ghost.weight"),
+    ("index-weight-map-not-a-mapping", lambda i, o: ["convert", index_edit(i, lambda x: {**x, "weight_map": list(x["weight_map"])}), o], "weight_map must be a non-empty mapping"),
+    ("index-shard-outside-folder", lambda i, o: ["convert", index_edit(i, lambda x: {**x, "weight_map": {k: "../" + v for k, v in x["weight_map"].items()}}), o], "not a shard file name in this folder"),
+    ("truncated-shard-convert", lambda i, o: ["convert", truncated(i), o], "truncated"),
+    ("truncated-shard-eval", lambda i, o: ["eval", truncated(i)], "truncated"),
+    ("truncated-shard-analyze", lambda i, o: ["analyze", truncated(i), "--out", o], "truncated"),
+    ("truncated-shard-inspect", lambda i, o: ["inspect", truncated(i)], "truncated"),
+    ("gguf-missing-tensors", lambda i, o: ["convert", llama_gguf(i, blocks=2, tensors_for=1), o], "model.layers.1.input_layernorm.weight is missing"),
+    ("gguf-missing-tensors-eval", lambda i, o: ["eval", llama_gguf(i, blocks=3, tensors_for=2)], "model.layers.2.input_layernorm.weight is missing"),
+    ("gguf-garbage", lambda i, o: ["convert", i.file("model.gguf", b"GGUF\x03\x00\x00\x00garbage"), o], "not a readable GGUF file"),
+    ("mixln-post-ln-above-layers", lambda i, o: ["eval", i.variant("v", config=_set("post_ln_layers", L + 1), base="converted")], "post_ln_layers must be an integer"),
+    ("heal-converted-is-pre-ln", lambda i, o: ["heal", i.src, "--teacher", i.src, "--out", o], "not a Mix-LN checkpoint"),
+    ("heal-teacher-is-mixln", lambda i, o: ["heal", i.converted, "--teacher", i.converted, "--out", o], "a Mix-LN checkpoint; the teacher"),
+    ("eval-no-such-folder", lambda i, o: ["eval", i.root / "no" / "such"], "no such file or folder"),
+    ("inspect-no-config", lambda i, o: ["inspect", i.root], "no config.json"),
+    # ---- numbers, where they enter ----
+    ("eval-batch-size-0", lambda i, o: ["eval", i.src, "--batch-size", "0"], "'--batch-size': 0 is not in the range"),
+    ("eval-seq-len-0", lambda i, o: ["eval", i.src, "--seq-len", "0"], "'--seq-len'"),
+    ("eval-max-tokens-negative", lambda i, o: ["eval", i.src, "--max-tokens", "-1"], "'--max-tokens'"),
+    ("eval-seq-len-beyond-positions", lambda i, o: ["eval", i.src, "--seq-len", "300"], "--seq-len: 300 exceeds the model's max_position_embeddings 256"),
+    ("analyze-batch-size-0", lambda i, o: ["analyze", i.src, "--out", o, "--batch-size", "0"], "'--batch-size'"),
+    ("analyze-seq-len-beyond-positions", lambda i, o: ["analyze", i.src, "--out", o, "--seq-len", "999"], "exceeds the model's max_position_embeddings"),
+    ("analyze-span-beyond-layers", lambda i, o: ["analyze", i.src, "--out", o, "--span", str(L + 1)], "exceeds the 8 layers"),
+    ("prune-batch-size-0", lambda i, o: ["prune", i.src, o, "--remove", "1", "--batch-size", "0"], "'--batch-size'"),
+    ("prune-layers-open-range", lambda i, o: ["prune", i.src, o, "--layers", "1-"], "--layers: '1-' is not a layer index"),
+    ("prune-layers-superscript", lambda i, o: ["prune", i.src, o, "--layers", "²"], "--layers: '²' is not a layer index"),
+    ("prune-layers-outside", lambda i, o: ["prune", i.src, o, "--layers", str(L)], "outside [0, 7]"),
+    ("prune-layers-all", lambda i, o: ["prune", i.src, o, "--layers", f"0-{L - 1}"], "removes all 8 layers"),
+    ("prune-remove-all", lambda i, o: ["prune", i.src, o, "--remove", str(L), "--method", "last"], "--remove: 8 layers is outside"),
+    ("prune-shard-size-garbage", lambda i, o: ["prune", i.src, o, "--layers", "1", "--max-shard-size", "lots"], "--max-shard-size"),
+    ("heal-batch-size-0", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--batch-size", "0"], "'--batch-size'"),
+    ("heal-seq-len-0", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--seq-len", "0"], "'--seq-len'"),
+    ("heal-lr-negative", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--lr", "-1"], "'--lr'"),
+    ("heal-lr-nan", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--lr", "nan"], "'--lr': nan is not in"),
+    ("heal-lr-inf", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--lr", "inf"], "'--lr'"),
+    ("heal-tokens-below-a-step", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--tokens", "10"], "less than one step"),
+    ("heal-seq-len-beyond-positions", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--seq-len", "512", "--tokens", "4096"], "exceeds the model's max_position_embeddings"),
+    ("convert-alpha-nan", lambda i, o: ["convert", i.src, o, "--alpha", "nan"], "'--alpha': nan is not in [0, 1]"),
+    ("convert-alpha-above-one", lambda i, o: ["convert", i.src, o, "--alpha", "1.5"], "'--alpha'"),
+    ("convert-alpha-and-count", lambda i, o: ["convert", i.src, o, "--alpha", "0.5", "--post-ln-layers", "2"], "exclusive"),
+    ("convert-seed-negative", lambda i, o: ["convert", i.src, o, "--seed", "-1"], "'--seed'"),
+    ("convert-seed-too-large", lambda i, o: ["convert", i.src, o, "--seed", str(2**32)], "'--seed'"),
+    ("convert-calibration-seq-len-beyond", lambda i, o: ["convert", i.src, o, "--calibration-seq-len", "999"], "--calibration-seq-len: 999 exceeds"),
+    ("convert-shard-size-garbage", lambda i, o: ["convert", i.src, o, "--max-shard-size", "banana"], "--max-shard-size"),
+    ("convert-unknown-dtype", lambda i, o: ["convert", i.src, o, "--dtype", "int8"], "'--dtype'"),
+    ("train-heal-seq-len-0", lambda i, o: [*recipe(i, "heal.seq_len=0"), "--out", o], "heal.seq_len must be a positive integer"),
+    ("train-betas-out-of-range", lambda i, o: [*recipe(i, "optim.betas=[2, 3]"), "--out", o], "optim.betas[0] must be in [0, 1)"),
+    ("train-eps-negative", lambda i, o: [*recipe(i, "optim.eps=-1"), "--out", o], "optim.eps must be a number > 0"),
+    ("train-seed-negative", lambda i, o: [*recipe(i, "seed=-1"), "--out", o], "seed must be an integer in [0, 2^32)"),
+    ("train-weight-decay-negative", lambda i, o: [*recipe(i, "optim.weight_decay=-1"), "--out", o], "optim.weight_decay must be a number >= 0"),
+    ("train-lr-nan", lambda i, o: [*recipe(i, "optim.lr=.nan"), "--out", o], "optim.lr must be a number > 0"),
+    ("train-grad-clip-negative", lambda i, o: [*recipe(i, "grad_clip=-1"), "--out", o], "grad_clip must be a number >= 0"),
+    ("train-heal-loss-unknown", lambda i, o: [*recipe(i, "heal.loss=mse"), "--out", o], "heal.loss must be one of"),
+    ("train-heal-lr-zero", lambda i, o: [*recipe(i, "heal.lr=0"), "--out", o], "heal.lr must be a number > 0"),
+    ("train-heal-tokens-below-a-step", lambda i, o: [*recipe(i, "heal.tokens=10"), "--out", o], "less than one heal step"),
+    ("train-flag-not-a-bool", lambda i, o: [*recipe(i, "allow_longer_seq=yes please"), "--out", o], "allow_longer_seq must be true or false"),
+    ("train-seq-len-beyond-positions", lambda i, o: [*recipe(i, "seq_len=512", "global_batch_size=2", "max_tokens=1024"), "--out", o], "seq_len: 512 exceeds the model's max_position_embeddings"),
+    ("train-unknown-key", lambda i, o: [*recipe(i, "optim.momentum=0.9"), "--out", o], "unknown key 'optim.momentum'"),
+    ("train-set-not-yaml", lambda i, o: [*recipe(i, "optim.lr=[1"), "--out", o], "not valid YAML"),
+    ("train-unknown-recipe", lambda i, o: ["train", "no-such-recipe", "--out", o], "no-such-recipe: neither a recipe file nor a shipped recipe"),
+    ("train-source-missing", lambda i, o: [*recipe(i, f"source={i.root / 'gone'}"), "--out", o], "does not exist"),
+    # ---- text ----
+    ("eval-data-missing", lambda i, o: ["eval", i.src, "--data", i.root / "none.txt"], "--data"),
+    ("eval-data-empty", lambda i, o: ["eval", i.src, "--seq-len", "32", "--data", i.file("empty.txt", "")], "no text found"),
+    ("eval-data-too-short", lambda i, o: ["eval", i.src, "--seq-len", "32", "--data", i.file("short.txt", "Two words.")], "short.txt: gives only"),
+    ("analyze-data-bad-json", lambda i, o: ["analyze", i.src, "--out", o, "--data", i.file("bad.jsonl", '{"text": "a"}\n{bro')], "bad.jsonl: invalid JSON at line 2"),
+    ("analyze-data-not-utf8", lambda i, o: ["analyze", i.src, "--out", o, "--data", i.file("bin.txt", b"\xff\xfe\x00")], "bin.txt: cannot read"),
+    ("heal-data-glob-matches-nothing", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--data", i.root / "*.nothing"], "glob pattern matches no files"),
+    ("convert-calibration-too-short", lambda i, o: ["convert", i.src, o, "--calibration-data", i.file("short.txt", "Two words.")], "short.txt: gives only"),
+    # ---- compare: types, not only keys ----
+    ("compare-string-perplexity", lambda i, o: ["compare", i.analysis("a", perplexity="low"), "--out", o], "perplexity must be a positive number"),
+    ("compare-layer-drop-nulls", lambda i, o: ["compare", i.analysis("a", layer_drop=[None, None]), "--out", o], "layer_drop must be a list of numbers"),
+    ("compare-matrix-not-lists", lambda i, o: ["compare", i.analysis("a", angular_distance_matrix=[1, 2]), "--out", o], "angular_distance_matrix must be"),
+    ("compare-layers-a-string", lambda i, o: ["compare", i.analysis("a", num_layers="2"), "--out", o], "num_layers must be a positive integer"),
+    ("compare-analysis-a-list", lambda i, o: ["compare", i.file("list.json", "[1, 2]"), "--out", o], "not a JSON object"),
+    ("compare-metrics-lists", lambda i, o: ["compare", i.run("r", "[1, 2]\n"), "--out", o], "record 1 is not a JSON object"),
+    ("compare-metrics-without-tokens", lambda i, o: ["compare", i.run("r", '{"step": 1, "loss": 2.0}\n'), "--out", o], "record 1: missing tokens"),
+    ("compare-metrics-string-loss", lambda i, o: ["compare", i.run("r", '{"step": 1, "tokens": 8, "loss": "x"}\n'), "--out", o], "loss must be a number"),
+    ("compare-summary-string", lambda i, o: ["compare", i.run("r", '{"step": 1, "tokens": 8, "loss": 2.0}\n', summary={"final_val_ppl": "x"}), "--out", o], "final_val_ppl must be a number"),
+    ("compare-metrics-not-utf8", lambda i, o: ["compare", i.run("r", b"\xff\xfe"), "--out", o], "not UTF-8"),
+]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[row[0] for row in ROWS])
+def test_bad_input_is_refused_cleanly(row, tmp_path, request, cli, monkeypatch):
+    monkeypatch.setenv("MIXLN_CONVERT_CACHE", str(tmp_path / "cache"))
+    _, build, fragment = row
+    inputs = Inputs(tmp_path / "inputs", request.getfixturevalue)
+    out = tmp_path / "out"
+    argv = [str(a) for a in build(inputs, out)]
+    before = digests(inputs.root)
+    result = cli(*argv)
+    assert result.exit_code != 0, result.output
+    assert isinstance(result.exception, SystemExit), f"unhandled {result.exception!r}"
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1, result.stderr
+    assert fragment in errors[0], errors[0]
+    assert "Traceback" not in result.output
+    assert not out.exists()
+    assert digests(inputs.root) == before
+    leftovers = [p for p in inputs.root.rglob(".*tmp-*")]
+    assert leftovers == []
+
+
+# ---- faults while writing, signals, permissions, speed of refusals ------------------------------
+
+
+def test_disk_full_is_one_line_naming_dst_and_leaves_nothing(tiny_llama, tmp_path, cli, monkeypatch):
+    import errno
+
+    from mixln_convert.io import writer
+
+    def full(file, data):
+        raise OSError(errno.ENOSPC, "No space left on device", file.name)
+
+    monkeypatch.setattr(writer, "_write_all", full)
+    before = digests(tiny_llama)
+    result = cli("convert", tiny_llama, tmp_path / "dst", "--strategy", "move")
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and f"{tmp_path / 'dst'}: writing the output failed: No space left on device" in errors[0]
+    assert "were written before the disk filled" in errors[0]
+    assert list(tmp_path.iterdir()) == [] and digests(tiny_llama) == before
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_outputs_get_the_users_umask(tiny_llama, tmp_path, cli, umask):
+    old = os.umask(umask)
+    try:
+        result = cli("convert", tiny_llama, tmp_path / "dst", "--strategy", "move")
+    finally:
+        os.umask(old)
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "dst").stat().st_mode & 0o777 == 0o777 & ~umask
+    assert (tmp_path / "dst" / "config.json").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_during_heal_leaves_no_temporary_folder(converted, tiny_llama, tmp_path, sig):
+    out = tmp_path / "healed"
+    cmd = [sys.executable, "-m", "mixln_convert.cli", "heal", str(converted), "--teacher", str(tiny_llama),
+           "--out", str(out), "--tokens", str(2**21), "--seq-len", "32", "--eval-tokens", "256", "--no-perplexity"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        temporaries = list(tmp_path.glob(".healed.tmp-*"))
+        if temporaries and (temporaries[0] / "heal_metrics.jsonl").is_file():
+            break  # training has started
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    code = proc.wait(timeout=60)
+    stderr = proc.stderr.read().decode()
+    assert code != 0 and "Traceback" not in stderr, stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
+
+
+FAST_REFUSALS = {
+    "alpha": (["convert", "{src}", "{tmp}/dst", "--alpha", "1.5"], "'--alpha'"),
+    "existing-dst": (["convert", "{src}", "{tmp}/full"], "exists and is not empty"),
+    "no-such-checkpoint": (["eval", "{tmp}/no/such/folder"], "no such file or folder"),
+    "out-is-input": (["analyze", "{src}", "--out", "{src}", "--force"], "is the input CKPT"),
+    "data-missing": (["prune", "{src}", "{tmp}/dst", "--remove", "1", "--data", "{tmp}/gone.txt"], "--data"),
+}
+
+
+@pytest.mark.parametrize("case", FAST_REFUSALS)
+def test_refusals_that_need_no_weights_come_before_torch_is_imported(case, tiny_llama, tmp_path):
+    """The property that makes them answer within a second or two: torch (seconds to import) and
+    transformers are never imported before these checks."""
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "mine.txt").write_text("keep")
+    argv, fragment = FAST_REFUSALS[case]
+    argv = [a.format(src=tiny_llama, tmp=tmp_path) for a in argv]
+    code = ("import sys\nfrom mixln_convert.cli import main\ntry:\n    main(%r)\nexcept SystemExit as e:\n"
+            "    print('exit', e.code, sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers'}))"
+            % (argv,))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.strip().startswith("exit ") and not done.stdout.strip().startswith("exit 0"), done.stdout
+    assert done.stdout.strip().endswith("[]"), done.stdout
+    assert fragment in done.stderr, done.stderr
