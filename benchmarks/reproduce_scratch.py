@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from mixln_convert.analysis.analyze import analyze  # noqa: E402
 from mixln_convert.data import embedded_corpus  # noqa: E402
 from mixln_convert.fetch import cache_dir  # noqa: E402
-from mixln_convert.training import load_recipe, train  # noqa: E402
+from mixln_convert.pipeline import train  # noqa: E402
+from mixln_convert.training import load_recipe  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = "smollm2-135m-cpu"  # shipped with the package

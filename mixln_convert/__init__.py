@@ -19,7 +19,8 @@ _install_autoregister()
 _API = {
     "convert": "mixln_convert.conversion.converter",
     "heal": "mixln_convert.healing",
-    "train": "mixln_convert.training",
+    "train": "mixln_convert.pipeline",
+    "run_demo": "mixln_convert.pipeline",
     "load_recipe": "mixln_convert.training",
     "analyze": "mixln_convert.analysis.analyze",
     "prune": "mixln_convert.analysis.prune",

@@ -317,8 +317,8 @@ def train(recipe_file, overrides, arm, out, resume, list_recipes):
     out = out or Path("out") / recipe_path(recipe_file).stem
     from accelerate import PartialState
 
-    from .training import ARMS
-    from .training import train as run
+    from .pipeline import ARMS
+    from .pipeline import train as run
 
     summaries = run(recipe, out, ARMS if arm == "both" else (arm,), resume)
     if PartialState().is_main_process:
@@ -360,18 +360,22 @@ def recipes(name):
 @click.option("--train-tokens", type=POSITIVE, default=8192, show_default=True, metavar="N",
               help="Training tokens per arm (the smollm2-135m-cpu recipe, 1,024 tokens a step); more for a real recovery.")
 @click.option("--analysis-tokens", type=POSITIVE, default=512, show_default=True, help="Held-out tokens per analysis.")
-@click.option("--prune-curve/--no-prune-curve", default=True, show_default=True)
+@click.option("--prune-curve/--no-prune-curve", default=True, show_default=True,
+              help="Also the perplexity with 1..L/2 blocks removed, per stage.")
+@click.option("--source", default=None, metavar="MODEL",
+              help="Your own Pre-LN checkpoint (HF folder or .gguf) instead of SmolLM2-135M.")
 @click.option("--force", is_flag=True, help="Replace a non-empty --out folder.")
-def demo(out, alpha, train_tokens, analysis_tokens, prune_curve, force):
+def demo(out, alpha, train_tokens, analysis_tokens, prune_curve, source, force):
     """The whole pipeline on the embedded default: SmolLM2-135M (from PyPI) converted to Mix-LN,
     both arms trained on Python's own docstrings, every stage analyzed, one report."""
     from .fetch import cache_dir
 
-    check_destination(out, {"the model cache": cache_dir()}, force, flag="--out")
-    from .demo import run_demo
+    _must_exist(source, "--source")
+    check_destination(out, {"the model cache": cache_dir(), "--source": source}, force, flag="--out")
+    from .pipeline import run_demo
 
-    comparison = run_demo(out, alpha=alpha, train_tokens=train_tokens, analysis_tokens=analysis_tokens,
-                          prune_curve=prune_curve, force=force)
+    comparison = run_demo(out, source=source, alpha=alpha, train_tokens=train_tokens,
+                          analysis_tokens=analysis_tokens, prune_curve=prune_curve, force=force)
     for sentence in comparison["summary"]:
         click.echo(f"- {sentence}")
     click.echo(f"report: {Path(out) / 'report' / 'report.md'} (and report.html)")

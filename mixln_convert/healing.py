@@ -33,6 +33,7 @@ import math
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
@@ -40,7 +41,7 @@ from transformers import get_cosine_schedule_with_warmup
 
 from . import __version__
 from .architectures import architecture_for
-from .data import read_texts, token_blocks
+from .data import PackedBlocks, blocks, read_texts, token_blocks, token_stream
 from .errors import MixLNError
 from .options import LOSSES
 from .evaluate import evaluate_perplexity
@@ -75,8 +76,8 @@ def heal(
 ) -> dict:
     """Heal the Mix-LN checkpoint ``converted`` against its Pre-LN original ``teacher``; write ``out``.
 
-    Trains the Post-LN blocks on ``tokens`` tokens of ``data`` (a file, folder or glob, or a list of
-    documents; default the embedded corpus's train split) in batches of ``batch_size`` x ``seq_len``,
+    Trains the Post-LN blocks on ``tokens`` tokens of ``data`` (a file, folder or glob, a list of
+    documents or a 1-D token stream; default the embedded corpus's train split) in batches of ``batch_size`` x ``seq_len``,
     AdamW at peak ``lr`` with linear warmup over ``warmup_ratio`` of the steps then cosine decay,
     gradients clipped to ``grad_clip``. Before and after (and after each token count in ``eval_at``) it measures, on
     ``eval_tokens`` tokens of the embedded validation split, the residual relative error and, with
@@ -86,8 +87,6 @@ def heal(
     ``relative_error`` and ``perplexity`` (each {"before", "after"}; perplexity also "teacher",
     None without ``perplexity``).
     """
-    from .training.data import PackedBlocks  # here, not above: the train engine imports this module
-
     if loss not in LOSSES:
         raise MixLNError(f"--loss: unknown loss {loss!r} (choose from {', '.join(LOSSES)})")
     for flag, value in (("--tokens", tokens), ("--seq-len", seq_len), ("--batch-size", batch_size),
@@ -101,7 +100,8 @@ def heal(
         raise MixLNError(f"--tokens: {tokens} is less than one step (--batch-size x --seq-len = {batch_size * seq_len})")
     steps = tokens // (batch_size * seq_len)
     max_shard_bytes = parse_size(max_shard_size)
-    inputs = {"CONVERTED": converted, "--teacher": teacher, "--data": None if isinstance(data, list) else data}
+    given = isinstance(data, (list, np.ndarray))  # documents or a token stream in hand, not a path
+    inputs = {"CONVERTED": converted, "--teacher": teacher, "--data": None if given else data}
     if inputs["--data"] is not None:
         check_readable(data, "--data")
     check_destination(out, inputs, force, flag="--out")
@@ -114,8 +114,12 @@ def heal(
 
     with atomic_output_dir(out, force=force, protect=inputs) as tmp:
         started = time.time()
-        texts = data if isinstance(data, list) else read_texts(data, split="train")
-        train_blocks = token_blocks(tokenizer, texts, seq_len, tokens, source=_describe(data))
+        if isinstance(data, np.ndarray):
+            stream = data
+        else:
+            texts = data if isinstance(data, list) else read_texts(data, split="train")
+            stream = token_stream(tokenizer, texts, tokens, _describe(data))
+        train_blocks = blocks(stream, seq_len, _describe(data), "--seq-len")
         eval_blocks = token_blocks(tokenizer, read_texts(None, split="validation"), seq_len, eval_tokens,
                                    source="embedded:validation")
         student = load_prefix(student_source, arch, k, device=device)
@@ -141,7 +145,7 @@ def heal(
         # No weight decay: it would pull the pretrained weights toward 0, away from the teacher.
         optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0)
         scheduler = get_cosine_schedule_with_warmup(optimizer, round(warmup_ratio * steps), steps)
-        batches = torch.utils.data.DataLoader(PackedBlocks(train_blocks.numpy(), steps * batch_size, seed),
+        batches = torch.utils.data.DataLoader(PackedBlocks(train_blocks, steps * batch_size, seed),
                                               batch_size=batch_size)
         pending = sorted(eval_at)
         with open(tmp / "heal_metrics.jsonl", "w") as metrics:
@@ -193,6 +197,8 @@ def heal(
 
 
 def _describe(data) -> str:
+    if isinstance(data, np.ndarray):
+        return f"a stream of {len(data)} tokens given"
     if isinstance(data, list):
         return f"{len(data)} documents given"
     return str(data) if data else "embedded:train"

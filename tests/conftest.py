@@ -17,6 +17,20 @@ from tiny import make_tiny_llama  # noqa: E402
 FAST = dict(calibration_tokens=1024, calibration_seq_len=64, progress=False)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def user_cache(tmp_path_factory):
+    """A temporary user cache (token caches land there), sharing the real cache's models folder so
+    the real-model tests find the fetched GGUF instead of fetching it again."""
+    from mixln_convert.fetch import cache_dir
+
+    models, cache = cache_dir() / "models", tmp_path_factory.mktemp("cache")
+    models.mkdir(parents=True, exist_ok=True)
+    (cache / "models").symlink_to(models)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MIXLN_CONVERT_CACHE", str(cache))
+        yield cache
+
+
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory) -> Path:
     """Untied 8-layer random LLaMA saved as one model.safetensors (never modified by tests)."""

@@ -18,6 +18,9 @@ class FakeTokenizer:
     def __init__(self):
         self.documents = 0  # documents tokenized so far
 
+    def get_vocab(self) -> dict:  # what the token cache's key reads of a tokenizer without a backend
+        return {"fake": 0}
+
     def __call__(self, texts: list[str], add_special_tokens=True):
         assert add_special_tokens is False  # BOS/EOS inside the stream would be wrong
         self.documents += len(texts)

@@ -19,7 +19,8 @@ import yaml
 
 from mixln_convert.errors import MixLNError
 from mixln_convert.fetch import cache_dir
-from mixln_convert.training import DEFAULTS, load_recipe, train
+from mixln_convert.pipeline import train
+from mixln_convert.training import DEFAULTS, load_recipe
 from mixln_convert.training.recipe import _flatten
 
 REPO = Path(__file__).parent.parent
@@ -127,7 +128,7 @@ def test_bad_recipe_fails_before_any_work(content, extra, message, cli, tiny_lla
 
 
 def test_validation_documents_never_train(corpus, tmp_path):
-    from mixln_convert.training.data import split_texts
+    from mixln_convert.data import split_texts
 
     held_out = {"train": str(corpus), "validation": None, "validation_fraction": 0.1}
     train_docs, validation_docs = split_texts(held_out)
@@ -142,7 +143,7 @@ def test_validation_documents_never_train(corpus, tmp_path):
 def test_packed_blocks_visit_every_block_once_per_pass():
     import numpy as np
 
-    from mixln_convert.training.data import PackedBlocks
+    from mixln_convert.data import PackedBlocks
 
     blocks = np.arange(40).reshape(10, 4)
     rows = [tuple(PackedBlocks(blocks, 25, seed=3)[i].tolist()) for i in range(25)]
@@ -196,11 +197,12 @@ def test_final_folder_is_the_trained_model(finished):
 
     from mixln_convert.evaluate import evaluate_perplexity
     from mixln_convert.model.loading import load_tokenizer
-    from mixln_convert.training.data import load_splits
+    from mixln_convert.data import blocks, load_splits
 
     out, sets, _ = finished
     recipe = load_recipe(out / "recipe.yaml")
-    validation = load_splits(recipe, load_tokenizer(recipe["source"])).validation
+    stream = load_splits(recipe["data"], load_tokenizer(recipe["source"]), 1).validation
+    validation = blocks(stream, recipe["seq_len"], "validation")
     for arm, kind in (("mixln", "mixln_llama"), ("preln", "llama")):
         model = AutoModelForCausalLM.from_pretrained(out / arm / "final")
         assert model.config.model_type == kind

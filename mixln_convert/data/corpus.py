@@ -1,4 +1,4 @@
-"""Where calibration and evaluation text comes from, and how it becomes fixed-length token blocks.
+"""Where calibration, evaluation and training text comes from, and its token ids.
 
 With no data given we use the docstrings of the Python standard library: English prose that ships
 with every Python, so conversion and evaluation work offline. The corpus depends on the Python
@@ -214,26 +214,3 @@ def token_ids(tokenizer, texts: list[str], max_tokens: int | None = None) -> np.
                     return np.concatenate(pieces)
             bar.update(min(TOKENIZE_BATCH, len(texts) - start))
     return np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
-
-
-def token_blocks(tokenizer, texts: list[str], seq_len: int, max_tokens: int | None = None, *,
-                 flag: str = "--seq-len", source=None) -> "torch.Tensor":
-    """Concatenate the tokenized documents, EOS between them, and cut into [n_blocks, seq_len].
-
-    Blocks may span documents; the remainder is dropped. With `max_tokens` we stop after that many
-    tokens (whole blocks, at least one) and tokenize no further, so a huge corpus stays cheap.
-    Errors name ``flag`` (the option that set ``seq_len``) and ``source`` (where the text came from).
-    """
-    import torch
-
-    if not isinstance(seq_len, int) or seq_len < 1:
-        raise MixLNError(f"{flag}: must be a positive integer, got {seq_len!r}")
-    want = None if max_tokens is None else max(1, max_tokens // seq_len) * seq_len
-    ids = token_ids(tokenizer, texts, want)
-    n_blocks = min(len(ids), want or len(ids)) // seq_len
-    if n_blocks == 0:
-        raise MixLNError(
-            f"{source or 'the text'}: gives only {len(ids)} tokens, less than one block of {flag} {seq_len}: "
-            f"lower {flag} or give more text"
-        )
-    return torch.from_numpy(ids[: n_blocks * seq_len].astype(np.int64)).view(n_blocks, seq_len)

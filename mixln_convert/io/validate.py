@@ -12,7 +12,6 @@ REQUIRED_SIZES = ("num_hidden_layers", "hidden_size", "num_attention_heads", "in
 OPTIONAL_SIZES = ("num_key_value_heads", "head_dim", "max_position_embeddings")
 # buffers some older checkpoints saved, which the model recomputes
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-FINITE_CHUNK = 1 << 24  # elements checked at a time: bounded scratch memory for multi-GB tensors
 
 
 def _is_int(value) -> bool:
@@ -108,12 +107,12 @@ def check_tensors(shapes: dict[str, tuple[int, ...]], config: dict, arch, where:
 
 
 def check_finite(name: str, tensor, where: str) -> None:
-    """Refuse a floating tensor holding NaN or inf, checked a chunk at a time."""
+    """Refuse a floating tensor holding NaN or inf. min/max propagate NaN and reach +-inf, and run at
+    memory speed without a scratch copy (isfinite() allocates a mask and runs ~40x slower)."""
     import torch
 
-    if not tensor.is_floating_point():
+    if not tensor.is_floating_point() or tensor.numel() == 0:
         return
-    flat = tensor.reshape(-1)
-    for start in range(0, flat.numel(), FINITE_CHUNK):
-        if not torch.isfinite(flat[start:start + FINITE_CHUNK]).all():
-            raise MixLNError(f"{where}: tensor {name} holds NaN or inf values")
+    low, high = torch.aminmax(tensor.reshape(-1))
+    if not (torch.isfinite(low) and torch.isfinite(high)):
+        raise MixLNError(f"{where}: tensor {name} holds NaN or inf values")

@@ -132,6 +132,14 @@ def write_failure(dst: Path, error: OSError, tmp: Path | None = None) -> str:
     return message
 
 
+def write_atomic(path: Path, text: str) -> None:
+    """Replace the file ``path`` with ``text`` in one step: a reader sees the old or the new file."""
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
+        tmp.write(text)
+    os.chmod(tmp.name, 0o666 & ~_umask())
+    os.replace(tmp.name, path)
+
+
 def copy_model_code(folder: Path) -> None:
     """The Mix-LN modeling code that a converted config's ``auto_map`` points to, from this package
     (never from an input folder), so plain transformers loads the output with trust_remote_code."""

@@ -1,6 +1,6 @@
-"""Continued pre-training of a converted Mix-LN model and its Pre-LN original (``mixln-convert train``)."""
+"""Continued pre-training of a prepared checkpoint (``mixln-convert train``): recipes
+(:mod:`.recipe`) and the loop (:mod:`.trainer`); :mod:`mixln_convert.pipeline` chains the arms."""
 
 from .recipe import DEFAULTS, load_recipe
-from .trainer import ARMS, train
 
-__all__ = ["ARMS", "DEFAULTS", "load_recipe", "train"]
+__all__ = ["DEFAULTS", "load_recipe"]

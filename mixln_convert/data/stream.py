@@ -1,6 +1,6 @@
-"""Training and validation tokens: documents -> one token stream per split (EOS between documents,
-cached in the user cache) -> fixed-length blocks, served in a seeded order that reshuffles at
-every pass over the data."""
+"""Documents -> one token stream (EOS between documents, cached in the user cache) -> fixed-length
+blocks -> a seeded sampler that reshuffles at every pass over the data: the one data path of
+calibration, evaluation, heal and training."""
 
 import hashlib
 import os
@@ -11,16 +11,15 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..data.corpus import read_texts, token_ids
 from ..errors import MixLNError
 from ..fetch import cache_dir
-from .recipe import optimizer_steps
+from .corpus import read_texts, token_ids
 
 
 @dataclass
 class Splits:
-    train: np.ndarray  # [n, seq_len] token ids
-    validation: np.ndarray  # [m, seq_len], from documents that are not in train
+    train: np.ndarray  # 1-D token stream of the training documents
+    validation: np.ndarray  # 1-D token stream of documents that are not in train
 
 
 def _held_out(text: str, fraction: float) -> bool:
@@ -43,7 +42,7 @@ def split_texts(data: dict) -> tuple[list[str], list[str]]:
     return [t for t in train if t not in held], validation
 
 
-def token_stream(tokenizer, texts: list[str], max_tokens: int | None = None) -> np.ndarray:
+def token_stream(tokenizer, texts: list[str], max_tokens: int | None = None, what: str = "the text") -> np.ndarray:
     """The documents' token ids, EOS between them, at most ``max_tokens``: a 1-D int32 array
     memory-mapped from ``cache_dir()/tokens/<hash>.npy`` (keyed by tokenizer, texts and limit)."""
     key = hashlib.sha256()
@@ -56,7 +55,7 @@ def token_stream(tokenizer, texts: list[str], max_tokens: int | None = None) -> 
     if not path.is_file():
         ids = token_ids(tokenizer, texts, max_tokens)[:max_tokens]
         if len(ids) == 0:
-            raise MixLNError("the text gives no tokens")
+            raise MixLNError(f"{what}: the text gives no tokens")
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".npy", delete=False) as tmp:
             np.save(tmp, ids)
@@ -64,24 +63,22 @@ def token_stream(tokenizer, texts: list[str], max_tokens: int | None = None) -> 
     return np.load(path, mmap_mode="r")
 
 
-def _blocks(stream: np.ndarray, seq_len: int, what: str) -> np.ndarray:
+def blocks(stream: np.ndarray, seq_len: int, what: str, flag: str = "seq_len") -> np.ndarray:
+    """``stream`` cut into [n, seq_len] blocks (a view; the remainder is dropped). ``what`` names the
+    text and ``flag`` the option that set ``seq_len`` in the error when not one block fits."""
     n = len(stream) // seq_len
     if n == 0:
-        raise MixLNError(f"{what}: only {len(stream)} tokens, less than one block of seq_len={seq_len}")
+        raise MixLNError(f"{what}: gives only {len(stream)} tokens, less than one block of {flag} {seq_len}: "
+                         f"lower {flag} or give more text")
     return stream[: n * seq_len].reshape(n, seq_len)
 
 
-def load_splits(recipe: dict, tokenizer) -> Splits:
-    """Token blocks of a recipe's training data (no more than its budget uses) and validation data
-    (``data.eval_tokens``)."""
-    data, seq_len = recipe["data"], recipe["seq_len"]
+def load_splits(data: dict, tokenizer, train_tokens: int) -> Splits:
+    """Token streams of a recipe's ``data`` section: ``train_tokens`` of training text (no more is
+    tokenized) and ``data["eval_tokens"]`` of validation text."""
     train, validation = split_texts(data)
-    budget = optimizer_steps(recipe) * recipe["global_batch_size"] * seq_len
-    return Splits(
-        train=_blocks(token_stream(tokenizer, train, budget), seq_len, data["train"] or "embedded:train"),
-        validation=_blocks(token_stream(tokenizer, validation, data["eval_tokens"]), seq_len,
-                           data["validation"] or data["train"] or "embedded:validation"),
-    )
+    return Splits(train=token_stream(tokenizer, train, train_tokens),
+                  validation=token_stream(tokenizer, validation, data["eval_tokens"]))
 
 
 class PackedBlocks(Dataset):
@@ -101,3 +98,15 @@ class PackedBlocks(Dataset):
         if self._order[0] != epoch:
             self._order = (epoch, np.random.default_rng([self.seed, epoch]).permutation(len(self.blocks)))
         return torch.from_numpy(self.blocks[self._order[1][j]].astype(np.int64))
+
+
+def token_blocks(tokenizer, texts: list[str], seq_len: int, max_tokens: int | None = None, *,
+                 flag: str = "--seq-len", source=None) -> torch.Tensor:
+    """The documents' token stream cut into [n_blocks, seq_len] int64 blocks (which may span
+    documents): ``max_tokens`` tokens in whole blocks, at least one, and no more is tokenized.
+    Errors name ``flag`` (the option that set ``seq_len``) and ``source`` (where the text came from)."""
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        raise MixLNError(f"{flag}: must be a positive integer, got {seq_len!r}")
+    want = None if max_tokens is None else max(1, max_tokens // seq_len) * seq_len
+    what = str(source or "the text")
+    return torch.from_numpy(blocks(token_stream(tokenizer, texts, want, what), seq_len, what, flag).astype(np.int64))

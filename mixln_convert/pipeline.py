@@ -1,0 +1,167 @@
+"""The pipeline, convert -> heal -> train -> analyze -> report, as ``train --arm both`` and the
+demo run it. Each stage is the function its command runs; this module only chains them:
+
+- :func:`train`: a run folder for a recipe; the Mix-LN arm's source converted (and healed) from
+  the recipe's source, the Pre-LN arm the source itself; both trained on the same token stream.
+- :func:`run_demo`: SmolLM2-135M (or ``source``) through every stage into one report.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import yaml
+
+from .errors import MixLNError
+from .fetch import cache_dir
+from .io.loader import open_checkpoint
+from .io.paths import check_destination, check_not_input
+from .io.writer import write_atomic
+from .limits import check_seq_len
+
+ARMS = ("mixln", "preln")
+DEMO_RECIPE = "smollm2-135m-cpu"  # shipped with the package
+DEMO_TRAIN_TOKENS = 8 * 4 * 256  # 8 optimizer steps of the CPU recipe per arm: minutes on 2 cores
+DEMO_ANALYSIS_TOKENS = 2 * 256
+
+
+def train(recipe: dict, out, arms=ARMS, resume: bool = False, progress: bool = True) -> dict:
+    """Train each arm of ``arms`` in turn into ``out``; returns {arm: summary}.
+
+    With ``resume`` an interrupted run continues from each arm's last checkpoint (finished arms
+    are kept as they are); the recipe must be the one the run started with.
+    """
+    from accelerate import PartialState
+    from accelerate.utils import parse_flag_from_env
+
+    from .data import load_splits
+    from .training.recipe import optimizer_steps
+    from .training.trainer import train_arm
+
+    out = Path(out).absolute()
+    # Accelerator reads `accelerate launch --cpu` (ACCELERATE_USE_CPU) itself; PartialState does not.
+    state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
+    accumulation = _accumulation(recipe, state.num_processes)
+    source = open_checkpoint(recipe["source"])
+    check_seq_len("seq_len", recipe["seq_len"], source.config, recipe["allow_longer_seq"])
+    if recipe["heal"]["tokens"]:
+        check_seq_len("heal.seq_len", recipe["heal"]["seq_len"], source.config, recipe["allow_longer_seq"])
+    _claim(out, recipe, resume, state)
+    train_tokens = max(optimizer_steps(recipe) * recipe["global_batch_size"] * recipe["seq_len"],
+                       recipe["heal"]["tokens"])
+    with state.main_process_first():  # the main process tokenizes into the cache, the others read it
+        splits = load_splits(recipe["data"], source.tokenizer, train_tokens)
+    summaries = {}
+    for arm in arms:
+        folder = out / arm
+        if resume and (folder / "summary.json").is_file():
+            summaries[arm] = _finished(folder, arm)
+            continue
+        arm_source = prepare(recipe, arm, folder, splits, progress)
+        summaries[arm] = train_arm(recipe, arm, folder, arm_source, splits, source.tokenizer, accumulation,
+                                   resume, progress)
+    state.destroy_process_group()
+    return summaries
+
+
+def prepare(recipe: dict, arm: str, folder: Path, splits, progress: bool) -> str:
+    """The checkpoint an arm trains from: the source for the Pre-LN arm; for the Mix-LN arm the
+    recipe's converted model, else the source converted into ``folder/converted`` and, with
+    ``heal.tokens``, healed into ``folder/healed`` on the run's own training stream."""
+    from accelerate import PartialState
+
+    from .conversion.converter import convert
+    from .healing import heal
+
+    if arm == "preln":
+        return recipe["source"]
+    converted = recipe["converted"] or folder / "converted"
+    with PartialState().main_process_first():  # the main process converts, the others then find the folder
+        if not (Path(converted) / "config.json").is_file():
+            convert(recipe["source"], converted, alpha=recipe["conversion"]["alpha"],
+                    strategy=recipe["conversion"]["strategy"], seed=recipe["seed"], progress=progress)
+        if not recipe["heal"]["tokens"]:
+            return str(converted)
+        healed = folder / "healed"
+        if not (healed / "config.json").is_file():
+            heal(converted, recipe["source"], healed, data=splits.train, perplexity=False, seed=recipe["seed"],
+                 progress=progress, **recipe["heal"])
+    return str(healed)
+
+
+def _accumulation(recipe: dict, processes: int) -> int:
+    per_pass = recipe["micro_batch_size"] * processes
+    if recipe["global_batch_size"] % per_pass:
+        raise MixLNError(f"global_batch_size {recipe['global_batch_size']} is not a multiple of micro_batch_size x "
+                         f"processes = {recipe['micro_batch_size']} x {processes}")
+    return recipe["global_batch_size"] // per_pass
+
+
+def _claim(out: Path, recipe: dict, resume: bool, state) -> None:
+    """Refuse to mix two runs in one folder, or a folder that is an input; the main process then
+    writes the resolved recipe."""
+    saved = out / "recipe.yaml"
+    inputs = {key: recipe[key] for key in ("source", "converted")}
+    inputs.update({f"data.{key}": recipe["data"][key] for key in ("train", "validation")})
+    check_not_input(out, inputs, "--out")
+    if saved.is_file():
+        if not resume:
+            raise MixLNError(f"{out}: holds a training run already; add --resume to continue it, "
+                             "or choose another --out")
+        try:
+            started_with = yaml.safe_load(saved.read_text())
+        except (OSError, ValueError, yaml.YAMLError):
+            raise MixLNError(f"{saved}: damaged; it holds the recipe --resume must match") from None
+        if started_with != recipe:
+            raise MixLNError(f"{out}: --resume needs the recipe the run started with, and {saved} differs")
+    elif out.is_dir() and any(out.iterdir()):
+        raise MixLNError(f"{out}: exists, is not empty and holds no training run; choose another --out")
+    state.wait_for_everyone()  # every process has checked before the main one writes
+    if state.is_main_process and not saved.is_file():
+        out.mkdir(parents=True, exist_ok=True)
+        write_atomic(saved, yaml.safe_dump(recipe, sort_keys=False))
+
+
+def _finished(folder: Path, arm: str) -> dict:
+    try:  # finished before the interruption
+        return json.loads((folder / "summary.json").read_text())
+    except (OSError, ValueError):
+        raise MixLNError(f"{folder / 'summary.json'}: damaged; remove it to train the {arm} arm again") from None
+
+
+def run_demo(out, *, source=None, alpha: float = 0.25, train_tokens: int = DEMO_TRAIN_TOKENS,
+             analysis_tokens: int = DEMO_ANALYSIS_TOKENS, prune_curve: bool = True, force: bool = False) -> dict:
+    """Every stage on ``source`` (default: SmolLM2-135M-Instruct from PyPI) into ``out``, with the
+    CPU recipe's settings: convert, train both arms, analyze each stage, compare; returns the
+    comparison (its ``summary`` sentences, ...)."""
+    from .analysis.analyze import analyze
+    from .report import compare
+    from .training import load_recipe
+
+    out = Path(out)
+    check_destination(out, {"the model cache": cache_dir(), "--source": source}, force, flag="--out")
+    if out.exists() and any(out.iterdir()):
+        shutil.rmtree(out)
+    overrides = [f"conversion.alpha={alpha}", f"max_tokens={train_tokens}", f"eval_interval={max(1, train_tokens // 1024)}",
+                 f"data.eval_tokens={analysis_tokens * 2}"]
+    if source is not None:
+        overrides.append(f"source={Path(source).absolute()}")
+    recipe = load_recipe(DEMO_RECIPE, overrides)
+    original = recipe["source"]
+    print(f"[1/4] source model: {original}")
+    print(f"[2/4] convert + recovery training of both arms ({recipe['max_tokens']} tokens each) -> {out / 'train'}")
+    train(recipe, out / "train")
+    stages = {
+        "original": original,
+        "converted": out / "train" / "mixln" / "converted",
+        "mixln-trained": out / "train" / "mixln" / "final",
+        "preln-trained": out / "train" / "preln" / "final",
+    }
+    print(f"[3/4] layer analysis of {', '.join(stages)} ({analysis_tokens} tokens each)")
+    for name, ckpt in stages.items():
+        analyze(ckpt, out / "analysis" / name, max_tokens=analysis_tokens, prune_curve=prune_curve)
+    print(f"[4/4] report -> {out / 'report'}")
+    return compare([out / "analysis" / name for name in stages] + [out / "train"], out / "report",
+                   labels=list(stages) + ["train"])
+
+
