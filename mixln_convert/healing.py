@@ -39,7 +39,6 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
-from . import __version__
 from .architectures import architecture_for
 from .data import PackedBlocks, blocks, read_texts, token_blocks, token_stream
 from .errors import MixLNError
@@ -47,7 +46,7 @@ from .options import LOSSES
 from .evaluate import evaluate_perplexity
 from .io.loader import open_checkpoint
 from .io.paths import check_destination, check_readable
-from .io.writer import ShardedWriter, atomic_output_dir, copy_model_code, parse_size
+from .io.writer import atomic_output_dir, parse_size, tool_stamp, write_checkpoint
 from .limits import check_fraction, check_nonnegative, check_positive, check_positive_float, check_seed, check_seq_len
 from .model.prefix import load_prefix, prefix_names
 
@@ -186,13 +185,12 @@ def heal(
         state = student.state_dict()
         healed = {name: state[name.removeprefix("model.")] for name in prefix_names(student_source, arch, k)
                   if arch.layer_of(name) is not None}
-        write_healed(student_source, healed, tmp, max_shard_bytes, progress)
-        provenance = {"tool": f"mixln-convert {__version__}", "teacher": str(Path(teacher).absolute()),
-                      "data": _describe(data), "seq_len": seq_len, "batch_size": batch_size,
-                      **{key: value for key, value in result.items() if key != "out"}}
-        write_config(student_source.config, provenance, tmp)
-        student_source.copy_extras(tmp)
-        copy_model_code(tmp)
+        record = tool_stamp(teacher=str(Path(teacher).absolute()), data=_describe(data), seq_len=seq_len,
+                            batch_size=batch_size, **{key: value for key, value in result.items() if key != "out"})
+        config = dict(student_source.config)
+        config["mixln_provenance"] = {**(config.get("mixln_provenance") or {}), "heal": record}
+        write_checkpoint(tmp, _healed_tensors(student_source, healed), config, student_source, max_shard_bytes,
+                         desc="writing", total=len(student_source.names()), progress=progress)
     return result
 
 
@@ -266,17 +264,8 @@ def held_out(student, teacher_prefix, model, blocks: torch.Tensor, batch_size: i
     return result
 
 
-def write_healed(source, healed: dict, folder: Path, max_shard_bytes: int, progress: bool) -> None:
-    """Stream every tensor of ``source`` into ``folder``, those named in ``healed`` replaced (in the source's dtype)."""
-    writer = ShardedWriter(folder, max_shard_bytes)
-    for name in tqdm(source.names(), desc="writing", unit="tensor", disable=not progress):
+def _healed_tensors(source, healed: dict):
+    """Every tensor of ``source``, those named in ``healed`` replaced (in the source's dtype)."""
+    for name in source.names():
         tensor = source.get(name)
-        writer.add(name, healed[name].detach().to("cpu", tensor.dtype) if name in healed else tensor)
-    writer.close()
-
-
-def write_config(config: dict, record: dict, folder: Path) -> None:
-    """The converted model's config.json with ``record`` as ``mixln_provenance["heal"]``."""
-    config = {k: v for k, v in config.items() if k != "_name_or_path"}
-    config["mixln_provenance"] = {**(config.get("mixln_provenance") or {}), "heal": record}
-    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        yield name, healed[name].detach().to("cpu", tensor.dtype) if name in healed else tensor

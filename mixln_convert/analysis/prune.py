@@ -11,16 +11,14 @@ Rules for removing N blocks (``METHODS``):
 The pruned checkpoint is of the same kind as its source, tensors streamed one at a time.
 """
 
-import json
 import re
 import time
 from pathlib import Path
 
-from .. import __version__
 from ..errors import MixLNError
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination
-from ..io.writer import ShardedWriter, atomic_output_dir, copy_model_code, parse_size
+from ..io.writer import atomic_output_dir, parse_size, tool_stamp, write_checkpoint
 from ..limits import check_positive, check_seq_len
 from ..options import METHODS
 
@@ -123,15 +121,11 @@ def prune(src, dst, *, layers: str | None = None, remove: int | None = None, met
         started = time.time()
         removed, reason = select_layers(source, num_layers, layers, remove, method, data, seq_len, max_tokens,
                                         batch_size, progress)
-        write_kept_tensors(source, source.arch, removed, tmp, max_shard_bytes, progress)
-        record = {"tool": f"mixln-convert {__version__}", "source": str(Path(src).absolute()),
-                  "num_layers_before": num_layers, "removed_layers": removed, **reason,
-                  "seconds": round(time.time() - started, 2)}
-        (tmp / "config.json").write_text(json.dumps(pruned_config(source.config, source.arch, removed, record),
-                                                    indent=2, sort_keys=True) + "\n")
-        source.copy_extras(tmp)
-        if source.is_mixln:
-            copy_model_code(tmp)
+        record = tool_stamp(source=str(Path(src).absolute()), num_layers_before=num_layers, removed_layers=removed,
+                            **reason, seconds=round(time.time() - started, 2))
+        write_checkpoint(tmp, kept_tensors(source, source.arch, removed),
+                         pruned_config(source.config, source.arch, removed, record), source, max_shard_bytes,
+                         desc="pruning", total=len(source.names()), progress=progress)
     return Path(dst)
 
 
@@ -157,15 +151,12 @@ def select_layers(source, num_layers, layers, remove, method, data, seq_len, max
     return choose_layers(method, remove, num_layers, scores), reason
 
 
-def write_kept_tensors(source, arch, removed: list[int], folder: Path, max_shard_bytes: int, progress: bool) -> None:
-    """Stream every tensor but those of the ``removed`` blocks into ``folder``, blocks renumbered."""
-    from tqdm.auto import tqdm
-
+def kept_tensors(source, arch, removed: list[int]):
+    """Every tensor but those of the ``removed`` blocks, the kept blocks renumbered."""
     kept = [i for i in range(source.config["num_hidden_layers"]) if i not in removed]
     new_index = {old: new for new, old in enumerate(kept)}
     tied = source.config.get("tie_word_embeddings", False)
-    writer = ShardedWriter(folder, max_shard_bytes)
-    for name in tqdm(source.names(), desc="pruning", unit="tensor", disable=not progress):
+    for name in source.names():
         i = arch.layer_of(name)
         if i in removed or (tied and name == arch.lm_head):  # a tied head is the embeddings: not saved twice
             continue
@@ -173,13 +164,12 @@ def write_kept_tensors(source, arch, removed: list[int], folder: Path, max_shard
         if i is not None:
             prefix = arch.layer_prefix.format(i=i)
             new_name = arch.layer_prefix.format(i=new_index[i]) + name.removeprefix(prefix)
-        writer.add(new_name, source.get(name))
-    writer.close()
+        yield new_name, source.get(name)
 
 
 def pruned_config(config: dict, arch, removed: list[int], record: dict) -> dict:
     """config.json of the pruned model: depth, Mix-LN layout, and ``record`` in its provenance."""
-    config = {k: v for k, v in config.items() if k != "_name_or_path"}
+    config = dict(config)
     config["num_hidden_layers"] -= len(removed)
     if config.get("model_type") == arch.converted["model_type"]:
         n_post = config["post_ln_layers"]

@@ -1,21 +1,18 @@
 """``convert()``: a Pre-LN LLaMA checkpoint in, a Mix-LN checkpoint folder out."""
 
-import json
 import time
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
-from .. import __version__
 from ..architectures import architecture_for
 from ..errors import MixLNError
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable
-from ..io.writer import ShardedWriter, atomic_output_dir, copy_model_code, parse_size
+from ..io.writer import atomic_output_dir, parse_size, tool_stamp, write_checkpoint
 from ..limits import check_positive, check_seed, check_seq_len
-from .layout import post_ln_count
 from ..options import STRATEGIES
+from .layout import post_ln_count
 from .plan import ConversionPlan
 
 # Calibration blocks of 128 tokens fitted SmolLM2's Post-LN gains better than 512 at every evaluated
@@ -89,22 +86,17 @@ def convert(
             stats = calibration_statistics(source, arch, n_post, calibration_data, calibration_tokens,
                                            calibration_seq_len, progress)
         plan = ConversionPlan(arch, config, n_post, strategy, scaled_init, seed, stats, out_dtype)
-        writer = ShardedWriter(tmp, max_shard_bytes)
-        for name, tensor in tqdm(plan.tensors(source), total=len(source.names()), desc="converting",
-                                 unit="tensor", disable=not progress):
-            writer.add(name, tensor)
-        writer.close()
-        provenance = {
-            "tool": f"mixln-convert {__version__}",
-            "source": str(Path(src).absolute()),
-            "strategy": strategy,
-            "scaled_init": scaled_init if strategy in ("reinit-post", "scratch") else None,
-            "seed": seed,
-            "calibration": _provenance_of(stats),
-            "seconds": round(time.time() - started, 2),
-        }
-        write_config(tmp, config, arch, n_post, alpha, out_dtype, provenance)
-        source.copy_extras(tmp)
+        provenance = tool_stamp(source=str(Path(src).absolute()), strategy=strategy, seed=seed,
+                                calibration=_provenance_of(stats))
+        if strategy in ("reinit-post", "scratch"):
+            provenance["scaled_init"] = scaled_init
+
+        def finished_config() -> dict:
+            return converted_config(config, arch, n_post, alpha, out_dtype,
+                                    {**provenance, "seconds": round(time.time() - started, 2)})
+
+        write_checkpoint(tmp, plan.tensors(source), finished_config, source, max_shard_bytes, desc="converting",
+                         total=len(source.names()), progress=progress)
     return Path(dst)
 
 
@@ -134,11 +126,9 @@ def _provenance_of(stats: dict | None) -> dict | None:
     return {k: [v.mean().item() for v in vs] if k.endswith("_gain") else vs for k, vs in stats.items()}
 
 
-def write_config(folder: Path, source_config: dict, arch, n_post: int, alpha, dtype, provenance: dict) -> None:
-    """config.json of the converted model plus the modeling code that ``auto_map`` points to."""
-    # torch_dtype, transformers 4's name of dtype (set below), would contradict a --dtype conversion.
-    dropped = ("quantization_config", "_name_or_path", "torch_dtype")
-    config = {k: v for k, v in source_config.items() if k not in dropped}
+def converted_config(source_config: dict, arch, n_post: int, alpha, dtype, provenance: dict) -> dict:
+    """config.json of the converted model: the source's, with the Mix-LN model type and layout."""
+    config = dict(source_config)
     config.update(
         model_type=arch.converted["model_type"],
         architectures=[arch.converted["architecture"]],
@@ -148,5 +138,4 @@ def write_config(folder: Path, source_config: dict, arch, n_post: int, alpha, dt
         dtype=str(dtype).removeprefix("torch."),
         mixln_provenance=provenance,
     )
-    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    copy_model_code(folder)
+    return config

@@ -132,6 +132,37 @@ def write_failure(dst: Path, error: OSError, tmp: Path | None = None) -> str:
     return message
 
 
+def tool_stamp(**record) -> dict:
+    """A provenance record of this tool: what config.json's ``mixln_provenance`` entries start with."""
+    from .. import __version__
+
+    return {"tool": f"mixln-convert {__version__}", **record}
+
+
+# config keys an output never carries over: a dequantized GGUF has no quantizer, the source's
+# folder name is not the output's, and transformers 4's torch_dtype would contradict ``dtype``
+_DROPPED_CONFIG = ("quantization_config", "_name_or_path", "torch_dtype")
+
+
+def write_checkpoint(folder: Path, tensors, config: dict, source, max_shard_bytes: int, *, desc: str,
+                     total: int | None = None, progress: bool = True) -> None:
+    """The one rewrite pipe of convert, heal and prune: ``tensors`` ((name, tensor) pairs, streamed)
+    as safetensors shards, ``config`` as config.json, the source's tokenizer and extras, and, for a
+    Mix-LN config (one with ``auto_map``), the modeling code from this package. ``config`` may be a
+    function that gives it once the tensors are written, so a provenance can state their cost."""
+    from tqdm.auto import tqdm
+
+    writer = ShardedWriter(folder, max_shard_bytes)
+    for name, tensor in tqdm(tensors, total=total, desc=desc, unit="tensor", disable=not progress):
+        writer.add(name, tensor)
+    writer.close()
+    config = {k: v for k, v in (config() if callable(config) else config).items() if k not in _DROPPED_CONFIG}
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    source.copy_extras(folder)
+    if "auto_map" in config:
+        copy_model_code(folder)
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Replace the file ``path`` with ``text`` in one step: a reader sees the old or the new file."""
     with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
