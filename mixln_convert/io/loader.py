@@ -416,7 +416,9 @@ def _read_gguf_header(path: Path) -> tuple[dict, dict[str, tuple[int, ...]]]:
 
 def open_checkpoint(path) -> Checkpoint:
     """The checkpoint at ``path`` (an HF folder or a ``.gguf`` file), validated; opened once per
-    process for as long as its files are unchanged."""
+    process for as long as its files are unchanged. A Checkpoint passes through as it is."""
+    if isinstance(path, Checkpoint):
+        return path
     path = Path(path)
     if not path.exists():
         raise MixLNError(f"{path}: no such checkpoint")

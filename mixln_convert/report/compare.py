@@ -12,10 +12,9 @@ import json
 import numpy as np
 
 from ..errors import MixLNError
-from .inputs import Model, load_inputs
+from .inputs import PRUNE_FRACTIONS, Model, load_inputs
 
 TIE = 0.005  # relative differences below 0.5% are called ties (a judgement: 10^4-10^5 eval tokens rarely resolve less)
-PRUNE_FRACTIONS = {"L/8": 8, "L/4": 4, "L/2": 2}  # removed blocks N = L // d in the pruning table
 PRUNE_VERDICT = "L/4"  # the pruning sentence compares models at this many removed blocks
 
 

@@ -13,6 +13,7 @@ ARM_KINDS = {"mixln": "Mix-LN", "preln": "Pre-LN"}  # the train command's arm fo
 ANALYSIS_KEYS = ("checkpoint", "num_layers", "post_ln_layers", "perplexity", "layer_drop",
                  "angular_distance_matrix", "grad_norm_per_layer")
 PER_LAYER_KEYS = ("layer_drop", "angular_distance_matrix", "grad_norm_per_layer")
+PRUNE_FRACTIONS = {"L/8": 8, "L/4": 4, "L/2": 2}  # removed blocks N = L // d in the pruning table
 
 
 @dataclass

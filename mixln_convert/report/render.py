@@ -9,8 +9,7 @@ import html
 import re
 from pathlib import Path
 
-from .compare import PRUNE_FRACTIONS
-from .inputs import Model
+from .inputs import PRUNE_FRACTIONS, Model
 
 MISSING = "—"
 PPL_NOTE = ("Validation perplexity is measured by the training run on its validation text (summary.json, "

@@ -23,9 +23,9 @@ SMOLLM2 = "smollm2"  # `source: smollm2` names the embedded default model (the c
 DEFAULTS = {
     "source": None,  # the Pre-LN model: HF folder, .gguf, or "smollm2"
     "converted": None,  # an already converted Mix-LN checkpoint; None: convert `source` into OUT/mixln/converted
-    "conversion": {"alpha": 0.25, "strategy": "calibrated"},
+    "conversion": {"alpha": 0.25, "strategy": "calibrated"},  # alpha: the paper's, for 71M-1B models
     # Distil the converted Post-LN blocks from the source before training (mixln-convert heal);
-    # tokens 0 skips it. KL on the final logits recovers SmolLM2 to 1.007x in 64k tokens.
+    # tokens 0 skips it.
     "heal": {"tokens": 0, "seq_len": 256, "batch_size": 4, "lr": 1e-4, "loss": "kl"},
     "data": {
         "train": None,  # file, folder or glob (see `read_texts`); None: the embedded corpus's train split
@@ -33,14 +33,15 @@ DEFAULTS = {
         "validation_fraction": 0.01,
         "eval_tokens": 65536,  # validation tokens scored at each evaluation
     },
-    "seq_len": 256,
+    "seq_len": 256,  # the paper's (LLaMA-71M..1B)
     "micro_batch_size": 4,  # sequences per forward pass and process
     "global_batch_size": 32,  # sequences per optimizer step, all processes and accumulation together
     "max_tokens": 1_000_000,  # training budget; steps = max_tokens // (global_batch_size * seq_len)
+    # lr: the paper's from scratch; a pretrained source usually wants less (3e-4, 1e-4)
     "optim": {"lr": 1e-3, "betas": [0.9, 0.95], "weight_decay": 0.1, "eps": 1e-8},
-    "schedule": {"warmup_steps": 100, "min_lr_ratio": 0.1},  # linear warmup, cosine down to min_lr_ratio * lr
+    "schedule": {"warmup_steps": 100, "min_lr_ratio": 0.1},  # linear warmup, cosine (paper) down to min_lr_ratio * lr
     "grad_clip": 1.0,  # max global gradient norm; 0 disables clipping
-    "precision": "auto",
+    "precision": "auto",  # bf16 autocast on a GPU with fp32 master weights; fp32 on CPU
     "log_interval": 1,
     "eval_interval": 100,
     "checkpoint_interval": 500,
