@@ -30,3 +30,28 @@ def test_smollm2_calibrated_conversion_keeps_perplexity_close(tmp_path):
     print(f"\nSmolLM2-135M perplexity on {blocks.numel()} tokens: original {original:.2f}, "
           f"Mix-LN calibrated {converted:.2f} ({converted / original:.3f}x)")
     assert converted / original < 1.35
+
+
+@pytest.mark.real_model
+def test_a_gguf_is_dequantized_once_per_process(tmp_path, monkeypatch):
+    """convert, heal (the GGUF as teacher) and a whole-model load in one process read the GGUF's
+    weights once: every later use is the cached, validated checkpoint."""
+    from transformers import AutoModelForCausalLM
+
+    from mixln_convert.healing import heal
+    from mixln_convert.io import loader
+
+    loader._open.cache_clear()
+    calls = []
+    original = AutoModelForCausalLM.from_pretrained.__func__
+
+    def counting(cls, *args, **kwargs):
+        calls.append(kwargs.get("gguf_file"))
+        return original(cls, *args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", classmethod(counting))
+    gguf = smollm2_gguf()
+    out = convert(gguf, tmp_path / "converted", post_ln_layers=2, calibration_tokens=256, progress=False)
+    heal(out, gguf, tmp_path / "healed", tokens=64, seq_len=64, batch_size=1, eval_tokens=64, progress=False)
+    load_model(gguf)
+    assert calls.count(gguf.name) == 1, calls

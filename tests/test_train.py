@@ -375,3 +375,31 @@ def test_resume_skips_a_damaged_checkpoint_and_a_cut_metrics_line(cli, tiny_llam
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and "step-8: damaged, and no earlier checkpoint loads" in errors[0], result.stderr
+
+
+def test_a_run_with_a_heal_opens_each_checkpoint_once(tiny_llama_tied, corpus, tmp_path, monkeypatch):
+    """One train run (convert, heal, both arms): the source and the converted model are each
+    opened and validated once, and each tokenizer is loaded once."""
+    from transformers import AutoTokenizer
+
+    from mixln_convert.io import loader
+
+    loader._open.cache_clear()
+    opened, tokenizers = [], []
+    init, from_pretrained = loader.FolderCheckpoint.__init__, AutoTokenizer.from_pretrained.__func__
+
+    def counting_init(self, path):
+        opened.append(Path(path).name)
+        init(self, path)
+
+    def counting_tokenizer(cls, path, *args, **kwargs):
+        tokenizers.append(Path(path).name)
+        return from_pretrained(cls, path, *args, **kwargs)
+
+    monkeypatch.setattr(loader.FolderCheckpoint, "__init__", counting_init)
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", classmethod(counting_tokenizer))
+    sets = tiny(tiny_llama_tied, corpus, steps=2, **{"heal.tokens": 256, "heal.seq_len": 32, "heal.batch_size": 2})
+    train(load_recipe("smollm2-135m-cpu", sets), tmp_path / "run", progress=False)
+    source = tiny_llama_tied.name
+    assert sorted(opened) == sorted([source, "converted", "healed"]), opened
+    assert sorted(tokenizers) == sorted([source, "converted"]), tokenizers

@@ -1,0 +1,63 @@
+"""The wheel is the product: built with `pip wheel`, installed into a fresh venv (no checkout on
+its path), it lists its recipes and runs a minimal demo from an empty folder outside the checkout."""
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).parent.parent
+
+
+def run(cmd, **kwargs) -> subprocess.CompletedProcess:
+    done = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kwargs)
+    assert done.returncode == 0, (cmd, done.stdout[-2000:], done.stderr[-4000:])
+    return done
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory) -> Path:
+    """A fresh venv with the wheel installed; its dependencies come from this environment's
+    site-packages by a path entry (the editable install of the checkout is not on it)."""
+    root = tmp_path_factory.mktemp("wheel")
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", root / "dist", REPO])
+    wheel, = (root / "dist").glob("mixln_convert-*.whl")
+    run([sys.executable, "-m", "venv", root / "venv"])
+    python = root / "venv" / "bin" / "python"
+    site = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+    (Path(site) / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    run([python, "-m", "pip", "install", "--no-deps", "--quiet", wheel])
+    return root / "venv"
+
+
+def test_the_installed_package_is_the_wheel_not_the_checkout(venv, tmp_path):
+    where = run([venv / "bin" / "python", "-c", "import mixln_convert; print(mixln_convert.__file__)"],
+                cwd=tmp_path).stdout.strip()
+    assert Path(where).is_relative_to(venv) and not Path(where).is_relative_to(REPO)
+
+
+def test_the_wheel_ships_its_recipes_and_accelerate_configs(venv, tmp_path):
+    listed = run([venv / "bin" / "mixln-convert", "train", "--list"], cwd=tmp_path).stdout
+    for name in ("smollm2-135m-cpu", "smollm2-135m", "llama-1b", "llama-7b-fsdp", "fsdp", "multi_gpu_ddp"):
+        assert name in listed
+    path = Path(run([venv / "bin" / "mixln-convert", "recipes", "--path", "fsdp"], cwd=tmp_path).stdout.strip())
+    assert path.is_file() and path.is_relative_to(venv)
+    help_text = run([venv / "bin" / "mixln-convert", "train", "--help"], cwd=tmp_path).stdout
+    assert "recipes/" not in help_text  # help names only what a wheel has
+
+
+def test_a_minimal_demo_runs_from_an_empty_folder(venv, tiny_llama, tmp_path):
+    work = tmp_path / "empty"
+    work.mkdir()
+    env = {**os.environ, "MIXLN_CONVERT_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    done = run([venv / "bin" / "mixln-convert", "demo", "--source", tiny_llama, "--train-tokens", 1024,
+                "--analysis-tokens", 256, "--no-prune-curve"], cwd=work, env=env)
+    report = work / "mixln-demo" / "report"
+    assert (report / "report.md").is_file() and (report / "report.html").is_file()
+    comparison = json.loads((report / "comparison.json").read_text())
+    assert {m["label"] for m in comparison["models"]} >= {"original", "converted", "mixln-trained", "preln-trained"}
+    assert "report:" in done.stdout
