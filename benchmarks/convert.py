@@ -17,7 +17,6 @@ times of whole commands, Python start and imports included. Prints a Markdown ta
 """
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -28,13 +27,7 @@ import time
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve()
-REPO = SCRIPT.parent.parent
-SHAPES = {  # TinyLlama-1.1B and LLaMA-2-7B
-    "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
-               num_key_value_heads=4, vocab_size=32000),
-    "7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-               num_key_value_heads=32, vocab_size=32000),
-}
+SHAPES = {"1b": "tinyllama-1.1b", "7b": "llama2-7b"}  # --size -> a shape of benchmarks/shapes.py
 SHARD = {"1b": "500MB", "7b": "2GB"}
 CLI = [sys.executable, "-m", "mixln_convert.cli", "convert"]
 METHODS = {  # name: (what the table calls it, command given SRC and DST)
@@ -48,47 +41,6 @@ METHODS = {  # name: (what the table calls it, command given SRC and DST)
     "transformers": ("transformers: load, move in memory, save",
                      lambda src, dst: [sys.executable, str(SCRIPT), "_transformers", src, dst]),
 }
-
-
-def make_checkpoint(folder: Path, size: str) -> None:
-    """A LLaMA checkpoint of random bf16 weights in safetensors shards, written tensor by tensor."""
-    import torch
-    from safetensors.torch import save_file
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    sys.path.insert(0, str(REPO / "tests"))
-    from tiny import tiny_tokenizer  # calibration needs a tokenizer; any will do for random weights
-
-    from mixln_convert.io.writer import parse_size
-
-    config = LlamaConfig(**SHAPES[size], max_position_embeddings=2048, tie_word_embeddings=False,
-                         bos_token_id=1, eos_token_id=2, dtype="bfloat16")
-    with torch.device("meta"):  # names and shapes only
-        shapes = {name: p.shape for name, p in LlamaForCausalLM(config).state_dict().items()}
-    shards, shard_bytes, limit = [[]], 0, parse_size(SHARD[size])
-    for name, shape in shapes.items():
-        if shards[-1] and shard_bytes + 2 * shape.numel() > limit:
-            shards, shard_bytes = shards + [[]], 0
-        shards[-1].append(name)
-        shard_bytes += 2 * shape.numel()
-    folder.mkdir(parents=True)
-    weight_map = {}
-    for k, names in enumerate(shards):
-        file = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file({name: random_weight(shapes[name]) for name in names}, folder / file, metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(names, file))
-    index = {"metadata": {"total_size": sum(2 * s.numel() for s in shapes.values())}, "weight_map": weight_map}
-    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    config.save_pretrained(folder)
-    tiny_tokenizer().save_pretrained(folder)
-
-
-def random_weight(shape):
-    """bf16 weights of a LLaMA's scale: linears ~ N(0, 0.02), norm gains around 1."""
-    import torch
-
-    weight = 1 + 0.1 * torch.rand(shape) if len(shape) == 1 else 0.02 * torch.randn(shape)
-    return weight.to(torch.bfloat16)
 
 
 def transformers_conversion(src: str, dst: str) -> None:
@@ -141,10 +93,9 @@ def read_into_page_cache(folder: Path) -> None:
 
 def measure(command: list[str]) -> tuple[float, int]:
     """Wall seconds and peak RSS (bytes) of ``command``, run in a subprocess."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     with tempfile.TemporaryFile() as log:  # a file, not a pipe: progress bars would fill a pipe and block
         started = time.perf_counter()
-        process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log)
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
         _, status, usage = os.wait4(process.pid, 0)
         seconds = time.perf_counter() - started
         if status != 0:
@@ -165,8 +116,8 @@ def main():
     src, dst = Path(args.work) / f"llama-{args.size}", Path(args.work) / "out"
     if not src.is_dir():
         print(f"writing a synthetic {args.size} checkpoint to {src} ...", file=sys.stderr)
-        subprocess.run([sys.executable, str(SCRIPT), "_make", str(src), args.size], check=True,
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
+        subprocess.run([sys.executable, str(SCRIPT.parent / "shapes.py"), "checkpoint", str(src), SHAPES[args.size],
+                        SHARD[args.size]], check=True)
     shards = [p.stat().st_size for p in src.glob("*.safetensors")]
     methods, caches = args.methods.split(","), args.cache.split(",")
     runs = {(m, c): [] for m in methods for c in caches}
@@ -202,9 +153,7 @@ def main():
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["_make"]:
-        make_checkpoint(Path(sys.argv[2]), sys.argv[3])
-    elif sys.argv[1:2] == ["_transformers"]:
+    if sys.argv[1:2] == ["_transformers"]:
         transformers_conversion(sys.argv[2], sys.argv[3])
     else:
         main()

@@ -12,16 +12,13 @@ learning rate not yet annealed, so they understate what a run of that budget rea
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from mixln_convert import convert  # noqa: E402
-from mixln_convert.fetch import smollm2_gguf  # noqa: E402
-from mixln_convert.healing import heal  # noqa: E402
+from mixln_convert import convert
+from mixln_convert.fetch import smollm2_gguf
+from mixln_convert.healing import heal
 
 
 def main():

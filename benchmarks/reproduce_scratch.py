@@ -15,7 +15,6 @@ and OUT/reproduction.md. Without ``--tokens`` the budget per arm comes from the 
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,13 +23,11 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from mixln_convert.analysis.analyze import analyze  # noqa: E402
-from mixln_convert.data import embedded_corpus  # noqa: E402
-from mixln_convert.fetch import cache_dir  # noqa: E402
-from mixln_convert.pipeline import train  # noqa: E402
-from mixln_convert.training import load_recipe  # noqa: E402
+from mixln_convert.analysis.analyze import analyze
+from mixln_convert.data import embedded_corpus
+from mixln_convert.fetch import cache_dir
+from mixln_convert.pipeline import train
+from mixln_convert.training import load_recipe
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = "smollm2-135m-cpu"  # shipped with the package

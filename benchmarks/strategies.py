@@ -8,16 +8,13 @@ Markdown table with the ratio to the original, the figures quoted in the README.
 """
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from mixln_convert import convert, evaluate_perplexity, load_model, load_tokenizer  # noqa: E402
-from mixln_convert.data import read_texts, token_blocks  # noqa: E402
-from mixln_convert.fetch import smollm2_gguf  # noqa: E402
+from mixln_convert import convert, evaluate_perplexity, load_model, load_tokenizer
+from mixln_convert.data import read_texts, token_blocks
+from mixln_convert.fetch import smollm2_gguf
 
 
 def main():

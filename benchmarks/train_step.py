@@ -13,18 +13,15 @@ LM head, dominate the step.
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from mixln_convert.conversion.layout import post_ln_count  # noqa: E402
-from mixln_convert.model.configuration_mixln import MixLNConfig  # noqa: E402
-from mixln_convert.model.modeling_mixln import MixLNForCausalLM  # noqa: E402
+from mixln_convert.conversion.layout import post_ln_count
+from mixln_convert.model.configuration_mixln import MixLNConfig
+from mixln_convert.model.modeling_mixln import MixLNForCausalLM
 
 LIMIT = 1.05
 RESULT = Path(__file__).parent / "results" / "train_step.json"

@@ -139,7 +139,7 @@ _ALLOW_LONGER = click.option("--allow-longer", is_flag=True,
 @click.option("--calibration-tokens", type=POSITIVE, default=8192, show_default=True,
               help="Tokens the calibrated gains are fitted on.")
 @click.option("--calibration-seq-len", type=POSITIVE, default=128, show_default=True,
-              help="Tokens per calibration block (128 fitted SmolLM2 better than 512 or 64).")
+              help="Tokens per calibration block (short blocks fit better; docs/measurements.md).")
 @click.option("--max-shard-size", default=None,
               help="Largest output shard, e.g. 5GB, 500MB. Default: the source's largest shard, at most 5GB "
                    "(memory use grows with it).")

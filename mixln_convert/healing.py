@@ -12,15 +12,9 @@ Losses:
   the few tokens with massive activations (RMS in the thousands) do not set the whole loss;
 - ``kl`` (the default): KL(teacher || student) of the final next-token distributions; runs both
   whole models (still training the k blocks only), about 3.5x the FLOPs of a ``residual`` step at
-  alpha 0.25, but it is the loss that recovers perplexity (figures below).
-
-Measured on SmolLM2-135M-Instruct, alpha 0.25 (7 of 30 blocks Post-LN), calibrated conversion,
-batches of 4 x 256 tokens, 16,384 held-out tokens (benchmarks/heal_curve.py, on a GPU): the
-conversion starts at 1.28x the original's perplexity. ``residual`` (lr 1e-4) reaches 1.13x after
-262k tokens, then stalls at 1.12-1.16x up to 1M tokens for any lr in 3e-5..1e-3 while its
-relative error keeps falling (0.073 -> 0.037): matching the stream at one depth does not pin
-down what the later blocks read from it. ``kl`` (lr 1e-4) reaches 1.05x after 33k tokens and
-1.007x after 66k.
+  alpha 0.25, but it is the loss that recovers perplexity: matching the stream at one depth does
+  not pin down what the later blocks read from it (measured curves: docs/measurements.md,
+  ``benchmarks/heal_curve.py``).
 
 The result is a normal converted checkpoint: every tensor of the converted model, the healed
 blocks' replaced, ``mixln_provenance["heal"]`` in config.json and ``heal_metrics.jsonl``

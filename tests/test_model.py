@@ -32,7 +32,7 @@ def rms_norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
 
 
 def reference_logits(model: MixLNForCausalLM, ids: torch.Tensor) -> torch.Tensor:
-    """MIXLN.md's block formulas written out by hand; only attention and MLP modules are reused."""
+    """docs/mixln.md's block formulas written out by hand; only attention and MLP modules are reused."""
     inner, n_post = model.model, model.config.post_ln_layers
     x = inner.embed_tokens.weight[ids]
     positions = torch.arange(ids.shape[1])[None]

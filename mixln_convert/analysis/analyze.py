@@ -1,6 +1,6 @@
 """``analyze()``: per-layer metrics of a checkpoint, written as ``DIR/analysis.json`` and plots.
 
-The metrics follow the Mix-LN paper's layer analysis (arXiv 2412.13795, see shared MIXLN.md):
+The metrics follow the Mix-LN paper's layer analysis (arXiv 2412.13795; docs/mixln.md):
 perplexity increase when a block is skipped, angular distance between block inputs (Gromov
 et al. 2024), block influence (ShortGPT) and gradient norms per block.
 """

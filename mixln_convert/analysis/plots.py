@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
-from matplotlib.ticker import MaxNLocator
 
 PRE_LN, POST_LN = "tab:blue", "tab:orange"
 ANGULAR_DISTANCE = "angular distance arccos(cos) / pi"

@@ -20,10 +20,7 @@ fitted block by block on the converted model's own activations (so errors do not
 unseen), each gain vector by per-channel least squares against the original stream. Unweighted
 least squares lets the few tokens with massive activations (residual RMS in the thousands, in a
 handful of channels) set those channels' gains, which keeps them massive after the Post-LN norm;
-the later Pre-LN layers rely on them. Measured on SmolLM2-135M, alpha 0.25 (8 x 512 held-out
-tokens; original 7.94): median per-token RMS as a scalar gain (shared/MIXLN.md) 10.36, scalar
-relative-error fit 11.89, per-channel relative-error fit 12.53, scalar least squares 9.74,
-per-channel least squares 9.54.
+the later Pre-LN layers rely on them. Every variant tried, with its perplexity: docs/measurements.md.
 """
 
 import torch

@@ -15,9 +15,8 @@ from ..options import STRATEGIES
 from .layout import post_ln_count
 from .plan import ConversionPlan
 
-# Calibration blocks of 128 tokens fitted SmolLM2's Post-LN gains better than 512 at every evaluated
-# length (128-1024; 1.18x against 1.22x the original's perplexity at 512), 64 and 32 worse: each
-# block's first positions carry the massive activations, and short blocks give the fit more of them.
+# Short calibration blocks fit the Post-LN gains better (down to a point; docs/measurements.md):
+# each block's first positions carry the massive activations, and short blocks give the fit more of them.
 CALIBRATION_SEQ_LEN = 128
 
 

@@ -14,7 +14,7 @@ scratch         every tensor of the model is freshly initialized
 
 ``calibrated`` folds ``gain / typical_rms`` into the input columns of the projections that
 read a norm's output, because a Post-LN block feeds them a residual stream normalized to a
-constant RMS instead of the Pre-LN norm's output (see shared MIXLN.md).
+constant RMS instead of the Pre-LN norm's output (docs/mixln.md).
 """
 
 from dataclasses import dataclass, field
