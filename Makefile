@@ -9,7 +9,7 @@ $(VENV): pyproject.toml scripts/setup.sh
 setup: $(VENV)
 
 demo: $(VENV)
-	.venv/bin/mixln-convert demo --force  # a rerun replaces the earlier mixln-demo/
+	.venv/bin/mixln-convert demo --resume  # a rerun keeps what an earlier one finished
 
 test: $(VENV)
 	.venv/bin/python -m pytest

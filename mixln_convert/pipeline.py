@@ -130,17 +130,21 @@ def _finished(folder: Path, arm: str) -> dict:
 
 
 def run_demo(out, *, source=None, alpha: float = 0.25, train_tokens: int = DEMO_TRAIN_TOKENS,
-             analysis_tokens: int = DEMO_ANALYSIS_TOKENS, prune_curve: bool = True, force: bool = False) -> dict:
+             analysis_tokens: int = DEMO_ANALYSIS_TOKENS, prune_curve: bool = True, force: bool = False,
+             resume: bool = False) -> dict:
     """Every stage on ``source`` (default: SmolLM2-135M-Instruct from PyPI) into ``out``, with the
     CPU recipe's settings: convert, train both arms, analyze each stage, compare; returns the
-    comparison (its ``summary`` sentences, ...)."""
+    comparison (its ``summary`` sentences, ...). ``resume`` keeps what an earlier run with the same
+    settings finished (trained arms, analyses) and continues from there; ``force`` starts afresh."""
     from .analysis.analyze import analyze
     from .report import compare
     from .training import load_recipe
 
+    if force and resume:
+        raise MixLNError("--force and --resume: give one (--force starts afresh, --resume continues)")
     out = Path(out)
-    check_destination(out, {"the model cache": cache_dir(), "--source": source}, force, flag="--out")
-    if out.exists() and any(out.iterdir()):
+    check_destination(out, {"the model cache": cache_dir(), "--source": source}, force or resume, flag="--out")
+    if force and out.exists() and any(out.iterdir()):
         shutil.rmtree(out)
     overrides = [f"conversion.alpha={alpha}", f"max_tokens={train_tokens}", f"eval_interval={max(1, train_tokens // 1024)}",
                  f"data.eval_tokens={analysis_tokens * 2}"]
@@ -150,7 +154,10 @@ def run_demo(out, *, source=None, alpha: float = 0.25, train_tokens: int = DEMO_
     original = recipe["source"]
     print(f"[1/4] source model: {original}")
     print(f"[2/4] convert + recovery training of both arms ({recipe['max_tokens']} tokens each) -> {out / 'train'}")
-    train(recipe, out / "train")
+    for summary in train(recipe, out / "train", resume=resume).values():
+        print(f"      {summary['arm']}: validation perplexity {summary['initial_val_ppl']:.2f} -> "
+              f"{summary['final_val_ppl']:.2f} ({recipe['data']['eval_tokens']} embedded validation tokens, "
+              f"blocks of {recipe['seq_len']})")
     stages = {
         "original": original,
         "converted": out / "train" / "mixln" / "converted",
@@ -159,9 +166,12 @@ def run_demo(out, *, source=None, alpha: float = 0.25, train_tokens: int = DEMO_
     }
     print(f"[3/4] layer analysis of {', '.join(stages)} ({analysis_tokens} tokens each)")
     for name, ckpt in stages.items():
-        analyze(ckpt, out / "analysis" / name, max_tokens=analysis_tokens, prune_curve=prune_curve)
+        if not (resume and (out / "analysis" / name / "analysis.json").is_file()):
+            result = analyze(ckpt, out / "analysis" / name, max_tokens=analysis_tokens, prune_curve=prune_curve,
+                             force=resume)
+            print(f"      {name}: perplexity {result['perplexity']:.2f} ({result['tokens']} tokens scored)")
     print(f"[4/4] report -> {out / 'report'}")
     return compare([out / "analysis" / name for name in stages] + [out / "train"], out / "report",
-                   labels=list(stages) + ["train"])
+                   labels=list(stages) + ["train"], force=resume)
 
 

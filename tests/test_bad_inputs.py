@@ -99,26 +99,17 @@ class Inputs:
         return folder
 
 
+def _tensor(key, make):
+    """A change of a config or state dict: ``key`` becomes ``make(its old value)``."""
+    return lambda mapping: {**mapping, key: make(mapping.get(key))}
+
+
 def _set(key, value):
-    def change(config):
-        config[key] = value
-        return config
-    return change
+    return _tensor(key, lambda _: value)
 
 
-def _drop(key):
-    return lambda config: {k: v for k, v in config.items() if k != key}
-
-
-def _tensor(name, make):
-    def change(state):
-        state[name] = make(state[name])
-        return state
-    return change
-
-
-def _without(name):
-    return lambda state: {k: v for k, v in state.items() if k != name}
+def _without(key):
+    return lambda mapping: {k: v for k, v in mapping.items() if k != key}
 
 
 def _poison(name, value):
@@ -232,9 +223,9 @@ ROWS = [
     # ---- the checkpoint against its config ----
     ("config-is-a-list", lambda i, o: ["convert", i.variant("v", config=lambda c: [c]), o], "a config must be a JSON object"),
     ("config-not-json", lambda i, o: ["convert", broken_config(i), o], "unreadable JSON"),
-    ("config-no-num-layers", lambda i, o: ["convert", i.variant("v", config=_drop("num_hidden_layers")), o], "num_hidden_layers is missing"),
+    ("config-no-num-layers", lambda i, o: ["convert", i.variant("v", config=_without("num_hidden_layers")), o], "num_hidden_layers is missing"),
     ("config-layers-a-string", lambda i, o: ["convert", i.variant("v", config=_set("num_hidden_layers", "8")), o], "num_hidden_layers must be a positive integer"),
-    ("config-hidden-not-divisible", lambda i, o: ["convert", i.variant("v", config=lambda c: {**_drop("head_dim")(c), "num_attention_heads": 6}), o], "not divisible by num_attention_heads"),
+    ("config-hidden-not-divisible", lambda i, o: ["convert", i.variant("v", config=lambda c: {**_without("head_dim")(c), "num_attention_heads": 6}), o], "not divisible by num_attention_heads"),
     ("config-kv-heads-not-dividing", lambda i, o: ["convert", i.variant("v", config=_set("num_key_value_heads", 3)), o], "not a multiple of num_key_value_heads"),
     ("config-eps-negative", lambda i, o: ["convert", i.variant("v", config=_set("rms_norm_eps", -1)), o], "rms_norm_eps"),
     ("config-more-layers-than-weights", lambda i, o: ["convert", i.variant("v", config=_set("num_hidden_layers", L + 2)), o], f"tensor {layer(L, 'input_layernorm.weight')} is missing"),
@@ -296,6 +287,10 @@ ROWS = [
     ("convert-seed-too-large", lambda i, o: ["convert", i.src, o, "--seed", str(2**32)], "'--seed'"),
     ("convert-calibration-seq-len-beyond", lambda i, o: ["convert", i.src, o, "--calibration-seq-len", "999"], "--calibration-seq-len: 999 exceeds"),
     ("convert-shard-size-garbage", lambda i, o: ["convert", i.src, o, "--max-shard-size", "banana"], "--max-shard-size"),
+    ("convert-shard-size-zero", lambda i, o: ["convert", i.src, o, "--max-shard-size", "0"], "a positive size"),
+    ("tokenizer-beyond-vocab", lambda i, o: ["eval", "--seq-len", "32", i.variant("v", config=_set("vocab_size", 300),
+                                                             tensors=lambda s: {k: v[:300] if v.shape[0] == 320 else v for k, v in s.items()})],
+     "its tokenizer has 320 tokens, more than the model's vocab_size 300"),
     ("convert-unknown-dtype", lambda i, o: ["convert", i.src, o, "--dtype", "int8"], "'--dtype'"),
     ("train-heal-seq-len-0", lambda i, o: [*recipe(i, "heal.seq_len=0"), "--out", o], "heal.seq_len must be a positive integer"),
     ("train-betas-out-of-range", lambda i, o: [*recipe(i, "optim.betas=[2, 3]"), "--out", o], "optim.betas[0] must be in [0, 1)"),

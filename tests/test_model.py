@@ -133,3 +133,16 @@ def test_config_model_type_and_round_trip():
     again = AutoConfig.for_model(**config.to_dict())
     assert type(again) is MixLNConfig
     assert (again.post_ln_layers, again.alpha) == (3, 0.375)
+
+
+def test_causal_lm_lists_generation_mixin_among_its_own_bases():
+    from transformers import GenerationMixin
+
+    assert GenerationMixin in MixLNForCausalLM.__bases__
+
+
+def test_legacy_gradient_checkpointing_flag_reaches_the_mix_ln_layers():
+    model = MixLNForCausalLM(MixLNConfig(**TINY_CONFIG, post_ln_layers=2, gradient_checkpointing=True))
+    assert all(layer.gradient_checkpointing for layer in model.model.layers)
+    plain = MixLNForCausalLM(MixLNConfig(**TINY_CONFIG, post_ln_layers=2))
+    assert not any(layer.gradient_checkpointing for layer in plain.model.layers)

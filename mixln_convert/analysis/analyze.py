@@ -91,5 +91,5 @@ def pruning_curve(runner: BlockRunner, blocks: torch.Tensor, method: str, scores
     """Perplexity with N = 1..L/2 blocks removed by ``method`` (ranked by ``scores``), in memory."""
     counts = list(range(1, runner.num_layers // 2 + 1))
     removals = [choose_layers(method, n, runner.num_layers, scores) for n in counts]
-    sweep = removal_sweep(runner, blocks, removals, batch_size, progress=progress)
+    sweep = removal_sweep(runner, blocks, removals, batch_size, progress=progress, desc=f"prune curve ({method})")
     return {"method": method, "removed": counts, "perplexity": sweep["removed"], "layers": removals}

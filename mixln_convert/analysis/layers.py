@@ -117,7 +117,8 @@ class RepresentationStatistics:
 
 @torch.no_grad()
 def removal_sweep(runner: BlockRunner, blocks: torch.Tensor, removals=(), batch_size: int = 4,
-                  statistics: RepresentationStatistics | None = None, progress: bool = True) -> dict:
+                  statistics: RepresentationStatistics | None = None, progress: bool = True,
+                  desc: str = "layer sweep") -> dict:
     """Perplexity of the full model and of the model with each set of blocks in ``removals`` skipped.
 
     One pass over ``blocks`` ([n, seq_len] token ids): each batch runs through the full model
@@ -131,7 +132,7 @@ def removal_sweep(runner: BlockRunner, blocks: torch.Tensor, removals=(), batch_
     """
     full_nll, removed_nll, tokens = 0.0, [0.0] * len(removals), 0
     batches = range(0, len(blocks), batch_size)
-    with tqdm(total=len(batches) * (1 + len(removals)), desc="layer sweep", disable=not progress, leave=False) as bar:
+    with tqdm(total=len(batches) * (1 + len(removals)), desc=desc, disable=not progress, leave=False) as bar:
         for start in batches:
             stream = runner.stream(blocks[start:start + batch_size].to(runner.model.device))
             full_nll += runner.nll(stream.residual[-1], stream.input_ids)

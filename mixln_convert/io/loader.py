@@ -115,9 +115,13 @@ class Checkpoint(ABC):
 
         folder, kwargs = self._tokenizer_args()
         try:
-            return AutoTokenizer.from_pretrained(folder, **kwargs)
+            tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise MixLNError(f"{self.path}: cannot load its tokenizer ({str(e).splitlines()[0]})") from None
+        if len(tokenizer) > self.config["vocab_size"]:
+            raise MixLNError(f"{self.path}: its tokenizer has {len(tokenizer)} tokens, more than the model's "
+                             f"vocab_size {self.config['vocab_size']}")
+        return tokenizer
 
     def model(self, dtype: torch.dtype | str | None = None, device: str | torch.device = "cpu"):
         """The whole causal LM in eval mode, values checked; Mix-LN checkpoints load through this
@@ -316,6 +320,7 @@ class GGUFCheckpoint(Checkpoint):
         shapes = {names.get(n, n): shape for n, shape in tensors.items() if n not in ignored}
         check_tensors({n: s for n, s in shapes.items()}, layout, self.arch, str(self.path))
         self._layout = layout
+        self.stored_types = meta["tensor_types"]  # the file's own encodings (Q4_1, Q8_0, F32, ...)
 
     @cached_property
     def config(self) -> dict:
@@ -363,7 +368,7 @@ class GGUFCheckpoint(Checkpoint):
         return tuple(self._state_dict[name].shape)
 
     def dtype(self) -> torch.dtype:
-        return torch.float32
+        return torch.float32  # what the dequantized tensors are; stored_types says what the file holds
 
     def largest_shard_bytes(self) -> int:
         """The whole dequantized model: it is in memory anyway."""
@@ -407,6 +412,7 @@ def _read_gguf_header(path: Path) -> tuple[dict, dict[str, tuple[int, ...]]]:
             else:
                 meta[key] = field.parts[field.data[0]].tolist()[0]
         tensors = {t.name: tuple(int(d) for d in reversed(t.shape.tolist())) for t in reader.tensors}
+        meta["tensor_types"] = sorted({t.tensor_type.name for t in reader.tensors})
     except Exception as e:  # a truncated or foreign file fails in many ways inside gguf
         raise MixLNError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
     if "general.architecture" not in meta:

@@ -43,9 +43,10 @@ def parse_size(text: str | int) -> int:
     if isinstance(text, int):
         return text
     match = _SIZE.match(str(text))
-    if not match:
-        raise MixLNError(f"--max-shard-size: cannot read size {text!r} (examples: 5GB, 500MB, 2GiB)")
-    return int(float(match.group(1)) * _UNITS[(match.group(2) or "").upper()])
+    size = int(float(match.group(1)) * _UNITS[(match.group(2) or "").upper()]) if match else 0
+    if size < 1:
+        raise MixLNError(f"--max-shard-size: cannot read size {text!r} (a positive size, e.g. 5GB, 500MB, 2GiB)")
+    return size
 
 
 def _try_lock(folder: Path) -> int | None:

@@ -12,6 +12,7 @@ so it imports only torch, transformers and its sibling configuration file.
 
 import torch
 from torch import nn
+from transformers import GenerationMixin
 from transformers.models.llama.modeling_llama import (
     LlamaDecoderLayer,
     LlamaForCausalLM,
@@ -49,15 +50,31 @@ class MixLNPreTrainedModel(LlamaPreTrainedModel):
     _can_record_outputs = {**LlamaPreTrainedModel._can_record_outputs, "hidden_states": MixLNDecoderLayer}
 
 
+def _legacy_checkpointing(config) -> bool:
+    """A config's legacy ``gradient_checkpointing: true``. transformers applies it in the first
+    post_init() and deletes it from the config; here that is the throwaway LLaMA layers built by
+    super().__init__, so it is read first and applied to the Mix-LN layers afterwards."""
+    return bool(getattr(config, "gradient_checkpointing", False))
+
+
+def _enable_checkpointing(model) -> None:
+    # transformers renamed it activation_checkpointing_enable (the old name warns); older 5.x has only the old
+    (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+
+
 class MixLNModel(MixLNPreTrainedModel, LlamaModel):
     def __init__(self, config: MixLNConfig):
+        checkpointing = _legacy_checkpointing(config)
         super().__init__(config)
         self.layers = nn.ModuleList(MixLNDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.post_init()
+        if checkpointing:
+            _enable_checkpointing(self)
 
 
-class MixLNForCausalLM(MixLNPreTrainedModel, LlamaForCausalLM):
+class MixLNForCausalLM(MixLNPreTrainedModel, LlamaForCausalLM, GenerationMixin):
     def __init__(self, config: MixLNConfig):
+        checkpointing = _legacy_checkpointing(config)
         super().__init__(config)
         self.model = MixLNModel(config)
         # post_init() adds the children's block classes to _no_split_modules; the LlamaModel that
@@ -65,6 +82,8 @@ class MixLNForCausalLM(MixLNPreTrainedModel, LlamaForCausalLM):
         # looks for in vain.
         self._no_split_modules = set(MixLNPreTrainedModel._no_split_modules)
         self.post_init()
+        if checkpointing:
+            _enable_checkpointing(self)
 
 
 __all__ = ["MixLNDecoderLayer", "MixLNForCausalLM", "MixLNModel", "MixLNPreTrainedModel"]

@@ -62,7 +62,7 @@ def report_blocks(models: list[Model], numbers: dict, summary: list[str], notes:
     blocks = [("h1", "Mix-LN comparison"), ("h2", "Summary"), ("ul", summary),
               ("h2", "Perplexity"),
               ("table", ["model", "layout", "stage", "validation perplexity", "analysis perplexity", "tokens trained",
-                         "wall time"], perplexity_rows(models, numbers)),
+                         "this machine's wall time (not a speed comparison)"], perplexity_rows(models, numbers)),
               ("p", PPL_NOTE)]
     if rows := prune_rows(numbers):
         blocks += [("h2", "Pruning"),
