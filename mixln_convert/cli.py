@@ -145,24 +145,40 @@ _ALLOW_LONGER = click.option("--allow-longer", is_flag=True,
                    "(memory use grows with it).")
 @click.option("--dtype", type=click.Choice(DTYPES), default=None, help="Output dtype; default: the source's.")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of initialized weights.")
+@click.option("--heal-tokens", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+              help="Heal in the same run: distil the Post-LN blocks from SRC on N tokens (as `mixln-convert heal`, "
+                   "its defaults otherwise; 65536 is heal's default budget). 0: convert only.")
+@click.option("--heal-data", default=None, metavar="PATH", help="Text for --heal-tokens (default: embedded corpus, train split).")
 @click.option("--force", is_flag=True, help="Replace a non-empty DST (never an input).")
 def convert(src, dst, alpha, post_ln_layers, strategy, scaled_init, calibration_data, calibration_tokens,
-            calibration_seq_len, max_shard_size, dtype, seed, force):
+            calibration_seq_len, max_shard_size, dtype, seed, heal_tokens, heal_data, force):
     """Convert the Pre-LN checkpoint SRC (HF folder or .gguf) into a Mix-LN checkpoint folder DST.
 
     SRC is checked before any work (config keys, every tensor present with its shape, values
     finite as they are read) and never written; DST appears only when complete."""
     _must_exist(src, "SRC")
     _must_exist(calibration_data, "--calibration-data")
-    check_destination(dst, {"SRC": src, "--calibration-data": calibration_data}, force)
+    _must_exist(heal_data, "--heal-data")
+    check_destination(dst, {"SRC": src, "--calibration-data": calibration_data, "--heal-data": heal_data}, force)
     if alpha is not None and post_ln_layers is not None:
         raise MixLNError("--alpha and --post-ln-layers are exclusive: give one")
+    conversion = dict(alpha=alpha, post_ln_layers=post_ln_layers, strategy=strategy, scaled_init=scaled_init,
+                      calibration_data=calibration_data, calibration_tokens=calibration_tokens,
+                      calibration_seq_len=calibration_seq_len, max_shard_size=max_shard_size, dtype=dtype, seed=seed)
+    if heal_tokens:
+        from .pipeline import convert_and_heal
+
+        result = convert_and_heal(src, dst, heal_tokens=heal_tokens, heal_data=heal_data, force=force, **conversion)
+        ppl, doc = result["perplexity"], result["per_document_perplexity"]
+        click.echo(f"converted and healed {result['post_ln_layers']} Post-LN blocks on {result['tokens']} tokens: "
+                   f"held-out perplexity {ppl['before'] / ppl['teacher']:.3f}x -> {ppl['after'] / ppl['teacher']:.3f}x "
+                   f"the original's (packed), {doc['before'] / doc['teacher']:.3f}x -> "
+                   f"{doc['after'] / doc['teacher']:.3f}x (each document from its first token)")
+        click.echo(f"wrote {dst}")
+        return
     from .conversion.converter import convert as run
 
-    out = run(src, dst, alpha=alpha, post_ln_layers=post_ln_layers, strategy=strategy, scaled_init=scaled_init,
-              calibration_data=calibration_data, calibration_tokens=calibration_tokens,
-              calibration_seq_len=calibration_seq_len, max_shard_size=max_shard_size, dtype=dtype, seed=seed,
-              force=force)
+    out = run(src, dst, force=force, **conversion)
     click.echo(f"wrote {out}")
     if strategy in ("move", "reinit-post", "scratch"):
         click.echo(f"note: a {strategy} conversion is not usable before training (its perplexity is in the "

@@ -89,6 +89,24 @@ def prepare(recipe: dict, arm: str, folder: Path, splits, progress: bool) -> str
     return str(healed)
 
 
+def convert_and_heal(src, dst, *, heal_tokens: int, heal_data=None, force: bool = False, progress: bool = True,
+                     **conversion) -> dict:
+    """One command from a pretrained model to a usable Mix-LN one: ``src`` converted (with
+    ``conversion``, the keyword arguments of :func:`~mixln_convert.conversion.converter.convert`)
+    into a temporary folder beside ``dst``, then healed on ``heal_tokens`` tokens into ``dst``.
+    Returns heal's result."""
+    import tempfile
+
+    from .conversion.converter import convert
+    from .healing import heal
+
+    target = check_destination(dst, {"SRC": src, "--heal-data": heal_data}, force)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.unhealed-") as work:
+        converted = convert(src, Path(work) / "converted", progress=progress, **conversion)
+        return heal(converted, src, dst, data=heal_data, tokens=heal_tokens, force=force, progress=progress)
+
+
 def _accumulation(recipe: dict, processes: int) -> int:
     per_pass = recipe["micro_batch_size"] * processes
     if recipe["global_batch_size"] % per_pass:

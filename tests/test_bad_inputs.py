@@ -223,6 +223,8 @@ ROWS = [
     # ---- the checkpoint against its config ----
     ("config-is-a-list", lambda i, o: ["convert", i.variant("v", config=lambda c: [c]), o], "a config must be a JSON object"),
     ("config-not-json", lambda i, o: ["convert", broken_config(i), o], "unreadable JSON"),
+    ("config-architectures-a-string", lambda i, o: ["convert", i.variant("v", config=_set("architectures", "LlamaForCausalLM")), o], "architectures must be a list"),
+    ("config-model-type-a-number", lambda i, o: ["convert", i.variant("v", config=_set("model_type", 7)), o], "model_type must be a string"),
     ("config-no-num-layers", lambda i, o: ["convert", i.variant("v", config=_without("num_hidden_layers")), o], "num_hidden_layers is missing"),
     ("config-layers-a-string", lambda i, o: ["convert", i.variant("v", config=_set("num_hidden_layers", "8")), o], "num_hidden_layers must be a positive integer"),
     ("config-hidden-not-divisible", lambda i, o: ["convert", i.variant("v", config=lambda c: {**_without("head_dim")(c), "num_attention_heads": 6}), o], "not divisible by num_attention_heads"),
@@ -306,6 +308,9 @@ ROWS = [
     ("train-seq-len-beyond-positions", lambda i, o: [*recipe(i, "seq_len=512", "global_batch_size=2", "max_tokens=1024"), "--out", o], "seq_len: 512 exceeds the model's max_position_embeddings"),
     ("train-unknown-key", lambda i, o: [*recipe(i, "optim.momentum=0.9"), "--out", o], "unknown key 'optim.momentum'"),
     ("train-set-not-yaml", lambda i, o: [*recipe(i, "optim.lr=[1"), "--out", o], "not valid YAML"),
+    ("train-recipe-not-utf8", lambda i, o: ["train", i.file("bad.yaml", b"\xff\xfe: 1"), "--out", o], "bad.yaml: the recipe is not UTF-8"),
+    ("train-recipe-a-list", lambda i, o: ["train", i.file("list.yaml", "- 1\n- 2\n"), "--out", o], "a recipe must be a mapping"),
+    ("train-recipe-bad-yaml", lambda i, o: ["train", i.file("broken.yaml", "a: [1\n"), "--out", o], "invalid YAML"),
     ("train-unknown-recipe", lambda i, o: ["train", "no-such-recipe", "--out", o], "no-such-recipe: neither a recipe file nor a shipped recipe"),
     ("train-source-missing", lambda i, o: [*recipe(i, f"source={i.root / 'gone'}"), "--out", o], "does not exist"),
     # ---- text ----

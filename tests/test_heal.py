@@ -121,3 +121,14 @@ def test_cli_heal_reports_before_and_after(moved, tiny_llama, tmp_path, cli):
     assert "held-out perplexity, packed blocks of" in result.stdout and f"wrote {out}" in result.stdout
     assert "each document from its first token: teacher" in result.stdout
     assert (out / "model.safetensors").is_file() and (out / "heal_metrics.jsonl").is_file()
+
+
+def test_convert_heals_in_the_same_run(tiny_llama, tmp_path, cli):
+    dst = tmp_path / "dst"
+    result = cli("convert", tiny_llama, dst, "--calibration-tokens", 512, "--calibration-seq-len", 32,
+                 "--heal-tokens", 2 * BATCH * 256)
+    assert result.exit_code == 0, result.output
+    assert "converted and healed 2 Post-LN blocks" in result.stdout and "each document from its first token" in result.stdout
+    provenance = json.loads((dst / "config.json").read_text())["mixln_provenance"]
+    assert provenance["strategy"] == "calibrated" and provenance["heal"]["steps"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dst"]  # the unhealed conversion is gone

@@ -22,6 +22,11 @@ def check_config(config, where: str) -> None:
     """Keys and types the converter and the model read, each error naming ``where`` and the key."""
     if not isinstance(config, dict):
         raise MixLNError(f"{where}: a config must be a JSON object, found a JSON {type(config).__name__}")
+    declared = config.get("architectures")
+    if declared is not None and not (isinstance(declared, list) and all(isinstance(a, str) for a in declared)):
+        raise MixLNError(f"{where}: architectures must be a list of class names, got {declared!r}")
+    if not isinstance(config.get("model_type", ""), str):
+        raise MixLNError(f"{where}: model_type must be a string, got {config['model_type']!r}")
     for key in REQUIRED_SIZES:
         if key not in config:
             raise MixLNError(f"{where}: required key {key} is missing")

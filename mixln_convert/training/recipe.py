@@ -204,6 +204,8 @@ def load_recipe(path, overrides=()) -> dict:
         loaded = yaml.safe_load(path.read_text()) or {}
     except OSError as e:
         raise MixLNError(f"{path}: cannot read the recipe ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise MixLNError(f"{path}: the recipe is not UTF-8 text") from None
     except yaml.YAMLError as e:
         raise MixLNError(f"{path}: invalid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(loaded, dict):
