@@ -56,6 +56,7 @@ def format_description(d: dict) -> str:
         + (f" (dequantized from GGUF {'/'.join(d['stored_as'])})" if d.get("stored_as") else "")
         + f"   tied embeddings {d['tied_embeddings']}",
         "",
+        "norm gains per block: mean ±std [min,max] over the channels; - where the layout has no such norm",
         f"{'layer':>5}  {'kind':7}  " + "  ".join(f"{r:>{CELL}}" for r in NORM_ROLES),
     ]
     rows = []

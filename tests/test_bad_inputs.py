@@ -176,6 +176,13 @@ def llama_gguf(inputs, blocks: int, tensors_for: int):
     return path
 
 
+def biased(inputs):
+    """A tiny LLaMA with attention biases, a valid checkpoint that the conversion does not handle."""
+    from tiny import make_tiny_llama
+
+    return make_tiny_llama(inputs.root / "biased", attention_bias=True)
+
+
 def broken_config(inputs):
     folder = inputs.variant("v")
     (folder / "config.json").write_text("{not json")
@@ -234,7 +241,8 @@ ROWS = [
     ("config-fewer-layers-than-weights", lambda i, o: ["convert", i.variant("v", config=_set("num_hidden_layers", L - 2)), o], "lies beyond the config's num_hidden_layers"),
     ("untied-without-lm-head", lambda i, o: ["convert", i.variant("v", tensors=_without("lm_head.weight")), o], "tensor lm_head.weight is missing"),
     ("without-final-norm", lambda i, o: ["convert", i.variant("v", tensors=_without("model.norm.weight")), o], "tensor model.norm.weight is missing"),
-    ("attention-bias-without-biases", lambda i, o: ["convert", i.variant("v", config=_set("attention_bias", True)), o], "q_proj.bias is missing"),
+    ("attention-bias-without-biases", lambda i, o: ["eval", i.variant("v", config=_set("attention_bias", True), base="converted")], "q_proj.bias is missing"),
+    ("convert-attention-bias", lambda i, o: ["convert", biased(i), o], "attention_bias true: projections with biases are not supported"),
     ("unexpected-tensor", lambda i, o: ["convert", i.variant("v", tensors=lambda s: {**s, "model.extra.weight": torch.ones(2)}), o], "unexpected tensor model.extra.weight"),
     ("wrong-shape-pre-ln", lambda i, o: ["convert", i.variant("v", tensors=_tensor(layer(6, "mlp.down_proj.weight"), lambda t: t[:, :-1].contiguous())), o], "has shape [64, 127]"),
     ("wrong-shape-post-ln", lambda i, o: ["convert", i.variant("v", tensors=_tensor(layer(0, "self_attn.q_proj.weight"), lambda t: t[:-1].contiguous())), o], "self_attn.q_proj.weight has shape"),

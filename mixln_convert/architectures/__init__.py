@@ -95,6 +95,10 @@ def architecture_for(config: dict, where: str) -> Architecture:
                 if config.get(key) is not None:
                     raise MixLNError(f"{where}: {key} {config[key]}: the Mix-LN model has no {feature}; "
                                      f"only {arch.name} checkpoints with {key} null convert")
+            for key in ("attention_bias", "mlp_bias"):  # the conversion plan folds and fits bias-free weights
+                if config.get(key):
+                    raise MixLNError(f"{where}: {key} true: projections with biases are not supported "
+                                     "(the conversion folds and fits LLaMA's bias-free blocks)")
             return arch
     supported = ", ".join(a for arch in all_architectures() for a in arch.architectures)
     found = ", ".join(declared) or model_type or "unknown"
