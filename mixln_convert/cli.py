@@ -333,7 +333,7 @@ def train(recipe_file, overrides, arm, out, resume, list_recipes):
 
     \b
     Several processes (DDP or FSDP; `mixln-convert recipes` lists the shipped accelerate configs):
-      accelerate launch --config_file "$(mixln-convert recipes --path multi_gpu_ddp)" \
+      accelerate launch --config_file "$(mixln-convert recipes --path multi_gpu_ddp)" \\
           -m mixln_convert.cli train RECIPE
     """
     from .training.recipe import load_recipe, recipe_path
