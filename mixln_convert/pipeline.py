@@ -16,7 +16,7 @@ from .errors import MixLNError
 from .fetch import cache_dir
 from .io.loader import open_checkpoint
 from .io.paths import check_destination, check_not_input
-from .io.writer import write_atomic
+from .io.writer import scratch_dir, write_atomic
 from .limits import check_seq_len
 
 ARMS = ("mixln", "preln")
@@ -95,15 +95,12 @@ def convert_and_heal(src, dst, *, heal_tokens: int, heal_data=None, force: bool 
     ``conversion``, the keyword arguments of :func:`~mixln_convert.conversion.converter.convert`)
     into a temporary folder beside ``dst``, then healed on ``heal_tokens`` tokens into ``dst``.
     Returns heal's result."""
-    import tempfile
-
     from .conversion.converter import convert
     from .healing import heal
 
     target = check_destination(dst, {"SRC": src, "--heal-data": heal_data}, force)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.unhealed-") as work:
-        converted = convert(src, Path(work) / "converted", progress=progress, **conversion)
+    with scratch_dir(target) as work:  # a kill leaves it to the next run to DST, like any temporary
+        converted = convert(src, work / "converted", progress=progress, **conversion)
         return heal(converted, src, dst, data=heal_data, tokens=heal_tokens, force=force, progress=progress)
 
 

@@ -93,16 +93,7 @@ def atomic_output_dir(dst, force: bool = False, protect=None):
     while writing (a full disk) becomes a one-line error naming ``dst``; the temporary folder goes.
     """
     dst = check_destination(dst, protect or {}, force)
-    try:
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
-        os.chmod(tmp, 0o777 & ~_umask())
-    except OSError as e:
-        raise MixLNError(f"{dst}: cannot write the output folder ({e.strerror})") from None
-    lock = _try_lock(tmp)  # marks tmp as alive before looking for dead ones
-    try:
-        if lock is not None:
-            _remove_stale_temporaries(dst)
+    with scratch_dir(dst) as tmp:
         try:
             yield tmp
             if dst.exists():
@@ -114,10 +105,26 @@ def atomic_output_dir(dst, force: bool = False, protect=None):
                 tmp.rename(dst)
         except OSError as e:
             raise MixLNError(write_failure(dst, e, tmp)) from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+
+@contextmanager
+def scratch_dir(dst: Path):
+    """A temporary folder beside ``dst`` (``.DST.tmp-*``, the user's umask), locked while this
+    process lives and removed when the block ends, however it ends. Those of killed runs (their
+    lock died with them) are removed first."""
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
+        os.chmod(tmp, 0o777 & ~_umask())
+    except OSError as e:
+        raise MixLNError(f"{dst}: cannot write the output folder ({e.strerror})") from None
+    lock = _try_lock(tmp)  # marks tmp as alive before looking for dead ones
+    try:
+        if lock is not None:
+            _remove_stale_temporaries(dst)
+        yield tmp
     finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # nothing left to remove once renamed into place
         if lock is not None:
             os.close(lock)
 
