@@ -479,7 +479,7 @@ def compare(inputs, out, labels, allow_mismatch, force):
     runs (`train` output folders; an arm's analysis/analysis.json is used too): perplexity table,
     training curves, layer drop, angular distance, gradient norms, pruning, and a summary in words.
     Writes DIR/report.md, DIR/report.html, the PNGs and DIR/comparison.json."""
-    check_destination(out, {f"input {i + 1}": path for i, path in enumerate(inputs)}, force, flag="--out")
+    check_destination(out, {f"#{i + 1}": path for i, path in enumerate(inputs)}, force, flag="--out")
     from .report import compare as run
 
     result = run(inputs, out, labels=labels, allow_mismatch=allow_mismatch, force=force)

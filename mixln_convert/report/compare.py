@@ -33,7 +33,7 @@ def compare(inputs, out, *, labels=(), allow_mismatch: bool = False, force: bool
     notes = check_tokenizers(models, allow_mismatch)
     numbers = {m.label: model_numbers(m) for m in models}
     result = {"summary": summary_sentences(models, numbers), "notes": notes, "models": list(numbers.values())}
-    with atomic_output_dir(out, force=force, protect={f"input {i + 1}": path for i, path in enumerate(inputs)}) as tmp:
+    with atomic_output_dir(out, force=force, protect={f"#{i + 1}": path for i, path in enumerate(inputs)}) as tmp:
         images = plot_report(models, tmp)
         write_report(tmp, models, numbers, result["summary"], notes, images)
         (tmp / "comparison.json").write_text(json.dumps(result, indent=2) + "\n")
