@@ -46,6 +46,9 @@ from .model.prefix import load_prefix, prefix_names
 
 
 
+HEAL_SEQ_LEN, HEAL_BATCH_SIZE = 256, 4  # a step of 4 x 256 tokens
+
+
 def heal(
     converted,
     teacher,
@@ -53,8 +56,8 @@ def heal(
     *,
     data=None,
     tokens: int = 65_536,
-    seq_len: int = 256,
-    batch_size: int = 4,
+    seq_len: int = HEAL_SEQ_LEN,
+    batch_size: int = HEAL_BATCH_SIZE,
     lr: float = 1e-4,
     loss: str = "kl",
     warmup_ratio: float = 0.1,

@@ -96,8 +96,12 @@ def convert_and_heal(src, dst, *, heal_tokens: int, heal_data=None, force: bool 
     into a temporary folder beside ``dst``, then healed on ``heal_tokens`` tokens into ``dst``.
     Returns heal's result."""
     from .conversion.converter import convert
-    from .healing import heal
+    from .healing import HEAL_BATCH_SIZE, HEAL_SEQ_LEN, heal
 
+    step = HEAL_BATCH_SIZE * HEAL_SEQ_LEN
+    if heal_tokens < step:
+        raise MixLNError(f"--heal-tokens: {heal_tokens} is less than one heal step "
+                         f"({HEAL_BATCH_SIZE} x {HEAL_SEQ_LEN} = {step} tokens)")
     target = check_destination(dst, {"SRC": src, "--heal-data": heal_data}, force)
     with scratch_dir(target) as work:  # a kill leaves it to the next run to DST, like any temporary
         converted = convert(src, work / "converted", progress=progress, **conversion)
