@@ -16,6 +16,7 @@ import click
 from . import __version__
 from .errors import MixLNError
 from .io.paths import check_destination, check_readable
+from .limits import check_one_step
 from .options import DTYPES, LOSSES, METHODS, STRATEGIES
 
 
@@ -363,10 +364,8 @@ def _print_recipes() -> None:
     for name, description in shipped_recipes().items():
         click.echo(f"  {name:<20} {description}")
     click.echo("accelerate configs (accelerate launch --config_file \"$(mixln-convert recipes --path NAME)\"):")
-    for entry in sorted((RECIPES / "accelerate").iterdir(), key=lambda e: e.name):
-        if entry.name.endswith(".yaml"):
-            first = next((line for line in entry.read_text().splitlines() if line.startswith("#")), "#")
-            click.echo(f"  {entry.name.removesuffix('.yaml'):<20} {first.lstrip('# ').strip()}")
+    for name, description in shipped_recipes(RECIPES / "accelerate").items():
+        click.echo(f"  {name:<20} {description}")
 
 
 @main.command()
@@ -442,8 +441,7 @@ def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, e
     _must_exist(data, "--data")
     out = out or str(Path(converted).with_name(Path(converted).name + "-healed"))
     check_destination(out, {"CONVERTED": converted, "--teacher": teacher, "--data": data}, force, flag="--out")
-    if tokens < batch_size * seq_len:
-        raise MixLNError(f"--tokens: {tokens} is less than one step (--batch-size x --seq-len = {batch_size * seq_len})")
+    check_one_step(tokens, batch_size, seq_len)
     from .healing import heal as run
 
     result = run(converted, teacher, out, data=data, tokens=tokens, seq_len=seq_len, batch_size=batch_size, lr=lr,

@@ -41,7 +41,8 @@ from .evaluate import evaluate_documents, evaluate_perplexity
 from .io.loader import open_checkpoint
 from .io.paths import check_destination, check_readable
 from .io.writer import atomic_output_dir, parse_size, tool_stamp, write_checkpoint
-from .limits import check_fraction, check_nonnegative, check_positive, check_positive_float, check_seed, check_seq_len
+from .limits import (check_fraction, check_nonnegative, check_one_step, check_positive, check_positive_float,
+                     check_seed, check_seq_len)
 from .model.prefix import load_prefix, prefix_names
 
 
@@ -92,8 +93,7 @@ def heal(
     check_fraction("warmup_ratio", warmup_ratio, high_open=True)
     check_nonnegative("grad_clip", grad_clip)
     check_seed(seed)
-    if tokens < batch_size * seq_len:
-        raise MixLNError(f"--tokens: {tokens} is less than one step (--batch-size x --seq-len = {batch_size * seq_len})")
+    check_one_step(tokens, batch_size, seq_len)
     steps = tokens // (batch_size * seq_len)
     max_shard_bytes = parse_size(max_shard_size)
     given = isinstance(data, (list, np.ndarray))  # documents or a token stream in hand, not a path

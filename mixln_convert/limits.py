@@ -36,6 +36,12 @@ def check_fraction(flag: str, value, *, low_open: bool = False, high_open: bool 
         raise MixLNError(f"{flag}: must be in {interval}, got {value!r}")
 
 
+def check_one_step(tokens: int, batch_size: int, seq_len: int) -> None:
+    """A heal budget of at least one step of ``batch_size`` x ``seq_len`` tokens."""
+    if tokens < batch_size * seq_len:
+        raise MixLNError(f"--tokens: {tokens} is less than one step (--batch-size x --seq-len = {batch_size * seq_len})")
+
+
 def check_seed(value, flag: str = "--seed") -> None:
     if not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < SEED_LIMIT):
         raise MixLNError(f"{flag}: must be an integer in [0, 2^32), got {value!r}")

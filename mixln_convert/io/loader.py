@@ -318,7 +318,7 @@ class GGUFCheckpoint(Checkpoint):
         if unknown:
             raise MixLNError(f"{self.path}: unexpected GGUF tensor {unknown[0]} for a {self.arch.name} model")
         shapes = {names.get(n, n): shape for n, shape in tensors.items() if n not in ignored}
-        check_tensors({n: s for n, s in shapes.items()}, layout, self.arch, str(self.path))
+        check_tensors(shapes, layout, self.arch, str(self.path))
         self._layout = layout
         self.stored_types = meta["tensor_types"]  # the file's own encodings (Q4_1, Q8_0, F32, ...)
 

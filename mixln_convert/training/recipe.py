@@ -165,10 +165,11 @@ def _check(r: dict, where: str) -> None:
 RECIPES = resources.files("mixln_convert") / "recipes"
 
 
-def shipped_recipes() -> dict[str, str]:
-    """{name: first comment line} of the recipes that ship with the package."""
+def shipped_recipes(folder=RECIPES) -> dict[str, str]:
+    """{name: first comment line} of the recipes (or, given their folder, accelerate configs)
+    that ship with the package."""
     found = {}
-    for entry in sorted(RECIPES.iterdir(), key=lambda e: e.name):
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".yaml"):
             first = next((line for line in entry.read_text().splitlines() if line.startswith("#")), "#")
             found[entry.name.removesuffix(".yaml")] = first.lstrip("# ").strip()
@@ -180,8 +181,7 @@ def shipped_file(name: str) -> Path:
     for candidate in (RECIPES / f"{name}.yaml", RECIPES / "accelerate" / f"{name}.yaml"):
         if candidate.is_file():
             return Path(str(candidate))
-    names = ", ".join([*shipped_recipes(), *(f"accelerate/{e.name.removesuffix('.yaml')}"
-                                            for e in (RECIPES / "accelerate").iterdir())])
+    names = ", ".join([*shipped_recipes(), *(f"accelerate/{name}" for name in shipped_recipes(RECIPES / "accelerate"))])
     raise MixLNError(f"{name}: neither a recipe file nor a shipped recipe or config ({names})")
 
 
