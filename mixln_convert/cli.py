@@ -17,7 +17,7 @@ from . import __version__
 from .errors import MixLNError
 from .io.paths import check_destination, check_readable
 from .limits import check_one_step
-from .options import DTYPES, LOSSES, METHODS, STRATEGIES
+from .options import DEMO_EVAL_TOKENS, DEMO_TRAIN_TOKENS, DTYPES, EVAL_DATA, EVAL_SEQ_LEN, EVAL_TOKENS, LOSSES, METHODS, STRATEGIES
 
 
 class Group(click.Group):
@@ -189,8 +189,8 @@ def convert(src, dst, alpha, post_ln_layers, strategy, scaled_init, calibration_
 @main.command(name="eval")
 @click.argument("ckpt", type=click.Path(path_type=str))
 @_data_option("Held-out text.")
-@click.option("--seq-len", type=POSITIVE, default=512, show_default=True, help=_SEQ_LEN_HELP)
-@click.option("--max-tokens", type=POSITIVE, default=16 * 512, show_default=True,
+@click.option("--seq-len", type=POSITIVE, default=EVAL_SEQ_LEN, show_default=True, help=_SEQ_LEN_HELP)
+@click.option("--max-tokens", type=POSITIVE, default=EVAL_TOKENS, show_default=True,
               help="Held-out tokens scored (whole blocks of --seq-len).")
 @click.option("--batch-size", type=POSITIVE, default=4, show_default=True, help="Blocks per forward pass.")
 @_ALLOW_LONGER
@@ -212,16 +212,16 @@ def eval_(ckpt, data, seq_len, max_tokens, batch_size, allow_longer, per_documen
     source = open_checkpoint(ckpt)
     check_seq_len("--seq-len", seq_len, source.config, allow_longer)
     texts = read_texts(data, split="validation")
-    blocks = token_blocks(source.tokenizer, texts, seq_len, max_tokens, source=data or "embedded:validation")
+    blocks = token_blocks(source.tokenizer, texts, seq_len, max_tokens, source=data or EVAL_DATA)
     model = source.model()
-    result = {"checkpoint": ckpt, "data": data or "embedded:validation", "seq_len": seq_len,
+    result = {"checkpoint": ckpt, "data": data or EVAL_DATA, "seq_len": seq_len,
               **evaluate_perplexity(model, blocks, batch_size)}
     if per_document:
         result["per_document"] = evaluate_documents(model, source.tokenizer, texts, seq_len, batch_size, max_tokens)
     if as_json:
         click.echo(json.dumps(result))
         return
-    click.echo(f"{ckpt}: perplexity {result['perplexity']:.3f} on {result['tokens']} tokens "
+    click.echo(f"{ckpt}: perplexity {result['perplexity']:.3f} on {result['tokens']:,} tokens "
                f"({result['data']}, packed blocks of {seq_len})")
     if per_document:
         d = result["per_document"]
@@ -263,8 +263,8 @@ _METHOD_HELP = ("How --remove/--prune-curve choose N blocks: angular (the N cons
               help="n of the per-layer angular distance, between the inputs of blocks l and l+n.")
 @click.option("--prune-curve", is_flag=True, help="Also the perplexity with N = 1..L/2 blocks removed by --method.")
 @click.option("--method", type=click.Choice(METHODS), default="angular", show_default=True, help=_METHOD_HELP)
-@click.option("--seq-len", type=POSITIVE, default=256, show_default=True, help=_SEQ_LEN_HELP)
-@click.option("--max-tokens", type=POSITIVE, default=8 * 256, show_default=True,
+@click.option("--seq-len", type=POSITIVE, default=EVAL_SEQ_LEN, show_default=True, help=_SEQ_LEN_HELP)
+@click.option("--max-tokens", type=POSITIVE, default=EVAL_TOKENS, show_default=True,
               help="Held-out tokens measured (whole blocks of --seq-len).")
 @click.option("--batch-size", type=POSITIVE, default=4, show_default=True, help="Blocks per forward pass.")
 @_ALLOW_LONGER
@@ -282,7 +282,8 @@ def analyze(ckpt, data, out, span, prune_curve, method, seq_len, max_tokens, bat
     result = run(ckpt, out, data=data, span=span, seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size,
                  prune_curve=prune_curve, method=method, force=force, allow_longer=allow_longer)
     cheapest = min(range(result["num_layers"]), key=result["layer_drop"].__getitem__)
-    click.echo(f"{ckpt}: perplexity {result['perplexity']:.3f}; cheapest block to skip {cheapest} "
+    click.echo(f"{ckpt}: perplexity {result['perplexity']:.3f} on {result['tokens']:,} tokens ({result['data']}, "
+               f"packed blocks of {result['seq_len']}); cheapest block to skip {cheapest} "
                f"({result['layer_drop'][cheapest]:+.3f})")
     click.echo(f"wrote {Path(out) / 'analysis.json'} and plots")
 
@@ -385,16 +386,17 @@ def recipes(name):
               help="Folder for everything the demo writes.")
 @click.option("--alpha", type=Finite(0, 1), default=0.25, show_default=True,
               help="Fraction of leading layers made Post-LN.")
-@click.option("--train-tokens", type=POSITIVE, default=8192, show_default=True, metavar="N",
+@click.option("--train-tokens", type=POSITIVE, default=DEMO_TRAIN_TOKENS, show_default=True, metavar="N",
               help="Training tokens per arm (the smollm2-135m-cpu recipe, 1,024 tokens a step); more for a real recovery.")
-@click.option("--analysis-tokens", type=POSITIVE, default=512, show_default=True, help="Held-out tokens per analysis.")
+@click.option("--eval-tokens", type=POSITIVE, default=DEMO_EVAL_TOKENS, show_default=True, metavar="N",
+              help="Held-out tokens every stage is measured on, by training validation and analysis alike.")
 @click.option("--prune-curve/--no-prune-curve", default=True, show_default=True,
               help="Also the perplexity with 1..L/2 blocks removed, per stage.")
 @click.option("--source", default=None, metavar="MODEL",
               help="Your own Pre-LN checkpoint (HF folder or .gguf) instead of SmolLM2-135M.")
 @click.option("--force", is_flag=True, help="Replace a non-empty --out folder.")
 @click.option("--resume", is_flag=True, help="Keep the stages an earlier run with the same settings finished; continue.")
-def demo(out, alpha, train_tokens, analysis_tokens, prune_curve, source, force, resume):
+def demo(out, alpha, train_tokens, eval_tokens, prune_curve, source, force, resume):
     """The whole pipeline on the embedded default: SmolLM2-135M (from PyPI) converted to Mix-LN,
     both arms trained on Python's own docstrings, every stage analyzed, one report."""
     from .fetch import cache_dir
@@ -404,7 +406,7 @@ def demo(out, alpha, train_tokens, analysis_tokens, prune_curve, source, force, 
     from .pipeline import run_demo
 
     comparison = run_demo(out, source=source, alpha=alpha, train_tokens=train_tokens,
-                          analysis_tokens=analysis_tokens, prune_curve=prune_curve, force=force, resume=resume)
+                          eval_tokens=eval_tokens, prune_curve=prune_curve, force=force, resume=resume)
     for sentence in comparison["summary"]:
         click.echo(f"- {sentence}")
     click.echo(f"report: {Path(out) / 'report' / 'report.md'} (and report.html)")
@@ -425,7 +427,7 @@ def demo(out, alpha, train_tokens, analysis_tokens, prune_curve, source, force, 
               help="kl (KL divergence of the final logits; runs both whole models, ~3.5x the FLOPs of a residual "
                    "step, but recovers far more per token) or residual (relative error of the stream entering the "
                    "first Pre-LN block; runs the Post-LN blocks only).")
-@click.option("--eval-tokens", type=POSITIVE, default=8192, show_default=True,
+@click.option("--eval-tokens", type=POSITIVE, default=EVAL_TOKENS, show_default=True,
               help="Held-out tokens (embedded validation split) measured before and after.")
 @click.option("--perplexity/--no-perplexity", default=True, show_default=True,
               help="Also measure whole-model perplexity (loads the teacher and CONVERTED whole).")
@@ -453,7 +455,9 @@ def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, e
                f"{error['after']:.4f}")
     if result["perplexity"]:
         ppl = result["perplexity"]
-        click.echo(f"held-out perplexity, packed blocks of {seq_len}: teacher {ppl['teacher']:.3f}, converted "
+        where = result["evaluation"]
+        click.echo(f"held-out perplexity ({where['data']}, {where['tokens']:,} tokens in packed blocks of "
+                   f"{where['seq_len']}): teacher {ppl['teacher']:.3f}, converted "
                    f"{ppl['before']:.3f} ({ppl['before'] / ppl['teacher']:.3f}x) -> healed {ppl['after']:.3f} "
                    f"({ppl['after'] / ppl['teacher']:.3f}x)")
         doc = result["per_document_perplexity"]

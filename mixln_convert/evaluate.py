@@ -12,23 +12,31 @@ from tqdm.auto import tqdm
 from .errors import MixLNError
 
 
+def block_nll(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """Summed next-token negative log-likelihood of each row of ``input_ids`` ([batch]; every
+    position but the first is predicted), from the ``logits`` of all its positions."""
+    predicted = logits[:, :-1].float()  # the last position predicts nothing scored
+    nll = F.cross_entropy(predicted.flatten(0, 1), input_ids[:, 1:].flatten(), reduction="none")
+    return nll.view(len(input_ids), -1).sum(-1)
+
+
 @torch.no_grad()
 def evaluate_perplexity(model, blocks: torch.Tensor, batch_size: int = 4, progress: bool = True) -> dict:
     """Token-level perplexity of ``model`` on ``blocks`` ([n, seq_len] token ids).
 
     Every position but the first of each block is predicted; returns ``perplexity``,
-    ``loss`` (mean negative log-likelihood, nats) and ``tokens`` (positions scored).
+    ``loss`` (mean negative log-likelihood, nats), ``tokens`` (positions scored) and
+    ``block_losses`` (the mean NLL of each block, from which the report bootstraps intervals).
     """
     device = next(model.parameters()).device
-    total_nll, total_tokens = 0.0, 0
+    block_sums = []
     for start in tqdm(range(0, len(blocks), batch_size), desc="evaluating", disable=not progress, leave=False):
         batch = blocks[start:start + batch_size].to(device)
-        # the model's own loss, summed (num_items_in_batch=1): it shifts the labels rather than
-        # copying the [batch, seq, vocab] logits
-        total_nll += model(input_ids=batch, labels=batch, num_items_in_batch=1, use_cache=False).loss.item()
-        total_tokens += batch[:, 1:].numel()
-    loss = total_nll / total_tokens
-    return {"perplexity": math.exp(loss), "loss": loss, "tokens": total_tokens}
+        block_sums += block_nll(model(input_ids=batch, use_cache=False).logits, batch).tolist()
+    scored = blocks.shape[1] - 1
+    loss = sum(block_sums) / (len(block_sums) * scored)
+    return {"perplexity": math.exp(loss), "loss": loss, "tokens": len(block_sums) * scored,
+            "block_losses": [s / scored for s in block_sums]}
 
 
 @torch.no_grad()

@@ -36,7 +36,7 @@ from transformers import get_cosine_schedule_with_warmup
 from .architectures import architecture_for
 from .data import PackedBlocks, blocks, read_texts, token_blocks, token_stream
 from .errors import MixLNError
-from .options import LOSSES
+from .options import EVAL_DATA, LOSSES
 from .evaluate import evaluate_documents, evaluate_perplexity
 from .io.loader import open_checkpoint
 from .io.paths import check_destination, check_readable
@@ -117,7 +117,7 @@ def heal(
             stream = token_stream(tokenizer, texts, tokens, _describe(data))
         train_blocks = blocks(stream, seq_len, _describe(data), "--seq-len")
         eval_blocks = token_blocks(tokenizer, read_texts(None, split="validation"), seq_len, eval_tokens,
-                                   source="embedded:validation")
+                                   source=EVAL_DATA)
         student = load_prefix(student_source, arch, k, device=device)
         student.embed_tokens.requires_grad_(False)  # only the Post-LN blocks learn
         teacher_prefix = load_prefix(teacher_source, arch, k, device=device)
@@ -187,6 +187,7 @@ def heal(
             if perplexity else None,
             "per_document_perplexity": {"teacher": teacher_doc_ppl, "before": before["val_doc_ppl"],
                                         "after": record["val_doc_ppl"]} if perplexity else None,
+            "evaluation": {"data": EVAL_DATA, "tokens": eval_blocks[:, 1:].numel(), "seq_len": seq_len},
             "seconds": round(time.time() - started, 2),
         }
         state = student.state_dict()

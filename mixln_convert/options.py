@@ -6,3 +6,16 @@ METHODS = ("angular", "drop", "last")  # analysis/prune.py: how N blocks to remo
 LOSSES = ("kl", "residual")  # healing.py
 PRECISIONS = ("auto", "bf16", "fp32")  # training: auto is bf16 autocast on GPU, fp32 on CPU
 DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")  # conversion output dtypes
+
+# The one evaluation definition: every perplexity the tool reports (eval, analyze, heal, training
+# validation, the demo) is measured on the first EVAL_TOKENS tokens of the held-out text (default:
+# the embedded corpus's validation split) in packed blocks of EVAL_SEQ_LEN, unless a flag or recipe
+# key says otherwise, and each result records the data, token count and block length it used.
+EVAL_DATA = "embedded:validation"
+EVAL_SEQ_LEN = 256  # the paper's sequence length; short enough for 2 CPU cores
+EVAL_TOKENS = 8192  # 32 blocks: enough for a bootstrap interval, seconds per pass for a 135M model on CPU
+
+# The demo's budget (2 CPU cores, minutes): 8 optimizer steps of the CPU recipe per arm, and every
+# stage (training validation and analysis alike) measured on the same 8 blocks of EVAL_SEQ_LEN.
+DEMO_TRAIN_TOKENS = 8 * 4 * 256
+DEMO_EVAL_TOKENS = 8 * EVAL_SEQ_LEN

@@ -18,11 +18,10 @@ from .io.loader import open_checkpoint
 from .io.paths import check_destination, check_not_input
 from .io.writer import scratch_dir, write_atomic
 from .limits import check_seq_len
+from .options import DEMO_EVAL_TOKENS, DEMO_TRAIN_TOKENS, EVAL_DATA
 
 ARMS = ("mixln", "preln")
 DEMO_RECIPE = "smollm2-135m-cpu"  # shipped with the package
-DEMO_TRAIN_TOKENS = 8 * 4 * 256  # 8 optimizer steps of the CPU recipe per arm: minutes on 2 cores
-DEMO_ANALYSIS_TOKENS = 2 * 256
 
 
 def train(recipe: dict, out, arms=ARMS, resume: bool = False, progress: bool = True) -> dict:
@@ -149,7 +148,7 @@ def _finished(folder: Path, arm: str) -> dict:
 
 
 def run_demo(out, *, source=None, alpha: float = 0.25, train_tokens: int = DEMO_TRAIN_TOKENS,
-             analysis_tokens: int = DEMO_ANALYSIS_TOKENS, prune_curve: bool = True, force: bool = False,
+             eval_tokens: int = DEMO_EVAL_TOKENS, prune_curve: bool = True, force: bool = False,
              resume: bool = False) -> dict:
     """Every stage on ``source`` (default: SmolLM2-135M-Instruct from PyPI) into ``out``, with the
     CPU recipe's settings: convert, train both arms, analyze each stage, compare; returns the
@@ -166,28 +165,29 @@ def run_demo(out, *, source=None, alpha: float = 0.25, train_tokens: int = DEMO_
     if force and out.exists() and any(out.iterdir()):
         shutil.rmtree(out)
     overrides = [f"conversion.alpha={alpha}", f"max_tokens={train_tokens}", f"eval_interval={max(1, train_tokens // 1024)}",
-                 f"data.eval_tokens={analysis_tokens * 2}"]
+                 f"data.eval_tokens={eval_tokens}"]
     if source is not None:
         overrides.append(f"source={Path(source).absolute()}")
     recipe = load_recipe(DEMO_RECIPE, overrides)
     original = recipe["source"]
+    # training validation and every analysis score the same blocks, so their perplexities agree
+    measured_on = f"{EVAL_DATA}, {eval_tokens:,} tokens in blocks of {recipe['seq_len']}"
     print(f"[1/4] source model: {original}")
     print(f"[2/4] convert + recovery training of both arms ({recipe['max_tokens']} tokens each) -> {out / 'train'}")
     for summary in train(recipe, out / "train", resume=resume).values():
         print(f"      {summary['arm']}: validation perplexity {summary['initial_val_ppl']:.2f} -> "
-              f"{summary['final_val_ppl']:.2f} ({recipe['data']['eval_tokens']} embedded validation tokens, "
-              f"blocks of {recipe['seq_len']})")
+              f"{summary['final_val_ppl']:.2f} ({measured_on})")
     stages = {
         "original": original,
         "converted": out / "train" / "mixln" / "converted",
         "mixln-trained": out / "train" / "mixln" / "final",
         "preln-trained": out / "train" / "preln" / "final",
     }
-    print(f"[3/4] layer analysis of {', '.join(stages)} ({analysis_tokens} tokens each)")
+    print(f"[3/4] layer analysis of {', '.join(stages)} ({measured_on})")
     for name, ckpt in stages.items():
         if not (resume and (out / "analysis" / name / "analysis.json").is_file()):
-            result = analyze(ckpt, out / "analysis" / name, max_tokens=analysis_tokens, prune_curve=prune_curve,
-                             force=resume)
+            result = analyze(ckpt, out / "analysis" / name, seq_len=recipe["seq_len"], max_tokens=eval_tokens,
+                             prune_curve=prune_curve, force=resume)
             print(f"      {name}: perplexity {result['perplexity']:.2f} ({result['tokens']} tokens scored)")
     print(f"[4/4] report -> {out / 'report'}")
     return compare([out / "analysis" / name for name in stages] + [out / "train"], out / "report",

@@ -17,6 +17,8 @@ def write_analysis(folder, *, perplexity=20.0, post_ln_layers=0, deep_drop=0.1, 
         "num_layers": L,
         "post_ln_layers": post_ln_layers,
         "layout": ["Post-LN" if i < post_ln_layers else "Pre-LN" for i in range(L)],
+        "data": "embedded:validation",
+        "seq_len": 256,
         "tokens": 2048,
         "perplexity": perplexity,
         "layer_drop": [50.0 / (i + 1) if i < L // 2 else deep_drop for i in range(L)],
@@ -90,18 +92,20 @@ def test_full_report(cli, tmp_path):
 
     rows = {tuple(c.strip() for c in line.strip("|").split("|")) for line in md.splitlines() if line.startswith("| ")}
     mixln = ("run/mixln", "Mix-LN (2 of 8 blocks Post-LN)")
-    assert (*mixln, "before training (converted)", "31.20", "—", "0", "—") in rows
-    assert (*mixln, "after training", "22.80", "23.00", "1,000,000", "12.5 min") in rows
-    assert ("run/preln", "Pre-LN", "before training (original)", "25.00", "—", "0", "—") in rows
-    assert ("run/preln", "Pre-LN", "after training", "24.00", "24.00", "1,000,000", "2.5 h") in rows
-    assert ("analysis-original", "Pre-LN", "analysed: ckpt-analysis-original", "—", "25.50", "—", "—") in rows
+    measured = "embedded:validation, 2,048 tokens, blocks of 256"  # what each analysis records
+    assert (*mixln, "before training (converted)", "31.20", "—", "—", "—", "0", "—") in rows
+    assert (*mixln, "after training", "22.80", "—", "23.00", measured, "1,000,000", "12.5 min") in rows
+    assert ("run/preln", "Pre-LN", "before training (original)", "25.00", "—", "—", "—", "0", "—") in rows
+    assert ("run/preln", "Pre-LN", "after training", "24.00", "—", "24.00", measured, "1,000,000", "2.5 h") in rows
+    assert ("analysis-original", "Pre-LN", "analysed: ckpt-analysis-original", "—", "—", "25.50", measured, "—",
+            "—") in rows
     # pruning table at N = L/8, L/4, L/2 = 1, 2, 4
     assert ("run/mixln", "angular", "23.00", "25.30 (N=1, 1.10x)", "34.50 (N=2, 1.50x)", "69.00 (N=4, 3.00x)") in rows
 
     summary = summary_of(md)
     assert "Mix-LN (run/mixln) 22.80 vs Pre-LN (run/preln) 24.00 (-5.0%): Mix-LN wins by 5.0%" in summary
     assert "from 25.00 (original) to 31.20 (1.25x)" in summary
-    assert "+2.3 (+10.0%)" in summary and "+0.24 (+1.0%)" in summary
+    assert "+2.3 (+10.0%; median +2.3)" in summary and "+0.24 (+1.0%; median +0.24)" in summary
     assert "the deep blocks matter most in run/mixln" in summary
     assert "most uniform in run/mixln" in summary
     assert "run/preln keeps the most of its quality" in summary  # 1.10x vs 1.50x at N = L/4
@@ -121,7 +125,7 @@ def test_full_report(cli, tmp_path):
 @pytest.mark.parametrize("mixln_final, preln_final, verdict", [
     (22.8, 24.0, "Mix-LN wins by 5.0%"),
     (25.0, 24.0, "Pre-LN wins by 4.2%"),
-    (24.05, 24.0, "a tie (within 0.5%)"),
+    (24.05, 24.0, "a tie (within 0.5%; no per-block values to bootstrap an interval from)"),
 ])
 def test_summary_names_the_winner(mixln_final, preln_final, verdict, cli, tmp_path):
     run = write_run(tmp_path / "run", mixln_final=mixln_final, preln_final=preln_final)
@@ -149,9 +153,9 @@ def test_missing_data_is_said(cli, tmp_path):
     assert ("run/mixln, Mix-LN (unfinished: no summary.json yet): validation perplexity not recorded before "
             "training, 23.10 after 1,000,000 tokens.") in summary
     assert "No Pre-LN arm was trained" in summary
-    assert "a and b are tied" in summary  # identical layer drop
+    assert "a and b are too close to call (within 0.5%" in summary  # identical layer drop, no per-block values
     assert "No pruning curves given" in summary
-    assert "| run/mixln | Mix-LN | training (unfinished) | 23.10 | — | 1,000,000 | — |" in md
+    assert "| run/mixln | Mix-LN | training (unfinished) | 23.10 | — | — | — | 1,000,000 | — |" in md
 
 
 def test_only_analyses(cli, tmp_path):

@@ -55,7 +55,7 @@ def test_a_minimal_demo_runs_from_an_empty_folder(venv, tiny_llama, tmp_path):
     work.mkdir()
     env = {**os.environ, "MIXLN_CONVERT_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     done = run([venv / "bin" / "mixln-convert", "demo", "--source", tiny_llama, "--train-tokens", 1024,
-                "--analysis-tokens", 256, "--no-prune-curve"], cwd=work, env=env)
+                "--eval-tokens", 256, "--no-prune-curve"], cwd=work, env=env)
     report = work / "mixln-demo" / "report"
     assert (report / "report.md").is_file() and (report / "report.html").is_file()
     comparison = json.loads((report / "comparison.json").read_text())

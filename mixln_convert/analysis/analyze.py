@@ -53,6 +53,7 @@ def analyze(ckpt, out, *, data=None, span: int = 1, seq_len: int = 256, max_toke
         result = {
             "checkpoint": str(ckpt),
             "data": str(data) if data else "embedded:validation",
+            "seq_len": seq_len,
             "num_layers": num_layers,
             "post_ln_layers": n_post,
             "layout": ["Post-LN" if i < n_post else "Pre-LN" for i in range(num_layers)],
@@ -67,12 +68,14 @@ def analyze(ckpt, out, *, data=None, span: int = 1, seq_len: int = 256, max_toke
 
 
 def layer_metrics(model, blocks: torch.Tensor, span: int, batch_size: int, progress: bool) -> dict:
-    """Perplexity, layer drop, angular distances and block influence (one sweep), and gradient norms."""
+    """Perplexity, layer drop, angular distances and block influence (one sweep), and gradient
+    norms; with the per-block (and per-batch) values the report bootstraps its intervals from."""
     runner = BlockRunner(model)
     num_layers = runner.num_layers
     statistics = RepresentationStatistics(num_layers)
     sweep = removal_sweep(runner, blocks, [[l] for l in range(num_layers)], batch_size, statistics, progress)
     matrix = statistics.angular_distance_matrix()
+    grad_norms = grad_norm_per_layer(model, blocks, batch_size)
     return {
         "tokens": sweep["tokens"],
         "perplexity": sweep["perplexity"],
@@ -82,7 +85,13 @@ def layer_metrics(model, blocks: torch.Tensor, span: int, batch_size: int, progr
         "angular_distance_matrix": matrix,
         "span": span,
         "block_influence": statistics.block_influence(),
-        "grad_norm_per_layer": grad_norm_per_layer(model, blocks, batch_size),
+        "grad_norm_per_layer": [sum(column) / len(grad_norms) for column in zip(*grad_norms)],  # mean over batches
+        "per_block": {  # evaluation block b (or batch b for gradients) -> one value per layer
+            "loss": sweep["block_losses"],
+            "loss_without_layer": [list(losses) for losses in zip(*sweep["removed_block_losses"])],
+            "angular_distance": statistics.block_angles,
+            "grad_norm_per_layer": grad_norms,
+        },
     }
 
 
@@ -92,4 +101,5 @@ def pruning_curve(runner: BlockRunner, blocks: torch.Tensor, method: str, scores
     counts = list(range(1, runner.num_layers // 2 + 1))
     removals = [choose_layers(method, n, runner.num_layers, scores) for n in counts]
     sweep = removal_sweep(runner, blocks, removals, batch_size, progress=progress, desc=f"prune curve ({method})")
-    return {"method": method, "removed": counts, "perplexity": sweep["removed"], "layers": removals}
+    return {"method": method, "removed": counts, "perplexity": sweep["removed"], "layers": removals,
+            "block_losses": sweep["removed_block_losses"]}

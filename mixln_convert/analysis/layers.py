@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from ..evaluate import block_nll
+
 
 @dataclass
 class Stream:
@@ -71,12 +73,11 @@ class BlockRunner:
         hidden, kwargs = self.embed(input_ids)
         return self.logits(self.run(hidden, kwargs, skip=skip))
 
-    def nll(self, hidden: torch.Tensor, input_ids: torch.Tensor) -> float:
-        """Summed next-token negative log-likelihood (as ``evaluate_perplexity`` scores it)."""
-        logits = self.logits(hidden[:, :-1]).float()  # the last position predicts nothing scored
-        return F.cross_entropy(logits.flatten(0, 1), input_ids[:, 1:].flatten(), reduction="sum").item()
+    def nll(self, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        """Summed next-token negative log-likelihood of each row (as ``evaluate_perplexity`` scores it)."""
+        return block_nll(self.logits(hidden), input_ids)
 
-    def nll_without(self, stream: Stream, removed) -> float:
+    def nll_without(self, stream: Stream, removed) -> torch.Tensor:
         """Summed NLL of the model with the blocks ``removed`` skipped, continuing from the stored
         input of the first removed block (the blocks before it are the full model's)."""
         removed = set(removed)
@@ -95,14 +96,20 @@ class RepresentationStatistics:
         self.cos_sum = torch.zeros(num_layers + 1, num_layers + 1, dtype=torch.float64)
         self.angle_sum = torch.zeros_like(self.cos_sum)
         self.tokens = 0
+        self.block_angles = []  # per evaluation block: the L angular distances of span 1
 
     def add(self, residual: list[torch.Tensor]) -> None:
+        """Add one batch's stream (``residual``: L+1 tensors [batch, seq, hidden])."""
+        batch, seq = residual[0].shape[:2]
         # float64: in float32 a vector's cosine with itself is 1 - 6e-8, an angle of 1e-4 * pi
         unit = F.normalize(torch.stack(residual).flatten(1, 2).double(), dim=-1)  # [L+1, tokens, hidden]
         cos = torch.einsum("itd,jtd->ijt", unit, unit).clamp(-1, 1)
+        angle = torch.arccos(cos) / math.pi
         self.cos_sum += cos.sum(-1).cpu()
-        self.angle_sum += (torch.arccos(cos) / math.pi).sum(-1).cpu()
+        self.angle_sum += angle.sum(-1).cpu()
         self.tokens += unit.shape[1]
+        consecutive = torch.diagonal(angle, offset=1).T  # [L, tokens]: inputs of blocks l and l+1
+        self.block_angles += consecutive.reshape(self.num_layers, batch, seq).mean(-1).T.tolist()
 
     def angular_distance_matrix(self) -> list[list[float]]:
         """Row l, entry n-1: mean arccos(cos(x_l, x_{l+n})) / pi for n = 1..L-l (Gromov et al. 2024)."""
@@ -128,38 +135,44 @@ def removal_sweep(runner: BlockRunner, blocks: torch.Tensor, removals=(), batch_
     head still runs once per removal; see benchmarks/layer_drop.py).
     Memory holds L+1 residual tensors of one batch; ``batch_size`` bounds it.
     ``statistics``, if given, sees every batch's stream.
-    Returns ``perplexity``, ``removed`` (a perplexity per removal) and ``tokens`` (positions scored).
+    Returns ``perplexity``, ``removed`` (a perplexity per removal), ``tokens`` (positions scored),
+    and the mean NLL of each block: ``block_losses`` for the full model, ``removed_block_losses``
+    (one list per removal).
     """
-    full_nll, removed_nll, tokens = 0.0, [0.0] * len(removals), 0
+    full, removed = [], [[] for _ in removals]  # summed NLL of each block
     batches = range(0, len(blocks), batch_size)
     with tqdm(total=len(batches) * (1 + len(removals)), desc=desc, disable=not progress, leave=False) as bar:
         for start in batches:
             stream = runner.stream(blocks[start:start + batch_size].to(runner.model.device))
-            full_nll += runner.nll(stream.residual[-1], stream.input_ids)
-            tokens += stream.input_ids[:, 1:].numel()
+            full += runner.nll(stream.residual[-1], stream.input_ids).tolist()
             if statistics is not None:
                 statistics.add(stream.residual)
             bar.update()
-            for k, removed in enumerate(removals):
-                removed_nll[k] += runner.nll_without(stream, removed)
+            for k, removal in enumerate(removals):
+                removed[k] += runner.nll_without(stream, removal).tolist()
                 bar.update()
-    return {"perplexity": math.exp(full_nll / tokens), "removed": [math.exp(n / tokens) for n in removed_nll],
-            "tokens": tokens}
+    scored = blocks.shape[1] - 1
+    tokens = len(full) * scored
+    return {"perplexity": math.exp(sum(full) / tokens), "removed": [math.exp(sum(r) / tokens) for r in removed],
+            "tokens": tokens, "block_losses": [s / scored for s in full],
+            "removed_block_losses": [[s / scored for s in r] for r in removed]}
 
 
-def grad_norm_per_layer(model, blocks: torch.Tensor, batch_size: int = 4) -> list[float]:
-    """L2 norm of the LM-loss gradient of each block's parameters, the loss averaged over ``blocks``.
+def grad_norm_per_layer(model, blocks: torch.Tensor, batch_size: int = 4) -> list[list[float]]:
+    """L2 norm of the LM-loss gradient of each block's parameters, one list per batch of
+    ``batch_size`` blocks: the gradient of one minibatch step, as in training (the paper's
+    per-layer gradient norms are those of training steps), and the spread across batches is
+    what the report's uncertainty of a gradient-norm figure rests on.
 
     The model's parameters are left without gradients afterwards.
     """
-    device = model.device
-    batches = range(0, len(blocks), batch_size)
-    model.zero_grad(set_to_none=True)
+    norms = []
     with torch.enable_grad():
-        for start in batches:
-            batch = blocks[start:start + batch_size].to(device)
-            (model(input_ids=batch, labels=batch, use_cache=False).loss / len(batches)).backward()
-    norms = [math.sqrt(sum(p.grad.float().pow(2).sum().item() for p in layer.parameters() if p.grad is not None))
-             for layer in model.model.layers]
+        for start in range(0, len(blocks), batch_size):
+            model.zero_grad(set_to_none=True)
+            batch = blocks[start:start + batch_size].to(model.device)
+            model(input_ids=batch, labels=batch, use_cache=False).loss.backward()
+            norms.append([math.sqrt(sum(p.grad.float().pow(2).sum().item() for p in layer.parameters()
+                                        if p.grad is not None)) for layer in model.model.layers])
     model.zero_grad(set_to_none=True)
     return norms

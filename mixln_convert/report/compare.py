@@ -12,9 +12,13 @@ import json
 import numpy as np
 
 from ..errors import MixLNError
+from . import uncertainty
 from .inputs import PRUNE_FRACTIONS, Model, load_inputs
+from .uncertainty import LEVEL, Estimate, differs, estimate
 
-TIE = 0.005  # relative differences below 0.5% are called ties (a judgement: 10^4-10^5 eval tokens rarely resolve less)
+# Inputs without per-block values (older versions) have no interval: relative differences below
+# 0.5% are called ties there (a judgement: 10^4-10^5 evaluation tokens rarely resolve less).
+TIE = 0.005
 PRUNE_VERDICT = "L/4"  # the pruning sentence compares models at this many removed blocks
 
 
@@ -31,8 +35,10 @@ def compare(inputs, out, *, labels=(), allow_mismatch: bool = False, force: bool
 
     models = load_inputs(inputs, labels)
     notes = check_tokenizers(models, allow_mismatch)
-    numbers = {m.label: model_numbers(m) for m in models}
-    result = {"summary": summary_sentences(models, numbers), "notes": notes, "models": list(numbers.values())}
+    estimates = {m.label: model_estimates(m) for m in models}
+    numbers = {m.label: model_numbers(m, estimates[m.label]) for m in models}
+    result = {"summary": summary_sentences(models, numbers, estimates), "notes": notes,
+              "models": list(numbers.values())}
     with atomic_output_dir(out, force=force, protect={f"#{i + 1}": path for i, path in enumerate(inputs)}) as tmp:
         images = plot_report(models, tmp)
         write_report(tmp, models, numbers, result["summary"], notes, images)
@@ -68,22 +74,68 @@ def prune_points(analysis: dict) -> dict:
             for name, d in PRUNE_FRACTIONS.items()}
 
 
-def model_numbers(model: Model) -> dict:
-    """The numbers of ``model`` the report compares (None where the input does not have them)."""
+def measured_on(where: dict) -> str:
+    """'DATA, N tokens in blocks of S': what a figure was measured on."""
+    return f"{where['data']}, {where['tokens']:,} tokens in blocks of {where['seq_len']}"
+
+
+def model_estimates(model: Model) -> dict[str, Estimate]:
+    """Bootstrap estimates of the figures the summary compares, where the inputs hold the
+    per-block values (analyses and training runs of this version do)."""
+    estimates = {}
+    if (validation := model.summary.get("validation")) and model.summary.get("final_val_block_losses"):
+        estimates["final_val_ppl"] = estimate(uncertainty.perplexity, model.summary["final_val_block_losses"],
+                                              measured_on(validation))
+    analysis = model.analysis
+    if not (analysis and "per_block" in analysis):
+        return estimates
+    per_block, deep = analysis["per_block"], slice(analysis["num_layers"] // 2, None)
+    where = measured_on(analysis_evaluation(analysis))
+    loss = np.asarray(per_block["loss"])[:, None]
+    estimates["perplexity"] = estimate(uncertainty.perplexity, loss[:, 0], where)
+    estimates["deep_layer_drop_relative"] = estimate(
+        uncertainty.relative_increase, np.hstack([loss, np.asarray(per_block["loss_without_layer"])[:, deep]]), where)
+    estimates["deep_angular_distance"] = estimate(uncertainty.mean_value,
+                                                  np.asarray(per_block["angular_distance"])[:, deep], where)
+    estimates["grad_norm_cv"] = estimate(uncertainty.variation_of_mean, per_block["grad_norm_per_layer"],
+                                         where + " (gradient batches)")
+    curve = analysis.get("prune_curve", {})
+    n = analysis["num_layers"] // PRUNE_FRACTIONS[PRUNE_VERDICT]
+    if "block_losses" in curve and n in curve["removed"]:
+        pruned = np.asarray(curve["block_losses"][curve["removed"].index(n)])[:, None]
+        estimates["prune_ratio"] = estimate(uncertainty.relative_increase, np.hstack([loss, pruned]), where)
+    return estimates
+
+
+def analysis_evaluation(analysis: dict) -> dict:
+    """The data, tokens and block length of an analysis (seq_len absent from older analyses)."""
+    return {"data": analysis.get("data", "unknown data"), "tokens": analysis.get("tokens", 0),
+            "seq_len": analysis.get("seq_len", "unknown length")}
+
+
+def model_numbers(model: Model, estimates: dict[str, Estimate]) -> dict:
+    """The numbers of ``model`` the report compares (None where the input does not have them),
+    with the 95% bootstrap interval of each figure that has ``estimates``."""
     numbers = {"label": model.label, "kind": model.kind, "layout": model.layout, "source": str(model.source)}
     if model.arm:
         numbers.update(arm=model.arm, tokens_trained=model.tokens_trained(),
                        initial_val_ppl=model.val_ppl("initial"), final_val_ppl=model.val_ppl("final"),
-                       wall_time_s=model.summary.get("wall_time_s"), finished=bool(model.summary))
+                       wall_time_s=model.summary.get("wall_time_s"), finished=bool(model.summary),
+                       validation=model.summary.get("validation"))
         if (norms := model.training_grad_norms()) is not None:
             numbers["training_grad_norm_cv"] = coefficient_of_variation(norms)
     if analysis := model.analysis:
         deep = slice(analysis["num_layers"] // 2, None)  # the deeper half of the blocks
-        drop = float(np.mean(analysis["layer_drop"][deep]))
+        drops = np.asarray(analysis["layer_drop"][deep])
         numbers.update(
             perplexity=analysis["perplexity"],
-            deep_layer_drop=drop,
-            deep_layer_drop_relative=drop / analysis["perplexity"],
+            evaluation=analysis_evaluation(analysis),
+            deep_layer_drop=float(drops.mean()),
+            deep_layer_drop_median=float(np.median(drops)),
+            deep_layer_drop_relative=float(drops.mean()) / analysis["perplexity"],
+            # the block that carries the mean, and its share of the deep blocks' summed increase
+            deep_layer_drop_top=[int(drops.argmax()) + analysis["num_layers"] // 2,
+                                 float(drops.max() / drops.sum()) if drops.sum() > 0 else None],
             # span 1 (consecutive block inputs) whatever --span the analysis was made with
             deep_angular_distance=float(np.mean([row[0] for row in analysis["angular_distance_matrix"][deep]])),
             grad_norm_cv=coefficient_of_variation(analysis["grad_norm_per_layer"]),
@@ -91,32 +143,46 @@ def model_numbers(model: Model) -> dict:
         if "prune_curve" in analysis:
             numbers["prune_method"] = analysis["prune_curve"]["method"]
             numbers["prune"] = prune_points(analysis)
+    numbers["intervals"] = {name: e.interval for name, e in estimates.items()}
     return numbers
 
 
-def summary_sentences(models: list[Model], numbers: dict) -> list[str]:
+def summary_sentences(models: list[Model], numbers: dict, estimates: dict) -> list[str]:
     """The plain-language summary: training outcome, then the layer analyses."""
-    return _training_sentences(models, numbers) + _analysis_sentences(models, numbers)
+    return _training_sentences(models, numbers, estimates) + _analysis_sentences(models, numbers, estimates)
 
 
 def _tied(a: float, b: float) -> bool:
     return abs(a - b) <= TIE * max(abs(a), abs(b))
 
 
-def _ranking(what: str, shown: dict, values: dict, verdict: str, highest: bool) -> str:
-    """'<what>: A 1.0, B 2.0; <verdict naming the best>.', where the best has the highest (or
-    lowest) of ``values``; a tie when the runner-up is within TIE."""
+def _with_interval(text: str, found: Estimate | None, percent: bool = False) -> str:
+    if found is None:
+        return text
+    low, high = found.interval
+    return f"{text} [{low:+.1%}, {high:+.1%}]" if percent else f"{text} [{low:.3g}, {high:.3g}]"
+
+
+def _ranking(what: str, shown: dict, values: dict, verdict: str, highest: bool, found: dict) -> str:
+    """'<what>: A 1.0 [interval], B 2.0; <verdict naming the best>.', where the best has the highest
+    (or lowest) of ``values``. A model is tied with the best when the 95% bootstrap interval of
+    their difference includes 0 (``found``: label -> Estimate), or, for inputs without per-block
+    values, when it is within TIE."""
     listed = ", ".join(f"{label} {text}" for label, text in shown.items())
     if len(values) < 2:
         return f"{what}: {listed} (only one model to show)."
     best = max(values, key=values.get) if highest else min(values, key=values.get)
-    tied = [label for label in values if _tied(values[label], values[best])]
+    bootstrapped = all(found.get(label) is not None for label in values)
+    tied = [label for label in values if label == best or (
+        not differs(found[label], found[best]) if bootstrapped else _tied(values[label], values[best]))]
     if len(tied) > 1:
-        return f"{what}: {listed}; {', '.join(tied[:-1])} and {tied[-1]} are tied (within {TIE:.1%})."
+        why = (f"the {LEVEL:.0%} bootstrap interval of their difference over the evaluation blocks includes 0"
+               if bootstrapped else f"within {TIE:.1%}; no per-block values to bootstrap an interval from")
+        return f"{what}: {listed}; {', '.join(tied[:-1])} and {tied[-1]} are too close to call ({why})."
     return f"{what}: {listed}; {verdict.format(best)}."
 
 
-def _training_sentences(models: list[Model], numbers: dict) -> list[str]:
+def _training_sentences(models: list[Model], numbers: dict, estimates: dict) -> list[str]:
     trained = [m for m in models if m.arm]
     if not trained:
         return ["No trained arms given (pass a `mixln-convert train` output folder to compare training)."]
@@ -133,10 +199,22 @@ def _training_sentences(models: list[Model], numbers: dict) -> list[str]:
             sentences.append(f"{m.label} and {p.label}: no validation perplexity for both yet, no winner to name.")
             continue
         change = mix["final_val_ppl"] / pre["final_val_ppl"] - 1
-        verdict = (f"a tie (within {TIE:.1%})" if abs(change) < TIE else
-                   f"Mix-LN wins by {-change:.1%}" if change < 0 else f"Pre-LN wins by {change:.1%}")
+        a, b = estimates[m.label].get("final_val_ppl"), estimates[p.label].get("final_val_ppl")
         sentence = (f"Validation perplexity after training: Mix-LN ({m.label}) {mix['final_val_ppl']:.2f} vs "
-                    f"Pre-LN ({p.label}) {pre['final_val_ppl']:.2f} ({change:+.1%}): {verdict}.")
+                    f"Pre-LN ({p.label}) {pre['final_val_ppl']:.2f} ({change:+.1%}")
+        if a is not None and b is not None:
+            low, high = np.quantile(a.draws / b.draws - 1, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
+            sentence += f", {LEVEL:.0%} bootstrap interval [{low:+.1%}, {high:+.1%}] over the validation blocks)"
+            verdict = (f"too close to call: {mix['tokens_trained']:,} training tokens per arm and "
+                       f"{mix['validation']['tokens']:,} validation tokens cannot decide between them"
+                       if low <= 0 <= high else f"Mix-LN wins by {-change:.1%}" if change < 0 else
+                       f"Pre-LN wins by {change:.1%}")
+        else:
+            sentence += ")"
+            verdict = (f"a tie (within {TIE:.1%}; no per-block values to bootstrap an interval from)"
+                       if abs(change) < TIE else f"Mix-LN wins by {-change:.1%}" if change < 0 else
+                       f"Pre-LN wins by {change:.1%}")
+        sentence += f": {verdict}."
         if mix["tokens_trained"] != pre["tokens_trained"]:
             sentence += (f" They trained on different token counts ({mix['tokens_trained']:,} vs "
                          f"{pre['tokens_trained']:,}), so this is not like for like.")
@@ -154,39 +232,56 @@ def _arm_sentence(arm: dict) -> str:
     before = "not recorded" if arm["initial_val_ppl"] is None else f"{arm['initial_val_ppl']:.2f}"
     after = "not measured yet" if arm["final_val_ppl"] is None else f"{arm['final_val_ppl']:.2f}"
     state = "" if arm["finished"] else " (unfinished: no summary.json yet)"
+    where = f" ({measured_on(arm['validation'])})" if arm.get("validation") else ""
     return (f"{arm['label']}, {arm['layout']}{state}: validation perplexity {before} before training, "
-            f"{after} after {arm['tokens_trained']:,} tokens.")
+            f"{after} after {arm['tokens_trained']:,} tokens{where}.")
 
 
-def _analysis_sentences(models: list[Model], numbers: dict) -> list[str]:
+def _deep_drop_text(f: dict, found: Estimate | None) -> str:
+    text = _with_interval(f"{f['deep_layer_drop']:+.3g} ({f['deep_layer_drop_relative']:+.1%}", found, percent=True)
+    text += f"; median {f['deep_layer_drop_median']:+.3g}"
+    block, share = f["deep_layer_drop_top"]
+    if share is not None and share > 0.5:  # a mean carried by one block says little of the others
+        text += f"; block {block} alone gives {share:.0%} of the total"
+    return text + ")"
+
+
+def _analysis_sentences(models: list[Model], numbers: dict, estimates: dict) -> list[str]:
     analysed = [numbers[m.label] for m in models if m.analysis]
     if not analysed:
         return ["No analysis given, so no layer comparison (pass `mixln-convert analyze` output, or an arm folder "
                 "with analysis/analysis.json)."]
-    sentences = [
+    found = lambda name: {f["label"]: estimates[f["label"]].get(name) for f in analysed}  # noqa: E731
+    wheres = {measured_on(f["evaluation"]) for f in analysed}
+    sentences = [f"The layer analyses were measured on {' / '.join(sorted(wheres))}"
+                 + (" (not the same blocks for every model: compare with care)." if len(wheres) > 1 else ".")]
+    drop = found("deep_layer_drop_relative")
+    sentences += [
         _ranking("Removing one block of the deeper half raises perplexity on average by",
-                 {f["label"]: f"{f['deep_layer_drop']:+.3g} ({f['deep_layer_drop_relative']:+.1%})" for f in analysed},
+                 {f["label"]: _deep_drop_text(f, drop[f["label"]]) for f in analysed},
                  {f["label"]: f["deep_layer_drop_relative"] for f in analysed},
-                 "relative to each model's perplexity, the deep blocks matter most in {}", highest=True),
+                 "relative to each model's perplexity, the deep blocks matter most in {}", True, drop),
         _ranking("Mean angular distance between consecutive block inputs in the deeper half",
-                 {f["label"]: f"{f['deep_angular_distance']:.3f}" for f in analysed},
+                 {f["label"]: _with_interval(f"{f['deep_angular_distance']:.4f}", estimates[f["label"]].get(
+                     "deep_angular_distance")) for f in analysed},
                  {f["label"]: f["deep_angular_distance"] for f in analysed},
-                 "the deep blocks change the representation most in {}", highest=True),
+                 "the deep blocks change the representation most in {}", True, found("deep_angular_distance")),
         _ranking("Coefficient of variation of the gradient norm across blocks (std/mean, lower is more uniform)",
-                 {f["label"]: f"{f['grad_norm_cv']:.2f}" for f in analysed},
+                 {f["label"]: _with_interval(f"{f['grad_norm_cv']:.3f}", estimates[f["label"]].get("grad_norm_cv"))
+                  for f in analysed},
                  {f["label"]: f["grad_norm_cv"] for f in analysed},
-                 "most uniform in {}", highest=False),
+                 "most uniform in {}", False, found("grad_norm_cv")),
     ]
     during = [numbers[m.label] for m in models if "training_grad_norm_cv" in numbers[m.label]]
-    if during:
-        sentences.append(_ranking("The same at the last logged training step",
-                                  {f["label"]: f"{f['training_grad_norm_cv']:.2f}" for f in during},
+    if during:  # one training step's gradient: no blocks to resample
+        sentences.append(_ranking("The same at the last logged training step (one minibatch, no interval)",
+                                  {f["label"]: f"{f['training_grad_norm_cv']:.3f}" for f in during},
                                   {f["label"]: f["training_grad_norm_cv"] for f in during},
-                                  "most uniform in {}", highest=False))
-    return sentences + [_pruning_sentence(analysed)]
+                                  "most uniform in {}", False, {}))
+    return sentences + [_pruning_sentence(analysed, found("prune_ratio"))]
 
 
-def _pruning_sentence(analysed: list[dict]) -> str:
+def _pruning_sentence(analysed: list[dict], found: dict) -> str:
     curves = [f for f in analysed if "prune" in f]
     if not curves:
         return "No pruning curves given (make them with `mixln-convert analyze --prune-curve`)."
@@ -194,8 +289,13 @@ def _pruning_sentence(analysed: list[dict]) -> str:
     if not reached:
         return f"The pruning curves do not reach N = {PRUNE_VERDICT} removed blocks, so no pruning comparison."
     ratios = {f["label"]: f["prune"][PRUNE_VERDICT][1] / f["perplexity"] for f in reached}
-    shown = {f["label"]: f"{ratios[f['label']]:.2f}x (N={f['prune'][PRUNE_VERDICT][0]})" for f in reached}
+    shown = {}
+    for f in reached:
+        shown[f["label"]] = f"{ratios[f['label']]:.2f}x (N={f['prune'][PRUNE_VERDICT][0]})"
+        if (ratio := found.get(f["label"])) is not None:
+            low, high = ratio.interval  # of the relative increase, ratio - 1
+            shown[f["label"]] += f" [{1 + low:.2f}x, {1 + high:.2f}x]"
     methods = sorted({f["prune_method"] for f in curves})
     by = f"chosen by '{methods[0]}'" if len(methods) == 1 else f"chosen by different methods ({', '.join(methods)})"
     return _ranking(f"With N = {PRUNE_VERDICT} blocks removed ({by}), perplexity grows", shown, ratios,
-                    "{} keeps the most of its quality", highest=False)
+                    "{} keeps the most of its quality", False, {label: found.get(label) for label in ratios})

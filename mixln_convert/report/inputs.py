@@ -154,9 +154,20 @@ METRIC_FIELDS = {
     "lr": (_number, "a number"), "grad_norm": (_number, "a number"),
     "grad_norm_per_layer": (_numbers, "a list of numbers"),
 }
-SUMMARY_FIELDS = {key: (_number, "a number") for key in (
-    "tokens", "steps", "wall_time_s", "final_val_loss", "final_val_ppl", "initial_val_loss", "initial_val_ppl",
-    "tokens_per_s", "num_layers", "post_ln_layers")}
+def _evaluation(value) -> bool:
+    return (isinstance(value, dict) and isinstance(value.get("data"), str) and _count(value.get("tokens"))
+            and _count(value.get("seq_len")) and value["seq_len"] > 1)
+
+
+SUMMARY_FIELDS = {
+    **{key: (_number, "a number") for key in (
+        "tokens", "steps", "wall_time_s", "final_val_loss", "final_val_ppl", "initial_val_loss", "initial_val_ppl",
+        "tokens_per_s", "num_layers", "post_ln_layers")},
+    "validation": (_evaluation, "an object with data (a string), tokens and seq_len (integers)"),
+    "initial_val_block_losses": (lambda v: _numbers(v) and len(v) > 0, "a non-empty list of numbers"),
+    "final_val_block_losses": (lambda v: _numbers(v) and len(v) > 0, "a non-empty list of numbers"),
+}
+PER_BLOCK_TABLES = ("loss_without_layer", "angular_distance", "grad_norm_per_layer")  # rows of one value per layer
 
 
 def _check_fields(record: dict, fields: dict, where: str, required=()) -> None:
@@ -183,7 +194,29 @@ def read_analysis(file: Path) -> dict:
     for key in PER_LAYER_KEYS:
         if len(analysis[key]) != num_layers:
             raise MixLNError(f"{file}: {key} has {len(analysis[key])} entries for {num_layers} layers")
+    if "per_block" in analysis:
+        _check_per_block(analysis, file)
     return analysis
+
+
+def _check_per_block(analysis: dict, file: Path) -> None:
+    """The per-block values the report bootstraps from: one loss per evaluation block, and per
+    block (or gradient batch) one value per layer; prune-curve losses per block likewise."""
+    per_block, num_layers = analysis["per_block"], analysis["num_layers"]
+    where = f"{file}: per_block"
+    if not isinstance(per_block, dict) or not _numbers(per_block.get("loss")) or not per_block["loss"]:
+        raise MixLNError(f"{where}: must be an object with loss, a non-empty list of numbers")
+    blocks = len(per_block["loss"])
+    for key in PER_BLOCK_TABLES:
+        table = per_block.get(key)
+        if not (isinstance(table, list) and table and all(_numbers(row) and len(row) == num_layers for row in table)):
+            raise MixLNError(f"{where}.{key}: must be a non-empty list of rows of {num_layers} numbers")
+        if key != "grad_norm_per_layer" and len(table) != blocks:
+            raise MixLNError(f"{where}.{key}: {len(table)} rows for {blocks} evaluation blocks")
+    losses = analysis.get("prune_curve", {}).get("block_losses")
+    if losses is not None and not (isinstance(losses, list) and len(losses) == len(analysis["prune_curve"]["removed"])
+                                   and all(_numbers(row) and len(row) == blocks for row in losses)):
+        raise MixLNError(f"{file}: prune_curve.block_losses: must hold one row of {blocks} numbers per removal")
 
 
 def _read_json(file: Path) -> dict:

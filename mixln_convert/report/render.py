@@ -12,9 +12,10 @@ from pathlib import Path
 from .inputs import PRUNE_FRACTIONS, Model
 
 MISSING = "—"
-PPL_NOTE = ("Validation perplexity is measured by the training run on its validation text (summary.json, "
-            "metrics.jsonl); analysis perplexity by `mixln-convert analyze` on its own text (analysis.json). "
-            "Compare within a column, not across.")
+PPL_NOTE = ("Validation perplexity is measured by the training run (summary.json, metrics.jsonl), analysis "
+            "perplexity by `mixln-convert analyze` (analysis.json), each on the text, token count and block "
+            "length in its 'measured on' column; at the defaults both score the same blocks and agree. Brackets: "
+            "95% bootstrap interval over the evaluation blocks.")
 
 
 def _ppl(value) -> str:
@@ -29,20 +30,38 @@ def _duration(seconds) -> str:
     return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
+def _ppl_interval(f: dict, name: str) -> str:
+    value = f.get(name)
+    if value is None:
+        return MISSING
+    if (interval := f["intervals"].get(name)) is None:
+        return _ppl(value)
+    return f"{_ppl(value)} [{interval[0]:,.2f}, {interval[1]:,.2f}]"
+
+
+def _where(where: dict | None) -> str:
+    return MISSING if not where else f"{where['data']}, {where['tokens']:,} tokens, blocks of {where['seq_len']}"
+
+
 def perplexity_rows(models: list[Model], numbers: dict) -> list[list[str]]:
     """One row per stage: each arm before and after training, each analysis-only model once."""
     rows = []
     for m in models:
         f = numbers[m.label]
-        analysed = _ppl(f.get("perplexity"))
+        analysed = _ppl_interval(f, "perplexity")
+        analysis_where = _where(f.get("evaluation"))
         if not m.arm:
-            rows.append([m.label, m.layout, f"analysed: {Path(m.analysis['checkpoint']).name}", MISSING, analysed,
-                         MISSING, MISSING])
+            rows.append([m.label, m.layout, f"analysed: {Path(m.analysis['checkpoint']).name}", MISSING, MISSING,
+                         analysed, analysis_where, MISSING, MISSING])
             continue
         start = "before training (original)" if m.arm == "preln" else "before training (converted)"
-        rows.append([m.label, m.layout, start, _ppl(f["initial_val_ppl"]), MISSING, "0", MISSING])
+        validation_where = _where(f.get("validation"))
+        rows.append([m.label, m.layout, start, _ppl(f["initial_val_ppl"]), validation_where, MISSING, MISSING, "0",
+                     MISSING])
         rows.append([m.label, m.layout, "after training" if f["finished"] else "training (unfinished)",
-                     _ppl(f["final_val_ppl"]), analysed, f"{f['tokens_trained']:,}", _duration(f["wall_time_s"])])
+                     _ppl_interval(f, "final_val_ppl"), validation_where, analysed,
+                     analysis_where if m.analysis else MISSING, f"{f['tokens_trained']:,}",
+                     _duration(f["wall_time_s"])])
     return rows
 
 
@@ -61,8 +80,9 @@ def report_blocks(models: list[Model], numbers: dict, summary: list[str], notes:
     """The report, in order: summary, tables, numbers, inputs, notes."""
     blocks = [("h1", "Mix-LN comparison"), ("h2", "Summary"), ("ul", summary),
               ("h2", "Perplexity"),
-              ("table", ["model", "layout", "stage", "validation perplexity", "analysis perplexity", "tokens trained",
-                         "this machine's wall time (not a speed comparison)"], perplexity_rows(models, numbers)),
+              ("table", ["model", "layout", "stage", "validation perplexity", "measured on", "analysis perplexity",
+                         "measured on", "tokens trained", "this machine's wall time (not a speed comparison)"],
+               perplexity_rows(models, numbers)),
               ("p", PPL_NOTE)]
     if rows := prune_rows(numbers):
         blocks += [("h2", "Pruning"),

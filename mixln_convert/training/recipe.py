@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import MixLNError
-from ..options import LOSSES, PRECISIONS, STRATEGIES
+from ..options import EVAL_SEQ_LEN, EVAL_TOKENS, LOSSES, PRECISIONS, STRATEGIES
 
 SMOLLM2 = "smollm2"  # `source: smollm2` names the embedded default model (the cached GGUF)
 
@@ -31,9 +31,9 @@ DEFAULTS = {
         "train": None,  # file, folder or glob (see `read_texts`); None: the embedded corpus's train split
         "validation": None,  # None: embedded validation split, or a held-out fraction of data.train's documents
         "validation_fraction": 0.01,
-        "eval_tokens": 65536,  # validation tokens scored at each evaluation
+        "eval_tokens": EVAL_TOKENS,  # validation tokens scored at each evaluation (eval's and analyze's default)
     },
-    "seq_len": 256,  # the paper's (LLaMA-71M..1B)
+    "seq_len": EVAL_SEQ_LEN,  # the paper's (LLaMA-71M..1B); validation blocks have it too
     "micro_batch_size": 4,  # sequences per forward pass and process
     "global_batch_size": 32,  # sequences per optimizer step, all processes and accumulation together
     "max_tokens": 1_000_000,  # training budget; steps = max_tokens // (global_batch_size * seq_len)

@@ -29,6 +29,7 @@ from ..data import PackedBlocks, Splits, blocks
 from ..errors import MixLNError
 from ..evaluate import evaluate_perplexity
 from ..io.writer import atomic_output_dir, copy_model_code, write_atomic
+from ..options import EVAL_DATA
 from ..model.loading import load_model
 from .recipe import optimizer_steps
 
@@ -73,6 +74,10 @@ def train_arm(recipe: dict, arm: str, folder: Path, source: str, splits: Splits,
         "wall_time_s": round(time.time() - started, 2), "resumed_from_step": start,
         "final_val_loss": record["val_loss"], "final_val_ppl": record["val_ppl"],
         "initial_val_loss": initial["val_loss"], "initial_val_ppl": initial["val_ppl"],
+        "validation": {"data": validation_source(recipe["data"]),
+                       "tokens": len(initial["val_block_losses"]) * (recipe["seq_len"] - 1),
+                       "seq_len": recipe["seq_len"]},
+        "initial_val_block_losses": initial["val_block_losses"], "final_val_block_losses": record["val_block_losses"],
         "tokens_per_s": (run.steps - start) * run.step_tokens / train_time, "parameters": run.parameters,
         "num_layers": run.config.num_hidden_layers, "post_ln_layers": getattr(run.config, "post_ln_layers", 0),
         "processes": run.accelerator.num_processes, "precision": run.accelerator.mixed_precision,
@@ -108,8 +113,7 @@ def setup(recipe: dict, folder: Path, source: str, splits: Splits, accumulation:
     data = PackedBlocks(train_blocks, steps * recipe["global_batch_size"], recipe["seed"])
     loader = DataLoader(data, batch_size=recipe["micro_batch_size"])
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
-    validation = blocks(splits.validation, recipe["seq_len"],
-                        recipe["data"]["validation"] or recipe["data"]["train"] or "embedded:validation")
+    validation = blocks(splits.validation, recipe["seq_len"], validation_source(recipe["data"]))
     return Run(accelerator, model, optimizer, scheduler, loader, validation, steps,
                recipe["global_batch_size"] * recipe["seq_len"], accumulation, parameters)
 
@@ -171,16 +175,28 @@ def _stop_if_nonfinite(run: Run, record: dict, arm: str, folder: Path) -> None:
 
 
 def validate(run: Run, batch_size: int) -> dict:
-    """Validation loss: each process scores an equal share of the blocks (equal, so FSDP's
-    collective forwards line up), then the shares' losses are averaged."""
+    """Validation loss and the loss of each validation block (in block order), from which the
+    report bootstraps intervals: each process scores an equal share of the blocks (equal, so
+    FSDP's collective forwards line up), then the shares are gathered."""
     accelerator, model = run.accelerator, run.model
     world, rank = accelerator.num_processes, accelerator.process_index
     share = run.validation[rank: len(run.validation) - len(run.validation) % world: world]
     model.eval()
-    loss = evaluate_perplexity(model, torch.from_numpy(share.astype("int64")), batch_size, progress=False)["loss"]
+    measured = evaluate_perplexity(model, torch.from_numpy(share.astype("int64")), batch_size, progress=False)
     model.train()
-    loss = accelerator.reduce(torch.tensor(loss, device=accelerator.device), "mean").item()
-    return {"val_loss": loss, "val_ppl": math.exp(loss)}
+    gathered = accelerator.gather(torch.tensor(measured["block_losses"], device=accelerator.device))
+    block_losses = gathered.view(world, -1).T.flatten().tolist()  # rank r held blocks r, r + world, ...
+    loss = sum(block_losses) / len(block_losses)
+    return {"val_loss": loss, "val_ppl": math.exp(loss), "val_block_losses": block_losses}
+
+
+def validation_source(data: dict) -> str:
+    """What a recipe's ``data`` section validates on, as reports name it."""
+    if data["validation"] is not None:
+        return str(data["validation"])
+    if data["train"] is not None:
+        return f"{data['train']} (held-out documents)"
+    return EVAL_DATA
 
 
 def save(run: Run, tokenizer, folder: Path) -> None:

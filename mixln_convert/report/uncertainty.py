@@ -1,0 +1,82 @@
+"""Bootstrap intervals over evaluation blocks: how far a figure could move on other held-out text of
+the same kind, and so which differences between models the report may call.
+
+Each figure is a statistic of per-block values (the mean NLL of each evaluation block, the angular
+distances within each block, the gradient norms of each batch). Resampling the blocks with
+replacement ``DRAWS`` times gives the statistic's spread. Figures measured on the same blocks
+resample the same rows (the generator is seeded by what was measured), so the draws of two
+models are paired and their difference keeps only the models' own disagreement.
+"""
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+DRAWS = 2000
+LEVEL = 0.95  # two-sided
+
+
+@dataclass
+class Estimate:
+    """A figure and its bootstrap draws."""
+
+    value: float
+    draws: np.ndarray  # the statistic on each of DRAWS resamples
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        low, high = np.quantile(self.draws, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
+        return float(low), float(high)
+
+
+def estimate(statistic, samples, measured_on: str) -> Estimate:
+    """``statistic`` of ``samples`` ([n, ...], one row per evaluation block or batch) and of its
+    bootstrap resamples. ``statistic`` maps an array [draws, n, ...] to [draws]. ``measured_on``
+    names the blocks (data, block length, count): equal names give equal resamples."""
+    samples = np.asarray(samples, dtype=float)
+    seed = int.from_bytes(hashlib.sha256(f"{measured_on}|{len(samples)}".encode()).digest()[:8], "big")
+    rows = np.random.default_rng(seed).integers(0, len(samples), (DRAWS, len(samples)))
+    return Estimate(float(statistic(samples[None])[0]), statistic(samples[rows]))
+
+
+def difference_interval(a: Estimate, b: Estimate) -> tuple[float, float]:
+    """The LEVEL interval of a - b (paired where both were measured on the same blocks)."""
+    low, high = np.quantile(a.draws - b.draws, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
+    return float(low), float(high)
+
+
+def differs(a: Estimate, b: Estimate) -> bool:
+    """Whether the LEVEL interval of a - b excludes 0."""
+    low, high = difference_interval(a, b)
+    return low > 0 or high < 0
+
+
+def perplexity(losses) -> np.ndarray:
+    """exp of the mean block loss, per draw ([draws, n] -> [draws])."""
+    return np.exp(losses.mean(axis=1))
+
+
+def relative_increase(losses) -> np.ndarray:
+    """Mean over columns 1.. of exp(mean loss of column c - mean loss of column 0) - 1: the mean
+    relative perplexity increase of the variants in columns 1.. over the model in column 0
+    ([draws, n, 1 + k] -> [draws])."""
+    means = losses.mean(axis=1)
+    return (np.exp(means[:, 1:] - means[:, :1]) - 1).mean(axis=1)
+
+
+def mean_value(values) -> np.ndarray:
+    """Mean over blocks and columns ([draws, n, k] -> [draws])."""
+    return values.mean(axis=(1, 2))
+
+
+def variation_of_mean(norms) -> np.ndarray:
+    """Coefficient of variation (std / mean) across the columns of the mean over rows
+    ([draws, n, L] -> [draws]): of per-layer gradient norms averaged over batches."""
+    mean = norms.mean(axis=1)
+    return mean.std(axis=1) / mean.mean(axis=1)
+
+
+def interval_text(estimate: Estimate, digits: str = ".3g") -> str:
+    low, high = estimate.interval
+    return f"[{low:{digits}}, {high:{digits}}]"
