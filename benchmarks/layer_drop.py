@@ -59,9 +59,9 @@ def compare(runner: BlockRunner, blocks: torch.Tensor, batch_size: int, repeats:
         timed("sweep", lambda: runner.nll(stream.residual[-1], batch))
         for layer in range(num_layers):
             skipped_nll[layer] += timed("skipped", lambda: runner.nll(runner.run(*runner.embed(batch), skip={layer}),
-                                                                    batch))
+                                                                    batch)).sum().item()
             timed("full", lambda: runner.nll(runner.run(*runner.embed(batch)), batch))
-            sweep_nll[layer] += timed("sweep", lambda: runner.nll_without(stream, [layer]))
+            sweep_nll[layer] += timed("sweep", lambda: runner.nll_without(stream, [layer])).sum().item()
     tokens = blocks[:, 1:].numel()
     return {**seconds, "skipped_ppl": [math.exp(n / tokens) for n in skipped_nll],
             "sweep_ppl": [math.exp(n / tokens) for n in sweep_nll]}

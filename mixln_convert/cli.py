@@ -17,7 +17,8 @@ from . import __version__
 from .errors import MixLNError
 from .io.paths import check_destination, check_readable
 from .limits import check_one_step
-from .options import DEMO_EVAL_TOKENS, DEMO_TRAIN_TOKENS, DTYPES, EVAL_DATA, EVAL_SEQ_LEN, EVAL_TOKENS, LOSSES, METHODS, STRATEGIES
+from .options import (DEMO_EVAL_TOKENS, DEMO_TRAIN_TOKENS, DTYPES, EVAL_DATA, EVAL_SEQ_LEN, EVAL_TOKENS, LOSSES, METHODS,
+                      STRATEGIES, measured_on)
 
 
 class Group(click.Group):
@@ -221,8 +222,7 @@ def eval_(ckpt, data, seq_len, max_tokens, batch_size, allow_longer, per_documen
     if as_json:
         click.echo(json.dumps(result))
         return
-    click.echo(f"{ckpt}: perplexity {result['perplexity']:.3f} on {result['tokens']:,} tokens "
-               f"({result['data']}, packed blocks of {seq_len})")
+    click.echo(f"{ckpt}: perplexity {result['perplexity']:.3f} on {measured_on(result)} (packed)")
     if per_document:
         d = result["per_document"]
         click.echo(f"{ckpt}: per document ({d['documents']} documents, {d['tokens']} tokens, each from its first "
@@ -282,8 +282,8 @@ def analyze(ckpt, data, out, span, prune_curve, method, seq_len, max_tokens, bat
     result = run(ckpt, out, data=data, span=span, seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size,
                  prune_curve=prune_curve, method=method, force=force, allow_longer=allow_longer)
     cheapest = min(range(result["num_layers"]), key=result["layer_drop"].__getitem__)
-    click.echo(f"{ckpt}: perplexity {result['perplexity']:.3f} on {result['tokens']:,} tokens ({result['data']}, "
-               f"packed blocks of {result['seq_len']}); cheapest block to skip {cheapest} "
+    click.echo(f"{ckpt}: perplexity {result['perplexity']:.3f} on {measured_on(result)}; cheapest block to skip "
+               f"{cheapest} "
                f"({result['layer_drop'][cheapest]:+.3f})")
     click.echo(f"wrote {Path(out) / 'analysis.json'} and plots")
 
@@ -455,11 +455,9 @@ def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, e
                f"{error['after']:.4f}")
     if result["perplexity"]:
         ppl = result["perplexity"]
-        where = result["evaluation"]
-        click.echo(f"held-out perplexity ({where['data']}, {where['tokens']:,} tokens in packed blocks of "
-                   f"{where['seq_len']}): teacher {ppl['teacher']:.3f}, converted "
-                   f"{ppl['before']:.3f} ({ppl['before'] / ppl['teacher']:.3f}x) -> healed {ppl['after']:.3f} "
-                   f"({ppl['after'] / ppl['teacher']:.3f}x)")
+        click.echo(f"held-out perplexity ({measured_on(result['evaluation'])}): teacher {ppl['teacher']:.3f}, "
+                   f"converted {ppl['before']:.3f} ({ppl['before'] / ppl['teacher']:.3f}x) -> healed "
+                   f"{ppl['after']:.3f} ({ppl['after'] / ppl['teacher']:.3f}x)")
         doc = result["per_document_perplexity"]
         click.echo(f"held-out perplexity, each document from its first token: teacher {doc['teacher']:.3f}, "
                    f"converted {doc['before']:.3f} ({doc['before'] / doc['teacher']:.3f}x) -> healed "

@@ -1,5 +1,6 @@
-"""The fixed choices of the commands and recipes, in one torch-free place: the CLI offers them
-as ``click.Choice`` and the modules that act on them validate against the same tuples."""
+"""The fixed choices of the commands and recipes, and the evaluation definition, in one torch-free
+place: the CLI offers the choices as ``click.Choice`` and the modules that act on them validate
+against the same tuples."""
 
 STRATEGIES = ("calibrated", "move", "reinit-post", "scratch")  # conversion/plan.py
 METHODS = ("angular", "drop", "last")  # analysis/prune.py: how N blocks to remove are chosen
@@ -14,6 +15,11 @@ DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")  # conversio
 EVAL_DATA = "embedded:validation"
 EVAL_SEQ_LEN = 256  # the paper's sequence length; short enough for 2 CPU cores
 EVAL_TOKENS = 8192  # 32 blocks: enough for a bootstrap interval, seconds per pass for a 135M model on CPU
+
+
+def measured_on(where: dict) -> str:
+    """'DATA, N tokens in blocks of S' from a result's {data, tokens, seq_len}: what it was measured on."""
+    return f"{where['data']}, {where['tokens']:,} tokens in blocks of {where['seq_len']}"
 
 # The demo's budget (2 CPU cores, minutes): 8 optimizer steps of the CPU recipe per arm, and every
 # stage (training validation and analysis alike) measured on the same 8 blocks of EVAL_SEQ_LEN.

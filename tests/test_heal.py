@@ -118,7 +118,7 @@ def test_cli_heal_reports_before_and_after(moved, tiny_llama, tmp_path, cli):
     result = cli("heal", moved, "--teacher", tiny_llama, "--out", out, "--tokens", 2 * BATCH * SEQ_LEN,
                  "--seq-len", SEQ_LEN, "--eval-tokens", EVAL_TOKENS)
     assert result.exit_code == 0, result.output
-    assert "held-out perplexity, packed blocks of" in result.stdout and f"wrote {out}" in result.stdout
+    assert "held-out perplexity (embedded:validation, " in result.stdout and f"wrote {out}" in result.stdout
     assert "each document from its first token: teacher" in result.stdout
     assert (out / "model.safetensors").is_file() and (out / "heal_metrics.jsonl").is_file()
 

@@ -3,6 +3,7 @@
 import json
 import re
 
+import numpy as np
 import pytest
 from matplotlib.image import imread
 
@@ -92,7 +93,7 @@ def test_full_report(cli, tmp_path):
 
     rows = {tuple(c.strip() for c in line.strip("|").split("|")) for line in md.splitlines() if line.startswith("| ")}
     mixln = ("run/mixln", "Mix-LN (2 of 8 blocks Post-LN)")
-    measured = "embedded:validation, 2,048 tokens, blocks of 256"  # what each analysis records
+    measured = "embedded:validation, 2,048 tokens in blocks of 256"  # what each analysis records
     assert (*mixln, "before training (converted)", "31.20", "—", "—", "—", "0", "—") in rows
     assert (*mixln, "after training", "22.80", "—", "23.00", measured, "1,000,000", "12.5 min") in rows
     assert ("run/preln", "Pre-LN", "before training (original)", "25.00", "—", "—", "—", "0", "—") in rows
@@ -214,3 +215,104 @@ def test_bad_input_one_line_error(case, fragments, cli, tmp_path):
         path, extra = good, ["--label", "x", "--label", "y"]
     assert_one_line_error(cli("compare", path, "--out", out, *extra), *fragments)
     assert not (tmp_path / "report").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# intervals: figures with per-block values get a bootstrap interval, and differences inside it are
+# called too close to call
+
+BLOCKS = 32
+
+
+def per_block_values(perplexity, deep_drop, *, seed, spread=0.3, angle=0.2):
+    """per_block of an analysis (see analysis.analyze.layer_metrics) around ``perplexity``, its deep
+    blocks each costing ``deep_drop``; block losses vary by ``spread`` nats between blocks."""
+    rng = np.random.default_rng(seed)
+    loss = np.log(perplexity) + spread * rng.standard_normal(BLOCKS)
+    drops = [50.0 / (i + 1) if i < L // 2 else deep_drop for i in range(L)]
+    without = loss[:, None] + np.log1p(np.array(drops) / perplexity)[None] + 0.01 * rng.standard_normal((BLOCKS, L))
+    return {"loss": loss.tolist(), "loss_without_layer": without.tolist(),
+            "angular_distance": (angle + 0.02 * rng.standard_normal((BLOCKS, L))).tolist(),
+            "grad_norm_per_layer": (1 + 0.1 * rng.random((BLOCKS // 4, L))).tolist()}
+
+
+def with_per_block(folder, per_block):
+    file = folder / "analysis.json"
+    analysis = json.loads(file.read_text())
+    loss = np.asarray(per_block["loss"])
+    analysis.update(perplexity=float(np.exp(loss.mean())), per_block=per_block,
+                    grad_norm_per_layer=np.mean(per_block["grad_norm_per_layer"], axis=0).tolist(),
+                    layer_drop=(np.exp(np.asarray(per_block["loss_without_layer"]).mean(0)) - np.exp(loss.mean())).tolist())
+    file.write_text(json.dumps(analysis))
+    return folder
+
+
+def test_interval_holds_the_figure_and_equal_blocks_resample_alike():
+    from mixln_convert.report.uncertainty import differs, estimate, perplexity
+
+    rng = np.random.default_rng(0)
+    losses = 3 + 0.5 * rng.standard_normal(BLOCKS)
+    a = estimate(perplexity, losses, "text, 8,192 tokens")
+    assert a.value == pytest.approx(np.exp(losses.mean()))
+    low, high = a.interval
+    assert low < a.value < high
+    # the interval of the mean loss is about +-1.96 standard errors
+    half_width = (np.log(high) - np.log(low)) / 2
+    assert half_width == pytest.approx(1.96 * losses.std() / np.sqrt(BLOCKS), rel=0.2)
+    shifted = estimate(perplexity, losses + 0.01, "text, 8,192 tokens")  # the same blocks, a model 1% worse
+    assert differs(shifted, a)  # paired: the same resamples, so a small consistent gap is resolved
+    unpaired = estimate(perplexity, losses + 0.01, "other text, 8,192 tokens")
+    assert not differs(unpaired, a)  # other blocks: 1% is inside the block-to-block spread
+
+
+@pytest.mark.parametrize("deep_drop_b, verdict", [
+    (0.30, "are too close to call (the 95% bootstrap interval of their difference"),
+    (3.0, "the deep blocks matter most in b"),
+])
+def test_analysis_differences_inside_the_interval_are_not_called(deep_drop_b, verdict, cli, tmp_path):
+    a = with_per_block(write_analysis(tmp_path / "a"), per_block_values(20.0, 0.28, seed=1))
+    b = with_per_block(write_analysis(tmp_path / "b", post_ln_layers=2), per_block_values(20.0, deep_drop_b, seed=2))
+    result = cli("compare", a, b, "--out", tmp_path / "report")
+    assert result.exit_code == 0, result.output
+    summary = summary_of((tmp_path / "report" / "report.md").read_text())
+    drop_sentence = next(s for s in summary.splitlines() if "deeper half raises perplexity" in s)
+    assert verdict in drop_sentence
+    assert re.search(r"\(\+\d\.\d%; median", drop_sentence) is None  # every figure has its interval
+    assert re.search(r"\[[+-]\d+\.\d%, [+-]\d+\.\d%\]; median", drop_sentence)
+    saved = json.loads((tmp_path / "report" / "comparison.json").read_text())
+    for model in saved["models"]:
+        low, high = model["intervals"]["perplexity"]
+        assert low < model["perplexity"] < high
+
+
+def test_a_mean_carried_by_one_block_is_said(cli, tmp_path):
+    folder = write_analysis(tmp_path / "a")
+    analysis = json.loads((folder / "analysis.json").read_text())
+    analysis["layer_drop"][-1] = 10.1  # the last block: 10.1, the other deep blocks 0.1 each
+    (folder / "analysis.json").write_text(json.dumps(analysis))
+    assert cli("compare", folder, "--out", tmp_path / "report").exit_code == 0
+    summary = summary_of((tmp_path / "report" / "report.md").read_text())
+    assert "+2.6 (+13.0%; median +0.1; block 7 alone gives 97% of the total)" in summary
+
+
+@pytest.mark.parametrize("gap, verdict", [
+    (0.0, re.escape("too close to call: 1,000,000 training tokens per arm and 8,160 validation tokens cannot decide")),
+    (0.05, r"\+[4-8]\.\d%, 95% bootstrap interval \[\+\d\.\d%, \+\d\.\d%\] over the validation blocks\): Pre-LN wins"),
+])
+def test_training_verdict_needs_the_gap_outside_the_interval(gap, verdict, cli, tmp_path):
+    run = write_run(tmp_path / "run")
+    rng = np.random.default_rng(0)
+    preln = 3.2 + 0.3 * rng.standard_normal(BLOCKS)
+    mixln = preln + gap + 0.05 * rng.standard_normal(BLOCKS)  # the same blocks, scored by both arms
+    for arm, losses in (("mixln", mixln), ("preln", preln)):
+        file = run / arm / "summary.json"
+        summary = json.loads(file.read_text())
+        summary.update(final_val_block_losses=losses.tolist(), final_val_ppl=float(np.exp(losses.mean())),
+                       validation={"data": "embedded:validation", "tokens": BLOCKS * 255, "seq_len": 256})
+        file.write_text(json.dumps(summary))
+    result = cli("compare", run, "--out", tmp_path / "report")
+    assert result.exit_code == 0, result.output
+    summary = summary_of((tmp_path / "report" / "report.md").read_text())
+    assert re.search(verdict, summary), summary
+    assert "95% bootstrap interval [" in summary
+    assert "(embedded:validation, 8,160 tokens in blocks of 256)" in summary  # each arm says what it was measured on

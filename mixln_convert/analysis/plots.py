@@ -9,6 +9,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from ..options import measured_on
+
 PRE_LN, POST_LN = "tab:blue", "tab:orange"
 ANGULAR_DISTANCE = "angular distance arccos(cos) / pi"
 
@@ -19,7 +21,8 @@ def _layer_figure(result: dict, title: str, ylabel: str, shade_post_ln: bool = F
     ax = fig.add_subplot()
     if shade_post_ln and result["post_ln_layers"]:
         ax.axvspan(-0.5, result["post_ln_layers"] - 0.5, color=POST_LN, alpha=0.12, label="Post-LN blocks")
-    ax.set(title=f"{title}\n{Path(result['checkpoint']).name}", xlabel="block (layer index)", ylabel=ylabel,
+    ax.set(title=f"{title}\n{Path(result['checkpoint']).name}: {measured_on(result)}", xlabel="block (layer index)",
+           ylabel=ylabel,
            xlim=(-0.5, result["num_layers"] - 0.5))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
@@ -81,13 +84,16 @@ def plot_angular_matrix(result: dict, path: Path) -> None:
     ax = fig.add_subplot()
     image = draw_angular_matrix(ax, result)
     fig.colorbar(image, ax=ax, label=ANGULAR_DISTANCE)
-    ax.set(title=f"Angular distance between the inputs of blocks l and l+n\n{Path(result['checkpoint']).name}",
+    ax.set(title=f"Angular distance between the inputs of blocks l and l+n\n{Path(result['checkpoint']).name}: "
+                 f"{measured_on(result)}",
            xlabel="span n (blocks)", ylabel="first block l")
     fig.savefig(path, dpi=120)
 
 
 def plot_grad_norms(result: dict, path: Path) -> None:
-    fig, ax = _layer_figure(result, "Gradient norm of each block's parameters (LM loss)", "gradient L2 norm")
+    batches = len(result["per_block"]["grad_norm_per_layer"])
+    fig, ax = _layer_figure(result, f"Gradient norm of each block's parameters (LM loss), mean over {batches} batches",
+                            "gradient L2 norm")
     _bars(ax, result["grad_norm_per_layer"], result["layout"])
     ax.set_yscale("log")
     ax.legend()
@@ -100,7 +106,7 @@ def plot_prune_curve(result: dict, path: Path) -> None:
     ax = fig.add_subplot()
     perplexity = [result["perplexity"], *curve["perplexity"]]
     ax.plot([0, *curve["removed"]], perplexity, marker="o", label=f"blocks chosen by '{curve['method']}'")
-    ax.set(title=f"Perplexity after removing N blocks\n{Path(result['checkpoint']).name}",
+    ax.set(title=f"Perplexity after removing N blocks\n{Path(result['checkpoint']).name}: {measured_on(result)}",
            xlabel="blocks removed N", ylabel="perplexity",
            yscale="log" if max(perplexity) > 10 * min(perplexity) else "linear")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -12,8 +12,9 @@ import json
 import numpy as np
 
 from ..errors import MixLNError
+from ..options import measured_on
 from . import uncertainty
-from .inputs import PRUNE_FRACTIONS, Model, load_inputs
+from .inputs import PRUNE_FRACTIONS, Model, analysis_evaluation, load_inputs
 from .uncertainty import LEVEL, Estimate, differs, estimate
 
 # Inputs without per-block values (older versions) have no interval: relative differences below
@@ -74,11 +75,6 @@ def prune_points(analysis: dict) -> dict:
             for name, d in PRUNE_FRACTIONS.items()}
 
 
-def measured_on(where: dict) -> str:
-    """'DATA, N tokens in blocks of S': what a figure was measured on."""
-    return f"{where['data']}, {where['tokens']:,} tokens in blocks of {where['seq_len']}"
-
-
 def model_estimates(model: Model) -> dict[str, Estimate]:
     """Bootstrap estimates of the figures the summary compares, where the inputs hold the
     per-block values (analyses and training runs of this version do)."""
@@ -105,12 +101,6 @@ def model_estimates(model: Model) -> dict[str, Estimate]:
         pruned = np.asarray(curve["block_losses"][curve["removed"].index(n)])[:, None]
         estimates["prune_ratio"] = estimate(uncertainty.relative_increase, np.hstack([loss, pruned]), where)
     return estimates
-
-
-def analysis_evaluation(analysis: dict) -> dict:
-    """The data, tokens and block length of an analysis (seq_len absent from older analyses)."""
-    return {"data": analysis.get("data", "unknown data"), "tokens": analysis.get("tokens", 0),
-            "seq_len": analysis.get("seq_len", "unknown length")}
 
 
 def model_numbers(model: Model, estimates: dict[str, Estimate]) -> dict:

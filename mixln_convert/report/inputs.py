@@ -68,6 +68,12 @@ class Model:
         return next((r["grad_norm_per_layer"] for r in reversed(self.metrics) if "grad_norm_per_layer" in r), None)
 
 
+def analysis_evaluation(analysis: dict) -> dict:
+    """The data, tokens and block length of an analysis (seq_len absent from older analyses)."""
+    return {"data": analysis.get("data", "unknown data"), "tokens": analysis.get("tokens", 0),
+            "seq_len": analysis.get("seq_len", "unknown length")}
+
+
 def load_inputs(paths, labels=()) -> list[Model]:
     """The models of ``paths`` (analysis folders or files, train output folders), labelled by
     ``labels`` (one per path) or by their folder names; a train folder gives one model per arm."""

@@ -4,7 +4,6 @@ Each model keeps one colour in every figure. Same Agg-only object API as the per
 of :mod:`mixln_convert.analysis.plots`, whose heatmap drawing is reused.
 """
 
-import math
 from pathlib import Path
 
 import numpy as np
@@ -12,16 +11,26 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter, MaxNLocator
 
 from ..analysis.plots import ANGULAR_DISTANCE, draw_angular_matrix, scale_layer_drop_axis
-from .inputs import Model
+from ..options import measured_on
+from .inputs import Model, analysis_evaluation
 
 
-def _figure(title: str, xlabel: str, ylabel: str):
-    fig = Figure(figsize=(8, 5.5), layout="constrained")
-    ax = fig.add_subplot()
-    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 2.5, 5, 10]))  # blocks, tokens: whole numbers
-    ax.grid(alpha=0.3)
-    return fig, ax
+def _figure(title: str, xlabel: str, ylabel: str, measured: str = "", columns: int = 1):
+    """A figure of ``columns`` panels; ``measured`` (what the figures were measured on) is a
+    second title line. Returns the figure and its axes (one Axes when ``columns`` is 1)."""
+    fig = Figure(figsize=(8 if columns == 1 else 6 * columns, 5.5), layout="constrained")
+    axes = fig.subplots(1, columns, squeeze=False).ravel()
+    for ax in axes:
+        ax.set(xlabel=xlabel, ylabel=ylabel)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 2.5, 5, 10]))  # blocks, tokens: whole
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{title}\n{measured}" if measured else title)
+    return fig, axes[0] if columns == 1 else axes
+
+
+def _analysed_on(models: list[Model]) -> str:
+    """What the analyses of ``models`` were measured on, one line."""
+    return " / ".join(sorted({measured_on(analysis_evaluation(m.analysis)) for m in models if m.analysis}))
 
 
 def _save(fig, path: Path) -> None:
@@ -35,66 +44,118 @@ def _coloured(models: list[Model], has) -> list[tuple[Model, str]]:
     return [(m, f"C{i % 10}") for i, m in enumerate(models) if has(m)]
 
 
-def _mark_post_ln(ax, plotted: list[tuple[Model, str]]) -> None:
+def _mark_post_ln(ax, plotted: list[tuple[Model, str]], legend: bool = True) -> None:
     """A dotted line where each Mix-LN model's Post-LN blocks end."""
     boundaries = [(m.post_ln_layers, color) for m, color in plotted if m.post_ln_layers]
     for i, (n_post, color) in enumerate(boundaries):
-        ax.axvline(n_post - 0.5, color=color, linestyle=":", label=None if i else "end of the Post-LN blocks")
+        ax.axvline(n_post - 0.5, color=color, linestyle=":",
+                   label="end of the Post-LN blocks" if legend and not i else None)
 
 
 def plot_training_curves(models: list[Model], path: Path) -> None:
-    fig, ax = _figure("Loss during training", "tokens trained", "loss (nats per token)")
-    for m, color in _coloured(models, lambda m: m.arm):
-        ax.plot([r["tokens"] for r in m.metrics], [r["loss"] for r in m.metrics], color=color, alpha=0.4,
-                linewidth=0.8, label=f"{m.label} training loss")
-        ax.plot(*m.val_curve(), color=color, marker="o", label=f"{m.label} validation loss")
+    trained = _coloured(models, lambda m: m.arm)
+    validations = {measured_on(m.summary["validation"]) for m, _ in trained if m.summary.get("validation")}
+    fig, ax = _figure("Loss during training", "tokens trained", "loss (nats per token)",
+                      "validation: " + " / ".join(sorted(validations)) if validations else "")
+    for m, color in trained:
+        tokens, losses = [r["tokens"] for r in m.metrics], [r["loss"] for r in m.metrics]
+        # each logged step's own minibatch: a line once there are enough to show a trend, else markers
+        ax.plot(tokens, losses, color=color, alpha=0.4, linewidth=0.8, marker="." if len(tokens) < 20 else None,
+                label=f"{m.label} training loss (logged steps)")
+        ax.plot(*m.val_curve(), color=color, marker="o", linestyle="none",
+                label=f"{m.label} validation loss (each evaluation)")
     ax.xaxis.set_major_formatter(EngFormatter())  # 500k, 1M rather than an offset 1e6
     _save(fig, path)
 
 
 def plot_layer_drop(models: list[Model], path: Path) -> None:
-    fig, ax = _figure("Perplexity increase when one block is skipped", "block (layer index)", "perplexity increase")
+    # relative, so models whose full-model perplexities differ share one scale
+    fig, ax = _figure("Perplexity increase when one block is skipped, relative to the full model",
+                      "block (layer index)", "perplexity increase (%)", _analysed_on(models))
     analysed = _coloured(models, lambda m: m.analysis)
+    relative = {}
     for m, color in analysed:
-        ax.plot(m.analysis["layer_drop"], color=color, marker="o",
+        relative[m.label] = [100 * d / m.analysis["perplexity"] for d in m.analysis["layer_drop"]]
+        ax.plot(relative[m.label], color=color, marker="o",
                 label=f"{m.label}, {m.layout} (full model {m.analysis['perplexity']:.2f})")
     _mark_post_ln(ax, analysed)
-    scale_layer_drop_axis(ax, [d for m, _ in analysed for d in m.analysis["layer_drop"]])
+    scale_layer_drop_axis(ax, [v for curve in relative.values() for v in curve])
     _save(fig, path)
 
 
 def plot_angular_matrices(models: list[Model], path: Path) -> None:
+    """Each model's heatmap on one colour scale; beside each after the first, its difference from
+    the first model (same block count), where maps that look alike differ."""
     analysed = [m for m in models if m.analysis]
-    columns = min(len(analysed), 3)
-    rows = math.ceil(len(analysed) / columns)
-    fig = Figure(figsize=(4.5 * columns + 1, 4 * rows + 0.6), layout="constrained")
-    axes = fig.subplots(rows, columns, squeeze=False).ravel()
+    reference = analysed[0]
+    differences = [m for m in analysed[1:] if m.analysis["num_layers"] == reference.analysis["num_layers"]]
+    columns = 2 if differences else 1
+    fig = Figure(figsize=(5 * columns + 1.5, 4 * len(analysed) + 0.8), layout="constrained")
+    axes = fig.subplots(len(analysed), columns, squeeze=False)
     values = np.concatenate([np.ravel(row) for m in analysed for row in m.analysis["angular_distance_matrix"]])
-    for ax, m in zip(axes, analysed):  # one colour scale, so equal colours mean equal distances
-        image = draw_angular_matrix(ax, m.analysis, vmin=values.min(), vmax=values.max())
-        ax.set(title=f"{m.label}\n{m.layout}", xlabel="span n (blocks)", ylabel="first block l")
-    for ax in axes[len(analysed):]:
-        ax.set_axis_off()
-    fig.colorbar(image, ax=axes.tolist(), label=ANGULAR_DISTANCE)
-    fig.suptitle("Angular distance between the inputs of blocks l and l+n")
+    for row, m in zip(axes, analysed):  # one colour scale, so equal colours mean equal distances
+        image = draw_angular_matrix(row[0], m.analysis, vmin=values.min(), vmax=values.max())
+        row[0].set(title=f"{m.label}\n{m.layout}", xlabel="span n (blocks)", ylabel="first block l")
+    fig.colorbar(image, ax=axes[:, 0].tolist(), label=ANGULAR_DISTANCE)
+    if differences:
+        grids = {m.label: _grid(m) - _grid(reference) for m in differences}
+        limit = max(np.nanmax(np.abs(g)) for g in grids.values()) or 1.0
+        axes[0, 1].set_axis_off()
+        axes[0, 1].text(0.5, 0.5, f"differences from\n{reference.label}", ha="center", va="center",
+                        transform=axes[0, 1].transAxes)
+        for row, m in zip(axes[1:], analysed[1:]):
+            if m.label not in grids:  # another block count: nothing to subtract
+                row[1].set_axis_off()
+                continue
+            n = m.analysis["num_layers"]
+            shown = row[1].imshow(grids[m.label], origin="lower", cmap="RdBu_r", aspect="auto", vmin=-limit,
+                                  vmax=limit, extent=(0.5, n + 0.5, -0.5, n - 0.5))
+            row[1].set(title=f"{m.label} minus {reference.label}", xlabel="span n (blocks)", ylabel="first block l")
+        fig.colorbar(shown, ax=axes[:, 1].tolist(), label="difference of angular distance")
+    fig.suptitle(f"Angular distance between the inputs of blocks l and l+n\n{_analysed_on(models)}")
     fig.savefig(path, dpi=120)
 
 
+def _grid(model: Model) -> np.ndarray:
+    """The angular distance matrix as a square array, NaN where l + n runs past the last block."""
+    n = model.analysis["num_layers"]
+    grid = np.full((n, n), np.nan)
+    for l, row in enumerate(model.analysis["angular_distance_matrix"]):
+        grid[l, :len(row)] = row
+    return grid
+
+
 def plot_grad_norms(models: list[Model], path: Path) -> None:
-    fig, ax = _figure("Gradient norm of each block's parameters", "block (layer index)", "gradient L2 norm")
-    plotted = _coloured(models, lambda m: m.analysis or m.training_grad_norms())
-    for m, color in plotted:
-        if m.analysis:
-            ax.plot(m.analysis["grad_norm_per_layer"], color=color, marker="o", label=f"{m.label} (analysis)")
-        if norms := m.training_grad_norms():
-            ax.plot(norms, color=color, marker="x", linestyle="--", label=f"{m.label} (last training step)")
-    _mark_post_ln(ax, plotted)
-    ax.set_yscale("log")
+    """Two panels, since they measure different things: the analysis's gradient (held-out blocks,
+    mean over its batches, the spread across batches as bars) and the last logged training step's."""
+    fig, (analysis_ax, training_ax) = _figure("Gradient norm of each block's parameters", "block (layer index)",
+                                              "gradient L2 norm", columns=2)
+    analysed = _coloured(models, lambda m: m.analysis)
+    for m, color in analysed:
+        norms = np.asarray(m.analysis["grad_norm_per_layer"])
+        batches = np.asarray(m.analysis.get("per_block", {}).get("grad_norm_per_layer", [norms]))
+        spread = np.clip([norms - batches.min(axis=0), batches.max(axis=0) - norms], 0, None)  # a hand-edited file
+        spread_of = f"mean of {len(batches)} batches, bars min-max" if "per_block" in m.analysis else "one gradient"
+        analysis_ax.errorbar(range(len(norms)), norms, yerr=spread, color=color, marker="o", capsize=2,
+                             label=f"{m.label} (analysis, {spread_of})")
+    analysis_ax.set_title(f"analysis: LM loss on held-out text\n{_analysed_on(models)}", fontsize="medium")
+    _mark_post_ln(analysis_ax, analysed)
+    trained = _coloured(models, lambda m: m.training_grad_norms())
+    for m, color in trained:
+        step = next(r["step"] for r in reversed(m.metrics) if "grad_norm_per_layer" in r)
+        training_ax.plot(m.training_grad_norms(), color=color, marker="x", linestyle="--",
+                         label=f"{m.label} (training step {step})")
+    training_ax.set_title("training: the last logged step's minibatch" if trained else "training: none logged",
+                          fontsize="medium")
+    _mark_post_ln(training_ax, trained, legend=not analysed)
+    for ax, plotted in ((analysis_ax, analysed), (training_ax, trained)):
+        if plotted:
+            ax.set_yscale("log")
     _save(fig, path)
 
 
 def plot_prune_curves(models: list[Model], path: Path) -> None:
-    fig, ax = _figure("Perplexity after removing N blocks", "blocks removed N", "perplexity")
+    fig, ax = _figure("Perplexity after removing N blocks", "blocks removed N", "perplexity", _analysed_on(models))
     for m, color in _coloured(models, lambda m: m.analysis and "prune_curve" in m.analysis):
         curve = m.analysis["prune_curve"]
         ax.plot([0, *curve["removed"]], [m.analysis["perplexity"], *curve["perplexity"]], color=color, marker="o",

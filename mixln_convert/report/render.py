@@ -9,6 +9,7 @@ import html
 import re
 from pathlib import Path
 
+from ..options import measured_on
 from .inputs import PRUNE_FRACTIONS, Model
 
 MISSING = "—"
@@ -40,7 +41,7 @@ def _ppl_interval(f: dict, name: str) -> str:
 
 
 def _where(where: dict | None) -> str:
-    return MISSING if not where else f"{where['data']}, {where['tokens']:,} tokens, blocks of {where['seq_len']}"
+    return measured_on(where) if where else MISSING
 
 
 def perplexity_rows(models: list[Model], numbers: dict) -> list[list[str]]:
