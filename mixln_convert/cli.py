@@ -126,8 +126,8 @@ _ALLOW_LONGER = click.option("--allow-longer", is_flag=True,
 @main.command()
 @click.argument("src", type=click.Path(path_type=str))
 @click.argument("dst", type=click.Path(path_type=str))
-@click.option("--alpha", type=Finite(0, 1), default=None, show_default="0.25",
-              help="Fraction of leading layers made Post-LN: floor(alpha * L).")
+@click.option("--alpha", type=Finite(0, 1), default=None,  # None: --post-ln-layers may be given instead
+              help="Fraction of leading layers made Post-LN: floor(alpha * L).  [default: 0.25]")
 @click.option("--post-ln-layers", type=click.IntRange(min=0), default=None,
               help="Exact number of leading Post-LN layers (instead of --alpha).")
 @click.option("--strategy", type=click.Choice(STRATEGIES), default="calibrated", show_default=True,

@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 
 from mixln_convert.cli import main
@@ -17,6 +18,11 @@ def test_help_of_group_and_every_command(cli, command):
     result = cli(*command, "--help")
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("Usage: main" + "".join(f" {c}" for c in command))
+    assert "[default: (" not in result.stdout  # click's look for a described, not a real, default
+    if command:
+        undescribed = [p.name for p in main.commands[command[0]].params
+                       if isinstance(p, click.Option) and not p.help and p.name != "help"]
+        assert not undescribed, f"options without help: {undescribed}"
 
 
 @pytest.mark.parametrize("command", [[], *([name] for name in main.commands)], ids=lambda c: " ".join(c) or "group")
