@@ -17,7 +17,7 @@ from . import __version__
 from .errors import MixLNError
 from .io.paths import check_destination, check_readable
 from .limits import check_one_step
-from .options import (DEMO_EVAL_TOKENS, DEMO_TRAIN_TOKENS, DTYPES, EVAL_DATA, EVAL_SEQ_LEN, EVAL_TOKENS, LOSSES, METHODS,
+from .options import (DEMO_EVAL_TOKENS, DEMO_TRAIN_TOKENS, DTYPES, EVAL_SEQ_LEN, EVAL_TOKENS, LOSSES, METHODS,
                       STRATEGIES, measured_on)
 
 
@@ -205,20 +205,10 @@ def eval_(ckpt, data, seq_len, max_tokens, batch_size, allow_longer, per_documen
     on its own."""
     _must_exist(ckpt, "CKPT")
     _must_exist(data, "--data")
-    from .data import read_texts, token_blocks
-    from .evaluate import evaluate_documents, evaluate_perplexity
-    from .io.loader import open_checkpoint
-    from .limits import check_seq_len
+    from .evaluate import score_checkpoint
 
-    source = open_checkpoint(ckpt)
-    check_seq_len("--seq-len", seq_len, source.config, allow_longer)
-    texts = read_texts(data, split="validation")
-    blocks = token_blocks(source.tokenizer, texts, seq_len, max_tokens, source=data or EVAL_DATA)
-    model = source.model()
-    result = {"checkpoint": ckpt, "data": data or EVAL_DATA, "seq_len": seq_len,
-              **evaluate_perplexity(model, blocks, batch_size)}
-    if per_document:
-        result["per_document"] = evaluate_documents(model, source.tokenizer, texts, seq_len, batch_size, max_tokens)
+    result = score_checkpoint(ckpt, data=data, seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size,
+                              per_document=per_document, allow_longer=allow_longer)
     if as_json:
         click.echo(json.dumps(result))
         return
@@ -410,6 +400,55 @@ def demo(out, alpha, train_tokens, eval_tokens, prune_curve, source, force, resu
     for sentence in comparison["summary"]:
         click.echo(f"- {sentence}")
     click.echo(f"report: {Path(out) / 'report' / 'report.md'} (and report.html)")
+
+
+@main.command()
+@click.argument("src", type=click.Path(path_type=str))
+@click.option("--out", required=True, metavar="DIR", type=click.Path(path_type=str),
+              help="Folder for every alpha's outputs, sweep.json and report/.")
+@click.option("--alphas", default="0,0.0625,0.125,0.25,0.5", show_default=True, metavar="LIST",
+              help="Post-LN ratios to try, comma-separated (alphas giving the same block count run once).")
+@click.option("--heal-tokens", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+              help="Heal each conversion on N tokens (as `mixln-convert heal`). 0: no heal.")
+@click.option("--train-tokens", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+              help="Train each Mix-LN model, and a Pre-LN control once per seed, on N tokens (the smollm2-135m-cpu "
+                   "recipe's steps, same data and order). 0: no training.")
+@_data_option("Heal and training text (default: the embedded corpus's train split).")
+@click.option("--seeds", type=POSITIVE, default=1, show_default=True, help="Training seeds per arm (with --train-tokens).")
+@click.option("--eval-tokens", type=POSITIVE, default=EVAL_TOKENS, show_default=True, metavar="N",
+              help="Held-out tokens each stage is scored and analyzed on (blocks of 256).")
+@click.option("--max-ppl-increase", type=Finite(0, None), default=0.10, show_default=True, metavar="X",
+              help="Rule: the healed (else converted) perplexity at most X above the original's (0.10 = 10%).")
+@click.option("--max-grad-ratio", type=Finite(1, None), default=3.0, show_default=True, metavar="Y",
+              help="Rule: the largest Post-LN block gradient norm at most Y times the Pre-LN blocks' mean.")
+@click.option("--resume", is_flag=True, help="Keep the alphas an earlier run finished; continue.")
+@click.option("--force", is_flag=True, help="Replace a non-empty --out folder (never an input).")
+def sweep(src, out, alphas, heal_tokens, train_tokens, data, seeds, eval_tokens, max_ppl_increase, max_grad_ratio,
+          resume, force):
+    """Measure Mix-LN at several Post-LN ratios for SRC (HF folder or .gguf) and recommend one: per
+    alpha a calibrated conversion (one calibration pass for all), optional heal and training,
+    perplexity (packed and per document), layer drop and gradient norms; DIR/report/report.md."""
+    _must_exist(src, "SRC")
+    _must_exist(data, "--data")
+    from .sweep import Rule, parse_alphas
+    from .sweep import sweep as run
+
+    check_destination(out, {"SRC": src, "--data": data}, force or resume, flag="--out")
+    result = run(src, out, alphas=parse_alphas(alphas), heal_tokens=heal_tokens, train_tokens=train_tokens,
+                 data=data, seeds=seeds, eval_tokens=eval_tokens, rule=Rule(max_ppl_increase, max_grad_ratio),
+                 resume=resume, force=force)
+    from .report.sweep import verdict_sentences
+
+    for sentence in verdict_sentences(result):
+        click.echo(f"- {sentence}")
+    times = result["times"]
+    if "calibration_s" in times:
+        click.echo(f"time: calibration {times['calibration_s']:.1f} s once; per alpha: " + "; ".join(
+            f"{row['post_ln_layers']} Post-LN " + ", ".join(f"{k.removesuffix('_s')} {v:.1f} s"
+                                                           for k, v in row["times"].items())
+            for row in result["rows"]))
+    click.echo(f"report: {Path(out) / 'report' / 'report.md'} (and report.html); all figures in "
+               f"{Path(out) / 'sweep.json'}")
 
 
 @main.command()

@@ -1,6 +1,7 @@
 """Perplexity on held-out text: packed blocks (``evaluate_perplexity``, what training validates
 with) and each document on its own from its first token (``evaluate_documents``, how
-lm-evaluation-harness scores perplexity tasks)."""
+lm-evaluation-harness scores perplexity tasks); ``score_checkpoint`` runs both on a checkpoint
+with the evaluation definition of :mod:`.options`."""
 
 import math
 import re
@@ -10,6 +11,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .errors import MixLNError
+from .options import EVAL_DATA, EVAL_SEQ_LEN, EVAL_TOKENS
 
 
 def block_nll(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -86,3 +88,27 @@ def evaluate_documents(model, tokenizer, texts: list[str], max_length: int, batc
     return {**counts, "loss": total / counts["tokens"], "token_perplexity": math.exp(total / counts["tokens"]),
             "word_perplexity": math.exp(total / counts["words"]), "byte_perplexity": math.exp(total / counts["bytes"]),
             "bits_per_byte": total / counts["bytes"] / math.log(2)}
+
+
+def score_checkpoint(ckpt, *, data=None, seq_len: int = EVAL_SEQ_LEN, max_tokens: int = EVAL_TOKENS,
+                     batch_size: int = 4, per_document: bool = False, allow_longer: bool = False,
+                     progress: bool = True) -> dict:
+    """``ckpt`` (a path or an open Checkpoint) scored on the first ``max_tokens`` tokens of the
+    held-out text ``data`` (default: the embedded validation split) in packed blocks of
+    ``seq_len``, and with ``per_document`` each document on its own (``per_document`` key):
+    what ``mixln-convert eval`` prints."""
+    from .data import read_texts, token_blocks
+    from .io.loader import open_checkpoint
+    from .limits import check_seq_len
+
+    source = open_checkpoint(ckpt)
+    check_seq_len("--seq-len", seq_len, source.config, allow_longer)
+    texts = read_texts(data, split="validation")
+    blocks = token_blocks(source.tokenizer, texts, seq_len, max_tokens, source=data or EVAL_DATA)
+    model = source.model()
+    result = {"checkpoint": str(source.path), "data": str(data) if data else EVAL_DATA, "seq_len": seq_len,
+              **evaluate_perplexity(model, blocks, batch_size, progress)}
+    if per_document:
+        result["per_document"] = evaluate_documents(model, source.tokenizer, texts, seq_len, batch_size, max_tokens,
+                                                    progress)
+    return result

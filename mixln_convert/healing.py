@@ -36,7 +36,7 @@ from transformers import get_cosine_schedule_with_warmup
 from .architectures import architecture_for
 from .data import PackedBlocks, blocks, read_texts, token_blocks, token_stream
 from .errors import MixLNError
-from .options import EVAL_DATA, LOSSES
+from .options import EVAL_DATA, EVAL_TOKENS, LOSSES
 from .evaluate import evaluate_documents, evaluate_perplexity
 from .io.loader import open_checkpoint
 from .io.paths import check_destination, check_readable
@@ -63,7 +63,7 @@ def heal(
     loss: str = "kl",
     warmup_ratio: float = 0.1,
     grad_clip: float = 1.0,
-    eval_tokens: int = 8192,
+    eval_tokens: int = EVAL_TOKENS,
     perplexity: bool = True,
     eval_at=(),
     max_shard_size: str | int = "5GB",

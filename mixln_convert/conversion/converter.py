@@ -18,6 +18,7 @@ from .plan import ConversionPlan
 # Short calibration blocks fit the Post-LN gains better (down to a point; docs/measurements.md):
 # each block's first positions carry the massive activations, and short blocks give the fit more of them.
 CALIBRATION_SEQ_LEN = 128
+CALIBRATION_TOKENS = 8192
 
 
 def parse_dtype(name: str | None) -> torch.dtype | None:
@@ -39,13 +40,14 @@ def convert(
     strategy: str = "calibrated",
     scaled_init: bool = True,
     calibration_data=None,
-    calibration_tokens: int = 8192,
+    calibration_tokens: int = CALIBRATION_TOKENS,
     calibration_seq_len: int = CALIBRATION_SEQ_LEN,
     max_shard_size: str | int | None = None,
     dtype: str | None = None,
     seed: int = 0,
     force: bool = False,
     progress: bool = True,
+    statistics: dict | None = None,
 ) -> Path:
     """Convert the Pre-LN checkpoint ``src`` (HF folder or .gguf) into a Mix-LN folder ``dst``.
 
@@ -56,6 +58,10 @@ def convert(
     Tensors stream from the source's shards to the output's, so memory stays within one shard
     plus ~1 GiB: output shards default to the source's largest shard, at most 5GB (a larger
     ``max_shard_size`` lets the buffer of computed tensors grow to it).
+
+    ``statistics``: the :func:`calibration_statistics` of this source for at least as many
+    blocks, reused instead of calibrating again (block i's depend only on blocks before it, so
+    one pass up to the largest count serves every smaller one; ``mixln-convert sweep``).
     """
     if strategy not in STRATEGIES:
         raise MixLNError(f"--strategy: unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
@@ -82,8 +88,8 @@ def convert(
         started = time.time()
         stats = None
         if strategy == "calibrated" and n_post > 0:
-            stats = calibration_statistics(source, arch, n_post, calibration_data, calibration_tokens,
-                                           calibration_seq_len, progress)
+            stats = first_blocks(statistics, n_post) if statistics else calibration_statistics(
+                source, arch, n_post, calibration_data, calibration_tokens, calibration_seq_len, progress)
         plan = ConversionPlan(arch, config, n_post, strategy, scaled_init, seed, stats, out_dtype)
         provenance = tool_stamp(source=str(Path(src).absolute()), strategy=strategy, seed=seed,
                                 calibration=_provenance_of(stats))
@@ -116,6 +122,13 @@ def calibration_statistics(source, arch, n_post, data, tokens, seq_len, progress
                                  f"non-finite {key} in block {i}; the source's activations overflow on this text")
     return {**stats, "data": str(data) if data else "embedded:calibration", "tokens": blocks.numel(),
             "seq_len": blocks.shape[1]}
+
+
+def first_blocks(stats: dict, n: int) -> dict:
+    """Calibration statistics of the first ``n`` blocks, from those of at least ``n``."""
+    if len(stats["input_scale"]) < n:
+        raise MixLNError(f"calibration statistics of {len(stats['input_scale'])} blocks cannot convert {n}")
+    return {key: value[:n] if isinstance(value, list) else value for key, value in stats.items()}
 
 
 def _provenance_of(stats: dict | None) -> dict | None:

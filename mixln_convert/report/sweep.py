@@ -1,0 +1,177 @@
+"""The report of ``mixln-convert sweep``: one row per Post-LN count, perplexity against alpha,
+the layer-drop profiles overlaid, gradient-norm spread against alpha, and the recommendation
+with its rule; rendered by the same code as the compare report (:mod:`.render`)."""
+
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from .render import MISSING, to_html, to_markdown
+
+
+def _ratio(value: float | None, original: float) -> str:
+    return MISSING if value is None else f"{value:,.2f} ({value / original:.3f}x)"
+
+
+def _trained(row: dict) -> float | None:
+    """Mean final validation perplexity of the trained seeds."""
+    return float(np.mean([run["final_val_ppl"] for run in row["trained"]])) if row["trained"] else None
+
+
+def _spread(runs: list[dict]) -> str:
+    values = [run["final_val_ppl"] for run in runs]
+    return f"{np.mean(values):,.2f}" + (f" [{min(values):,.2f}, {max(values):,.2f}]" if len(values) > 1 else "")
+
+
+def table_rows(result: dict) -> list[list[str]]:
+    original = result["original"]["scores"]
+    rows = []
+    for row in result["rows"]:
+        healed = row["healed"] or {}
+        grad = row["post_pre_grad_ratio"]
+        failures = result["recommendation"]["failures"][str(row["post_ln_layers"])]
+        rows.append([", ".join(f"{a:g}" for a in row["alphas"]), f"{row['post_ln_layers']} / {result['num_layers']}",
+                     _ratio(row["converted"]["perplexity"], original["perplexity"]),
+                     _ratio(row["converted"]["per_document_perplexity"], original["per_document_perplexity"]),
+                     _ratio(healed.get("perplexity"), original["perplexity"]),
+                     _ratio(healed.get("per_document_perplexity"), original["per_document_perplexity"]),
+                     _spread(row["trained"]) if row["trained"] else MISSING,
+                     f"{row['grad_norm_cv']:.3f}", MISSING if grad is None else f"{grad:.2f}",
+                     "passes" if not failures else "; ".join(failures)])
+    return rows
+
+
+def verdict_sentences(result: dict) -> list[str]:
+    """The recommendation and, plainly, whether any alpha beats the control."""
+    recommendation = result["recommendation"]
+    original = result["original"]["scores"]["perplexity"]
+    sentences = [f"Rule: {recommendation['rule']} (`--max-ppl-increase`, `--max-grad-ratio`)."]
+    if recommendation["post_ln_layers"] is None:
+        sentences.append("No alpha passes the rule: on this model and budget, keep Pre-LN or give the conversion "
+                         "more healing or training.")
+    else:
+        alphas = ", ".join(f"{a:g}" for a in recommendation["alphas"])
+        sentences.append(f"Recommended: alpha {alphas} ({recommendation['post_ln_layers']} of {result['num_layers']} "
+                         "blocks Post-LN).")
+        if recommendation["post_ln_layers"] == 0:
+            sentences.append("That is no Post-LN block at all: no Mix-LN layout passed the rule.")
+    trained = {row["post_ln_layers"]: _trained(row) for row in result["rows"] if row["trained"]}
+    if result["control"] and trained:
+        control = float(np.mean([run["final_val_ppl"] for run in result["control"]]))
+        spread = [run["final_val_ppl"] for run in result["control"]]
+        beating = {n: ppl for n, ppl in trained.items() if n > 0 and ppl < min(spread)}
+        if beating:
+            listed = ", ".join(f"{n} Post-LN blocks {ppl:.2f}" for n, ppl in sorted(beating.items()))
+            sentences.append(f"After {result['train_tokens']:,} training tokens, these beat the Pre-LN control "
+                             f"({control:.2f}, every seed): {listed}.")
+        else:
+            sentences.append(f"No alpha beats the Pre-LN control after {result['train_tokens']:,} training tokens "
+                             f"(control {control:.2f}" + (f", seeds {min(spread):.2f}-{max(spread):.2f}"
+                                                         if len(spread) > 1 else "") + ").")
+    else:
+        best = min((row["healed"] or row["converted"])["perplexity"] for row in result["rows"]
+                   if row["post_ln_layers"] > 0) if any(row["post_ln_layers"] for row in result["rows"]) else None
+        if best is not None and best >= original:
+            sentences.append(f"No Mix-LN layout beats the original Pre-LN model ({original:.2f}) without training: "
+                             "conversion and heal only limit the loss (`--train-tokens` compares against a trained "
+                             "Pre-LN control).")
+    return sentences
+
+
+def plot_perplexity(result: dict, path: Path) -> None:
+    fig = Figure(figsize=(8, 5), layout="constrained")
+    ax = fig.add_subplot()
+    alphas = [row["post_ln_layers"] / result["num_layers"] for row in result["rows"]]
+    stages = [("converted", [row["converted"]["perplexity"] for row in result["rows"]])]
+    if result["heal_tokens"]:
+        stages.append(("healed", [row["healed"]["perplexity"] for row in result["rows"]]))
+    if result["train_tokens"]:
+        stages.append((f"trained (validation, mean of {result['seeds']} seed(s))",
+                       [_trained(row) for row in result["rows"]]))
+    for name, values in stages:  # measured points: markers, no line between alphas
+        ax.plot(alphas, values, marker="o", linestyle="none", label=name)
+    ax.axhline(result["original"]["scores"]["perplexity"], color="grey", linestyle="--", label="original (Pre-LN)")
+    if result["control"]:
+        control = np.mean([run["final_val_ppl"] for run in result["control"]])
+        ax.axhline(control, color="black", linestyle=":", label="Pre-LN control, trained (validation)")
+    scores = result["original"]["scores"]
+    ax.set(title=f"Perplexity by Post-LN ratio\n{scores['data']}, {scores['tokens']:,} tokens in blocks of "
+                 f"{scores['seq_len']}", xlabel="Post-LN blocks / L", ylabel="perplexity")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.savefig(path, dpi=120)
+
+
+def plot_layer_drop(result: dict, path: Path) -> None:
+    fig = Figure(figsize=(8, 5), layout="constrained")
+    ax = fig.add_subplot()
+    profiles = [("original", result["original"]["analysis"])] + [
+        (f"{row['post_ln_layers']} Post-LN", row["analysis"]) for row in result["rows"]]
+    for name, analysis in profiles:
+        ax.plot([100 * d / analysis["perplexity"] for d in analysis["layer_drop"]], marker=".", label=name)
+    if any(abs(d) > analysis["perplexity"] for _, analysis in profiles for d in analysis["layer_drop"]):
+        ax.set_yscale("symlog", linthresh=1)
+    stage = "trained" if result["train_tokens"] else "healed" if result["heal_tokens"] else "converted"
+    ax.set(title=f"Perplexity increase when one block is skipped ({stage} models)", xlabel="block (layer index)",
+           ylabel="perplexity increase (%)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small", ncol=2)
+    fig.savefig(path, dpi=120)
+
+
+def plot_gradients(result: dict, path: Path) -> None:
+    fig = Figure(figsize=(10, 4.5), layout="constrained")
+    spread_ax, ratio_ax = fig.subplots(1, 2)
+    alphas = [row["post_ln_layers"] / result["num_layers"] for row in result["rows"]]
+    spread_ax.plot(alphas, [row["grad_norm_cv"] for row in result["rows"]], marker="o", linestyle="none")
+    spread_ax.set(title="spread across blocks (std / mean)", xlabel="Post-LN blocks / L", ylabel="coefficient of variation")
+    ratios = [(a, row["post_pre_grad_ratio"]) for a, row in zip(alphas, result["rows"])
+              if row["post_pre_grad_ratio"] is not None]
+    ratio_ax.plot([a for a, _ in ratios], [r for _, r in ratios], marker="o", linestyle="none")
+    ratio_ax.axhline(result["recommendation"]["max_grad_ratio"], color="grey", linestyle="--", label="rule's limit")
+    ratio_ax.set(title="largest Post-LN block / Pre-LN mean", xlabel="Post-LN blocks / L", ylabel="ratio")
+    ratio_ax.legend(fontsize="small")
+    for ax in (spread_ax, ratio_ax):
+        ax.grid(alpha=0.3)
+    source = result["rows"][0]["gradients_from"] if result["rows"] else ""
+    fig.suptitle(f"Gradient norms per block over the first {result['rows'][0]['grad_steps']} {source}"
+                 if result["rows"] else "Gradient norms per block")
+    fig.savefig(path, dpi=120)
+
+
+def time_rows(result: dict) -> list[list[str]]:
+    times = result["times"]
+    rows = [["calibration (once, for every alpha)", f"{times['calibration_s']:.1f} s"]] if "calibration_s" in times else []
+    for row in result["rows"]:
+        for key, seconds in row["times"].items():
+            rows.append([f"{row['post_ln_layers']} Post-LN: {key.removesuffix('_s')}", f"{seconds:.1f} s"])
+    return rows
+
+
+def write_sweep_report(folder: Path, result: dict) -> None:
+    """``folder``/report.md, report.html and the PNGs of a sweep ``result``."""
+    original = result["original"]["scores"]
+    images = {"sweep_perplexity.png": (plot_perplexity, "Perplexity by Post-LN ratio"),
+              "sweep_layer_drop.png": (plot_layer_drop, "Layer-drop profiles"),
+              "sweep_gradients.png": (plot_gradients, "Gradient-norm spread by Post-LN ratio")}
+    for name, (plot, _) in images.items():
+        plot(result, Path(folder) / name)
+    budget = (f"heal {result['heal_tokens']:,} tokens, train {result['train_tokens']:,} tokens x {result['seeds']} "
+              f"seed(s); perplexities on {original['data']}, {original['tokens']:,} tokens in blocks of "
+              f"{original['seq_len']} (per document: each document from its first token)")
+    blocks = [
+        ("h1", "Mix-LN alpha sweep"), ("p", f"`{result['source']}`, {result['num_layers']} blocks; {budget}."),
+        ("h2", "Recommendation"), ("ul", verdict_sentences(result)),
+        ("h2", "Per alpha"),
+        ("p", f"Original: perplexity {original['perplexity']:,.2f}, per document "
+              f"{original['per_document_perplexity']:,.2f}. Ratios are to the original."),
+        ("table", ["alpha", "Post-LN blocks", "converted", "converted, per document", "healed", "healed, per document",
+                   "trained (validation)", "gradient CV", "max Post/Pre gradient", "rule"], table_rows(result)),
+        ("h2", "Figures"), *(("img", name, caption) for name, (_, caption) in images.items()),
+        ("h2", "Time"), ("table", ["stage", "wall time on this machine"], time_rows(result)),
+    ]
+    (folder / "report.md").write_text(to_markdown(blocks))
+    (folder / "report.html").write_text(to_html(blocks, folder))

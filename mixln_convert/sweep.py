@@ -1,0 +1,274 @@
+"""``sweep()``: which Post-LN ratio suits this model? Each alpha's calibrated conversion (one
+calibration pass serves them all: block i's statistics depend only on blocks before it), an
+optional heal and short continued pre-training beside a Pre-LN control trained once per seed on
+the same data and order, the analysis of each, one report and a recommendation by a stated rule.
+
+Every stage is the function its own command runs (convert, heal, train, analyze, eval); each
+alpha's outputs appear atomically in ``OUT/post-ln-NN``, so a killed sweep resumes where it stopped.
+"""
+
+import json
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import MixLNError
+from .io.loader import open_checkpoint
+from .io.paths import check_destination, check_readable
+from .io.writer import atomic_output_dir, write_atomic
+from .options import EVAL_TOKENS
+
+DEFAULT_ALPHAS = (0.0, 0.0625, 0.125, 0.25, 0.5)
+TRAIN_RECIPE = "smollm2-135m-cpu"  # settings of the short continued pre-training (CPU-sized steps)
+FIRST_STEPS = 4  # gradient norms "over the first steps": this many training steps (or analysis batches)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The recommendation: the largest alpha whose stage perplexity stays within
+    ``max_ppl_increase`` of the original's and whose largest Post-LN block gradient norm over the
+    first steps stays within ``max_grad_ratio`` times the Pre-LN blocks' mean."""
+
+    max_ppl_increase: float = 0.10
+    max_grad_ratio: float = 3.0
+
+    def describe(self, stage: str) -> str:
+        return (f"the largest alpha whose {stage} perplexity is at most {self.max_ppl_increase:.0%} above the "
+                f"original's and whose largest Post-LN block gradient norm over the first steps is at most "
+                f"{self.max_grad_ratio:g}x the Pre-LN blocks' mean (alpha 0 always passes the gradient test)")
+
+    def failures(self, row: dict, stage: str, original_ppl: float) -> list[str]:
+        """Why ``row`` fails the rule ([] when it passes)."""
+        reasons = []
+        ratio = row[stage]["perplexity"] / original_ppl
+        if ratio > 1 + self.max_ppl_increase:
+            reasons.append(f"{stage} perplexity {ratio:.3f}x the original's")
+        if (grad := row["post_pre_grad_ratio"]) is not None and grad > self.max_grad_ratio:
+            reasons.append(f"Post-LN gradient norm {grad:.2f}x the Pre-LN blocks'")
+        return reasons
+
+
+def recommend(rows: list[dict], original_ppl: float, rule: Rule, stage: str) -> dict:
+    """The row ``rule`` recommends (the passing one with the most Post-LN blocks) and, per row, why
+    it failed; ``post_ln_layers`` None when no row passes."""
+    failures = {row["post_ln_layers"]: rule.failures(row, stage, original_ppl) for row in rows}
+    passing = [row for row in rows if not failures[row["post_ln_layers"]]]
+    best = max(passing, key=lambda row: row["post_ln_layers"]) if passing else None
+    return {"rule": rule.describe(stage), "stage": stage, **asdict(rule),
+            "post_ln_layers": best["post_ln_layers"] if best else None,
+            "alphas": best["alphas"] if best else None,
+            "failures": {str(n): reasons for n, reasons in failures.items()}}
+
+
+def gradient_figures(steps: list[list[float]], post_ln_layers: int) -> dict:
+    """Spread of per-block gradient norms over ``steps`` (one list per step): the mean over steps
+    of their coefficient of variation, and the largest ratio of a Post-LN block's norm to the
+    Pre-LN blocks' mean (None without both kinds of block)."""
+    norms = np.asarray(steps[:FIRST_STEPS], dtype=float)
+    cv = float((norms.std(axis=1) / norms.mean(axis=1)).mean())
+    ratio = None
+    if 0 < post_ln_layers < norms.shape[1]:
+        ratio = float((norms[:, :post_ln_layers].max(axis=1) / norms[:, post_ln_layers:].mean(axis=1)).max())
+    return {"grad_norm_cv": cv, "post_pre_grad_ratio": ratio, "grad_steps": len(norms)}
+
+
+def parse_alphas(text: str) -> list[float]:
+    """'0,0.0625,0.25' -> [0.0, 0.0625, 0.25], each a finite number in [0, 1]."""
+    alphas = []
+    for item in text.split(","):
+        try:
+            alpha = float(item)
+        except ValueError:
+            alpha = math.nan
+        if not 0 <= alpha <= 1:  # nan fails too
+            raise MixLNError(f"--alphas: {item.strip()!r} is not a number in [0, 1]")
+        alphas.append(alpha)
+    return alphas
+
+
+def sweep(src, out, *, alphas=DEFAULT_ALPHAS, heal_tokens: int = 0, train_tokens: int = 0, data=None,
+          seeds: int = 1, eval_tokens: int = EVAL_TOKENS, rule: Rule = Rule(), resume: bool = False,
+          force: bool = False, progress: bool = True) -> dict:
+    """Sweep the Post-LN ratio of ``src`` (HF folder or .gguf) into ``out``; returns the result
+    written to ``out/sweep.json`` (rows per Post-LN count, the original's and the control's
+    figures, the recommendation, the time split) beside ``out/report``."""
+    from .conversion.converter import CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, calibration_statistics
+    from .conversion.layout import post_ln_count
+    from .healing import HEAL_BATCH_SIZE, HEAL_SEQ_LEN
+    from .training import load_recipe
+    from .training.recipe import optimizer_steps
+
+    if not alphas:
+        raise MixLNError("--alphas: give at least one alpha")
+    if force and resume:
+        raise MixLNError("--force and --resume: give one (--force starts afresh, --resume continues)")
+    for flag, value in (("--seeds", seeds), ("--eval-tokens", eval_tokens)):
+        if value < 1:
+            raise MixLNError(f"{flag}: {value} must be at least 1")
+    if heal_tokens and heal_tokens < HEAL_BATCH_SIZE * HEAL_SEQ_LEN:
+        raise MixLNError(f"--heal-tokens: {heal_tokens} is less than one heal step "
+                         f"({HEAL_BATCH_SIZE} x {HEAL_SEQ_LEN} = {HEAL_BATCH_SIZE * HEAL_SEQ_LEN} tokens)")
+    if data is not None:
+        check_readable(data, "--data")
+    out = Path(out)
+    check_destination(out, {"SRC": src, "--data": data}, force or resume, flag="--out")
+    source = open_checkpoint(src)
+    num_layers = source.config["num_hidden_layers"]
+    counts: dict[int, list[float]] = {}
+    for alpha in alphas:  # equal counts run once
+        counts.setdefault(post_ln_count(num_layers, alpha, None), []).append(alpha)
+    recipe_overrides = [f"source={Path(src).absolute()}", "grad_norm_interval=1"]
+    if data is not None:
+        recipe_overrides.append(f"data.train={Path(data).absolute()}")
+    if train_tokens:
+        recipe_overrides.append(f"max_tokens={train_tokens}")
+        step = load_recipe(TRAIN_RECIPE, recipe_overrides)
+        recipe_overrides.append(f"eval_interval={optimizer_steps(step)}")  # validate at the end only
+        if optimizer_steps(step) < 1:
+            raise MixLNError(f"--train-tokens: {train_tokens} is less than one training step "
+                             f"({step['global_batch_size'] * step['seq_len']} tokens)")
+    if force and out.exists() and any(out.iterdir()):
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    times: dict = {}
+
+    original = _stage(out / "original", resume, lambda tmp: {
+        "scores": _scores(src, eval_tokens, progress), "analysis": _analysis(src, tmp, eval_tokens, progress)},
+        times, "original")
+    controls = []
+    if train_tokens:
+        for seed in range(seeds):
+            recipe = load_recipe(TRAIN_RECIPE, [*recipe_overrides, f"seed={seed}"])
+            controls.append(_stage(out / f"control-seed{seed}", resume,
+                                   lambda tmp, recipe=recipe: _train(recipe, tmp / "train", "preln", progress),
+                                   times, f"control (seed {seed})"))
+
+    pending = [n for n in counts if not (resume and (_folder(out, n) / "result.json").is_file())]
+    stats = None
+    if any(n > 0 for n in pending):
+        started = time.perf_counter()
+        print(f"calibrating the first {max(pending)} blocks once for every alpha")
+        stats = calibration_statistics(source, source.arch, max(pending), None, CALIBRATION_TOKENS,
+                                       CALIBRATION_SEQ_LEN, progress)
+        times["calibration_s"] = round(time.perf_counter() - started, 2)
+
+    rows = []
+    for i, (n, given) in enumerate(sorted(counts.items()), 1):
+        print(f"[alpha {i}/{len(counts)}] alpha {', '.join(f'{a:g}' for a in given)}: {n} of {num_layers} blocks "
+              f"Post-LN")
+        row = _stage(_folder(out, n), resume, lambda tmp, n=n, given=given: _alpha(
+            src, tmp, n, given, stats, heal_tokens, data, train_tokens, recipe_overrides, seeds, controls,
+            out / "control-seed0" / "train" / "preln" / "final", eval_tokens, progress), times, f"post-ln-{n}")
+        print(f"      converted {row['converted']['perplexity']:.2f} (original "
+              f"{original['scores']['perplexity']:.2f})" + (f", healed {row['healed']['perplexity']:.2f}"
+                                                          if row["healed"] else ""))
+        rows.append(row)
+
+    stage = "healed" if heal_tokens else "converted"
+    result = {
+        "source": str(src), "num_layers": num_layers, "eval_tokens": eval_tokens, "heal_tokens": heal_tokens,
+        "train_tokens": train_tokens, "seeds": seeds, "data": str(data) if data else None,
+        "original": original, "control": controls, "rows": rows,
+        "recommendation": recommend(rows, original["scores"]["perplexity"], rule, stage),
+        "times": {**times, **{f"post-ln-{row['post_ln_layers']}": row["times"] for row in rows}},
+    }
+    from .report.sweep import write_sweep_report
+
+    with atomic_output_dir(out / "report", force=True) as tmp:
+        write_sweep_report(tmp, result)
+    write_atomic(out / "sweep.json", json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def _folder(out: Path, n: int) -> Path:
+    return out / f"post-ln-{n:02d}"
+
+
+def _stage(folder: Path, resume: bool, work, times: dict, name: str) -> dict:
+    """``work(tmp)``'s result, written with what it made into ``folder`` atomically; with ``resume``
+    the result a finished earlier run left there."""
+    done = folder / "result.json"
+    if resume and done.is_file():
+        try:
+            return json.loads(done.read_text())
+        except (OSError, ValueError):
+            raise MixLNError(f"{done}: damaged; remove {folder} to run this stage again") from None
+    started = time.perf_counter()
+    with atomic_output_dir(folder, force=True) as tmp:  # a leftover without result.json is unfinished
+        result = work(tmp)
+        (tmp / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    times.setdefault("stages_s", {})[name] = round(time.perf_counter() - started, 2)
+    return result
+
+
+def _scores(ckpt, eval_tokens: int, progress: bool) -> dict:
+    from .evaluate import score_checkpoint
+
+    scored = score_checkpoint(ckpt, max_tokens=eval_tokens, per_document=True, progress=progress)
+    return {"perplexity": scored["perplexity"], "per_document_perplexity": scored["per_document"]["token_perplexity"],
+            "tokens": scored["tokens"], "seq_len": scored["seq_len"], "data": scored["data"]}
+
+
+def _analysis(ckpt, tmp: Path, eval_tokens: int, progress: bool) -> dict:
+    from .analysis.analyze import analyze
+
+    result = analyze(ckpt, tmp / "analysis", max_tokens=eval_tokens, progress=progress)
+    return {key: result[key] for key in ("perplexity", "layer_drop", "angular_distance", "post_ln_layers")} | {
+        "grad_norm_batches": result["per_block"]["grad_norm_per_layer"]}
+
+
+def _train(recipe: dict, folder: Path, arm: str, progress: bool) -> dict:
+    from .pipeline import train
+
+    summary = train(recipe, folder, arms=(arm,), progress=progress)[arm]
+    records = [json.loads(line) for line in (folder / arm / "metrics.jsonl").read_text().splitlines() if line]
+    return {"final_val_ppl": summary["final_val_ppl"], "initial_val_ppl": summary["initial_val_ppl"],
+            "tokens": summary["tokens"], "seed": recipe["seed"],
+            "grad_norm_steps": [r["grad_norm_per_layer"] for r in records if "grad_norm_per_layer" in r][:FIRST_STEPS]}
+
+
+def _alpha(src, tmp: Path, n: int, given: list[float], stats, heal_tokens: int, data, train_tokens: int,
+           recipe_overrides: list[str], seeds: int, controls: list[dict], control_final: Path, eval_tokens: int,
+           progress: bool) -> dict:
+    """Convert ``src`` with ``n`` Post-LN blocks into ``tmp/converted`` (reusing ``stats``), heal,
+    train each seed, score every stage and analyze the last one."""
+    from .conversion.converter import convert
+    from .healing import heal
+    from .training import load_recipe
+
+    times = {}
+    clock = time.perf_counter()
+    stage = convert(src, tmp / "converted", post_ln_layers=n, statistics=stats, progress=progress)
+    times["convert_s"] = round(time.perf_counter() - clock, 2)
+    row = {"post_ln_layers": n, "alphas": given, "converted": _scores(stage, eval_tokens, progress), "healed": None,
+           "trained": None}
+    if heal_tokens and n == 0:  # nothing to heal: the conversion is the original
+        row["healed"] = row["converted"]
+    elif heal_tokens:
+        clock = time.perf_counter()
+        stage = tmp / "healed"
+        heal(tmp / "converted", src, stage, data=data, tokens=heal_tokens, perplexity=False, progress=progress)
+        row["healed"] = _scores(stage, eval_tokens, progress)
+        times["heal_s"] = round(time.perf_counter() - clock, 2)
+    final = stage
+    if train_tokens and n == 0:  # the original's weights: the Pre-LN control already trained them
+        row["trained"] = controls
+        final = control_final
+    elif train_tokens:
+        clock = time.perf_counter()
+        row["trained"] = [_train(load_recipe(TRAIN_RECIPE, [*recipe_overrides, f"converted={stage.absolute()}",
+                                                            f"seed={seed}"]), tmp / f"train-seed{seed}", "mixln",
+                                 progress) for seed in range(seeds)]
+        times["train_s"] = round(time.perf_counter() - clock, 2)
+        final = tmp / "train-seed0" / "mixln" / "final"
+    clock = time.perf_counter()
+    row["analysis"] = _analysis(final, tmp, eval_tokens, progress)
+    times["analysis_s"] = round(time.perf_counter() - clock, 2)
+    steps = row["trained"][0]["grad_norm_steps"] if train_tokens else row["analysis"]["grad_norm_batches"]
+    row.update(gradient_figures(steps, n), gradients_from="training steps" if train_tokens else "analysis batches",
+               times=times)
+    return row
