@@ -433,7 +433,6 @@ def sweep(src, out, alphas, heal_tokens, train_tokens, data, seeds, eval_tokens,
     from .sweep import Rule, parse_alphas
     from .sweep import sweep as run
 
-    check_destination(out, {"SRC": src, "--data": data}, force or resume, flag="--out")
     result = run(src, out, alphas=parse_alphas(alphas), heal_tokens=heal_tokens, train_tokens=train_tokens,
                  data=data, seeds=seeds, eval_tokens=eval_tokens, rule=Rule(max_ppl_increase, max_grad_ratio),
                  resume=resume, force=force)

@@ -100,7 +100,6 @@ def sweep(src, out, *, alphas=DEFAULT_ALPHAS, heal_tokens: int = 0, train_tokens
     from .conversion.layout import post_ln_count
     from .healing import HEAL_BATCH_SIZE, HEAL_SEQ_LEN
     from .training import load_recipe
-    from .training.recipe import optimizer_steps
 
     if not alphas:
         raise MixLNError("--alphas: give at least one alpha")
@@ -115,6 +114,9 @@ def sweep(src, out, *, alphas=DEFAULT_ALPHAS, heal_tokens: int = 0, train_tokens
     if data is not None:
         check_readable(data, "--data")
     out = Path(out)
+    if not (force or resume) and out.is_dir() and any(out.iterdir()):
+        raise MixLNError(f"--out {out}: exists and is not empty; --resume continues the sweep it holds, --force "
+                         "starts afresh")
     check_destination(out, {"SRC": src, "--data": data}, force or resume, flag="--out")
     source = open_checkpoint(src)
     num_layers = source.config["num_hidden_layers"]
@@ -125,12 +127,12 @@ def sweep(src, out, *, alphas=DEFAULT_ALPHAS, heal_tokens: int = 0, train_tokens
     if data is not None:
         recipe_overrides.append(f"data.train={Path(data).absolute()}")
     if train_tokens:
-        recipe_overrides.append(f"max_tokens={train_tokens}")
-        step = load_recipe(TRAIN_RECIPE, recipe_overrides)
-        recipe_overrides.append(f"eval_interval={optimizer_steps(step)}")  # validate at the end only
-        if optimizer_steps(step) < 1:
-            raise MixLNError(f"--train-tokens: {train_tokens} is less than one training step "
-                             f"({step['global_batch_size'] * step['seq_len']} tokens)")
+        defaults = load_recipe(TRAIN_RECIPE, recipe_overrides)
+        step_tokens = defaults["global_batch_size"] * defaults["seq_len"]
+        if train_tokens < step_tokens:
+            raise MixLNError(f"--train-tokens: {train_tokens} is less than one training step ({step_tokens} tokens)")
+        # validate at the end only: the report compares final perplexities
+        recipe_overrides += [f"max_tokens={train_tokens}", f"eval_interval={train_tokens // step_tokens}"]
     if force and out.exists() and any(out.iterdir()):
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
