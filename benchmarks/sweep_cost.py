@@ -3,7 +3,8 @@ process on warm caches (the source opened, dequantized and tokenized once before
 
 - single: ``convert(src, alpha=max)``, which calibrates the first floor(max * L) blocks and writes;
 - sweep: ``calibration_statistics`` once for that many blocks, then ``convert(..., statistics=...)``
-  for every alpha (what ``mixln-convert sweep`` does before healing, training and analysis).
+  for every alpha with a Post-LN block (what ``mixln-convert sweep`` does before healing,
+  training and analysis; alpha 0 is the original model, which the sweep measures as such).
 
 Each is timed ``--repeats`` times, alternating, the fastest counted; the ratio is the figure.
 
@@ -46,8 +47,9 @@ def main():
     def swept():
         stats = calibration_statistics(source, source.arch, largest, None, CALIBRATION_TOKENS, CALIBRATION_SEQ_LEN,
                                        False)
-        for i, alpha in enumerate(alphas):
-            convert(args.src, work / f"alpha-{i}", alpha=alpha, statistics=stats, force=True, progress=False)
+        for i, alpha in enumerate(alphas):  # as the sweep: alpha 0 is the original, nothing to convert
+            if post_ln_count(num_layers, alpha, None):
+                convert(args.src, work / f"alpha-{i}", alpha=alpha, statistics=stats, force=True, progress=False)
 
     fastest = {"single": float("inf"), "sweep": float("inf")}
     for _ in range(args.repeats):

@@ -163,8 +163,8 @@ def sweep(src, out, *, alphas=DEFAULT_ALPHAS, heal_tokens: int = 0, train_tokens
         print(f"[alpha {i}/{len(counts)}] alpha {', '.join(f'{a:g}' for a in given)}: {n} of {num_layers} blocks "
               f"Post-LN")
         row = _stage(_folder(out, n), resume, lambda tmp, n=n, given=given: _alpha(
-            src, tmp, n, given, stats, heal_tokens, data, train_tokens, recipe_overrides, seeds, controls,
-            out / "control-seed0" / "train" / "preln" / "final", eval_tokens, progress), times, f"post-ln-{n}")
+            src, tmp, n, given, stats, heal_tokens, data, train_tokens, recipe_overrides, seeds, original, controls,
+            eval_tokens, progress), times, f"post-ln-{n}")
         print(f"      converted {row['converted']['perplexity']:.2f} (original "
               f"{original['scores']['perplexity']:.2f})" + (f", healed {row['healed']['perplexity']:.2f}"
                                                           if row["healed"] else ""))
@@ -234,7 +234,7 @@ def _train(recipe: dict, folder: Path, arm: str, progress: bool) -> dict:
 
 
 def _alpha(src, tmp: Path, n: int, given: list[float], stats, heal_tokens: int, data, train_tokens: int,
-           recipe_overrides: list[str], seeds: int, controls: list[dict], control_final: Path, eval_tokens: int,
+           recipe_overrides: list[str], seeds: int, original: dict, controls: list[dict], eval_tokens: int,
            progress: bool) -> dict:
     """Convert ``src`` with ``n`` Post-LN blocks into ``tmp/converted`` (reusing ``stats``), heal,
     train each seed, score every stage and analyze the last one."""
@@ -242,25 +242,27 @@ def _alpha(src, tmp: Path, n: int, given: list[float], stats, heal_tokens: int, 
     from .healing import heal
     from .training import load_recipe
 
+    if n == 0:  # no Post-LN block: the original's weights, measured once as "original" and the control
+        scores = original["scores"]
+        return {"post_ln_layers": 0, "alphas": given, "converted": scores, "healed": scores if heal_tokens else None,
+                "trained": controls or None, "analysis": original["analysis"], "times": {},
+                "gradients_from": "training steps" if controls else "analysis batches",
+                **gradient_figures(controls[0]["grad_norm_steps"] if controls else
+                                   original["analysis"]["grad_norm_batches"], 0)}
     times = {}
     clock = time.perf_counter()
     stage = convert(src, tmp / "converted", post_ln_layers=n, statistics=stats, progress=progress)
     times["convert_s"] = round(time.perf_counter() - clock, 2)
     row = {"post_ln_layers": n, "alphas": given, "converted": _scores(stage, eval_tokens, progress), "healed": None,
            "trained": None}
-    if heal_tokens and n == 0:  # nothing to heal: the conversion is the original
-        row["healed"] = row["converted"]
-    elif heal_tokens:
+    if heal_tokens:
         clock = time.perf_counter()
         stage = tmp / "healed"
         heal(tmp / "converted", src, stage, data=data, tokens=heal_tokens, perplexity=False, progress=progress)
         row["healed"] = _scores(stage, eval_tokens, progress)
         times["heal_s"] = round(time.perf_counter() - clock, 2)
     final = stage
-    if train_tokens and n == 0:  # the original's weights: the Pre-LN control already trained them
-        row["trained"] = controls
-        final = control_final
-    elif train_tokens:
+    if train_tokens:
         clock = time.perf_counter()
         row["trained"] = [_train(load_recipe(TRAIN_RECIPE, [*recipe_overrides, f"converted={stage.absolute()}",
                                                             f"seed={seed}"]), tmp / f"train-seed{seed}", "mixln",

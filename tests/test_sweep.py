@@ -91,13 +91,13 @@ def test_a_killed_sweep_resumes_where_it_stopped(tiny_llama, tmp_path, cli, monk
     out, budget = tmp_path / "out", ["--alphas", "0,0.25,0.5", "--eval-tokens", 512]
     real, calls = sweep_module._analysis, []
 
-    def killed_at_the_third(*args, **kwargs):  # the original, alpha 0, then the kill inside alpha 0.25
+    def killed_at_the_second(*args, **kwargs):  # the original (alpha 0 reuses it), then alpha 0.25: killed
         calls.append(args[0])
-        if len(calls) == 3:
+        if len(calls) == 2:
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(sweep_module, "_analysis", killed_at_the_third)
+    monkeypatch.setattr(sweep_module, "_analysis", killed_at_the_second)
     assert cli("sweep", tiny_llama, "--out", out, *budget).exit_code != 0
     finished = out / "post-ln-00" / "result.json"
     assert finished.is_file() and not (out / "post-ln-02").exists()
