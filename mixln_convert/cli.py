@@ -198,8 +198,11 @@ def convert(src, dst, alpha, post_ln_layers, strategy, scaled_init, calibration_
 @click.option("--per-document", is_flag=True,
               help="Also score each document on its own from its first token (lm-evaluation-harness's rolling "
                    "loglikelihood: token and word perplexity, bits per byte), windows of --seq-len.")
+@click.option("--generate", is_flag=True,
+              help="Also write greedy continuations (64 tokens) of 24 fixed prompts and the share of their 4-grams "
+                   "that repeat earlier ones: what a looping model shows and perplexity hides.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
-def eval_(ckpt, data, seq_len, max_tokens, batch_size, allow_longer, per_document, as_json):
+def eval_(ckpt, data, seq_len, max_tokens, batch_size, allow_longer, per_document, generate, as_json):
     """Perplexity of CKPT (HF folder, plain LLaMA or Mix-LN, or .gguf) on held-out text: packed
     blocks of --seq-len tokens (documents joined by EOS), and with --per-document each document
     on its own."""
@@ -208,7 +211,7 @@ def eval_(ckpt, data, seq_len, max_tokens, batch_size, allow_longer, per_documen
     from .evaluate import score_checkpoint
 
     result = score_checkpoint(ckpt, data=data, seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size,
-                              per_document=per_document, allow_longer=allow_longer)
+                              per_document=per_document, generate=generate, allow_longer=allow_longer)
     if as_json:
         click.echo(json.dumps(result))
         return
@@ -218,6 +221,12 @@ def eval_(ckpt, data, seq_len, max_tokens, batch_size, allow_longer, per_documen
         click.echo(f"{ckpt}: per document ({d['documents']} documents, {d['tokens']} tokens, each from its first "
                    f"token): token perplexity {d['token_perplexity']:.3f}, word perplexity "
                    f"{d['word_perplexity']:.3f}, bits per byte {d['bits_per_byte']:.4f}")
+    if generate:
+        g = result["generation"]
+        click.echo(f"{ckpt}: greedy continuations of {len(g['continuations'])} prompts ({g['new_tokens']} tokens): "
+                   f"{g['repeated_4gram_share']:.1%} of their 4-grams repeat an earlier one")
+        for item in g["continuations"][:3]:
+            click.echo(f"  {item['prompt']!r} -> {item['text'].strip()[:160]!r}")
 
 
 @main.command()
@@ -445,7 +454,7 @@ def sweep(src, out, alphas, heal_tokens, train_tokens, data, seeds, eval_tokens,
         click.echo(f"time: calibration {times['calibration_s']:.1f} s once; per alpha: " + "; ".join(
             f"{row['post_ln_layers']} Post-LN " + ", ".join(f"{k.removesuffix('_s')} {v:.1f} s"
                                                            for k, v in row["times"].items())
-            for row in result["rows"]))
+            for row in result["rows"] if row["times"]))
     click.echo(f"report: {Path(out) / 'report' / 'report.md'} (and report.html); all figures in "
                f"{Path(out) / 'sweep.json'}")
 

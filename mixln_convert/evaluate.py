@@ -91,12 +91,13 @@ def evaluate_documents(model, tokenizer, texts: list[str], max_length: int, batc
 
 
 def score_checkpoint(ckpt, *, data=None, seq_len: int = EVAL_SEQ_LEN, max_tokens: int = EVAL_TOKENS,
-                     batch_size: int = 4, per_document: bool = False, allow_longer: bool = False,
-                     progress: bool = True) -> dict:
+                     batch_size: int = 4, per_document: bool = False, generate: bool = False,
+                     allow_longer: bool = False, progress: bool = True) -> dict:
     """``ckpt`` (a path or an open Checkpoint) scored on the first ``max_tokens`` tokens of the
     held-out text ``data`` (default: the embedded validation split) in packed blocks of
-    ``seq_len``, and with ``per_document`` each document on its own (``per_document`` key):
-    what ``mixln-convert eval`` prints."""
+    ``seq_len``, with ``per_document`` each document on its own (``per_document`` key), with
+    ``generate`` its greedy continuations of fixed prompts (``generation`` key): what
+    ``mixln-convert eval`` prints."""
     from .data import read_texts, token_blocks
     from .io.loader import open_checkpoint
     from .limits import check_seq_len
@@ -111,4 +112,8 @@ def score_checkpoint(ckpt, *, data=None, seq_len: int = EVAL_SEQ_LEN, max_tokens
     if per_document:
         result["per_document"] = evaluate_documents(model, source.tokenizer, texts, seq_len, batch_size, max_tokens,
                                                     progress)
+    if generate:
+        from .generation import greedy_continuations
+
+        result["generation"] = greedy_continuations(model, source.tokenizer, progress=progress)
     return result

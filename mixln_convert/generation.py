@@ -1,0 +1,68 @@
+"""What a model writes: greedy continuations of fixed prompts, and how much of each continuation
+repeats itself (the share of its 4-grams already seen earlier in it). Perplexity near the
+original's can hide a converted model that loops ("it's a file that's a file that's a file");
+this is the figure that shows it."""
+
+import torch
+from tqdm.auto import tqdm
+
+# Fixed, varied openings (facts, how-to, narrative, code prose); 24 of them so a share is not one prompt's.
+PROMPTS = (
+    "The capital of France is",
+    "A pipe in Unix is",
+    "To make a cup of tea, first",
+    "The main difference between a list and a tuple in Python is",
+    "Once upon a time, in a small village by the sea,",
+    "The water cycle describes how",
+    "In 1969, the first humans",
+    "A good way to learn a new language is",
+    "The function below returns the sum of",
+    "Photosynthesis is the process by which",
+    "My favourite thing about autumn is",
+    "The recipe calls for two eggs, a cup of flour and",
+    "A binary search works by",
+    "The train was late again, so",
+    "Gravity is the force that",
+    "When you open a file for writing,",
+    "The museum's new exhibition shows",
+    "An operating system manages",
+    "The doctor told him that",
+    "Regular expressions are used to",
+    "The history of the printing press begins",
+    "If the temperature drops below zero,",
+    "A prime number is",
+    "The meeting was moved to Thursday because",
+)
+NEW_TOKENS = 64
+NGRAM = 4
+
+
+def repeated_ngram_share(ids: list[int], n: int = NGRAM) -> float:
+    """Share of the n-grams of ``ids`` that already occurred earlier in ``ids`` (0: no repetition)."""
+    grams = [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
+    if not grams:
+        return 0.0
+    seen, repeated = set(), 0
+    for gram in grams:
+        repeated += gram in seen
+        seen.add(gram)
+    return repeated / len(grams)
+
+
+@torch.no_grad()
+def greedy_continuations(model, tokenizer, prompts=PROMPTS, new_tokens: int = NEW_TOKENS,
+                         progress: bool = True) -> dict:
+    """Each prompt's greedy continuation of ``new_tokens`` tokens (stopping early only at EOS) and
+    its repeated-4-gram share; returns ``continuations`` ([{prompt, text, repeated_4gram_share}])
+    and ``repeated_4gram_share`` (their mean)."""
+    device = next(model.parameters()).device
+    results = []
+    for prompt in tqdm(prompts, desc="generating", disable=not progress, leave=False):
+        ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(device)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
+                             pad_token_id=tokenizer.eos_token_id)
+        continuation = out[0, ids.shape[1]:].tolist()
+        results.append({"prompt": prompt, "text": tokenizer.decode(continuation, skip_special_tokens=True),
+                        "repeated_4gram_share": repeated_ngram_share(continuation)})
+    return {"continuations": results, "new_tokens": new_tokens,
+            "repeated_4gram_share": sum(r["repeated_4gram_share"] for r in results) / len(results)}
