@@ -262,13 +262,16 @@ _METHOD_HELP = ("How --remove/--prune-curve choose N blocks: angular (the N cons
               help="n of the per-layer angular distance, between the inputs of blocks l and l+n.")
 @click.option("--prune-curve", is_flag=True, help="Also the perplexity with N = 1..L/2 blocks removed by --method.")
 @click.option("--method", type=click.Choice(METHODS), default="angular", show_default=True, help=_METHOD_HELP)
+@click.option("--generate", is_flag=True, help="Also greedy continuations of 24 fixed prompts and their repeated-4-gram "
+                                               "share (as eval --generate); compare shows them.")
 @click.option("--seq-len", type=POSITIVE, default=EVAL_SEQ_LEN, show_default=True, help=_SEQ_LEN_HELP)
 @click.option("--max-tokens", type=POSITIVE, default=EVAL_TOKENS, show_default=True,
               help="Held-out tokens measured (whole blocks of --seq-len).")
 @click.option("--batch-size", type=POSITIVE, default=4, show_default=True, help="Blocks per forward pass.")
 @_ALLOW_LONGER
 @click.option("--force", is_flag=True, help="Replace a non-empty output folder (never an input).")
-def analyze(ckpt, data, out, span, prune_curve, method, seq_len, max_tokens, batch_size, allow_longer, force):
+def analyze(ckpt, data, out, span, prune_curve, method, generate, seq_len, max_tokens, batch_size, allow_longer,
+            force):
     """Per-layer analysis of CKPT (HF folder or .gguf): perplexity increase when each block is skipped,
     angular distance between block inputs, block influence, gradient norms; writes DIR/analysis.json
     and PNG plots."""
@@ -279,7 +282,7 @@ def analyze(ckpt, data, out, span, prune_curve, method, seq_len, max_tokens, bat
     from .analysis.analyze import analyze as run
 
     result = run(ckpt, out, data=data, span=span, seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size,
-                 prune_curve=prune_curve, method=method, force=force, allow_longer=allow_longer)
+                 prune_curve=prune_curve, method=method, generate=generate, force=force, allow_longer=allow_longer)
     cheapest = min(range(result["num_layers"]), key=result["layer_drop"].__getitem__)
     click.echo(f"{ckpt}: perplexity {result['perplexity']:.3f} on {measured_on(result)}; cheapest block to skip "
                f"{cheapest} "

@@ -187,8 +187,9 @@ def run_demo(out, *, source=None, alpha: float = 0.25, train_tokens: int = DEMO_
     for name, ckpt in stages.items():
         if not (resume and (out / "analysis" / name / "analysis.json").is_file()):
             result = analyze(ckpt, out / "analysis" / name, seq_len=recipe["seq_len"], max_tokens=eval_tokens,
-                             prune_curve=prune_curve, force=resume)
-            print(f"      {name}: perplexity {result['perplexity']:.2f} ({result['tokens']} tokens scored)")
+                             prune_curve=prune_curve, generate=True, force=resume)
+            print(f"      {name}: perplexity {result['perplexity']:.2f}; greedy continuations repeat "
+                  f"{result['generation']['repeated_4gram_share']:.1%} of their 4-grams")
     print(f"[4/4] report -> {out / 'report'}")
     return compare([out / "analysis" / name for name in stages] + [out / "train"], out / "report",
                    labels=list(stages) + ["train"], force=resume)

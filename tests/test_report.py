@@ -316,3 +316,19 @@ def test_training_verdict_needs_the_gap_outside_the_interval(gap, verdict, cli, 
     assert re.search(verdict, summary), summary
     assert "95% bootstrap interval [" in summary
     assert "(embedded:validation, 8,160 tokens in blocks of 256)" in summary  # each arm says what it was measured on
+
+
+def test_what_the_models_write(cli, tmp_path):
+    folders = []
+    for name, text, share in (("original", "Paris, the city of light.", 0.0), ("converted", "a file a file a file", 0.5)):
+        folder = write_analysis(tmp_path / name)
+        analysis = json.loads((folder / "analysis.json").read_text())
+        analysis["generation"] = {"repeated_4gram_share": share, "new_tokens": 64,
+                                  "continuations": [{"prompt": "The capital of France is", "text": text,
+                                                     "repeated_4gram_share": share}]}
+        (folder / "analysis.json").write_text(json.dumps(analysis))
+        folders.append(folder)
+    assert cli("compare", *folders, "--out", tmp_path / "report").exit_code == 0
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "original 0.0%, converted 50.0% of their 4-grams repeat" in summary_of(md)
+    assert "| The capital of France is | Paris, the city of light. | a file a file a file |" in md

@@ -11,6 +11,7 @@ import torch
 
 from ..data import read_texts, token_blocks
 from ..errors import MixLNError
+from ..generation import greedy_continuations
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable
 from ..io.writer import atomic_output_dir
@@ -21,15 +22,16 @@ from .prune import check_method, choose_layers
 
 
 def analyze(ckpt, out, *, data=None, span: int = 1, seq_len: int = 256, max_tokens: int = 8 * 256,
-            batch_size: int = 4, prune_curve: bool = False, method: str = "angular", force: bool = False,
-            allow_longer: bool = False, progress: bool = True) -> dict:
+            batch_size: int = 4, prune_curve: bool = False, method: str = "angular", generate: bool = False,
+            force: bool = False, allow_longer: bool = False, progress: bool = True) -> dict:
     """Measure ``ckpt`` (HF folder, LLaMA or Mix-LN, or .gguf) on held-out text and write
     ``out/analysis.json`` and PNG plots; returns the analysis.
 
     ``data`` defaults to the embedded validation split, cut into ``max_tokens`` tokens in blocks
     of ``seq_len`` (at most the model's max_position_embeddings unless ``allow_longer``). ``span``
     is the n of the per-layer angular distance (inputs of blocks l and l+n). ``prune_curve`` adds
-    the perplexity with N = 1..L/2 blocks removed by ``method``.
+    the perplexity with N = 1..L/2 blocks removed by ``method``; ``generate`` greedy continuations
+    of fixed prompts and their repeated-4-gram share (:mod:`..generation`).
     """
     check_method(method)
     for flag, value in (("--span", span), ("--seq-len", seq_len), ("--max-tokens", max_tokens),
@@ -62,6 +64,8 @@ def analyze(ckpt, out, *, data=None, span: int = 1, seq_len: int = 256, max_toke
         }
         if prune_curve:
             result["prune_curve"] = pruning_curve(BlockRunner(model), blocks, method, result, batch_size, progress)
+        if generate:
+            result["generation"] = greedy_continuations(model, tokenizer, progress=progress)
         (tmp / "analysis.json").write_text(json.dumps(result, indent=2) + "\n")
         plot_analysis(result, tmp)
     return result

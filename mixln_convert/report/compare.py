@@ -130,6 +130,8 @@ def model_numbers(model: Model, estimates: dict[str, Estimate]) -> dict:
             deep_angular_distance=float(np.mean([row[0] for row in analysis["angular_distance_matrix"][deep]])),
             grad_norm_cv=coefficient_of_variation(analysis["grad_norm_per_layer"]),
         )
+        if "generation" in analysis:
+            numbers["repeated_4gram_share"] = analysis["generation"]["repeated_4gram_share"]
         if "prune_curve" in analysis:
             numbers["prune_method"] = analysis["prune_curve"]["method"]
             numbers["prune"] = prune_points(analysis)
@@ -268,6 +270,11 @@ def _analysis_sentences(models: list[Model], numbers: dict, estimates: dict) -> 
                                   {f["label"]: f"{f['training_grad_norm_cv']:.3f}" for f in during},
                                   {f["label"]: f["training_grad_norm_cv"] for f in during},
                                   "most uniform in {}", False, {}))
+    written = [f for f in analysed if "repeated_4gram_share" in f]
+    if written:
+        sentences.append("Greedy continuations of the fixed prompts (see What the models write): "
+                         + ", ".join(f"{f['label']} {f['repeated_4gram_share']:.1%}" for f in written)
+                         + " of their 4-grams repeat an earlier one (lower is more varied).")
     return sentences + [_pruning_sentence(analysed, found("prune_ratio"))]
 
 

@@ -149,6 +149,11 @@ ANALYSIS_FIELDS = {
                                 "a list of lists of numbers"),
     "grad_norm_per_layer": (_numbers, "a list of numbers"),
     "tokenizer_vocab_size": (lambda v: v is None or _count(v), "an integer"),
+    "generation": (lambda v: isinstance(v, dict) and _number(v.get("repeated_4gram_share"))
+                   and isinstance(v.get("continuations"), list)
+                   and all(isinstance(c, dict) and isinstance(c.get("prompt"), str) and isinstance(c.get("text"), str)
+                           for c in v["continuations"]),
+                   "an object with repeated_4gram_share and continuations ({prompt, text})"),
     "prune_curve": (lambda v: isinstance(v, dict) and isinstance(v.get("method"), str) and _numbers(v.get("removed"))
                     and _numbers(v.get("perplexity")) and len(v["removed"]) == len(v["perplexity"]),
                     "an object with method, removed and perplexity lists of one length"),

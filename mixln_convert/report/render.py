@@ -77,6 +77,18 @@ def prune_rows(numbers: dict) -> list[list[str]]:
     return rows
 
 
+def continuation_rows(models: list[Model], shown: int = 3) -> list[list[str]]:
+    """The first ``shown`` prompts, one row each, with every generating model's continuation."""
+    writers = [m.analysis["generation"]["continuations"] for m in models if m.analysis and "generation" in m.analysis]
+    if not writers:
+        return []
+    rows = []
+    for i, first in enumerate(writers[0][:shown]):
+        texts = [w[i]["text"] if i < len(w) and w[i]["prompt"] == first["prompt"] else MISSING for w in writers]
+        rows.append([first["prompt"], *(" ".join(t.split())[:160] for t in texts)])
+    return rows
+
+
 def report_blocks(models: list[Model], numbers: dict, summary: list[str], notes: list[str], images: dict) -> list:
     """The report, in order: summary, tables, numbers, inputs, notes."""
     blocks = [("h1", "Mix-LN comparison"), ("h2", "Summary"), ("ul", summary),
@@ -88,6 +100,12 @@ def report_blocks(models: list[Model], numbers: dict, summary: list[str], notes:
     if rows := prune_rows(numbers):
         blocks += [("h2", "Pruning"),
                    ("table", ["model", "blocks chosen by", "full model", *(f"N = {n}" for n in PRUNE_FRACTIONS)], rows)]
+    if rows := continuation_rows(models):
+        writers = [m for m in models if m.analysis and "generation" in m.analysis]
+        blocks += [("h2", "What the models write"),
+                   ("p", "Greedy continuations of the first fixed prompts (`analyze --generate`; all of them in "
+                         "analysis.json), cut at 160 characters."),
+                   ("table", ["prompt", *(m.label for m in writers)], rows)]
     if images:
         blocks.append(("h2", "Figures"))
         blocks += [("img", name, caption) for name, caption in images.items()]
