@@ -250,10 +250,6 @@ def fetch():
     click.echo(str(smollm2_gguf()))
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 @main.command()
 @click.argument("data", type=click.Path(path_type=str))
 @click.option("--tokenizer", "tokenizer_ckpt", required=True, metavar="CKPT",
@@ -265,8 +261,8 @@ def _cores() -> int:
                    "[default: --validation-fraction of DATA's documents]")
 @click.option("--validation-fraction", type=Finite(0, 1, low_open=True, high_open=True), default=0.01,
               show_default=True, help="Share of DATA's documents held out for validation, by content hash.")
-@click.option("--num-proc", type=POSITIVE, default=_cores, show_default="the available cores",
-              help="Tokenizing processes.")
+@click.option("--num-proc", type=POSITIVE, default=None,
+              help="Tokenizing processes.  [default: one per available core; none apart for text under 16 MiB]")
 @click.option("--seq-len", type=POSITIVE, default=None,
               help="Training block length: shards are cut to whole blocks of it (any block length still reads).")
 @click.option("--shard-tokens", type=POSITIVE, default=2**25, show_default=True, help="Tokens per shard.")
@@ -290,11 +286,11 @@ def tokenize(data, tokenizer_ckpt, out, validation, validation_fraction, num_pro
         raise MixLNError(f"--out {out}: exists and is not empty (use --force to replace it)")
     if target.exists() and not target.is_dir():
         raise MixLNError(f"--out {out}: exists and is not a folder")
-    from .data.tokenize import tokenize as run
+    from .data.tokenization import tokenize as run
     from .io.loader import open_checkpoint
 
     manifest = run(data, open_checkpoint(tokenizer_ckpt).tokenizer, target, validation=validation,
-                   validation_fraction=validation_fraction, num_proc=num_proc, seq_len=seq_len,
+                   validation_fraction=validation_fraction, num_proc=num_proc or 0, seq_len=seq_len,
                    shard_tokens=shard_tokens, force=force)
     splits = manifest["splits"]
     click.echo(f"{out}: {splits['train']['tokens']:,} training tokens ({splits['train']['documents']:,} documents, "

@@ -5,7 +5,7 @@ seeded sampler; calibration, evaluation, heal and training all use it."""
 from .corpus import SPLITS, embedded_corpus, read_texts
 from .shards import TokenShards
 from .stream import PackedBlocks, Splits, blocks, load_splits, open_tokens, token_blocks, token_stream
-from .tokenize import tokenize
+from .tokenization import tokenize
 
 __all__ = ["SPLITS", "PackedBlocks", "Splits", "TokenShards", "blocks", "embedded_corpus", "load_splits",
            "open_tokens", "read_texts", "token_blocks", "token_stream", "tokenize"]

@@ -18,7 +18,7 @@ from ..errors import MixLNError
 from ..fetch import cache_dir
 from .corpus import token_ids
 from .shards import ShardBlocks, TokenShards, check_shards, is_tokens_folder, read_manifest
-from .tokenize import settings, tokenize, tokenizer_fingerprint
+from .tokenization import settings, tokenize, tokenizer_fingerprint
 
 
 @dataclass

@@ -17,6 +17,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import shutil
 import sys
 from collections import deque
 from itertools import chain
@@ -105,16 +106,15 @@ def _ids(encoded: list[list[int]], eos: int) -> np.ndarray:
 
 def _encode_chunk(task: tuple) -> tuple:
     """``(position, role, texts)`` -> ``(position, train ids, validation ids, train documents,
-    validation documents)``. ``role``: the split of every document ("train", "validation"), or
-    "held_out": each document's split by :func:`held_out`."""
+    validation documents)``. ``role``: the split of every document ("train": but those in the
+    excluded validation set, "validation"), or "held_out": each document's split by :func:`held_out`."""
     position, role, texts = task
     encoder, fraction, excluded = _WORKER["encoder"], _WORKER["fraction"], _WORKER["excluded"]
-    if role == "validation":
-        sides = [True] * len(texts)
+    if role == "train":  # a copy of a validation document is dropped
+        texts = [t for t in texts if _digest(t) not in excluded] if excluded else texts
+        sides = [False] * len(texts)
     else:
-        digests = [_digest(t) for t in texts]
-        sides = ([held_out(d, fraction) for d in digests] if role == "held_out" else [False] * len(texts))
-        sides = [side or d in excluded for side, d in zip(sides, digests)]  # a copy of a validation document
+        sides = [True] * len(texts) if role == "validation" else [held_out(_digest(t), fraction) for t in texts]
     encoded = encoder(texts)
     train = [ids for ids, side in zip(encoded, sides) if not side]
     validation = [ids for ids, side in zip(encoded, sides) if side]
@@ -270,7 +270,10 @@ def tokenize(train, tokenizer, out, *, validation=None, validation_fraction: flo
         raise MixLNError(f"--out {out}: another run is writing it ({partial} is locked)")
     try:
         return _build(wanted, out, partial, Encoder(tokenizer), train, validation, num_proc, progress)
-    except OSError as e:
+    except MixLNError:  # bad input: a rerun needs other input, so nothing of this run can resume
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    except OSError as e:  # a full disk: the run resumes once there is space
         raise MixLNError(write_failure(out, e, partial)) from None
     finally:
         os.close(lock)
@@ -287,23 +290,23 @@ def _build(wanted, out: Path, partial: Path, encoder: Encoder, train, validation
     fraction = wanted["validation"].get("fraction")
     if not num_proc:  # auto: a worker per available core, for input worth it
         big = sum(record.get("bytes", 0) for _, _, record in inputs) >= PARALLEL_BYTES
-        num_proc = len(os.sched_getaffinity(0)) if big and hasattr(os, "sched_getaffinity") else (os.cpu_count() if big else 1)
-    bar = tqdm(initial=sum(w.tokens for w in writers.values()), unit="tok", unit_scale=True, desc="tokenizing",
-               disable=not progress)
-    for (i, n), train_ids, validation_ids, n_train, n_validation in _results(
-            _chunks(inputs, position), num_proc, (encoder, fraction, excluded, num_proc > 1)):
-        before = sum(w.tokens for w in writers.values())
-        writers["train"].append(train_ids)
-        writers["validation"].append(validation_ids)
-        documents = {"train": documents["train"] + n_train, "validation": documents["validation"] + n_validation}
-        record = {"settings_sha256": key, "position": [i, n],
-                  "splits": {s: {"shards": w.state(), "documents": documents[s]} for s, w in writers.items()}}
-        write_atomic(partial / PROGRESS, json.dumps(record))
-        bar.update(sum(w.tokens for w in writers.values()) - before)
-        bar.set_postfix_str(f"input {i + 1}/{len(inputs)}")
-        if all(w.full for w in writers.values()):
-            break
-    bar.close()
+        num_proc = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()) if big else 1
+    # None: no bar when stderr is not a terminal
+    with tqdm(initial=sum(w.tokens for w in writers.values()), unit="tok", unit_scale=True, desc="tokenizing",
+              disable=None if progress else True) as bar:
+        for (i, n), train_ids, validation_ids, n_train, n_validation in _results(
+                _chunks(inputs, position), num_proc, (encoder, fraction, excluded, num_proc > 1)):
+            before = sum(w.tokens for w in writers.values())
+            writers["train"].append(train_ids)
+            writers["validation"].append(validation_ids)
+            documents = {"train": documents["train"] + n_train, "validation": documents["validation"] + n_validation}
+            record = {"settings_sha256": key, "position": [i, n],
+                      "splits": {s: {"shards": w.state(), "documents": documents[s]} for s, w in writers.items()}}
+            write_atomic(partial / PROGRESS, json.dumps(record))
+            bar.update(sum(w.tokens for w in writers.values()) - before)
+            bar.set_postfix_str(f"input {i + 1}/{len(inputs)}", refresh=False)
+            if all(w.full for w in writers.values()):
+                break
     splits = {}
     for split, writer in writers.items():
         shards = writer.close()
