@@ -251,3 +251,23 @@ def test_each_rank_reads_only_the_blocks_it_trains_on(tokenized, tokenizer):
         read_by_rank.append((set(read), rows))
     assert not read_by_rank[0][0] & read_by_rank[1][0]
     assert sorted(read_by_rank[0][1] + read_by_rank[1][1]) == sorted(r for batch in one for r in batch)
+
+
+def test_train_reads_a_tokenized_folder_without_tokenizing(tiny_llama, corpus, tmp_path, monkeypatch):
+    from transformers import AutoTokenizer
+
+    from mixln_convert.data import tokenization
+    from mixln_convert.pipeline import train
+    from mixln_convert.training import load_recipe
+
+    folder = tmp_path / "tokens"
+    tokenize(corpus, AutoTokenizer.from_pretrained(tiny_llama), folder, validation_fraction=0.1, shard_tokens=SHARD,
+             progress=False)
+    before = {p.name: (p.stat().st_mtime_ns, file_sha256(p)) for p in folder.iterdir()}
+    monkeypatch.setattr(tokenization, "_build", lambda *a, **k: pytest.fail("train tokenized"))
+    sets = [f"source={tiny_llama}", f"data.train={folder}", "data.validation=null", "seq_len=32",
+            "micro_batch_size=2", "global_batch_size=2", "max_tokens=128", "data.eval_tokens=256", "precision=fp32",
+            "schedule.warmup_steps=1"]
+    summary = train(load_recipe("smollm2-135m-cpu", sets), tmp_path / "run", arms=("preln",), progress=False)["preln"]
+    assert summary["steps"] == 2 and summary["final_val_loss"] > 0
+    assert {p.name: (p.stat().st_mtime_ns, file_sha256(p)) for p in folder.iterdir()} == before

@@ -27,8 +27,8 @@ import numpy as np
 from tqdm import tqdm
 
 from ..errors import MixLNError
-from ..io.paths import resolved
 from ..io.atomic import replace_dir, try_lock, write_atomic, write_failure
+from ..io.paths import resolved
 from .corpus import embedded_corpus, file_documents, source_files
 from .shards import (FORMAT, MANIFEST, TOKEN_SPLITS, VERSION, ShardWriter, check_shards, read_manifest,
                      token_dtype)
