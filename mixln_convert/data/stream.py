@@ -99,7 +99,7 @@ class PackedBlocks:
     order seeded by (seed, pass). Sample i is a pure function of i, so the data position of a
     resumed run is simply the number of samples already drawn."""
 
-    def __init__(self, blocks: np.ndarray, length: int, seed: int):
+    def __init__(self, blocks, length: int, seed: int):  # blocks: an [n, seq_len] array or ShardBlocks
         self.blocks, self.length, self.seed = blocks, length, seed
         self._order = (None, None)  # (pass, permutation) of the pass being served
 
