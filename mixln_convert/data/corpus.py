@@ -143,14 +143,15 @@ def _json_documents(path: Path, fmt: str) -> Iterator[str]:
     """A JSON file's texts, a line at a time: JSON lines (the C4 layout) are never held whole; a
     file that is one JSON list of objects is (it is one value)."""
     with (gzip.open if fmt.endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
-        first = f.read(1)
+        first, blank_lines = f.read(1), 0
         while first.isspace():
+            blank_lines += first == "\n"
             first = f.read(1)
         if first == "[":
-            for i, record in enumerate(_json_record(first + f.read(), path, 0)):
+            for i, record in enumerate(_json_record("\n" * blank_lines + first + f.read(), path, 0)):
                 yield _text_of(record, path, f"record {i}")
             return
-        for n, line in enumerate(itertools.chain([first + f.readline()], f), 1):
+        for n, line in enumerate(itertools.chain([first + f.readline()], f), blank_lines + 1):
             if line.strip():
                 yield _text_of(_json_record(line, path, n), path, f"line {n}")
 
