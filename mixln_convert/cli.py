@@ -15,7 +15,7 @@ import click
 
 from . import __version__
 from .errors import MixLNError
-from .io.paths import check_destination, check_readable
+from .io.paths import check_destination, check_not_input, check_readable
 from .limits import check_one_step
 from .options import (DEMO_EVAL_TOKENS, DEMO_TRAIN_TOKENS, DTYPES, EVAL_SEQ_LEN, EVAL_TOKENS, LOSSES, METHODS,
                       STRATEGIES, measured_on)
@@ -247,6 +247,54 @@ def fetch():
     from .fetch import smollm2_gguf
 
     click.echo(str(smollm2_gguf()))
+
+
+@main.command()
+@click.argument("data", type=click.Path(path_type=str))
+@click.option("--tokenizer", "tokenizer_ckpt", required=True, metavar="CKPT",
+              help="The checkpoint (HF folder or .gguf) whose tokenizer to use: the model you will train.")
+@click.option("--out", required=True, metavar="TOKENS", type=click.Path(path_type=str),
+              help="Output folder: shards of token ids and mixln-tokens.json (the manifest).")
+@click.option("--validation", default=None, metavar="PATH",
+              help="Validation text (file, folder or glob); its documents are never trained on.  "
+                   "[default: --validation-fraction of DATA's documents]")
+@click.option("--validation-fraction", type=Finite(0, 1, low_open=True, high_open=True), default=0.01,
+              show_default=True, help="Share of DATA's documents held out for validation, by content hash.")
+@click.option("--num-proc", type=POSITIVE, default=None,
+              help="Tokenizing processes.  [default: one per available core; none apart for text under 16 MiB]")
+@click.option("--seq-len", type=POSITIVE, default=None,
+              help="Training block length: shards are cut to whole blocks of it (any block length still reads).")
+@click.option("--shard-tokens", type=POSITIVE, default=2**25, show_default=True, help="Tokens per shard.")
+@click.option("--force", is_flag=True, help="Replace a non-empty TOKENS that is not this tokenization (never an input).")
+def tokenize(data, tokenizer_ckpt, out, validation, validation_fraction, num_proc, seq_len, shard_tokens, force):
+    """Tokenize the text DATA (.txt, .jsonl/.json/.json.gz with field 'text', .parquet, a folder or a
+    glob) once, for many training runs: DATA's documents streamed, tokenized by --num-proc processes
+    into fixed-size shards of token ids (uint16 where the vocabulary fits, else int32; EOS between
+    documents), and a manifest (tokenizer hash, source files and sizes, document and token counts,
+    the validation hold-out). Point a recipe's data.train at TOKENS.
+
+    An interrupted run resumes where it stopped; a rerun on the same inputs and settings writes nothing."""
+    _must_exist(data, "DATA")
+    _must_exist(tokenizer_ckpt, "--tokenizer")
+    _must_exist(validation, "--validation")
+    inputs = {"DATA": data, "--tokenizer": tokenizer_ckpt, "--validation": validation}
+    target = check_not_input(out, inputs, "--out")
+    from .data.shards import MANIFEST
+
+    if target.is_dir() and any(target.iterdir()) and not (target / MANIFEST).is_file() and not force:
+        raise MixLNError(f"--out {out}: exists and is not empty (use --force to replace it)")
+    if target.exists() and not target.is_dir():
+        raise MixLNError(f"--out {out}: exists and is not a folder")
+    from .data.tokenization import tokenize as run
+    from .io.loader import open_checkpoint
+
+    manifest = run(data, open_checkpoint(tokenizer_ckpt).tokenizer, target, validation=validation,
+                   validation_fraction=validation_fraction, num_proc=num_proc or 0, seq_len=seq_len,
+                   shard_tokens=shard_tokens, force=force)
+    splits = manifest["splits"]
+    click.echo(f"{out}: {splits['train']['tokens']:,} training tokens ({splits['train']['documents']:,} documents, "
+               f"{len(splits['train']['shards'])} shards), {splits['validation']['tokens']:,} validation tokens "
+               f"({splits['validation']['documents']:,} documents), {manifest['dtype']}")
 
 
 _METHOD_HELP = ("How --remove/--prune-curve choose N blocks: angular (the N consecutive blocks whose input and "

@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
 from .architectures import architecture_for
-from .data import PackedBlocks, blocks, read_texts, token_blocks, token_stream
+from .data import PackedBlocks, TokenShards, blocks, read_texts, token_blocks, token_stream
 from .errors import MixLNError
 from .options import EVAL_DATA, EVAL_TOKENS, LOSSES
 from .evaluate import evaluate_documents, evaluate_perplexity
@@ -96,7 +96,7 @@ def heal(
     check_one_step(tokens, batch_size, seq_len)
     steps = tokens // (batch_size * seq_len)
     max_shard_bytes = parse_size(max_shard_size)
-    given = isinstance(data, (list, np.ndarray))  # documents or a token stream in hand, not a path
+    given = isinstance(data, (list, np.ndarray, TokenShards))  # documents or a token stream in hand, not a path
     inputs = {"CONVERTED": converted, "--teacher": teacher, "--data": None if given else data}
     if inputs["--data"] is not None:
         check_readable(data, "--data")
@@ -110,7 +110,7 @@ def heal(
 
     with atomic_output_dir(out, force=force, protect=inputs) as tmp:
         started = time.time()
-        if isinstance(data, np.ndarray):
+        if isinstance(data, (np.ndarray, TokenShards)):
             stream = data
         else:
             texts = data if isinstance(data, list) else read_texts(data, split="train")
@@ -203,7 +203,7 @@ def heal(
 
 
 def _describe(data) -> str:
-    if isinstance(data, np.ndarray):
+    if isinstance(data, (np.ndarray, TokenShards)):
         return f"a stream of {len(data)} tokens given"
     if isinstance(data, list):
         return f"{len(data)} documents given"

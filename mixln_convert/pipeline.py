@@ -45,11 +45,12 @@ def train(recipe: dict, out, arms=ARMS, resume: bool = False, progress: bool = T
     check_seq_len("seq_len", recipe["seq_len"], source.config, recipe["allow_longer_seq"])
     if recipe["heal"]["tokens"]:
         check_seq_len("heal.seq_len", recipe["heal"]["seq_len"], source.config, recipe["allow_longer_seq"])
-    _claim(out, recipe, resume, state)
+    _claim(out, recipe, resume)
     train_tokens = max(optimizer_steps(recipe) * recipe["global_batch_size"] * recipe["seq_len"],
                        recipe["heal"]["tokens"])
     with state.main_process_first():  # the main process tokenizes into the cache, the others read it
-        splits = load_splits(recipe["data"], source.tokenizer, train_tokens)
+        splits = load_splits(recipe["data"], source.tokenizer, train_tokens, progress)
+    _record_recipe(out, recipe, state)  # once the data is known good: a refused run leaves no folder
     summaries = {}
     for arm in arms:
         folder = out / arm
@@ -115,9 +116,8 @@ def _accumulation(recipe: dict, processes: int) -> int:
     return recipe["global_batch_size"] // per_pass
 
 
-def _claim(out: Path, recipe: dict, resume: bool, state) -> None:
-    """Refuse to mix two runs in one folder, or a folder that is an input; the main process then
-    writes the resolved recipe."""
+def _claim(out: Path, recipe: dict, resume: bool) -> None:
+    """Refuse to mix two runs in one folder, or a folder that is an input."""
     saved = out / "recipe.yaml"
     inputs = {key: recipe[key] for key in ("source", "converted")}
     inputs.update({f"data.{key}": recipe["data"][key] for key in ("train", "validation")})
@@ -134,6 +134,11 @@ def _claim(out: Path, recipe: dict, resume: bool, state) -> None:
             raise MixLNError(f"{out}: --resume needs the recipe the run started with, and {saved} differs")
     elif out.is_dir() and any(out.iterdir()):
         raise MixLNError(f"{out}: exists, is not empty and holds no training run; choose another --out")
+
+
+def _record_recipe(out: Path, recipe: dict, state) -> None:
+    """The main process writes the resolved recipe that --resume compares with."""
+    saved = out / "recipe.yaml"
     state.wait_for_everyone()  # every process has checked before the main one writes
     if state.is_main_process and not saved.is_file():
         out.mkdir(parents=True, exist_ok=True)

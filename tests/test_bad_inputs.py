@@ -203,6 +203,62 @@ def recipe(inputs, *sets):
     return ["train", "smollm2-135m-cpu", *(f"--set={s}" for s in base + list(sets))]
 
 
+def corpus(inputs) -> Path:
+    """A JSON-lines file of 60 documents (written once per row: its date is part of a tokenization's settings)."""
+    if (inputs.root / "corpus.jsonl").is_file():
+        return inputs.root / "corpus.jsonl"
+    return inputs.file("corpus.jsonl", "".join(json.dumps({"text": f"Document {i}: " + "words about item %d. " % i * 20})
+                                               + "\n" for i in range(60)))
+
+
+def tokens(inputs, tamper=None, tokenizer=None) -> Path:
+    """A tokenized folder of ``corpus(inputs)`` with the source's tokenizer (or ``tokenizer``),
+    then ``tamper(folder)``."""
+    from transformers import AutoTokenizer
+
+    from mixln_convert.data import tokenize
+
+    folder = inputs.root / "tokens"
+    tokenize(corpus(inputs), tokenizer or AutoTokenizer.from_pretrained(inputs.src), folder, validation_fraction=0.2,
+             shard_tokens=2048, progress=False)
+    if tamper:
+        tamper(folder)
+    return folder
+
+
+def _edit_manifest(edit):
+    def tamper(folder):
+        path = folder / "mixln-tokens.json"
+        path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+    return tamper
+
+
+def _cut_shard(folder):
+    shard = folder / "train-00001.bin"
+    shard.write_bytes(shard.read_bytes()[:-10])
+
+
+def _flip_shard(folder):
+    shard = folder / "train-00000.bin"
+    shard.write_bytes(b"\1\0" + shard.read_bytes()[2:])
+
+
+def other_tokenizer(inputs):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(inputs.src)
+    tokenizer.add_tokens(["<extra>"])
+    return tokenizer
+
+
+def on_tokens(inputs, folder, *sets):
+    return [*recipe(inputs, f"data.train={folder}", "data.validation=null", *sets)]
+
+
+def tokenize_row(inputs, out, *extra):
+    return ["tokenize", corpus(inputs), "--tokenizer", inputs.src, "--out", out, *extra]
+
+
 # Each row: (id, builder(inputs, out) -> argv, fragment of the one error line). ``out`` is the
 # output path the row's command is given; it must not exist afterwards.
 ROWS = [
@@ -345,6 +401,32 @@ ROWS = [
     ("analyze-data-not-utf8", lambda i, o: ["analyze", i.src, "--out", o, "--data", i.file("bin.txt", b"\xff\xfe\x00")], "bin.txt: cannot read"),
     ("heal-data-glob-matches-nothing", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--data", i.root / "*.nothing"], "glob pattern matches no files"),
     ("convert-calibration-too-short", lambda i, o: ["convert", i.src, o, "--calibration-data", i.file("short.txt", "Two words.")], "short.txt: gives only"),
+    # ---- tokenize, and training on tokenized folders ----
+    ("tokenize-data-missing", lambda i, o: ["tokenize", i.root / "gone.jsonl", "--tokenizer", i.src, "--out", o], "DATA"),
+    ("tokenize-tokenizer-missing", lambda i, o: ["tokenize", i.text, "--tokenizer", i.root / "gone", "--out", o], "--tokenizer"),
+    ("tokenize-num-proc-0", lambda i, o: tokenize_row(i, o, "--num-proc", "0"), "'--num-proc': 0 is not in the range"),
+    ("tokenize-seq-len-negative", lambda i, o: tokenize_row(i, o, "--seq-len", "-1"), "'--seq-len'"),
+    ("tokenize-shard-tokens-0", lambda i, o: tokenize_row(i, o, "--shard-tokens", "0"), "'--shard-tokens'"),
+    ("tokenize-seq-len-above-shard", lambda i, o: tokenize_row(i, o, "--seq-len", "64", "--shard-tokens", "32"), "--seq-len 64 is more than --shard-tokens 32"),
+    ("tokenize-fraction-one", lambda i, o: tokenize_row(i, o, "--validation-fraction", "1"), "'--validation-fraction'"),
+    ("tokenize-fraction-nan", lambda i, o: tokenize_row(i, o, "--validation-fraction", "nan"), "'--validation-fraction'"),
+    ("tokenize-out-is-data", lambda i, o: ["tokenize", i.text, "--tokenizer", i.src, "--out", i.text, "--force"], "is the input DATA"),
+    ("tokenize-out-inside-data", lambda i, o: ["tokenize", i.root, "--tokenizer", i.src, "--out", i.root / "tokens", "--force"], "lies inside the input DATA"),
+    ("tokenize-out-is-tokenizer", lambda i, o: ["tokenize", i.text, "--tokenizer", i.src, "--out", i.src, "--force"], "is the input --tokenizer"),
+    ("tokenize-out-is-validation", lambda i, o: ["tokenize", i.text, "--tokenizer", i.src, "--validation", i.file("v.txt", "x" * 99), "--out", i.root / "v.txt"], "is the input --validation"),
+    ("tokenize-out-nonempty", lambda i, o: ["tokenize", i.text, "--tokenizer", i.src, "--out", i.variant("full")], "exists and is not empty"),
+    ("tokenize-out-other-tokenization", lambda i, o: tokenize_row(i, tokens(i), "--validation-fraction", "0.5"), "exists and is not empty"),
+    ("tokenize-out-tampered-shard", lambda i, o: tokenize_row(i, tokens(i, _flip_shard), "--validation-fraction", "0.2", "--shard-tokens", "2048"), "train-00000.bin: its sha256 is not the manifest's"),
+    ("tokenize-nothing-held-out", lambda i, o: ["tokenize", i.text, "--tokenizer", i.src, "--out", o], "gives no validation tokens"),
+    ("tokenize-data-bad-json", lambda i, o: ["tokenize", i.file("bad.jsonl", '{"text": "a"}\n{bro'), "--tokenizer", i.src, "--out", o], "bad.jsonl: invalid JSON at line 2"),
+    ("train-tokens-manifest-not-json", lambda i, o: [*on_tokens(i, tokens(i, lambda f: (f / "mixln-tokens.json").write_text("{"))), "--out", o], "mixln-tokens.json: damaged"),
+    ("train-tokens-manifest-tokens-edited", lambda i, o: [*on_tokens(i, tokens(i, _edit_manifest(lambda m: {**m, "splits": {**m["splits"], "train": {**m["splits"]["train"], "tokens": 1}}}))), "--out", o], "train tokens 1 is not the sum over its shards"),
+    ("train-tokens-manifest-shard-renamed", lambda i, o: [*on_tokens(i, tokens(i, _edit_manifest(lambda m: {**m, "splits": {**m["splits"], "train": {**m["splits"]["train"], "shards": [{**s, "file": "../x.bin"} for s in m["splits"]["train"]["shards"]]}}}))), "--out", o], "mixln-tokens.json: damaged"),
+    ("train-tokens-shard-truncated", lambda i, o: [*on_tokens(i, tokens(i, _cut_shard)), "--out", o], "train-00001.bin: 4086 bytes, the manifest says 4096"),
+    ("train-tokens-shard-missing", lambda i, o: [*on_tokens(i, tokens(i, lambda f: (f / "validation-00000.bin").unlink())), "--out", o], "validation-00000.bin: missing"),
+    ("train-tokens-other-tokenizer", lambda i, o: [*on_tokens(i, tokens(i, tokenizer=other_tokenizer(i))), "--out", o], "tokenized with another tokenizer"),
+    ("train-tokens-and-validation", lambda i, o: [*recipe(i, f"data.train={tokens(i)}"), "--out", o], "set data.validation to null"),
+    ("train-num-proc-negative", lambda i, o: [*recipe(i, "data.num_proc=-1"), "--out", o], "data.num_proc must be an integer >= 0"),
     # ---- compare: types, not only keys ----
     ("compare-string-perplexity", lambda i, o: ["compare", i.analysis("a", perplexity="low"), "--out", o], "perplexity must be a positive number"),
     ("compare-layer-drop-nulls", lambda i, o: ["compare", i.analysis("a", layer_drop=[None, None]), "--out", o], "layer_drop must be a list of numbers"),

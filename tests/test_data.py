@@ -125,6 +125,7 @@ def test_folder_and_glob(tmp_path):
         ("empty.txt", b"", "no text"),
         ("blank.jsonl", b'{"text": ""}\n{"text": "  "}\n', "no text"),
         ("bad.jsonl", b'{"text": "ok"}\n{"text": \n', "invalid JSON at line 2"),
+        ("blank-first.jsonl", b'\n\n{"text": "ok"}\n{"text": \n', "invalid JSON at line 4"),  # streamed, still counted
         ("bad.json", b'[{"text": "ok"},\n {"text": }]', "invalid JSON at line 2"),
         ("notext.jsonl", b'{"text": "ok"}\n{"content": "x"}\n', "line 2 has no 'text'"),
         ("notext.json", b'[{"content": "x"}]', "record 0 has no 'text'"),

@@ -138,19 +138,6 @@ def test_bad_recipe_fails_before_any_work(content, extra, message, cli, tiny_lla
 # ---- data ----------------------------------------------------------------------------------
 
 
-def test_validation_documents_never_train(corpus, tmp_path):
-    from mixln_convert.data import split_texts
-
-    held_out = {"train": str(corpus), "validation": None, "validation_fraction": 0.1}
-    train_docs, validation_docs = split_texts(held_out)
-    assert 10 < len(validation_docs) < 60 and not set(train_docs) & set(validation_docs)
-    assert split_texts(held_out) == (train_docs, validation_docs)  # by content hash: deterministic
-    given = tmp_path / "validation.jsonl"  # an explicit validation file drawn from the training file
-    given.write_text("".join(corpus.read_text().splitlines(keepends=True)[:5]))
-    train_docs, validation_docs = split_texts({**held_out, "validation": str(given)})
-    assert len(validation_docs) == 5 and len(train_docs) == 295 and not set(train_docs) & set(validation_docs)
-
-
 def test_packed_blocks_visit_every_block_once_per_pass():
     import numpy as np
 

@@ -10,10 +10,12 @@ import glob
 import gzip
 import hashlib
 import inspect
+import itertools
 import json
 import os
 import sysconfig
 import zlib
+from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
 
@@ -27,6 +29,7 @@ MIN_DOC_CHARS = 200  # shorter docstrings are mostly one-liners ("Return self.")
 # Test suites are code-heavy and full of fixtures; site-packages is not the stdlib.
 SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
 TOKENIZE_BATCH = 256  # documents per tokenizer call
+PARQUET_BATCH = 1024  # rows read from a parquet file at a time
 FORMATS = (".txt", ".jsonl", ".json", ".jsonl.gz", ".json.gz", ".parquet")
 
 # ---------------------------------------------------------------------------------------------
@@ -129,48 +132,67 @@ def _text_of(record, path: Path, where: str) -> str:
     return record["text"]
 
 
-def _read_json(path: Path, raw: str) -> list[str]:
-    if raw.lstrip().startswith("["):  # one JSON list of objects
-        try:
-            records = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise MixLNError(f"{path}: invalid JSON at line {e.lineno}: {e.msg}") from None
-        return [_text_of(r, path, f"record {i}") for i, r in enumerate(records)]
-    texts = []  # JSON lines, the C4 layout
-    for n, line in enumerate(raw.splitlines(), 1):
-        if line.strip():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise MixLNError(f"{path}: invalid JSON at line {n}: {e.msg}") from None
-            texts.append(_text_of(record, path, f"line {n}"))
-    return texts
+def _json_record(line: str, path: Path, n: int):
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        raise MixLNError(f"{path}: invalid JSON at line {n if n else e.lineno}: {e.msg}") from None
 
 
-def _read_parquet(path: Path) -> list[str]:
+def _json_documents(path: Path, fmt: str) -> Iterator[str]:
+    """A JSON file's texts, a line at a time: JSON lines (the C4 layout) are never held whole; a
+    file that is one JSON list of objects is (it is one value)."""
+    with (gzip.open if fmt.endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
+        first, blank_lines = f.read(1), 0
+        while first.isspace():
+            blank_lines += first == "\n"
+            first = f.read(1)
+        if first == "[":
+            for i, record in enumerate(_json_record("\n" * blank_lines + first + f.read(), path, 0)):
+                yield _text_of(record, path, f"record {i}")
+            return
+        for n, line in enumerate(itertools.chain([first + f.readline()], f), blank_lines + 1):
+            if line.strip():
+                yield _text_of(_json_record(line, path, n), path, f"line {n}")
+
+
+def _parquet_documents(path: Path) -> Iterator[str]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
         raise MixLNError(f"{path}: reading .parquet needs pyarrow: pip install pyarrow") from None
     try:
-        if "text" not in pq.read_schema(path).names:
+        file = pq.ParquetFile(path)
+        if "text" not in file.schema_arrow.names:
             raise MixLNError(f"{path}: parquet file has no 'text' column")
-        texts = pq.read_table(path, columns=["text"]).column("text").to_pylist()
+        row = 0
+        for batch in file.iter_batches(batch_size=PARQUET_BATCH, columns=["text"]):  # a row group at most in memory
+            for text in batch.column(0).to_pylist():
+                yield _text_of({"text": text}, path, f"row {row}")
+                row += 1
     except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
         raise MixLNError(f"{path}: cannot read parquet: {e}".replace("\n", " ")) from None
-    return [_text_of({"text": t}, path, f"row {i}") for i, t in enumerate(texts)]
 
 
-def _read_file(path: Path) -> list[str]:
+def file_documents(path: Path) -> Iterator[str]:
+    """The non-blank documents of one file, streamed: a .txt file is one document, a JSON line,
+    JSON record or parquet row another."""
     fmt = _format(path)
-    if fmt == ".parquet":
-        return _read_parquet(path)
     try:
-        raw = gzip.decompress(path.read_bytes()) if fmt.endswith(".gz") else path.read_bytes()
-        raw = raw.decode("utf-8")
+        if fmt == ".parquet":
+            documents = _parquet_documents(path)
+        elif fmt == ".txt":
+            documents = iter([path.read_bytes().decode("utf-8")])
+        else:
+            documents = _json_documents(path, fmt)
+        yield from (text for text in documents if text.strip())
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as e:
         raise MixLNError(f"{path}: cannot read: {e}") from None
-    return [raw] if fmt == ".txt" else _read_json(path, raw)
+
+
+def source_files(source) -> list[Path]:
+    """The files a user-given source names: a file, a folder (recursively, sorted) or a glob."""
+    return _files(str(source))
 
 
 def read_texts(source=None, split: str = "validation") -> list[str]:
@@ -180,7 +202,7 @@ def read_texts(source=None, split: str = "validation") -> list[str]:
     """
     if source is None:
         return embedded_corpus(split)
-    texts = [t for f in _files(str(source)) for t in _read_file(f) if t.strip()]
+    texts = [t for f in source_files(source) for t in file_documents(f)]
     if not texts:
         raise MixLNError(f"{source}: no text found (empty file or all documents empty)")
     return texts

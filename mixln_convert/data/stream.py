@@ -1,54 +1,36 @@
-"""Documents -> one token stream (EOS between documents, cached in the user cache) -> fixed-length
-blocks -> a seeded sampler that reshuffles at every pass over the data: the one data path of
-calibration, evaluation, heal and training."""
+"""The one data path of calibration, evaluation, heal and training: documents -> a token stream
+(EOS between documents) -> fixed-length blocks -> a seeded sampler that reshuffles at every pass.
+
+Small text (calibration, evaluation, heal) becomes one cached int32 array; training data is a
+tokenized folder (:mod:`.shards`): the recipe's ``data.train`` itself, or its text tokenized once
+into the user cache by the main process, then memory-mapped by every process.
+"""
 
 import hashlib
+import json
 import os
 import tempfile
 from dataclasses import dataclass
 
 import numpy as np
-import torch
-from torch.utils.data import Dataset
 
 from ..errors import MixLNError
 from ..fetch import cache_dir
-from .corpus import read_texts, token_ids
+from .corpus import token_ids
+from .shards import ShardBlocks, TokenShards, check_shards, is_tokens_folder, read_manifest
+from .tokenization import settings, tokenize, tokenizer_fingerprint
 
 
 @dataclass
 class Splits:
-    train: np.ndarray  # 1-D token stream of the training documents
+    train: TokenShards  # the training documents' token stream, memory-mapped shards
     validation: np.ndarray  # 1-D token stream of documents that are not in train
-
-
-def _held_out(text: str, fraction: float) -> bool:
-    # By content hash, not position: the split ignores file order, and copies of a document land
-    # on the same side.
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") < fraction * 2**64
-
-
-def split_texts(data: dict) -> tuple[list[str], list[str]]:
-    """Training and validation documents of a recipe's ``data`` section; no document is in both."""
-    train = read_texts(data["train"], split="train")
-    if data["validation"] is not None or data["train"] is None:
-        validation = read_texts(data["validation"], split="validation")
-    else:
-        validation = [t for t in train if _held_out(t, data["validation_fraction"])]
-        if not validation:
-            raise MixLNError(f"{data['train']}: data.validation_fraction {data['validation_fraction']} holds out no "
-                             "document; give data.validation or a larger fraction")
-    held = set(validation)
-    return [t for t in train if t not in held], validation
 
 
 def token_stream(tokenizer, texts: list[str], max_tokens: int | None = None, what: str = "the text") -> np.ndarray:
     """The documents' token ids, EOS between them, at most ``max_tokens``: a 1-D int32 array
     memory-mapped from ``cache_dir()/tokens/<hash>.npy`` (keyed by tokenizer, texts and limit)."""
-    key = hashlib.sha256()
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    key.update((backend.to_str() if backend else repr(sorted(tokenizer.get_vocab().items()))).encode())
-    key.update(f"eos={tokenizer.eos_token_id} max={max_tokens}".encode())
+    key = hashlib.sha256(f"{tokenizer_fingerprint(tokenizer)} max={max_tokens}".encode())
     for text in texts:
         key.update(text.encode() + b"\0")
     path = cache_dir() / "tokens" / f"{key.hexdigest()[:32]}.npy"
@@ -63,37 +45,70 @@ def token_stream(tokenizer, texts: list[str], max_tokens: int | None = None, wha
     return np.load(path, mmap_mode="r")
 
 
-def blocks(stream: np.ndarray, seq_len: int, what: str, flag: str = "seq_len") -> np.ndarray:
-    """``stream`` cut into [n, seq_len] blocks (a view; the remainder is dropped). ``what`` names the
+def blocks(stream, seq_len: int, what: str, flag: str = "seq_len"):
+    """``stream`` (an array or :class:`TokenShards`) cut into [n, seq_len] blocks (a view, or blocks
+    read on demand; the remainder is dropped). ``what`` names the
     text and ``flag`` the option that set ``seq_len`` in the error when not one block fits."""
     n = len(stream) // seq_len
     if n == 0:
         raise MixLNError(f"{what}: gives only {len(stream)} tokens, less than one block of {flag} {seq_len}: "
                          f"lower {flag} or give more text")
+    if isinstance(stream, TokenShards):
+        return ShardBlocks(stream, n, seq_len)
     return stream[: n * seq_len].reshape(n, seq_len)
 
 
-def load_splits(data: dict, tokenizer, train_tokens: int) -> Splits:
-    """Token streams of a recipe's ``data`` section: ``train_tokens`` of training text (no more is
-    tokenized) and ``data["eval_tokens"]`` of validation text."""
-    train, validation = split_texts(data)
-    return Splits(train=token_stream(tokenizer, train, train_tokens),
-                  validation=token_stream(tokenizer, validation, data["eval_tokens"]))
+def open_tokens(folder, tokenizer) -> tuple[TokenShards, TokenShards]:
+    """The train and validation streams of the tokenized ``folder``, checked against its manifest
+    (shard sizes; a shard's content is hashed by `tokenize` only) and ``tokenizer``."""
+    manifest = read_manifest(folder)
+    if manifest["tokenizer_sha256"] != tokenizer_fingerprint(tokenizer):
+        raise MixLNError(f"{folder}: tokenized with another tokenizer (sha256 {manifest['tokenizer_sha256'][:12]}, "
+                         f"the source's is {tokenizer_fingerprint(tokenizer)[:12]}); tokenize the text again with "
+                         "--tokenizer set to the source")
+    check_shards(folder, manifest)
+    return TokenShards(folder, manifest, "train"), TokenShards(folder, manifest, "validation")
 
 
-class PackedBlocks(Dataset):
+def load_splits(data: dict, tokenizer, train_tokens: int, progress: bool = True) -> Splits:
+    """Token streams of a recipe's ``data`` section: the training stream and ``data["eval_tokens"]``
+    of validation text. A tokenized folder is used as it is (its manifest fixes the validation
+    split); text is tokenized into the user cache first (``train_tokens`` of training text, no more),
+    unless a run before did it with the same files and settings."""
+    if is_tokens_folder(data["train"]):
+        if data["validation"] is not None:
+            raise MixLNError(f"data.validation: {data['validation']}: data.train {data['train']} is a tokenized "
+                             "folder, whose manifest fixes the validation split; set data.validation to null")
+        folder = data["train"]
+    else:
+        wanted = settings(tokenizer, data["train"], data["validation"], data["validation_fraction"],
+                          max_tokens=train_tokens, max_validation_tokens=data["eval_tokens"])
+        key = hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()
+        folder = cache_dir() / "tokens" / key[:32]
+        if not is_tokens_folder(folder):
+            tokenize(data["train"], tokenizer, folder, validation=data["validation"],
+                     validation_fraction=data["validation_fraction"], num_proc=data["num_proc"],
+                     max_tokens=train_tokens, max_validation_tokens=data["eval_tokens"], force=True,
+                     progress=progress)
+    train, validation = open_tokens(folder, tokenizer)
+    return Splits(train=train, validation=np.asarray(validation[: data["eval_tokens"]]))
+
+
+class PackedBlocks:
     """``length`` training sequences drawn from ``blocks`` pass after pass, each pass in a fresh
     order seeded by (seed, pass). Sample i is a pure function of i, so the data position of a
     resumed run is simply the number of samples already drawn."""
 
-    def __init__(self, blocks: np.ndarray, length: int, seed: int):
+    def __init__(self, blocks, length: int, seed: int):  # blocks: an [n, seq_len] array or ShardBlocks
         self.blocks, self.length, self.seed = blocks, length, seed
         self._order = (None, None)  # (pass, permutation) of the pass being served
 
     def __len__(self) -> int:
         return self.length
 
-    def __getitem__(self, i: int) -> torch.Tensor:
+    def __getitem__(self, i: int):
+        import torch
+
         epoch, j = divmod(i, len(self.blocks))
         if self._order[0] != epoch:
             self._order = (epoch, np.random.default_rng([self.seed, epoch]).permutation(len(self.blocks)))
@@ -101,12 +116,14 @@ class PackedBlocks(Dataset):
 
 
 def token_blocks(tokenizer, texts: list[str], seq_len: int, max_tokens: int | None = None, *,
-                 flag: str = "--seq-len", source=None) -> torch.Tensor:
+                 flag: str = "--seq-len", source=None):
     """The documents' token stream cut into [n_blocks, seq_len] int64 blocks (which may span
     documents): ``max_tokens`` tokens in whole blocks, at least one, and no more is tokenized.
     Errors name ``flag`` (the option that set ``seq_len``) and ``source`` (where the text came from)."""
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
         raise MixLNError(f"{flag}: must be a positive integer, got {seq_len!r}")
+    import torch
+
     want = None if max_tokens is None else max(1, max_tokens // seq_len) * seq_len
     what = str(source or "the text")
     return torch.from_numpy(blocks(token_stream(tokenizer, texts, want, what), seq_len, what, flag).astype(np.int64))

@@ -1,19 +1,10 @@
-"""Atomic output folders and a streaming sharded safetensors writer.
+"""Checkpoint writing: a streaming sharded safetensors writer, config, tokenizer and model code
+(into the atomic folders of :mod:`.atomic`)."""
 
-A conversion writes into a hidden temporary folder beside the destination and renames it
-into place at the very end, so a conversion that fails or is killed leaves no half-written
-checkpoint behind: at worst a ``.DST.tmp-*`` folder, removed on failure, and removed by the
-next run to the same DST when a killed run (SIGKILL) left it behind.
-"""
-
-import errno
 import json
 import os
 import re
-import shutil
 import struct
-import tempfile
-from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 
@@ -21,12 +12,8 @@ import torch
 
 from ..errors import MixLNError
 from .loader import StoredBytes, stored_bytes
-from .paths import check_destination
-
-try:
-    import fcntl
-except ImportError:  # Windows: no flock, so temporary folders left by killed runs stay
-    fcntl = None
+# the atomic-output helpers, where the commands have always imported them from
+from .atomic import atomic_output_dir, scratch_dir, write_atomic, write_failure  # noqa: F401
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -47,97 +34,6 @@ def parse_size(text: str | int) -> int:
     if size < 1:
         raise MixLNError(f"--max-shard-size: cannot read size {text!r} (a positive size, e.g. 5GB, 500MB, 2GiB)")
     return size
-
-
-def _try_lock(folder: Path) -> int | None:
-    """An exclusive lock on ``folder``, held until the returned descriptor is closed or the
-    process dies (the kernel drops it even on SIGKILL); None if another process holds it, or
-    if this system or file system has no such locks."""
-    if fcntl is None:
-        return None
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return fd
-    except OSError:
-        os.close(fd)
-        return None
-
-
-def _remove_stale_temporaries(dst: Path) -> None:
-    """Remove the temporary folders of ``dst`` whose run is gone (their lock died with it); a
-    run to the same DST that is still going holds its lock and is left alone."""
-    for folder in dst.parent.iterdir():
-        if folder.name.startswith(f".{dst.name}.tmp-") and (fd := _try_lock(folder)) is not None:
-            shutil.rmtree(folder, ignore_errors=True)
-            os.close(fd)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-@contextmanager
-def atomic_output_dir(dst, force: bool = False, protect=None):
-    """Yield a temporary folder that becomes ``dst`` when the block succeeds.
-
-    Refuses (see :func:`.paths.check_destination`) a non-empty ``dst`` unless ``force``, and any
-    ``dst`` that is, contains or lies inside one of the ``protect`` inputs ({what: path}).
-    Temporary folders of ``dst`` left by killed runs are removed first: a half-written 70B model
-    is 140 GB of disk. The folder gets the user's umask (mkdtemp alone gives 0700). An OSError
-    while writing (a full disk) becomes a one-line error naming ``dst``; the temporary folder goes.
-    """
-    dst = check_destination(dst, protect or {}, force)
-    with scratch_dir(dst) as tmp:
-        try:
-            yield tmp
-            if dst.exists():
-                old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
-                dst.rename(old)
-                tmp.rename(dst)
-                shutil.rmtree(old)
-            else:
-                tmp.rename(dst)
-        except OSError as e:
-            raise MixLNError(write_failure(dst, e, tmp)) from None
-
-
-@contextmanager
-def scratch_dir(dst: Path):
-    """A temporary folder beside ``dst`` (``.DST.tmp-*``, the user's umask), locked while this
-    process lives and removed when the block ends, however it ends. Those of killed runs (their
-    lock died with them) are removed first."""
-    try:
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
-        os.chmod(tmp, 0o777 & ~_umask())
-    except OSError as e:
-        raise MixLNError(f"{dst}: cannot write the output folder ({e.strerror})") from None
-    lock = _try_lock(tmp)  # marks tmp as alive before looking for dead ones
-    try:
-        if lock is not None:
-            _remove_stale_temporaries(dst)
-        yield tmp
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # nothing left to remove once renamed into place
-        if lock is not None:
-            os.close(lock)
-
-
-def write_failure(dst: Path, error: OSError, tmp: Path | None = None) -> str:
-    """The one-line message of an OSError met while writing ``dst``: what failed and, for a full
-    disk, how much the output had taken when it stopped."""
-    where = f" ({error.filename})" if error.filename else ""
-    message = f"{dst}: writing the output failed: {error.strerror or error}{where}"
-    if error.errno in (errno.ENOSPC, errno.EDQUOT) and tmp is not None and tmp.is_dir():
-        written = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file())
-        message += f"; {written / 2**20:,.1f} MiB were written before the disk filled, free space and run again"
-    return message
 
 
 def tool_stamp(**record) -> dict:
@@ -169,14 +65,6 @@ def write_checkpoint(folder: Path, tensors, config: dict, source, max_shard_byte
     source.copy_extras(folder)
     if "auto_map" in config:
         copy_model_code(folder)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Replace the file ``path`` with ``text`` in one step: a reader sees the old or the new file."""
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
-        tmp.write(text)
-    os.chmod(tmp.name, 0o666 & ~_umask())
-    os.replace(tmp.name, path)
 
 
 def copy_model_code(folder: Path) -> None:

@@ -28,10 +28,13 @@ DEFAULTS = {
     # tokens 0 skips it.
     "heal": {"tokens": 0, "seq_len": 256, "batch_size": 4, "lr": 1e-4, "loss": "kl"},
     "data": {
-        "train": None,  # file, folder or glob (see `read_texts`); None: the embedded corpus's train split
+        # a tokenized folder (`mixln-convert tokenize`), or text: a file, folder or glob (see `read_texts`),
+        # tokenized into the user cache first; None: the embedded corpus's train split
+        "train": None,
         "validation": None,  # None: embedded validation split, or a held-out fraction of data.train's documents
         "validation_fraction": 0.01,
         "eval_tokens": EVAL_TOKENS,  # validation tokens scored at each evaluation (eval's and analyze's default)
+        "num_proc": 0,  # processes tokenizing text data.train; 0: one per core for text over 16 MiB
     },
     "seq_len": EVAL_SEQ_LEN,  # the paper's (LLaMA-71M..1B); validation blocks have it too
     "micro_batch_size": 4,  # sequences per forward pass and process
@@ -138,7 +141,7 @@ def _check(r: dict, where: str) -> None:
                 "log_interval", "eval_interval", "checkpoint_interval", "grad_norm_interval", "heal.seq_len",
                 "heal.batch_size"):
         number(key, lambda v: v > 0, "a positive integer")
-    for key in ("heal.tokens", "schedule.warmup_steps", "keep_checkpoints"):
+    for key in ("heal.tokens", "schedule.warmup_steps", "keep_checkpoints", "data.num_proc"):
         number(key, lambda v: v >= 0, "an integer >= 0")
     number("conversion.alpha", lambda v: 0 <= v <= 1, "in [0, 1]")
     number("data.validation_fraction", lambda v: 0 < v < 1, "in (0, 1)")

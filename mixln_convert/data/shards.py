@@ -1,0 +1,225 @@
+"""The tokenized-folder format: fixed-size shards of token ids and their manifest.
+
+A folder written by ``mixln-convert tokenize`` (or by ``train`` into the user cache) holds, per
+split (``train``, ``validation``), files ``<split>-00000.bin``, ... of raw little-endian token ids
+(uint16 where the vocabulary fits, else int32), each ``shard_tokens`` long but the last, EOS
+between documents, and ``mixln-tokens.json``: the settings they were made with (tokenizer hash,
+source files and sizes, the validation hold-out) and each shard's token count and sha256.
+
+The same layout as Megatron's and nanoGPT's ``.bin`` token files: ``np.memmap`` reads a block
+without reading anything else, so a training process touches only the blocks it trains on.
+"""
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import MixLNError
+
+MANIFEST = "mixln-tokens.json"
+FORMAT = "mixln-convert tokens"
+VERSION = 1
+TOKEN_SPLITS = ("train", "validation")
+DTYPES = {"uint16": np.dtype("<u2"), "int32": np.dtype("<i4")}
+
+
+def token_dtype(vocab_size: int) -> str:
+    """The narrowest stored dtype that holds every id of a vocabulary of ``vocab_size``."""
+    return "uint16" if vocab_size <= 2**16 else "int32"
+
+
+def shard_name(split: str, index: int) -> str:
+    return f"{split}-{index:05d}.bin"
+
+
+def file_sha256(path: Path, size: int | None = None) -> str:
+    """sha256 of the first ``size`` bytes of ``path`` (all of it by default), read 16 MiB at a time."""
+    digest, left = hashlib.sha256(), size
+    with open(path, "rb") as f:
+        while left is None or left > 0:
+            piece = f.read(2**24 if left is None else min(2**24, left))
+            if not piece:
+                break
+            digest.update(piece)
+            left = None if left is None else left - len(piece)
+    return digest.hexdigest()
+
+
+class ShardWriter:
+    """Appends one split's token ids to fixed-size shard files, at most ``limit`` tokens in all.
+
+    Its :meth:`state` (each shard's name, tokens and, once full, sha256) is what a resumed run
+    hands back to :meth:`resume`, which checks the full shards and cuts the last one back to its
+    recorded length (a killed run may have written past it)."""
+
+    def __init__(self, folder: Path, split: str, dtype: str, shard_tokens: int, limit: int | None = None):
+        self.folder, self.split, self.dtype = folder, split, DTYPES[dtype]
+        self.shard_tokens, self.limit = shard_tokens, limit
+        self.shards: list[dict] = []  # {"file", "tokens", "sha256"}; the last one may be filling
+        self.tokens = 0
+        self._digest = None  # sha256 of the shard being filled
+
+    def resume(self, shards: list[dict]) -> None:
+        """Continue after ``shards`` (a :meth:`state`); raises ValueError if the files disagree with it."""
+        for shard in shards[:-1]:
+            path = self.folder / shard["file"]
+            if shard["tokens"] != self.shard_tokens or path.stat().st_size != shard["tokens"] * self.dtype.itemsize \
+                    or file_sha256(path) != shard["sha256"]:
+                raise ValueError(f"{path} is not the shard recorded")
+        self.shards = [dict(s) for s in shards]
+        self.tokens = sum(s["tokens"] for s in shards)
+        if shards:
+            last = self.folder / shards[-1]["file"]
+            size = shards[-1]["tokens"] * self.dtype.itemsize
+            if last.stat().st_size < size:
+                raise ValueError(f"{last} is shorter than recorded")
+            with open(last, "r+b") as f:
+                f.truncate(size)
+            self._digest = hashlib.sha256()
+            with open(last, "rb") as f:
+                while piece := f.read(2**24):
+                    self._digest.update(piece)
+
+    @property
+    def full(self) -> bool:
+        return self.limit is not None and self.tokens >= self.limit
+
+    def append(self, ids: np.ndarray) -> None:
+        """Append ``ids`` (each document's ids preceded by EOS; the split's very first EOS is
+        dropped, so EOS stands between documents), cut at the limit."""
+        if self.tokens == 0:
+            ids = ids[1:]
+        if self.limit is not None:
+            ids = ids[: max(0, self.limit - self.tokens)]
+        if len(ids) and int(ids.max()) > np.iinfo(self.dtype).max:
+            raise MixLNError(f"token id {int(ids.max())} does not fit the {self.dtype.name} shards")
+        while len(ids):
+            if not self.shards or self.shards[-1]["tokens"] == self.shard_tokens:
+                self.shards.append({"file": shard_name(self.split, len(self.shards)), "tokens": 0, "sha256": None})
+                self._digest = hashlib.sha256()
+                (self.folder / self.shards[-1]["file"]).write_bytes(b"")
+            shard = self.shards[-1]
+            piece = ids[: self.shard_tokens - shard["tokens"]].astype(self.dtype).tobytes()
+            with open(self.folder / shard["file"], "ab") as f:
+                f.write(piece)
+            self._digest.update(piece)
+            taken = len(piece) // self.dtype.itemsize
+            shard["tokens"] += taken
+            self.tokens += taken
+            ids = ids[taken:]
+            if shard["tokens"] == self.shard_tokens:
+                shard["sha256"] = self._digest.hexdigest()
+
+    def state(self) -> list[dict]:
+        return [dict(s) for s in self.shards]
+
+    def close(self) -> list[dict]:
+        """The finished split's shards, the last one's sha256 included."""
+        if self.shards and self.shards[-1]["sha256"] is None:
+            self.shards[-1]["sha256"] = self._digest.hexdigest()
+        return self.state()
+
+
+def is_tokens_folder(path) -> bool:
+    return path is not None and (Path(path) / MANIFEST).is_file()
+
+
+def read_manifest(folder: Path) -> dict:
+    """The manifest of a tokenized folder, its fields checked; a one-line error naming the file if
+    it is damaged."""
+    path = Path(folder) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+            raise ValueError("not a tokenized-folder manifest")
+        if manifest.get("version") != VERSION:
+            raise ValueError(f"version {manifest.get('version')!r}, this mixln-convert reads {VERSION}")
+        if manifest.get("dtype") not in DTYPES:
+            raise ValueError(f"dtype {manifest.get('dtype')!r}")
+        if not isinstance(manifest.get("shard_tokens"), int) or manifest["shard_tokens"] < 1:
+            raise ValueError("shard_tokens must be a positive integer")
+        for split in TOKEN_SPLITS:
+            record = manifest["splits"][split]
+            shards = record["shards"]
+            if not isinstance(shards, list) or any(
+                    not isinstance(s.get("file"), str) or s["file"] != shard_name(split, i)
+                    or not isinstance(s.get("tokens"), int) or not 0 < s["tokens"] <= manifest["shard_tokens"]
+                    or not isinstance(s.get("sha256"), str) for i, s in enumerate(shards)):
+                raise ValueError(f"{split} shards: each needs its file name in order, tokens and sha256")
+            if record.get("tokens") != sum(s["tokens"] for s in shards):
+                raise ValueError(f"{split} tokens {record.get('tokens')!r} is not the sum over its shards")
+    except (OSError, UnicodeDecodeError) as e:
+        raise MixLNError(f"{path}: cannot read: {e}") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise MixLNError(f"{path}: damaged ({str(e).strip() or type(e).__name__}); run mixln-convert tokenize "
+                         "again with --force") from None
+    return manifest
+
+
+def check_shards(folder: Path, manifest: dict, hashes: bool = False) -> None:
+    """Every shard of the manifest is there with its recorded size (and, with ``hashes``, its
+    sha256: that reads every shard, so only `tokenize` does it)."""
+    itemsize = DTYPES[manifest["dtype"]].itemsize
+    for split in TOKEN_SPLITS:
+        for shard in manifest["splits"][split]["shards"]:
+            path = Path(folder) / shard["file"]
+            size = path.stat().st_size if path.is_file() else None
+            if size != shard["tokens"] * itemsize:
+                found = "missing" if size is None else f"{size} bytes"
+                raise MixLNError(f"{path}: {found}, the manifest says {shard['tokens'] * itemsize}; the tokenized "
+                                 "folder is damaged (run mixln-convert tokenize again with --force)")
+            if hashes and file_sha256(path) != shard["sha256"]:
+                raise MixLNError(f"{path}: its sha256 is not the manifest's; the tokenized folder is damaged "
+                                 "(run mixln-convert tokenize again with --force)")
+
+
+class TokenShards:
+    """One split of a tokenized folder as one token stream: ``len()`` and ``[a:b]`` slices (an
+    array), each shard memory-mapped on first use, so reading a block reads that block only."""
+
+    def __init__(self, folder: Path, manifest: dict, split: str):
+        self.folder, self.split = Path(folder), split
+        self.dtype = DTYPES[manifest["dtype"]]
+        self.shards = manifest["splits"][split]["shards"]
+        self.starts = np.cumsum([0] + [s["tokens"] for s in self.shards])  # stream offset of each shard
+        self.maps: dict[int, np.memmap] = {}  # shard index -> its memory map, once used
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def _shard(self, k: int) -> np.memmap:
+        if k not in self.maps:
+            self.maps[k] = np.memmap(self.folder / self.shards[k]["file"], dtype=self.dtype, mode="r")
+        return self.maps[k]
+
+    def __getitem__(self, where: slice) -> np.ndarray:
+        start, stop, step = where.indices(len(self))
+        if step != 1:
+            raise IndexError("token shards are sliced with step 1 only")
+        pieces, k = [], int(np.searchsorted(self.starts, start, side="right")) - 1
+        while start < stop:
+            offset = start - int(self.starts[k])
+            piece = self._shard(k)[offset: offset + stop - start]
+            pieces.append(piece)
+            start += len(piece)
+            k += 1
+        return np.concatenate(pieces) if len(pieces) > 1 else (pieces[0] if pieces else np.zeros(0, self.dtype))
+
+
+class ShardBlocks:
+    """A token stream cut into ``n`` blocks of ``seq_len`` (the remainder dropped), read on demand:
+    what :func:`~.stream.blocks` gives for shards, as a reshaped array for an array."""
+
+    def __init__(self, stream: TokenShards, n: int, seq_len: int):
+        self.stream, self.n, self.seq_len = stream, n, seq_len
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, j) -> np.ndarray:
+        j = int(j)
+        if not 0 <= j < self.n:
+            raise IndexError(j)
+        return self.stream[j * self.seq_len: (j + 1) * self.seq_len]

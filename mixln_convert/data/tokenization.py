@@ -1,0 +1,321 @@
+"""Text -> a tokenized folder (:mod:`.shards`): documents streamed from their files, tokenized in
+worker processes a chunk at a time, appended in document order to fixed-size shards.
+
+Memory holds the chunks in flight (two per worker) and nothing that grows with the corpus. The
+output depends on the documents and settings only, never on the number of workers: chunks are
+cut from the document sequence alone and their results appended in order.
+
+The folder is built in ``.TOKENS.partial`` beside TOKENS (locked while a run writes it) and
+renamed into place when complete. After every chunk the partial folder's ``progress.json``
+records how far the run got (input file, document) and each shard's length and, once full, its
+sha256; a killed run resumes from there, checking the full shards and cutting the last one back
+to its recorded length. A rerun on the same inputs and settings finds the finished folder and
+writes nothing.
+"""
+
+import hashlib
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+from collections import deque
+from itertools import chain
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from ..errors import MixLNError
+from ..io.atomic import replace_dir, try_lock, write_atomic, write_failure
+from ..io.paths import resolved
+from .corpus import embedded_corpus, file_documents, source_files
+from .shards import (FORMAT, MANIFEST, TOKEN_SPLITS, VERSION, ShardWriter, check_shards, read_manifest,
+                     token_dtype)
+
+SHARD_TOKENS = 2**25  # 32M tokens: 64 MiB of uint16 a shard
+CHUNK_CHARS = 2**20  # text per worker task: small enough to bound memory, large enough to amortize a task
+PARALLEL_BYTES = 2**24  # below 16 MiB of input, starting worker processes costs more than it saves
+PROGRESS = "progress.json"
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """sha256 of what decides a tokenizer's ids: its full definition and EOS id."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    definition = backend.to_str() if backend else repr(sorted(tokenizer.get_vocab().items()))
+    return hashlib.sha256(f"{definition}\0eos={tokenizer.eos_token_id}".encode()).hexdigest()
+
+
+def held_out(digest: bytes, fraction: float) -> bool:
+    """Whether the document of sha256 ``digest`` is in the validation hold-out. By content hash, not
+    position: the split ignores file order, and copies of a document land on the same side."""
+    return int.from_bytes(digest[:8], "big") < fraction * 2**64
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.sha256(text.encode()).digest()
+
+
+class Encoder:
+    """The tokenizer as a worker process uses it: picklable, and a fast tokenizer travels as its
+    definition (tokenizers alone, without transformers, whose import takes seconds). Its ids are
+    those of ``tokenizer(texts, add_special_tokens=False)``."""
+
+    def __init__(self, tokenizer):
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self.definition = backend.to_str() if backend else None
+        self.tokenizer = None if backend else tokenizer  # a slow or test tokenizer: called as it is
+        self.eos = tokenizer.eos_token_id
+        if self.eos is None:
+            raise MixLNError("the tokenizer has no eos_token_id to separate documents with")
+        self.vocab_size = len(tokenizer) if hasattr(tokenizer, "__len__") else 2**31 - 1
+
+    def __call__(self, texts: list[str]) -> list[list[int]]:
+        if self.tokenizer is None:
+            from tokenizers import Tokenizer
+
+            self.tokenizer = Tokenizer.from_str(self.definition)
+            self.tokenizer.no_truncation()  # as transformers calls it: whole documents
+            self.tokenizer.no_padding()
+        if self.definition is not None:
+            return [e.ids for e in self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+        return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+    def __getstate__(self):
+        return {**self.__dict__, "tokenizer": None if self.definition is not None else self.tokenizer}
+
+
+# ---------------------------------------------------------------------------------------------
+# worker side: one chunk of documents -> the token ids of each split
+
+
+_WORKER: dict = {}
+
+
+def _init_worker(encoder: Encoder, fraction: float | None, excluded: frozenset, pooled: bool) -> None:
+    if pooled:  # one thread a worker: the workers are the parallelism
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _WORKER.update(encoder=encoder, fraction=fraction, excluded=excluded)
+
+
+def _ids(encoded: list[list[int]], eos: int) -> np.ndarray:
+    """Each document's ids preceded by EOS, as one array."""
+    count = sum(len(ids) + 1 for ids in encoded)
+    return np.fromiter(chain.from_iterable(chain((eos,), ids) for ids in encoded), np.int64, count)
+
+
+def _encode_chunk(task: tuple) -> tuple:
+    """``(position, role, texts)`` -> ``(position, train ids, validation ids, train documents,
+    validation documents)``. ``role``: the split of every document ("train": but those in the
+    excluded validation set, "validation"), or "held_out": each document's split by :func:`held_out`."""
+    position, role, texts = task
+    encoder, fraction, excluded = _WORKER["encoder"], _WORKER["fraction"], _WORKER["excluded"]
+    if role == "train":  # a copy of a validation document is dropped
+        texts = [t for t in texts if _digest(t) not in excluded] if excluded else texts
+        sides = [False] * len(texts)
+    else:
+        sides = [True] * len(texts) if role == "validation" else [held_out(_digest(t), fraction) for t in texts]
+    encoded = encoder(texts)
+    train = [ids for ids, side in zip(encoded, sides) if not side]
+    validation = [ids for ids, side in zip(encoded, sides) if side]
+    return position, _ids(train, encoder.eos), _ids(validation, encoder.eos), len(train), len(validation)
+
+
+def _results(tasks, workers: int, initargs: tuple):
+    """The tasks' results in task order; at most two tasks per worker in flight (Pool.imap would
+    read the whole corpus ahead). Spawned workers: forking a process that holds threads (torch,
+    a fast tokenizer) can deadlock."""
+    if workers == 1:
+        _init_worker(*initargs)
+        yield from map(_encode_chunk, tasks)
+        return
+    with multiprocessing.get_context("spawn").Pool(workers, _init_worker, initargs) as pool:
+        pending = deque()
+        for task in tasks:
+            pending.append(pool.apply_async(_encode_chunk, (task,)))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+# ---------------------------------------------------------------------------------------------
+# main side: inputs, settings, resume
+
+
+def _inputs(train, validation) -> list[tuple[str, object, dict]]:
+    """(role, file or embedded split, manifest record) of each input, validation first: a
+    document's split is decided as soon as it is read."""
+    def described(source, role):
+        if source is None:  # the embedded corpus: its texts are small, so they are the record
+            split = "train" if role == "train" else "validation"
+            digest = hashlib.sha256("\0".join(embedded_corpus(split)).encode()).hexdigest()
+            return [(role, split, {"embedded": split, "sha256": digest})]
+        files = source_files(source)
+        return [(role, f, {"path": str(resolved(f)), "bytes": f.stat().st_size, "mtime_ns": f.stat().st_mtime_ns})
+                for f in files]
+
+    explicit = validation is not None or train is None
+    return [*(described(validation, "validation") if explicit else []),
+            *described(train, "train" if explicit else "held_out")]
+
+
+def _documents(item) -> object:
+    return iter(embedded_corpus(item)) if isinstance(item, str) else file_documents(item)
+
+
+def _chunks(inputs, start: tuple[int, int]):
+    """``(position after it, role, texts)`` tasks from input ``start[0]``, document ``start[1]``
+    on; a chunk holds about CHUNK_CHARS of text and never spans two inputs."""
+    for i in range(start[0], len(inputs)):
+        role, item, _ = inputs[i]
+        done = start[1] if i == start[0] else 0
+        texts, size = [], 0
+        for n, text in enumerate(_documents(item), 1):
+            if n <= done:
+                continue
+            texts.append(text)
+            size += len(text)
+            if size >= CHUNK_CHARS:
+                yield (i, n), role, texts
+                texts, size = [], 0
+        if texts:
+            yield (i, n), role, texts
+
+
+def settings(tokenizer, train, validation=None, validation_fraction: float = 0.01, seq_len: int | None = None,
+             shard_tokens: int = SHARD_TOKENS, max_tokens: int | None = None,
+             max_validation_tokens: int | None = None) -> dict:
+    """What decides a tokenized folder's content: equal settings, equal shards. Reads file sizes and
+    dates, never the text (the embedded corpus aside, which is small)."""
+    if seq_len is not None:
+        if seq_len > shard_tokens:
+            raise MixLNError(f"--seq-len {seq_len} is more than --shard-tokens {shard_tokens}")
+        shard_tokens -= shard_tokens % seq_len  # a block never spans two shards
+    inputs = _inputs(train, validation)
+    encoder = Encoder(tokenizer)
+    return {
+        "format": FORMAT, "version": VERSION, "tokenizer_sha256": tokenizer_fingerprint(tokenizer),
+        "eos_token_id": encoder.eos, "dtype": token_dtype(encoder.vocab_size), "shard_tokens": shard_tokens,
+        "seq_len": seq_len, "max_tokens": max_tokens, "max_validation_tokens": max_validation_tokens,
+        "validation": ({"rule": "the documents of the validation sources"} if inputs[0][0] == "validation" else
+                       {"rule": "sha256(document)[:8] < fraction * 2**64", "fraction": validation_fraction}),
+        "sources": [{"role": role, **record} for role, _, record in inputs],
+    }
+
+
+def up_to_date(out: Path, wanted: dict) -> bool:
+    """Whether ``out`` is a complete tokenized folder made with the settings ``wanted``; a damaged
+    one (bad manifest, a shard's size or sha256) is an error naming the file."""
+    if not (out / MANIFEST).is_file():
+        return False
+    manifest = read_manifest(out)
+    if {k: manifest.get(k) for k in wanted} != wanted:
+        return False
+    check_shards(out, manifest, hashes=True)
+    return True
+
+
+def _resumed(partial: Path, key: str, writers: dict) -> tuple[tuple[int, int], dict]:
+    """Where an earlier run to ``partial`` stopped, its writers resumed; (0, 0) and a fresh folder
+    if there is no such run, or it had other settings, or its files disagree with its record."""
+    try:
+        progress = json.loads((partial / PROGRESS).read_text())
+        if progress["settings_sha256"] != key:
+            raise ValueError("other settings")
+        for split, writer in writers.items():
+            writer.resume(progress["splits"][split]["shards"])
+        print(f"resuming {partial.name} at input {progress['position'][0] + 1}, document {progress['position'][1]}",
+              file=sys.stderr)
+        return tuple(progress["position"]), {s: progress["splits"][s]["documents"] for s in TOKEN_SPLITS}
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"warning: {partial} holds a run that does not resume ({str(e)[:200]}); starting afresh",
+              file=sys.stderr)
+    for writer in writers.values():
+        writer.resume([])
+    for path in partial.iterdir():
+        path.unlink()
+    return (0, 0), {s: 0 for s in TOKEN_SPLITS}
+
+
+def tokenize(train, tokenizer, out, *, validation=None, validation_fraction: float = 0.01, num_proc: int = 0,
+             seq_len: int | None = None, shard_tokens: int = SHARD_TOKENS, max_tokens: int | None = None,
+             max_validation_tokens: int | None = None, force: bool = False, progress: bool = True) -> dict:
+    """Tokenize the documents of ``train`` (a file, folder or glob; None: the embedded corpus) into the
+    tokenized folder ``out``; returns its manifest. ``validation`` (a source) is the validation split,
+    else a ``validation_fraction`` of the training documents held out by content hash; training
+    never sees a validation document. ``max_tokens``/``max_validation_tokens`` stop once both splits
+    have that many. ``num_proc`` worker processes tokenize (0: one per core for input over 16 MiB,
+    else none). ``out`` is written only when complete; an interrupted run resumes."""
+    out = resolved(out)
+    wanted = settings(tokenizer, train, validation, validation_fraction, seq_len, shard_tokens, max_tokens,
+                      max_validation_tokens)
+    try:
+        if up_to_date(out, wanted):
+            return read_manifest(out)
+    except MixLNError:
+        if not force:  # a damaged folder: --force rebuilds it
+            raise
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise MixLNError(f"--out {out}: exists and is not empty (use --force to replace it)")
+    partial = out.with_name(f".{out.name}.partial")
+    try:
+        partial.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MixLNError(f"--out {out}: cannot write the output folder ({e.strerror})") from None
+    lock = try_lock(partial)
+    if lock is None:
+        raise MixLNError(f"--out {out}: another run is writing it ({partial} is locked)")
+    try:
+        return _build(wanted, out, partial, Encoder(tokenizer), train, validation, num_proc, progress)
+    except MixLNError:  # bad input: a rerun needs other input, so nothing of this run can resume
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    except OSError as e:  # a full disk: the run resumes once there is space
+        raise MixLNError(write_failure(out, e, partial)) from None
+    finally:
+        os.close(lock)
+
+
+def _build(wanted, out: Path, partial: Path, encoder: Encoder, train, validation, num_proc: int,
+           progress: bool) -> dict:
+    inputs = _inputs(train, validation)
+    limits = {"train": wanted["max_tokens"], "validation": wanted["max_validation_tokens"]}
+    writers = {s: ShardWriter(partial, s, wanted["dtype"], wanted["shard_tokens"], limits[s]) for s in TOKEN_SPLITS}
+    key = hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()
+    position, documents = _resumed(partial, key, writers)
+    excluded = frozenset(_digest(text) for role, item, _ in inputs if role == "validation" for text in _documents(item))
+    fraction = wanted["validation"].get("fraction")
+    if not num_proc:  # auto: a worker per available core, for input worth it
+        big = sum(record.get("bytes", 0) for _, _, record in inputs) >= PARALLEL_BYTES
+        num_proc = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()) if big else 1
+    # None: no bar when stderr is not a terminal
+    with tqdm(initial=sum(w.tokens for w in writers.values()), unit="tok", unit_scale=True, desc="tokenizing",
+              disable=None if progress else True) as bar:
+        for (i, n), train_ids, validation_ids, n_train, n_validation in _results(
+                _chunks(inputs, position), num_proc, (encoder, fraction, excluded, num_proc > 1)):
+            before = sum(w.tokens for w in writers.values())
+            writers["train"].append(train_ids)
+            writers["validation"].append(validation_ids)
+            documents = {"train": documents["train"] + n_train, "validation": documents["validation"] + n_validation}
+            record = {"settings_sha256": key, "position": [i, n],
+                      "splits": {s: {"shards": w.state(), "documents": documents[s]} for s, w in writers.items()}}
+            write_atomic(partial / PROGRESS, json.dumps(record))
+            bar.update(sum(w.tokens for w in writers.values()) - before)
+            bar.set_postfix_str(f"input {i + 1}/{len(inputs)}", refresh=False)
+            if all(w.full for w in writers.values()):
+                break
+    splits = {}
+    for split, writer in writers.items():
+        shards = writer.close()
+        if not shards:
+            raise MixLNError(f"{train or 'embedded:train'}: gives no {split} tokens"
+                             + ("; give a validation source or a larger fraction" if split == "validation" else ""))
+        splits[split] = {"documents": documents[split], "tokens": writer.tokens, "shards": shards}
+    manifest = {**wanted, "splits": splits}
+    (partial / PROGRESS).unlink()
+    write_atomic(partial / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+    replace_dir(partial, out)
+    return manifest
