@@ -117,13 +117,12 @@ def run_tasks(lm, names: list[str], manager, limit: int | None = None, bootstrap
     return results
 
 
-def evaluate_tasks(model, tokenizer, names: list[str], *, include_path=None, limit: int | None = None,
+def evaluate_tasks(model, tokenizer, names: list[str], manager, *, limit: int | None = None,
                    batch_size: int = 1) -> dict:
-    """lm-eval's figures of ``model`` on the tasks ``names``: {"tasks": run_tasks(...), "limit",
-    "lm_eval_version"}."""
+    """lm-eval's figures of ``model`` on the tasks ``names`` (known to ``manager``, see
+    :func:`task_manager`): {"tasks": run_tasks(...), "limit", "lm_eval_version"}."""
     from importlib.metadata import version
 
-    manager = task_manager(names, include_path)
     return {"tasks": run_tasks(hf_lm(model, tokenizer, batch_size), names, manager, limit), "limit": limit,
             "lm_eval_version": version("lm_eval")}
 
@@ -140,7 +139,7 @@ def format_task_table(tasks: dict) -> list[str]:
         for name, value in result["metrics"].items():
             stderr = result["stderr"][name]
             arrow = "↑" if result["higher_is_better"][name] else "↓"
-            rows.append((task, f"{name} {arrow}", f"{value:.4f}", "—" if stderr is None else f"±{stderr:.4f}",
+            rows.append((task, f"{name} {arrow}", f"{value:.4f}" if abs(value) < 1e5 else f"{value:.4e}", "—" if stderr is None else f"±{stderr:.4f}",
                          str(result["samples"])))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]

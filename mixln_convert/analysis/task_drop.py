@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..downstream import hf_lm, primary_metric, run_tasks, task_manager
+from ..downstream import hf_lm, primary_metric, run_tasks
 from .layers import BlockRunner
 
 
@@ -29,22 +29,20 @@ class VariantScorer:
     variant v, as lm-eval's HFLM defines both.
     """
 
-    def __init__(self, model, variants: list[frozenset], max_length: int, batch_size: int, progress: bool):
+    def __init__(self, model, variants: list[frozenset], max_length: int, batch_size: int, bar):
         self.runner = BlockRunner(model)
         self.variants = variants
         self.max_length = max_length
         self.batch_size = batch_size
-        self.progress = progress
+        self.bar = bar  # one progress bar over every call: lm-eval asks for rolling windows batch by batch
         self.scores: dict[tuple, list[tuple[float, bool]]] = {}
 
     @torch.no_grad()
     def score(self, requests: list[tuple[list[int], list[int]]]) -> None:
         """Score the requests not scored yet; longest first, so each batch pads little."""
         todo = sorted({_request_key(c, k) for c, k in requests} - self.scores.keys(), key=lambda r: -sum(map(len, r)))
-        batches = range(0, len(todo), self.batch_size)
         device = self.runner.model.device
-        for start in tqdm(batches, desc=f"scoring {len(todo)} requests x {len(self.variants)} variants",
-                          disable=not self.progress, leave=False):
+        for start in range(0, len(todo), self.batch_size):
             batch = todo[start:start + self.batch_size]
             # as HFLM: the last max_length + 1 tokens, the last of them only predicted
             inputs = [(list(c) + list(k))[-(self.max_length + 1):][:-1] for c, k in batch]
@@ -67,9 +65,10 @@ class VariantScorer:
                     (logprobs[row, positions].gather(-1, target[:, None]).sum().item(),
                      bool((logprobs[row, positions].argmax(-1) == target).all()))
                     for logprobs in per_variant]
+            self.bar.update(len(batch))
 
 
-def _replaying_lm(model, tokenizer, batch_size: int, variants: list[frozenset], progress: bool):
+def _replaying_lm(model, tokenizer, batch_size: int, variants: list[frozenset], bar):
     """An HFLM whose loglikelihoods come from a :class:`VariantScorer`, for the variant in
     ``lm.variant``: lm-eval builds the requests (tokenization, rolling windows) and the metrics,
     the scorer the numbers."""
@@ -84,24 +83,26 @@ def _replaying_lm(model, tokenizer, batch_size: int, variants: list[frozenset], 
             return [self.scorer.scores[_request_key(c, k)][self.variant] for c, k in pairs]
 
     lm = hf_lm(model, tokenizer, batch_size, ReplayingLM)
-    lm.scorer = VariantScorer(model, variants, lm.max_length, batch_size, progress)
+    lm.scorer = VariantScorer(model, variants, lm.max_length, batch_size, bar)
     return lm
 
 
-def task_layer_drop(model, tokenizer, task: str, *, include_path=None, limit: int | None = None,
-                    batch_size: int = 4, progress: bool = True) -> dict:
+def task_layer_drop(model, tokenizer, task: str, manager, *, limit: int | None = None, batch_size: int = 4,
+                    progress: bool = True) -> dict:
     """``task``'s primary metric (the first its YAML lists) of the full model and with each
     block skipped: {"task", "metric", "higher_is_better", "value" (full model), "layer_drop"
-    (per block: skipped minus full), "samples", "limit"}."""
-    manager = task_manager([task], include_path, flag="--task")
+    (per block: skipped minus full), "samples", "limit"}. ``manager``: a TaskManager that knows
+    ``task`` (:func:`~mixln_convert.downstream.task_manager`)."""
     num_layers = len(model.model.layers)
     variants = [frozenset(), *(frozenset({l}) for l in range(num_layers))]
-    lm = _replaying_lm(model, tokenizer, batch_size, variants, progress)
     values = []
-    for variant in tqdm(range(len(variants)), desc=f"{task}: metrics per variant", disable=not progress, leave=False):
-        lm.variant = variant
-        result = run_tasks(lm, [task], manager, limit, bootstrap_iters=0)[task]
-        values.append(result["metrics"][primary_metric(result)])
+    with tqdm(desc=f"{task}: requests scored, {len(variants)} variants each", unit="request",
+              disable=not progress, leave=False) as bar:
+        lm = _replaying_lm(model, tokenizer, batch_size, variants, bar)
+        for variant in range(len(variants)):  # the first run scores, the others look the scores up
+            lm.variant = variant
+            result = run_tasks(lm, [task], manager, limit, bootstrap_iters=0)[task]
+            values.append(result["metrics"][primary_metric(result)])
     metric = primary_metric(result)
     return {"task": task, "metric": metric, "higher_is_better": result["higher_is_better"][metric],
             "value": values[0], "layer_drop": [v - values[0] for v in values[1:]], "samples": result["samples"],
