@@ -90,8 +90,10 @@ def next_sentence_items(paragraphs: dict[str, list[str]], rng: random.Random) ->
             answer = ss[cut]
             if not MIN_SENTENCE <= len(answer) <= MAX_SENTENCE:
                 continue
-            # distractors of similar length, so that length alone does not give the answer away
-            others.sort(key=lambda s: abs(len(s) - len(answer)))
+            # distinct distractors of similar length, so that length alone does not give the answer away
+            others = sorted(set(others) - {answer}, key=lambda s: (abs(len(s) - len(answer)), s))
+            if len(others) < CHOICES - 1:
+                continue
             distractors = rng.sample(others[:max(8, CHOICES - 1)], CHOICES - 1)
             choices = [answer, *distractors]
             rng.shuffle(choices)

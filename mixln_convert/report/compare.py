@@ -12,6 +12,7 @@ import json
 import numpy as np
 
 from ..errors import MixLNError
+from .downstream import downstream_numbers
 from .inputs import PRUNE_FRACTIONS, Model, load_inputs
 
 TIE = 0.005  # relative differences below 0.5% are called ties (a judgement: 10^4-10^5 eval tokens rarely resolve less)
@@ -26,6 +27,7 @@ def compare(inputs, out, *, labels=(), allow_mismatch: bool = False, force: bool
     unless ``allow_mismatch``; returns {"summary": sentences, "notes": warnings, "models": numbers}.
     """
     from ..io.writer import atomic_output_dir
+    from .downstream import beside_layer_drop, plot_task_drops
     from .plots import plot_report
     from .render import write_report
 
@@ -34,7 +36,7 @@ def compare(inputs, out, *, labels=(), allow_mismatch: bool = False, force: bool
     numbers = {m.label: model_numbers(m) for m in models}
     result = {"summary": summary_sentences(models, numbers), "notes": notes, "models": list(numbers.values())}
     with atomic_output_dir(out, force=force, protect={f"#{i + 1}": path for i, path in enumerate(inputs)}) as tmp:
-        images = plot_report(models, tmp)
+        images = beside_layer_drop(plot_report(models, tmp), plot_task_drops(models, tmp))
         write_report(tmp, models, numbers, result["summary"], notes, images)
         (tmp / "comparison.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
@@ -91,6 +93,7 @@ def model_numbers(model: Model) -> dict:
         if "prune_curve" in analysis:
             numbers["prune_method"] = analysis["prune_curve"]["method"]
             numbers["prune"] = prune_points(analysis)
+    numbers.update(downstream_numbers(model))
     return numbers
 
 

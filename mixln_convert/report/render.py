@@ -9,6 +9,7 @@ import html
 import re
 from pathlib import Path
 
+from .downstream import downstream_blocks
 from .inputs import PRUNE_FRACTIONS, Model
 
 MISSING = "—"
@@ -67,6 +68,7 @@ def report_blocks(models: list[Model], numbers: dict, summary: list[str], notes:
     if rows := prune_rows(numbers):
         blocks += [("h2", "Pruning"),
                    ("table", ["model", "blocks chosen by", "full model", *(f"N = {n}" for n in PRUNE_FRACTIONS)], rows)]
+    blocks += downstream_blocks(numbers)
     if images:
         blocks.append(("h2", "Figures"))
         blocks += [("img", name, caption) for name, caption in images.items()]
