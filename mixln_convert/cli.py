@@ -187,7 +187,7 @@ def convert(src, dst, alpha, post_ln_layers, strategy, scaled_init, calibration_
 
 
 _TASKS_HELP = ("lm-evaluation-harness tasks (`pip install 'mixln-convert[eval]'`): the shipped offline "
-               "mixln_langref_ppl and mixln_langref_next (docs/downstream.md), lm-eval's own (e.g. hellaswag,arc_easy, "
+               "mixln_langref_ppl and mixln_langref_next (they ship with the package), lm-eval's own (e.g. hellaswag,arc_easy, "
                "from your datasets cache) or yours in --include-path.")
 _INCLUDE_PATH = click.option("--include-path", type=click.Path(exists=True, file_okay=False, path_type=str),
                              default=None, metavar="DIR", help="A folder of your own lm-eval task YAML files.")

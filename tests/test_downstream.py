@@ -79,7 +79,7 @@ def test_shipped_tasks_are_small_varied_and_held_out_from_the_embedded_corpus():
     assert not [text for text in held_out if text in corpus]
 
 
-def test_eval_tasks_accuracy_is_lm_evals_on_the_loaded_model(cli, converted, half_right_task):
+def test_eval_tasks_accuracy_is_lm_evals_on_the_loaded_model(cli, converted, tiny_llama, half_right_task):
     folder, name = half_right_task
     result = cli("eval", converted, "--tasks", f"{name},mixln_langref_ppl", "--include-path", folder,
                  "--limit", "3", "--batch-size", "2", "--json")
@@ -90,6 +90,10 @@ def test_eval_tasks_accuracy_is_lm_evals_on_the_loaded_model(cli, converted, hal
     ppl = shown["tasks"]["mixln_langref_ppl"]
     assert set(ppl["metrics"]) == {"word_perplexity", "byte_perplexity", "bits_per_byte"} and ppl["samples"] == 3
     assert ppl["output_type"] == "loglikelihood_rolling" and ppl["metrics"]["byte_perplexity"] > 1
+
+    plain = cli("eval", tiny_llama, "--tasks", name, "--include-path", folder, "--limit", "2", "--json")  # plain LLaMA
+    assert plain.exit_code == 0, plain.output
+    assert 0 <= json.loads(plain.stdout.strip().splitlines()[-1])["tasks"][name]["metrics"]["acc"] <= 1
 
     full = cli("eval", converted, "--tasks", name, "--include-path", folder)
     assert full.exit_code == 0, full.output

@@ -51,20 +51,25 @@ class VariantScorer:
             for row, tokens in enumerate(inputs):
                 ids[row, :len(tokens)] = torch.tensor(tokens)
             stream = self.runner.stream(ids.to(device))
-            per_variant = []
-            for skip in self.variants:
+            # the positions that predict each continuation: only they go through the head
+            positions = [torch.arange(len(tokens) - len(k), len(tokens), device=device)
+                         for tokens, (_, k) in zip(inputs, batch)]
+            rows = torch.cat([torch.full_like(p, row) for row, p in enumerate(positions)])
+            columns = torch.cat(positions)
+            targets = torch.tensor([t for _, k in batch for t in k], device=device)
+            lengths = [len(k) for _, k in batch]
+            scores = [[] for _ in batch]
+            for skip in self.variants:  # one variant's log-probabilities in memory at a time
                 hidden = stream.residual[-1]
                 if skip:
                     first = min(skip)
                     hidden = self.runner.run(stream.residual[first], stream.block_kwargs, first, skip)
-                per_variant.append(F.log_softmax(self.runner.logits(hidden).float(), dim=-1))
-            for row, ((context, continuation), tokens) in enumerate(zip(batch, inputs)):
-                target = torch.tensor(continuation, device=device)
-                positions = slice(len(tokens) - len(continuation), len(tokens))
-                self.scores[(context, continuation)] = [
-                    (logprobs[row, positions].gather(-1, target[:, None]).sum().item(),
-                     bool((logprobs[row, positions].argmax(-1) == target).all()))
-                    for logprobs in per_variant]
+                logprobs = F.log_softmax(self.runner.logits(hidden[rows, columns]).float(), dim=-1)
+                picked = logprobs.gather(-1, targets[:, None])[:, 0].split(lengths)
+                greedy = (logprobs.argmax(-1) == targets).split(lengths)
+                for row in range(len(batch)):
+                    scores[row].append((picked[row].sum().item(), bool(greedy[row].all())))
+            self.scores.update(zip(batch, scores))
             self.bar.update(len(batch))
 
 
