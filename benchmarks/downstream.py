@@ -71,6 +71,7 @@ def main() -> None:
     parser.add_argument("--copies", type=int, default=2, help="saved copies timed for the paper's way")
     parser.add_argument("--repeats", type=int, default=2, help="alternated runs of each in the eval comparison")
     parser.add_argument("--skip-sweep", action="store_true", help="only the eval comparison")
+    parser.add_argument("--skip-eval", action="store_true", help="only the layer-drop sweep")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -84,7 +85,7 @@ def main() -> None:
         print(f"1. {args.task}, --limit {args.limit}, batch size {args.batch_size}, {folder.name} "
               f"({num_layers} blocks), CPU threads {os.cpu_count()}")
         ours_times, theirs_times = [], []
-        for repeat in range(args.repeats):
+        for repeat in range(0 if args.skip_eval else args.repeats):
             ours_s, out = timed([*TOOL, "eval", folder, "--tasks", args.task, "--limit", args.limit, "--batch-size",
                                  args.batch_size, "--json"])
             ours = json.loads(out.strip().splitlines()[-1])["tasks"][args.task]["metrics"]
@@ -92,9 +93,10 @@ def main() -> None:
             ours_times.append(ours_s)
             theirs_times.append(theirs_s)
             print(f"   run {repeat + 1}: mixln-convert eval --tasks {ours_s:6.1f} s, lm_eval --model hf {theirs_s:6.1f} s")
-        agree = all(abs(ours[k] - theirs[k]) <= 1e-6 * max(1.0, abs(theirs[k])) for k in ours)
-        print(f"   metrics: eval --tasks {ours}, lm_eval {theirs}; agree: {agree}")
-        print(f"   ratio eval --tasks / lm_eval (fastest of each): {min(ours_times) / min(theirs_times):.2f}")
+        if ours_times:
+            agree = all(abs(ours[k] - theirs[k]) <= 1e-6 * max(1.0, abs(theirs[k])) for k in ours)
+            print(f"   metrics: eval --tasks {ours}, lm_eval {theirs}; agree: {agree}")
+            print(f"   ratio eval --tasks / lm_eval (fastest of each): {min(ours_times) / min(theirs_times):.2f}")
 
         if args.skip_sweep:
             return
