@@ -187,13 +187,37 @@ def convert(src, dst, alpha, post_ln_layers, strategy, scaled_init, calibration_
                    "thousands); use the default calibrated strategy for a model usable at once", err=True)
 
 
+_TASKS_HELP = ("lm-evaluation-harness tasks (`pip install 'mixln-convert[eval]'`): the shipped offline "
+               "mixln_langref_ppl and mixln_langref_next (they ship with the package), lm-eval's own (e.g. hellaswag,arc_easy, "
+               "from your datasets cache) or yours in --include-path.")
+_INCLUDE_PATH = click.option("--include-path", type=click.Path(exists=True, file_okay=False, path_type=str),
+                             default=None, metavar="DIR", help="A folder of your own lm-eval task YAML files.")
+_LIMIT = click.option("--limit", type=POSITIVE, default=None, metavar="N",
+                      help="At most N examples of each task (lm-eval's --limit).  [default: all]")
+
+
+def _task_setup(tasks, include_path, limit, flag: str):
+    """The task names and an lm-eval TaskManager that knows them, checked before any model is
+    loaded; (None, None) without ``tasks``."""
+    if tasks is None:
+        if include_path is not None or limit is not None:
+            raise MixLNError(f"--include-path and --limit go with {flag}")
+        return None, None
+    from .downstream import parse_tasks, require_lm_eval, task_manager
+
+    require_lm_eval(flag)
+    names = parse_tasks(tasks, flag)
+    return names, task_manager(names, include_path, flag)
+
+
 @main.command(name="eval")
 @click.argument("ckpt", type=click.Path(path_type=str))
 @_data_option("Held-out text.")
 @click.option("--seq-len", type=POSITIVE, default=EVAL_SEQ_LEN, show_default=True, help=_SEQ_LEN_HELP)
 @click.option("--max-tokens", type=POSITIVE, default=EVAL_TOKENS, show_default=True,
               help="Held-out tokens scored (whole blocks of --seq-len).")
-@click.option("--batch-size", type=POSITIVE, default=4, show_default=True, help="Blocks per forward pass.")
+@click.option("--batch-size", type=POSITIVE, default=4, show_default=True,
+              help="Blocks (with --tasks: lm-eval requests) per forward pass.")
 @_ALLOW_LONGER
 @click.option("--per-document", is_flag=True,
               help="Also score each document on its own from its first token (lm-evaluation-harness's rolling "
@@ -201,21 +225,48 @@ def convert(src, dst, alpha, post_ln_layers, strategy, scaled_init, calibration_
 @click.option("--generate", is_flag=True,
               help="Also write greedy continuations (64 tokens) of 24 fixed prompts and the share of their 4-grams "
                    "that repeat earlier ones: what a looping model shows and perplexity hides.")
+@click.option("--tasks", default=None, metavar="T1,T2", help=_TASKS_HELP + " Instead of the packed perplexity.")
+@_INCLUDE_PATH
+@_LIMIT
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
-def eval_(ckpt, data, seq_len, max_tokens, batch_size, allow_longer, per_document, generate, as_json):
+def eval_(ckpt, data, seq_len, max_tokens, batch_size, allow_longer, per_document, generate, tasks, include_path,
+          limit, as_json):
     """Perplexity of CKPT (HF folder, plain LLaMA or Mix-LN, or .gguf) on held-out text: packed
     blocks of --seq-len tokens (documents joined by EOS), and with --per-document each document
-    on its own."""
+    on its own. With --tasks, lm-evaluation-harness tasks run on the model loaded here (no remote
+    code) instead of the packed perplexity."""
     _must_exist(ckpt, "CKPT")
     _must_exist(data, "--data")
+    names, manager = _task_setup(tasks, include_path, limit, "--tasks")
     from .evaluate import score_checkpoint
 
-    result = score_checkpoint(ckpt, data=data, seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size,
-                              per_document=per_document, generate=generate, allow_longer=allow_longer)
+    scoring = dict(data=data, seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size,
+                   per_document=per_document, generate=generate, allow_longer=allow_longer)
+    if names:
+        from .downstream import evaluate_tasks
+        from .io.loader import open_checkpoint
+
+        source = open_checkpoint(ckpt)
+        result = {"checkpoint": ckpt, "batch_size": batch_size,
+                  **evaluate_tasks(source.model(), source.tokenizer, names, manager, limit=limit,
+                                   batch_size=batch_size)}
+        if per_document or generate:
+            scored = score_checkpoint(ckpt, **scoring)
+            result.update({key: scored[key] for key in ("per_document", "generation") if key in scored})
+    else:
+        result = score_checkpoint(ckpt, **scoring)
     if as_json:
         click.echo(json.dumps(result))
         return
-    click.echo(f"{ckpt}: perplexity {result['perplexity']:.3f} on {measured_on(result)} (packed)")
+    if names:
+        from .downstream import format_task_table
+
+        limited = f", at most {limit} examples each" if limit else ""
+        click.echo(f"{ckpt}: lm-evaluation-harness {result['lm_eval_version']}{limited}")
+        for line in format_task_table(result["tasks"]):
+            click.echo(f"  {line}")
+    else:
+        click.echo(f"{ckpt}: perplexity {result['perplexity']:.3f} on {measured_on(result)} (packed)")
     if per_document:
         d = result["per_document"]
         click.echo(f"{ckpt}: per document ({d['documents']} documents, {d['tokens']} tokens, each from its first "
@@ -317,24 +368,37 @@ _METHOD_HELP = ("How --remove/--prune-curve choose N blocks: angular (the N cons
               help="Held-out tokens measured (whole blocks of --seq-len).")
 @click.option("--batch-size", type=POSITIVE, default=4, show_default=True, help="Blocks per forward pass.")
 @_ALLOW_LONGER
+@click.option("--per-document", is_flag=True,
+              help="Also score each held-out document on its own from its first token, as `eval --per-document`.")
+@click.option("--task", "tasks", default=None, metavar="T1,T2",
+              help="Also the layer drop on each task's metric (the first its YAML lists): the metric with block l "
+                   "skipped minus the full model's, in memory. " + _TASKS_HELP)
+@_INCLUDE_PATH
+@_LIMIT
 @click.option("--force", is_flag=True, help="Replace a non-empty output folder (never an input).")
 def analyze(ckpt, data, out, span, prune_curve, method, generate, seq_len, max_tokens, batch_size, allow_longer,
-            force):
+            per_document, tasks, include_path, limit, force):
     """Per-layer analysis of CKPT (HF folder or .gguf): perplexity increase when each block is skipped,
-    angular distance between block inputs, block influence, gradient norms; writes DIR/analysis.json
-    and PNG plots."""
+    angular distance between block inputs, block influence, gradient norms, and with --task the
+    drop of a downstream task's metric; writes DIR/analysis.json and PNG plots."""
     _must_exist(ckpt, "CKPT")
     _must_exist(data, "--data")
     out = out or f"analysis-{Path(ckpt).stem}"
-    check_destination(out, {"CKPT": ckpt, "--data": data}, force, flag="--out")
+    check_destination(out, {"CKPT": ckpt, "--data": data, "--include-path": include_path}, force, flag="--out")
+    names, manager = _task_setup(tasks, include_path, limit, "--task")
     from .analysis.analyze import analyze as run
 
     result = run(ckpt, out, data=data, span=span, seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size,
-                 prune_curve=prune_curve, method=method, generate=generate, force=force, allow_longer=allow_longer)
+                 prune_curve=prune_curve, method=method, generate=generate, force=force, allow_longer=allow_longer,
+                 per_document=per_document, tasks=names or (), task_manager=manager, limit=limit)
     cheapest = min(range(result["num_layers"]), key=result["layer_drop"].__getitem__)
     click.echo(f"{ckpt}: perplexity {result['perplexity']:.3f} on {measured_on(result)}; cheapest block to skip "
                f"{cheapest} "
                f"({result['layer_drop'][cheapest]:+.3f})")
+    for task, drop in result.get("task_drop", {}).items():
+        worst = (min if drop["higher_is_better"] else max)(range(result["num_layers"]), key=drop["layer_drop"].__getitem__)
+        click.echo(f"{ckpt}: {task} {drop['metric']} {drop['value']:.4g}; skipping block {worst} costs most "
+                   f"({drop['layer_drop'][worst]:+.4g})")
     click.echo(f"wrote {Path(out) / 'analysis.json'} and plots")
 
 

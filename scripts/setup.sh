@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv and install mixln-convert with its test dependencies.
+# Create .venv and install mixln-convert with its test dependencies and lm-evaluation-harness.
 # torch: the CUDA build where an NVIDIA GPU is present, else the CPU build (a local CPU wheel
 # when pip's find-links has one, its dependencies from PyPI; else PyTorch's CPU index) -- an
 # unpinned torch from PyPI is a multi-GB CUDA build that a CPU machine does not need.
@@ -17,4 +17,4 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     $PIP install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
   fi
 fi
-$PIP install -e ".[test]"
+$PIP install -e ".[test,eval]"

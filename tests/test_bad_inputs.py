@@ -393,6 +393,20 @@ ROWS = [
     ("train-recipe-bad-yaml", lambda i, o: ["train", i.file("broken.yaml", "a: [1\n"), "--out", o], "invalid YAML"),
     ("train-unknown-recipe", lambda i, o: ["train", "no-such-recipe", "--out", o], "no-such-recipe: neither a recipe file nor a shipped recipe"),
     ("train-source-missing", lambda i, o: [*recipe(i, f"source={i.root / 'gone'}"), "--out", o], "does not exist"),
+    # ---- downstream tasks (lm-eval) ----
+    ("eval-unknown-task", lambda i, o: ["eval", i.src, "--tasks", "mixln_langref_next,no_such_task"], "--tasks: unknown task no_such_task"),
+    ("eval-empty-task-name", lambda i, o: ["eval", i.src, "--tasks", "mixln_langref_next,"], "--tasks: 'mixln_langref_next,' holds an empty task name"),
+    ("eval-limit-0", lambda i, o: ["eval", i.src, "--tasks", "mixln_langref_next", "--limit", "0"], "'--limit': 0 is not in the range"),
+    ("eval-tasks-batch-size-0", lambda i, o: ["eval", i.src, "--tasks", "mixln_langref_next", "--batch-size", "0"], "'--batch-size': 0 is not in the range"),
+    ("eval-include-path-missing", lambda i, o: ["eval", i.src, "--tasks", "mine", "--include-path", i.root / "gone"], "'--include-path'"),
+    ("eval-include-path-is-a-file", lambda i, o: ["eval", i.src, "--tasks", "mine", "--include-path", i.text], "'--include-path'"),
+    ("eval-limit-without-tasks", lambda i, o: ["eval", i.src, "--limit", "5"], "--include-path and --limit go with --tasks"),
+    ("analyze-unknown-task", lambda i, o: ["analyze", i.src, "--out", o, "--task", "no_such_task"], "--task: unknown task no_such_task"),
+    ("analyze-task-limit-0", lambda i, o: ["analyze", i.src, "--out", o, "--task", "mixln_langref_ppl", "--limit", "0"], "'--limit'"),
+    ("analyze-include-path-without-task", lambda i, o: ["analyze", i.src, "--out", o, "--include-path", i.root], "go with --task"),
+    ("compare-task-drop-short", lambda i, o: ["compare", i.analysis("a", task_drop={"t": {"metric": "acc", "higher_is_better": True, "value": 0.5, "samples": 3, "layer_drop": [0.1]}}), "--out", o], "task_drop.t.layer_drop has 1 entries for 2 layers"),
+    ("compare-task-drop-string-value", lambda i, o: ["compare", i.analysis("a", task_drop={"t": {"metric": "acc", "higher_is_better": True, "value": "high", "samples": 3, "layer_drop": [0.1, 0.2]}}), "--out", o], "task_drop must be an object of tasks"),
+    ("compare-per-document-not-numbers", lambda i, o: ["compare", i.analysis("a", per_document={"documents": "many"}), "--out", o], "per_document must be an object with numbers"),
     # ---- text ----
     ("eval-data-missing", lambda i, o: ["eval", i.src, "--data", i.root / "none.txt"], "--data"),
     ("eval-data-empty", lambda i, o: ["eval", i.src, "--seq-len", "32", "--data", i.file("empty.txt", "")], "no text found"),
@@ -521,6 +535,7 @@ FAST_REFUSALS = {
     "no-such-checkpoint": (["eval", "{tmp}/no/such/folder"], "no such file or folder"),
     "out-is-input": (["analyze", "{src}", "--out", "{src}", "--force"], "is the input CKPT"),
     "data-missing": (["prune", "{src}", "{tmp}/dst", "--remove", "1", "--data", "{tmp}/gone.txt"], "--data"),
+    "unknown-task": (["eval", "{src}", "--tasks", "no_such_task"], "--tasks: unknown task no_such_task"),
 }
 
 

@@ -55,3 +55,24 @@ def test_a_gguf_is_dequantized_once_per_process(tmp_path, monkeypatch):
     heal(out, gguf, tmp_path / "healed", tokens=64, seq_len=64, batch_size=1, eval_tokens=64, progress=False)
     load_model(gguf)
     assert calls.count(gguf.name) == 1, calls
+
+
+@pytest.mark.real_model
+def test_smollm2_downstream_tasks_and_their_layer_drop(cli):
+    """eval --tasks on the GGUF (no remote code, no folder): well above chance on the shipped
+    next-sentence task; skipping a block raises the held-out word perplexity, block 0 most of all."""
+    pytest.importorskip("lm_eval")
+    from mixln_convert.analysis.task_drop import task_layer_drop
+    from mixln_convert.downstream import task_manager
+
+    gguf = smollm2_gguf()
+    result = cli("eval", gguf, "--tasks", "mixln_langref_next", "--limit", "20", "--batch-size", "8", "--json")
+    assert result.exit_code == 0, result.output
+    accuracy = json.loads(result.stdout.strip().splitlines()[-1])["tasks"]["mixln_langref_next"]["metrics"]["acc"]
+    print(f"\nSmolLM2-135M mixln_langref_next accuracy on 20 items: {accuracy:.2f} (chance 0.25)")
+    assert 0.35 <= accuracy <= 1  # 7 of 20; chance is 5
+
+    drop = task_layer_drop(load_model(gguf), load_tokenizer(gguf), "mixln_langref_ppl",
+                           task_manager(["mixln_langref_ppl"]), limit=2, batch_size=2, progress=False)
+    assert len(drop["layer_drop"]) == 30 and drop["value"] > 1
+    assert drop["layer_drop"][0] == max(drop["layer_drop"]) > 0 and sum(drop["layer_drop"]) > 0

@@ -61,3 +61,14 @@ def test_a_minimal_demo_runs_from_an_empty_folder(venv, tiny_llama, tmp_path):
     comparison = json.loads((report / "comparison.json").read_text())
     assert {m["label"] for m in comparison["models"]} >= {"original", "converted", "mixln-trained", "preln-trained"}
     assert "report:" in done.stdout
+
+
+def test_the_wheel_ships_its_offline_tasks(venv, tmp_path):
+    """The lm-eval tasks (YAML, JSONL and their loader) are found and read from the installed wheel."""
+    pytest.importorskip("lm_eval")
+    code = ("from mixln_convert.downstream import task_manager\n"
+            "from mixln_convert.tasks import SHIPPED_TASKS, shipped_tasks_dir\n"
+            "tasks = task_manager(list(SHIPPED_TASKS)).load(list(SHIPPED_TASKS))['tasks']\n"
+            "print(shipped_tasks_dir(), *(len(tasks[name].test_docs()) for name in SHIPPED_TASKS))")
+    where, *counts = run([venv / "bin" / "python", "-c", code], cwd=tmp_path).stdout.split()
+    assert Path(where).is_relative_to(venv) and counts == ["60", "300"]

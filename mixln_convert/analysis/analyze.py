@@ -12,6 +12,7 @@ import torch
 from ..data import read_texts, token_blocks
 from ..errors import MixLNError
 from ..generation import greedy_continuations
+from ..evaluate import evaluate_documents
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable
 from ..io.writer import atomic_output_dir
@@ -23,7 +24,8 @@ from .prune import check_method, choose_layers
 
 def analyze(ckpt, out, *, data=None, span: int = 1, seq_len: int = 256, max_tokens: int = 8 * 256,
             batch_size: int = 4, prune_curve: bool = False, method: str = "angular", generate: bool = False,
-            force: bool = False, allow_longer: bool = False, progress: bool = True) -> dict:
+            force: bool = False, allow_longer: bool = False, per_document: bool = False, tasks=(), include_path=None,
+            task_manager=None, limit: int | None = None, progress: bool = True) -> dict:
     """Measure ``ckpt`` (HF folder, LLaMA or Mix-LN, or .gguf) on held-out text and write
     ``out/analysis.json`` and PNG plots; returns the analysis.
 
@@ -31,7 +33,11 @@ def analyze(ckpt, out, *, data=None, span: int = 1, seq_len: int = 256, max_toke
     of ``seq_len`` (at most the model's max_position_embeddings unless ``allow_longer``). ``span``
     is the n of the per-layer angular distance (inputs of blocks l and l+n). ``prune_curve`` adds
     the perplexity with N = 1..L/2 blocks removed by ``method``; ``generate`` greedy continuations
-    of fixed prompts and their repeated-4-gram share (:mod:`..generation`).
+    of fixed prompts and their repeated-4-gram share (:mod:`..generation`). ``per_document`` adds each
+    held-out document scored on its own (:func:`~mixln_convert.evaluate.evaluate_documents`, windows
+    of ``seq_len``); ``tasks`` (lm-eval task names: shipped, lm-eval's or in ``include_path``)
+    add the layer drop on each task's metric, at most ``limit`` examples each; ``task_manager``,
+    if given, is the :func:`mixln_convert.downstream.task_manager` that knows them.
     """
     check_method(method)
     for flag, value in (("--span", span), ("--seq-len", seq_len), ("--max-tokens", max_tokens),
@@ -41,6 +47,10 @@ def analyze(ckpt, out, *, data=None, span: int = 1, seq_len: int = 256, max_toke
     if data is not None:
         check_readable(data, "--data")
     check_destination(out, inputs, force, flag="--out")
+    if limit is not None:
+        check_positive("--limit", limit)
+    if tasks:
+        task_manager = task_manager or _task_manager(list(tasks), include_path)
     source = open_checkpoint(ckpt)
     num_layers = source.config["num_hidden_layers"]
     if span > num_layers:
@@ -48,8 +58,8 @@ def analyze(ckpt, out, *, data=None, span: int = 1, seq_len: int = 256, max_toke
     check_seq_len("--seq-len", seq_len, source.config, allow_longer)
     with atomic_output_dir(out, force=force, protect=inputs) as tmp:
         tokenizer = source.tokenizer
-        blocks = token_blocks(tokenizer, read_texts(data, split="validation"), seq_len, max_tokens,
-                              source=data or "embedded:validation")
+        texts = read_texts(data, split="validation")
+        blocks = token_blocks(tokenizer, texts, seq_len, max_tokens, source=data or "embedded:validation")
         model = source.model(dtype=torch.float32)  # angles and small perplexity differences need float32
         n_post = getattr(model.config, "post_ln_layers", 0)
         result = {
@@ -66,9 +76,24 @@ def analyze(ckpt, out, *, data=None, span: int = 1, seq_len: int = 256, max_toke
             result["prune_curve"] = pruning_curve(BlockRunner(model), blocks, method, result, batch_size, progress)
         if generate:
             result["generation"] = greedy_continuations(model, tokenizer, progress=progress)
+        if per_document:
+            result["per_document"] = evaluate_documents(model, tokenizer, texts, seq_len, batch_size, max_tokens,
+                                                        progress)
+        if tasks:
+            from .task_drop import task_layer_drop
+
+            result["task_drop"] = {task: task_layer_drop(model, tokenizer, task, task_manager, limit=limit,
+                                                         batch_size=batch_size, progress=progress) for task in tasks}
         (tmp / "analysis.json").write_text(json.dumps(result, indent=2) + "\n")
         plot_analysis(result, tmp)
     return result
+
+
+def _task_manager(tasks: list[str], include_path):
+    from ..downstream import require_lm_eval, task_manager
+
+    require_lm_eval("--task")
+    return task_manager(tasks, include_path, flag="--task")
 
 
 def layer_metrics(model, blocks: torch.Tensor, span: int, batch_size: int, progress: bool) -> dict:

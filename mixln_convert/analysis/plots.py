@@ -3,6 +3,7 @@
 matplotlib's object API renders on the Agg canvas: no pyplot state, no display needed.
 """
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -115,6 +116,23 @@ def plot_prune_curve(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def task_drop_file(task: str) -> str:
+    """The PNG of ``task``'s layer drop; a task name may hold characters a file name should not."""
+    return "task_drop_" + re.sub(r"[^\w.-]", "_", task) + ".png"
+
+
+def plot_task_drop(result: dict, task: str, path: Path) -> None:
+    drop = result["task_drop"][task]
+    better = "higher" if drop["higher_is_better"] else "lower"
+    fig, ax = _layer_figure(result, f"Change of {task} {drop['metric']} when one block is skipped",
+                            f"{drop['metric']} change (full model {drop['value']:.4g}; {better} is better)")
+    _bars(ax, drop["layer_drop"], result["layout"])
+    scale_layer_drop_axis(ax, drop["layer_drop"])
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.legend()
+    fig.savefig(path, dpi=120)
+
+
 PLOTS = {
     "layer_drop.png": plot_layer_drop,
     "representation_change.png": plot_representation_change,
@@ -128,4 +146,6 @@ def plot_analysis(result: dict, folder: Path) -> list[Path]:
     plots = {**PLOTS, **({"prune_curve.png": plot_prune_curve} if "prune_curve" in result else {})}
     for name, plot in plots.items():
         plot(result, Path(folder) / name)
-    return [Path(folder) / name for name in plots]
+    for task in result.get("task_drop", {}):
+        plot_task_drop(result, task, Path(folder) / task_drop_file(task))
+    return [Path(folder) / name for name in [*plots, *map(task_drop_file, result.get("task_drop", {}))]]

@@ -15,6 +15,7 @@ from ..errors import MixLNError
 from ..options import measured_on
 from . import uncertainty
 from .inputs import PRUNE_FRACTIONS, Model, analysis_evaluation, load_inputs
+from .downstream import downstream_numbers
 from .uncertainty import LEVEL, Estimate, differs, estimate
 
 # Inputs without per-block values (older versions) have no interval: relative differences below
@@ -31,6 +32,7 @@ def compare(inputs, out, *, labels=(), allow_mismatch: bool = False, force: bool
     unless ``allow_mismatch``; returns {"summary": sentences, "notes": warnings, "models": numbers}.
     """
     from ..io.writer import atomic_output_dir
+    from .downstream import beside_layer_drop, plot_task_drops
     from .plots import plot_report
     from .render import write_report
 
@@ -41,7 +43,7 @@ def compare(inputs, out, *, labels=(), allow_mismatch: bool = False, force: bool
     result = {"summary": summary_sentences(models, numbers, estimates), "notes": notes,
               "models": list(numbers.values())}
     with atomic_output_dir(out, force=force, protect={f"#{i + 1}": path for i, path in enumerate(inputs)}) as tmp:
-        images = plot_report(models, tmp)
+        images = beside_layer_drop(plot_report(models, tmp), plot_task_drops(models, tmp))
         write_report(tmp, models, numbers, result["summary"], notes, images)
         (tmp / "comparison.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
@@ -136,6 +138,7 @@ def model_numbers(model: Model, estimates: dict[str, Estimate]) -> dict:
             numbers["prune_method"] = analysis["prune_curve"]["method"]
             numbers["prune"] = prune_points(analysis)
     numbers["intervals"] = {name: e.interval for name, e in estimates.items()}
+    numbers.update(downstream_numbers(model))
     return numbers
 
 

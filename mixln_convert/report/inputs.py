@@ -138,6 +138,16 @@ def _count(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+PER_DOCUMENT_KEYS = ("documents", "tokens", "token_perplexity", "word_perplexity", "bits_per_byte")
+
+
+def _task_drop(value) -> bool:
+    """One task of ``analyze --task``: its metric, direction, full-model value, examples and per-layer drop."""
+    return (isinstance(value, dict) and isinstance(value.get("metric"), str)
+            and isinstance(value.get("higher_is_better"), bool) and _number(value.get("value"))
+            and _count(value.get("samples")) and _numbers(value.get("layer_drop")))
+
+
 # what each field the report reads must hold, and how to say it
 ANALYSIS_FIELDS = {
     "checkpoint": (lambda v: isinstance(v, str), "a string"),
@@ -157,6 +167,10 @@ ANALYSIS_FIELDS = {
     "prune_curve": (lambda v: isinstance(v, dict) and isinstance(v.get("method"), str) and _numbers(v.get("removed"))
                     and _numbers(v.get("perplexity")) and len(v["removed"]) == len(v["perplexity"]),
                     "an object with method, removed and perplexity lists of one length"),
+    "task_drop": (lambda v: isinstance(v, dict) and all(_task_drop(d) for d in v.values()),
+                  "an object of tasks, each with metric, higher_is_better, value, samples and a layer_drop list"),
+    "per_document": (lambda v: isinstance(v, dict) and all(_number(v.get(k)) for k in PER_DOCUMENT_KEYS),
+                     f"an object with numbers {', '.join(PER_DOCUMENT_KEYS)}"),
 }
 METRIC_FIELDS = {
     "step": (lambda v: _count(v), "an integer >= 0"),
@@ -207,6 +221,10 @@ def read_analysis(file: Path) -> dict:
             raise MixLNError(f"{file}: {key} has {len(analysis[key])} entries for {num_layers} layers")
     if "per_block" in analysis:
         _check_per_block(analysis, file)
+    for task, drop in analysis.get("task_drop", {}).items():
+        if len(drop["layer_drop"]) != num_layers:
+            raise MixLNError(f"{file}: task_drop.{task}.layer_drop has {len(drop['layer_drop'])} entries for "
+                             f"{num_layers} layers")
     return analysis
 
 

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 from ..options import measured_on
+from .downstream import downstream_blocks
 from .inputs import PRUNE_FRACTIONS, Model
 
 MISSING = "—"
@@ -106,6 +107,7 @@ def report_blocks(models: list[Model], numbers: dict, summary: list[str], notes:
                    ("p", "Greedy continuations of the first fixed prompts (`analyze --generate`; all of them in "
                          "analysis.json), cut at 160 characters."),
                    ("table", ["prompt", *(m.label for m in writers)], rows)]
+    blocks += downstream_blocks(numbers)
     if images:
         blocks.append(("h2", "Figures"))
         blocks += [("img", name, caption) for name, caption in images.items()]

@@ -1,0 +1,145 @@
+"""Downstream evaluation: lm-evaluation-harness tasks on a model this tool has already loaded.
+
+The model and tokenizer (from any checkpoint the tool reads: GGUF, plain LLaMA or Mix-LN, no
+remote code) are wrapped in lm-eval's ``HFLM`` and run through ``simple_evaluate``, so every
+figure is lm-eval's own, as ``lm_eval --model hf`` computes it on the same folder. lm-eval is an
+optional dependency (``pip install 'mixln-convert[eval]'``); it is imported only here.
+
+Tasks are looked up in the shipped offline tasks (:mod:`mixln_convert.tasks`), the user's
+``--include-path`` and, only when a name is in neither, lm-eval's own task list (indexing its
+thousands of YAML files takes seconds).
+"""
+
+import copy
+import importlib.util
+import logging
+from contextlib import contextmanager
+
+from .errors import MixLNError
+
+INSTALL = "pip install 'mixln-convert[eval]'"
+
+
+def require_lm_eval(flag: str) -> None:
+    """A one-line error naming ``flag`` and the install command when lm-eval is missing."""
+    if importlib.util.find_spec("lm_eval") is None:
+        raise MixLNError(f"{flag}: lm-evaluation-harness is not installed; {INSTALL}")
+
+
+def parse_tasks(text: str, flag: str) -> list[str]:
+    """'a,b' -> ['a', 'b'], refusing an empty name."""
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise MixLNError(f"{flag}: {text!r} holds an empty task name (give NAME[,NAME...])")
+    return list(dict.fromkeys(names))
+
+
+def task_manager(names: list[str], include_path=None, flag: str = "--tasks"):
+    """An lm-eval ``TaskManager`` that knows every name in ``names``, or a MixLNError naming the
+    unknown ones."""
+    from lm_eval.tasks import TaskManager
+
+    from .tasks import shipped_tasks_dir
+
+    paths = [str(shipped_tasks_dir()), *([str(include_path)] if include_path else [])]
+    with _quiet():
+        manager = TaskManager(include_path=paths, include_defaults=False)
+        if not set(names) <= set(manager.all_tasks):
+            manager = TaskManager(include_path=paths)
+    unknown = [name for name in names if name not in manager.all_tasks]
+    if unknown:
+        from .tasks import SHIPPED_TASKS
+
+        raise MixLNError(f"{flag}: unknown task {', '.join(unknown)} (shipped: {', '.join(SHIPPED_TASKS)}; "
+                         "lm-eval's own: `lm_eval ls tasks`; your own YAML: --include-path DIR)")
+    return manager
+
+
+@contextmanager
+def _quiet():
+    """lm-eval logs every step at INFO and warns that a model object, not a name, was passed:
+    only errors are shown."""
+    logger = logging.getLogger("lm_eval")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+@contextmanager
+def _without_environment_report(evaluator):
+    """simple_evaluate adds the git hash of the working folder (running `git`, which prints
+    "fatal: not a git repository" outside one) and an environment report (pip and nvidia-smi
+    subprocesses, ~1 s) to its results; this tool reports neither, so both are skipped."""
+    saved = evaluator.get_git_commit_hash, evaluator.add_env_info
+    evaluator.get_git_commit_hash, evaluator.add_env_info = (lambda: None), (lambda storage: None)
+    try:
+        yield
+    finally:
+        evaluator.get_git_commit_hash, evaluator.add_env_info = saved
+
+
+def hf_lm(model, tokenizer, batch_size: int, lm_class=None):
+    """lm-eval's ``HFLM`` (or its subclass ``lm_class``) on the in-memory ``model``. HFLM sets a
+    padding token on the tokenizer it is given, so it gets a copy: the checkpoint's cached
+    tokenizer stays as loaded."""
+    from lm_eval.models.huggingface import HFLM
+
+    with _quiet():
+        return (lm_class or HFLM)(pretrained=model, tokenizer=copy.deepcopy(tokenizer), batch_size=batch_size)
+
+
+def run_tasks(lm, names: list[str], manager, limit: int | None = None, bootstrap_iters: int = 100_000) -> dict:
+    """lm-eval's ``simple_evaluate`` of ``lm`` on ``names``, reshaped: {task: {"metrics": {name:
+    value}, "stderr": {name: value or None}, "higher_is_better": {name: bool}, "samples": n,
+    "output_type": ...}}. ``bootstrap_iters`` as lm-eval's (0: no standard errors)."""
+    from lm_eval import evaluator
+
+    with _quiet(), _without_environment_report(evaluator):
+        raw = evaluator.simple_evaluate(model=lm, tasks=names, task_manager=manager, limit=limit, log_samples=False,
+                                        bootstrap_iters=bootstrap_iters)
+    results = {}
+    for task, values in raw["results"].items():
+        if task not in raw.get("n-samples", {}):
+            continue  # a group's aggregate row; its tasks have their own
+        metrics = {key.split(",")[0]: value for key, value in values.items()
+                   if "," in key and "_stderr," not in key and isinstance(value, (int, float))}
+        stderr = {name: values.get(f"{name}_stderr,none") for name in metrics}
+        results[task] = {
+            "metrics": metrics,
+            "stderr": {name: value if isinstance(value, (int, float)) else None for name, value in stderr.items()},
+            "higher_is_better": {name: bool(raw["higher_is_better"][task].get(name, True)) for name in metrics},
+            "samples": raw["n-samples"][task]["effective"],
+            "output_type": raw["configs"][task]["output_type"],
+        }
+    return results
+
+
+def evaluate_tasks(model, tokenizer, names: list[str], manager, *, limit: int | None = None,
+                   batch_size: int = 1) -> dict:
+    """lm-eval's figures of ``model`` on the tasks ``names`` (known to ``manager``, see
+    :func:`task_manager`): {"tasks": run_tasks(...), "limit", "lm_eval_version"}."""
+    from importlib.metadata import version
+
+    return {"tasks": run_tasks(hf_lm(model, tokenizer, batch_size), names, manager, limit), "limit": limit,
+            "lm_eval_version": version("lm_eval")}
+
+
+def primary_metric(task_result: dict) -> str:
+    """The metric a task is judged by: the first its YAML lists (acc, word_perplexity, ...)."""
+    return next(iter(task_result["metrics"]))
+
+
+def format_task_table(tasks: dict) -> list[str]:
+    """Lines of a task x metric table, standard errors where lm-eval gives them."""
+    rows = [("task", "metric", "value", "stderr", "n")]
+    for task, result in tasks.items():
+        for name, value in result["metrics"].items():
+            stderr = result["stderr"][name]
+            arrow = "↑" if result["higher_is_better"][name] else "↓"
+            rows.append((task, f"{name} {arrow}", f"{value:.4f}" if abs(value) < 1e5 else f"{value:.4e}", "—" if stderr is None else f"±{stderr:.4f}",
+                         str(result["samples"])))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]

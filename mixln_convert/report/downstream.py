@@ -1,0 +1,106 @@
+"""The downstream part of a comparison: lm-evaluation-harness task metrics (``analyze --task``)
+and per-document perplexity (``analyze --per-document``) of each model, as numbers, tables and
+one per-layer task-drop figure per task, placed beside the perplexity layer-drop figure."""
+
+from pathlib import Path
+
+import numpy as np
+
+from ..analysis.plots import task_drop_file
+from .inputs import Model
+
+MISSING = "—"
+
+
+def downstream_numbers(model: Model) -> dict:
+    """{"tasks": {task: metric, value, mean drop over the deeper half}, "per_document": ...}, the
+    keys present only where the model's analysis has them."""
+    analysis = model.analysis or {}
+    numbers = {}
+    if "task_drop" in analysis:
+        deep = slice(analysis["num_layers"] // 2, None)
+        numbers["tasks"] = {task: {"metric": drop["metric"], "value": drop["value"],
+                                   "higher_is_better": drop["higher_is_better"], "samples": drop["samples"],
+                                   "deep_layer_drop": float(np.mean(drop["layer_drop"][deep]))}
+                            for task, drop in analysis["task_drop"].items()}
+    if "per_document" in analysis:
+        numbers["per_document"] = {key: analysis["per_document"][key]
+                                   for key in ("documents", "tokens", "token_perplexity", "word_perplexity",
+                                               "bits_per_byte")}
+    return numbers
+
+
+def _tasks(numbers: dict) -> list[str]:
+    return list(dict.fromkeys(task for f in numbers.values() for task in f.get("tasks", {})))
+
+
+def downstream_blocks(numbers: dict) -> list:
+    """Report blocks: a model x task table and a per-document perplexity table, each only when
+    some model has its numbers."""
+    blocks = []
+    if tasks := _tasks(numbers):
+        metrics = {task: next(f["tasks"][task] for f in numbers.values() if task in f.get("tasks", {}))
+                   for task in tasks}
+        header = ["model", "layout", *(f"{task} {m['metric']} ({'higher' if m['higher_is_better'] else 'lower'} "
+                                       "is better)" for task, m in metrics.items())]
+        rows = [[f["label"], f["layout"], *(_task_cell(f["tasks"].get(task)) for task in tasks)]
+                for f in numbers.values() if "tasks" in f]
+        blocks += [("h2", "Downstream tasks"), ("table", header, rows),
+                   ("p", "lm-evaluation-harness metrics of `mixln-convert analyze --task`; in brackets the mean "
+                         "change of the metric when one block of the deeper half is skipped.")]
+    if documents := [f for f in numbers.values() if "per_document" in f]:
+        rows = [[f["label"], f["layout"], f"{d['documents']:,}", f"{d['tokens']:,}", f"{d['token_perplexity']:,.2f}",
+                 f"{d['word_perplexity']:,.2f}", f"{d['bits_per_byte']:.4f}"]
+                for f in documents for d in [f["per_document"]]]
+        blocks += [("h2", "Per-document perplexity"),
+                   ("table", ["model", "layout", "documents", "tokens", "token perplexity", "word perplexity",
+                              "bits per byte"], rows),
+                   ("p", "Each held-out document scored on its own from its first token (`analyze --per-document`, "
+                         "lm-evaluation-harness's rolling loglikelihood).")]
+    return blocks
+
+
+def _task_cell(task: dict | None) -> str:
+    if task is None:
+        return MISSING
+    return f"{task['value']:.4g} ({task['deep_layer_drop']:+.3g}; n={task['samples']})"
+
+
+def plot_task_drops(models: list[Model], folder: Path) -> dict[str, str]:
+    """One figure per task, every model with that task overlaid; returns {file name: caption}."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    from ..analysis.plots import scale_layer_drop_axis
+
+    tasks = list(dict.fromkeys(task for m in models if m.analysis for task in m.analysis.get("task_drop", {})))
+    written = {}
+    for task in tasks:
+        fig = Figure(figsize=(8, 5.5), layout="constrained")
+        ax = fig.add_subplot()
+        values = []
+        for i, m in enumerate(models):
+            drop = (m.analysis or {}).get("task_drop", {}).get(task)
+            if drop:
+                ax.plot(drop["layer_drop"], color=f"C{i % 10}", marker="o",
+                        label=f"{m.label}, {m.layout} (full model {drop['value']:.4g})")
+                values += drop["layer_drop"]
+                metric = drop["metric"]
+        ax.set(title=f"Change of {task} {metric} when one block is skipped", xlabel="block (layer index)",
+               ylabel=f"{metric} change")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.axhline(0, color="black", linewidth=0.8)
+        ax.grid(alpha=0.3)
+        scale_layer_drop_axis(ax, values)
+        fig.legend(loc="outside lower center", fontsize="small")
+        fig.savefig(Path(folder) / task_drop_file(task), dpi=120)
+        written[task_drop_file(task)] = f"Change of {task} {metric} when one block is skipped"
+    return written
+
+
+def beside_layer_drop(images: dict[str, str], task_images: dict[str, str]) -> dict[str, str]:
+    """``images`` with ``task_images`` right after the perplexity layer-drop figure (at the end
+    if there is none)."""
+    names = list(images)
+    at = names.index("layer_drop.png") + 1 if "layer_drop.png" in names else len(names)
+    return {**{n: images[n] for n in names[:at]}, **task_images, **{n: images[n] for n in names[at:]}}

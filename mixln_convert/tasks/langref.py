@@ -1,0 +1,23 @@
+"""Datasets of the shipped tasks, for lm-eval's ``custom_dataset: !function langref.<name>``:
+the JSONL beside this file, read with no download and no datasets cache."""
+
+import json
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def _test_split(name: str):
+    import datasets
+
+    rows = [json.loads(line) for line in (HERE / name).read_text(encoding="utf-8").splitlines() if line.strip()]
+    return datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)})
+
+
+def perplexity_documents(**_metadata):
+    """lm-eval passes the task's metadata as keyword arguments; none of it changes the data."""
+    return _test_split("langref_ppl.jsonl")
+
+
+def next_sentence_items(**_metadata):
+    return _test_split("langref_next.jsonl")
