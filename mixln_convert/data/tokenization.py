@@ -18,6 +18,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import sys
 from collections import deque
 from itertools import chain
@@ -95,6 +96,9 @@ _WORKER: dict = {}
 def _init_worker(encoder: Encoder, fraction: float | None, excluded: frozenset, pooled: bool) -> None:
     if pooled:  # one thread a worker: the workers are the parallelism
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        # Ctrl-C reaches the whole process group: the main process stops the pool; a worker that
+        # died of it mid-task would leave the pool waiting for its result
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     _WORKER.update(encoder=encoder, fraction=fraction, excluded=excluded)
 
 
