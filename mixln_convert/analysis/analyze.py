@@ -12,6 +12,7 @@ import torch
 from ..data import read_texts, token_blocks
 from ..errors import MixLNError
 from ..generation import greedy_continuations
+from ..options import EVAL_DATA
 from ..evaluate import evaluate_documents
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable
@@ -59,12 +60,12 @@ def analyze(ckpt, out, *, data=None, span: int = 1, seq_len: int = 256, max_toke
     with atomic_output_dir(out, force=force, protect=inputs) as tmp:
         tokenizer = source.tokenizer
         texts = read_texts(data, split="validation")
-        blocks = token_blocks(tokenizer, texts, seq_len, max_tokens, source=data or "embedded:validation")
+        blocks = token_blocks(tokenizer, texts, seq_len, max_tokens, source=data or EVAL_DATA)
         model = source.model(dtype=torch.float32)  # angles and small perplexity differences need float32
         n_post = getattr(model.config, "post_ln_layers", 0)
         result = {
             "checkpoint": str(ckpt),
-            "data": str(data) if data else "embedded:validation",
+            "data": str(data) if data else EVAL_DATA,
             "seq_len": seq_len,
             "num_layers": num_layers,
             "post_ln_layers": n_post,
