@@ -514,8 +514,12 @@ def test_a_signal_during_heal_leaves_no_temporary_folder(converted, tiny_llama, 
     out = tmp_path / "healed"
     cmd = [sys.executable, "-m", "mixln_convert.cli", "heal", str(converted), "--teacher", str(tiny_llama),
            "--out", str(out), "--tokens", str(2**21), "--seq-len", "32", "--eval-tokens", "256", "--no-perplexity"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    # As from a terminal: SIGINT at its default even when the test runner was started with it
+    # ignored (a background job of a non-interactive shell), which the child would inherit. stderr
+    # to a file: a pipe nobody reads fills with progress bars and blocks the child.
+    log = (tmp_path.parent / f"{tmp_path.name}-stderr.txt").open("w+")
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 600  # a loaded machine: wait for training to start, not a fixed time
     while time.time() < deadline and proc.poll() is None:
         temporaries = list(tmp_path.glob(".healed.tmp-*"))
@@ -524,7 +528,8 @@ def test_a_signal_during_heal_leaves_no_temporary_folder(converted, tiny_llama, 
         time.sleep(0.05)
     proc.send_signal(sig)
     code = proc.wait(timeout=180)
-    stderr = proc.stderr.read().decode()
+    log.seek(0)
+    stderr = log.read()
     assert code != 0 and "Traceback" not in stderr, stderr[-2000:]
     assert list(tmp_path.iterdir()) == []
 

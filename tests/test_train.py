@@ -236,7 +236,8 @@ def test_sigkill_then_resume_gives_the_uninterrupted_losses(cli, tiny_llama_tied
     out = tmp_path / "killed"
     cmd = [sys.executable, "-m", "mixln_convert.cli", "train", str(recipe), *(f"--set={s}" for s in sets),
            "--out", str(out), "--arm", "mixln"]
-    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log = (tmp_path / "stderr.txt").open("w+")  # a pipe nobody reads would fill and block the child
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=log)
     deadline, steps = time.time() + 180, []
     while time.time() < deadline and proc.poll() is None:  # kill once a step after a checkpoint is logged
         steps = [int(p.name[5:]) for p in (out / "mixln" / "checkpoints").glob("step-*")]
@@ -245,7 +246,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_losses(cli, tiny_llama_tied
             break
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    assert proc.wait() == -signal.SIGKILL, (log.seek(0), log.read()[-2000:])
     assert steps and max(steps) < 16 and not (out / "mixln" / "final").exists()
 
     result = cli("train", recipe, *(f"--set={s}" for s in sets), "--out", out, "--arm", "mixln", "--resume")
