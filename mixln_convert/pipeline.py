@@ -2,7 +2,8 @@
 demo run it. Each stage is the function its command runs; this module only chains them:
 
 - :func:`train`: a run folder for a recipe; the Mix-LN arm's source converted (and healed) from
-  the recipe's source, the Pre-LN arm the source itself; both trained on the same token stream.
+  the recipe's source, the Pre-LN arm the source itself (from scratch: initialized by the same
+  plan); both trained on the same token stream.
 - :func:`run_demo`: SmolLM2-135M (or ``source``) through every stage into one report.
 """
 
@@ -67,19 +68,28 @@ def train(recipe: dict, out, arms=ARMS, resume: bool = False, progress: bool = T
 def prepare(recipe: dict, arm: str, folder: Path, splits, progress: bool) -> str:
     """The checkpoint an arm trains from: the source for the Pre-LN arm; for the Mix-LN arm the
     recipe's converted model, else the source converted into ``folder/converted`` and, with
-    ``heal.tokens``, healed into ``folder/healed`` on the run's own training stream."""
+    ``heal.tokens``, healed into ``folder/healed`` on the run's own training stream.
+
+    With ``conversion.strategy: scratch`` the Pre-LN arm is initialized too, into
+    ``folder/initialized``, by the same seeded plan at alpha 0: every tensor the two layouts share
+    starts equal, so a gap between the arms is the layout's, not the initialization's."""
     from accelerate import PartialState
 
     from .conversion.converter import convert
     from .healing import heal
 
-    if arm == "preln":
+    conversion = recipe["conversion"]
+    from_scratch = conversion["strategy"] == "scratch"
+    if arm == "preln" and not from_scratch:
         return recipe["source"]
-    converted = recipe["converted"] or folder / "converted"
+    converted = folder / "initialized" if arm == "preln" else recipe["converted"] or folder / "converted"
     with PartialState().main_process_first():  # the main process converts, the others then find the folder
         if not (Path(converted) / "config.json").is_file():
-            convert(recipe["source"], converted, alpha=recipe["conversion"]["alpha"],
-                    strategy=recipe["conversion"]["strategy"], seed=recipe["seed"], progress=progress)
+            convert(recipe["source"], converted, alpha=0.0 if arm == "preln" else conversion["alpha"],
+                    strategy=conversion["strategy"], scaled_init=conversion["scaled_init"], seed=recipe["seed"],
+                    progress=progress)
+        if arm == "preln":
+            return str(converted)
         if not recipe["heal"]["tokens"]:
             return str(converted)
         healed = folder / "healed"

@@ -330,6 +330,32 @@ def test_heal_section_heals_the_converted_model_before_training(tiny_llama_tied,
     assert heal_record["tokens"] == 2 * 4 * 32
 
 
+@pytest.mark.parametrize("scaled", [True, False])
+def test_from_scratch_both_arms_start_from_the_same_initialization(tiny_llama_tied, corpus, tmp_path, scaled):
+    """strategy scratch: the Pre-LN arm is not the source as transformers initialized it but the
+    same seeded plan at alpha 0, so every tensor the layouts share starts bitwise equal."""
+    from safetensors.torch import load_file
+
+    sets = tiny(tiny_llama_tied, corpus, steps=1, **{"conversion.strategy": "scratch",
+                                                     "conversion.scaled_init": scaled, "seed": 3})
+    summaries = train(load_recipe("smollm2-135m-cpu", sets), tmp_path / "run", progress=False)
+    pre = tmp_path / "run" / "preln" / "initialized"
+    assert summaries["preln"]["source"] == str(pre)
+    pre_tensors = load_file(pre / "model.safetensors")
+    mix_tensors = load_file(tmp_path / "run" / "mixln" / "converted" / "model.safetensors")
+    shared = pre_tensors.keys() & mix_tensors.keys()
+    assert len(shared) >= len(pre_tensors) - 2  # the Post-LN blocks' input norms alone are missing
+    assert all(torch.equal(pre_tensors[n], mix_tensors[n]) for n in shared)
+    source = load_file(tiny_llama_tied / "model.safetensors")
+    assert not torch.equal(pre_tensors["model.layers.3.mlp.down_proj.weight"],
+                           source["model.layers.3.mlp.down_proj.weight"])
+    layers = json.loads((pre / "config.json").read_text())["num_hidden_layers"]
+    expected = 0.02 / math.sqrt(2 * layers) if scaled else 0.02
+    std = pre_tensors["model.layers.3.mlp.down_proj.weight"].std().item()
+    assert std == pytest.approx(expected, rel=0.1)
+    assert json.loads((pre / "config.json").read_text())["post_ln_layers"] == 0
+
+
 def _as_if_killed_after(run: Path, arm: str, step: int) -> None:
     """Make the finished ``run`` look killed a while after ``step``: no summary or final model, and
     metrics.jsonl ending in a line cut short."""

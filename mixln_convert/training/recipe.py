@@ -23,7 +23,10 @@ SMOLLM2 = "smollm2"  # `source: smollm2` names the embedded default model (the c
 DEFAULTS = {
     "source": None,  # the Pre-LN model: HF folder, .gguf, or "smollm2"
     "converted": None,  # an already converted Mix-LN checkpoint; None: convert `source` into OUT/mixln/converted
-    "conversion": {"alpha": 0.25, "strategy": "calibrated"},  # alpha: the paper's, for 71M-1B models
+    # alpha: the paper's, for 71M-1B models. scaled_init: o_proj/down_proj std / sqrt(2L) for the
+    # freshly initialized weights of reinit-post and scratch; with scratch the Pre-LN arm is
+    # initialized by the same plan (alpha 0, same seed), so both arms start alike
+    "conversion": {"alpha": 0.25, "strategy": "calibrated", "scaled_init": True},
     # Distil the converted Post-LN blocks from the source before training (mixln-convert heal);
     # tokens 0 skips it.
     "heal": {"tokens": 0, "seq_len": 256, "batch_size": 4, "lr": 1e-4, "loss": "kl"},
