@@ -433,6 +433,44 @@ def prune(ckpt, out, layers, remove, method, data, seq_len, max_tokens, batch_si
 
 
 @main.command()
+@click.argument("src", type=click.Path(path_type=str))
+@click.option("--out", required=True, metavar="DIR", type=click.Path(path_type=str),
+              help="Folder for every run, study.json and report/.")
+@click.option("--recipe", "recipe_file", default="smollm2-135m-cpu", show_default=True, metavar="RECIPE",
+              help="Training recipe of every run (a shipped name or a YAML file).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a recipe key for every run, e.g. --set max_tokens=2e6 (repeatable).")
+@click.option("--alpha", type=Finite(0, 1, low_open=True, high_open=True), default=0.25, show_default=True,
+              help="The Mix-LN arm's Post-LN ratio.")
+@click.option("--seeds", type=POSITIVE, default=2, show_default=True,
+              help="Seeds per arm and scheme (initialization and data order); verdicts need 2 or more.")
+@click.option("--init", "schemes", default="scaled,plain", show_default=True, metavar="LIST",
+              help="Initialization schemes, each applied to every arm: scaled (o_proj/down_proj std / sqrt(2L)), "
+                   "plain (LLaMA's).")
+@click.option("--post-ln/--no-post-ln", default=True, show_default=True, help="Train a Post-LN arm (alpha 1) too.")
+@click.option("--eval-tokens", type=POSITIVE, default=2048, show_default=True, metavar="N",
+              help="Held-out tokens each final model is analyzed on (layer drop, gradient norms).")
+@click.option("--resume", is_flag=True, help="Keep finished runs, continue interrupted ones.")
+def study(src, out, recipe_file, overrides, alpha, seeds, schemes, post_ln, eval_tokens, resume):
+    """The paper's from-scratch comparison, like for like: Pre-LN, Mix-LN and Post-LN arms of
+    SRC's shape and tokenizer (its weights are not used), each initialized by the same seeded
+    plan, trained on the same tokens, analyzed; each claim gets a verdict against the spread
+    between seeds. DIR/report/report.md."""
+    _must_exist(src, "SRC")
+    from .study import study as run
+
+    result = run(src, out, recipe=recipe_file, overrides=overrides, alpha=alpha, seeds=seeds,
+                 schemes=tuple(s.strip() for s in schemes.split(",") if s.strip()), post_ln=post_ln,
+                 eval_tokens=eval_tokens, resume=resume)
+    from .report.study import verdict_sentences
+
+    for sentence in verdict_sentences(result):
+        click.echo(f"- {sentence.replace('**', '')}")
+    click.echo(f"report: {Path(out) / 'report' / 'report.md'} (and report.html); all figures in "
+               f"{Path(out) / 'study.json'}")
+
+
+@main.command()
 @click.argument("recipe_file", metavar="RECIPE", required=False)
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a recipe key, dotted for nested ones, e.g. --set optim.lr=3e-4 (repeatable).")

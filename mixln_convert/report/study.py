@@ -1,0 +1,124 @@
+"""The from-scratch study's report (:mod:`mixln_convert.study`): a table of every arm's figures
+over seeds, each claim's verdict with its numbers, and the figures (validation curves of every
+run on one plot, layer-drop and gradient-norm profiles per arm)."""
+
+import statistics
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from ..study import CLAIMS
+from .render import to_html, to_markdown
+
+COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red")
+LINESTYLES = {"scaled": "-", "plain": "--"}
+MARKERS = ("o", "s", "^", "D", "v")
+FIGURES = {"final_val_ppl": ("final validation perplexity", "{:.2f}"),
+           "deep_layer_drop": ("deep-half layer drop (relative)", "{:.2%}"),
+           "grad_norm_cv": ("gradient-norm CV across blocks", "{:.3f}")}
+
+
+def _runs(result: dict, scheme: str, arm: str) -> list[dict]:
+    return [r for r in result["runs"] if r["scheme"] == scheme and r["arm"] == arm]
+
+
+def _over_seeds(runs: list[dict], key: str, form: str) -> str:
+    values = [r[key] for r in runs]
+    text = form.format(statistics.mean(values))
+    return text + (f" ({form.format(min(values))} - {form.format(max(values))})" if len(values) > 1 else "")
+
+
+def table_rows(result: dict) -> list[list[str]]:
+    rows = []
+    for scheme in result["schemes"]:
+        for arm in result["arms"]:
+            runs = _runs(result, scheme, arm)
+            moved = [abs(r["last_interval_change"]) for r in runs if r["last_interval_change"] is not None]
+            rows.append([scheme, arm, *(_over_seeds(runs, key, form) for key, (_, form) in FIGURES.items()),
+                         f"{max(moved):.1%}" if moved else "-",
+                         f"{statistics.mean(r['wall_time_s'] for r in runs) / 60:.1f} min"])
+    return rows
+
+
+def verdict_sentences(result: dict) -> list[str]:
+    sentences = []
+    forms = {claim: FIGURES[figure][1] for claim, (figure, _) in CLAIMS.items()}
+    for scheme in result["schemes"]:
+        for claim, found in result["verdicts"][scheme].items():
+            form = forms[claim]
+            sentences.append(
+                f"**{claim}** ({scheme} init): {found['outcome']}. Mix-LN {form.format(found['tested'])} vs Pre-LN "
+                f"{form.format(found['baseline'])} (the paper: {found['direction']} for Mix-LN); gap "
+                f"{form.format(found['gap'])}, spread between seeds {form.format(found['spread'])}.")
+    for key, found in result["verdicts"].items():
+        if key.startswith("scaled init helps"):
+            sentences.append(f"**{key}**: {found['outcome']}. Final validation perplexity {found['tested']:.2f} "
+                             f"scaled vs {found['baseline']:.2f} plain; gap {found['gap']:.2f}, spread between "
+                             f"seeds {found['spread']:.2f}.")
+    return sentences
+
+
+def _style(result: dict, scheme: str, arm: str, seed: int) -> dict:
+    return {"color": COLORS[result["arms"].index(arm) % len(COLORS)], "linestyle": LINESTYLES.get(scheme, ":"),
+            "marker": MARKERS[seed % len(MARKERS)]}
+
+
+def plot_curves(result: dict, path: Path) -> None:
+    fig = Figure(figsize=(9, 5.5), layout="constrained")
+    ax = fig.add_subplot()
+    for run in result["runs"]:  # measured evaluations as markers, joined to show each run's course
+        tokens, ppl = zip(*run["validation_curve"])
+        ax.plot(tokens, ppl, markersize=4, linewidth=1, label=f"{run['arm']}, {run['scheme']} init, seed {run['seed']}",
+                **_style(result, run["scheme"], run["arm"], run["seed"]))
+    ax.set(title="Validation perplexity of every run (embedded validation split)", xlabel="training tokens",
+           ylabel="validation perplexity", yscale="log")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize="x-small", ncol=2)
+    fig.savefig(path, dpi=120)
+
+
+def plot_profiles(result: dict, path: Path) -> None:
+    fig = Figure(figsize=(12, 4.5), layout="constrained")
+    drop_ax, grad_ax = fig.subplots(1, 2)
+    for run in result["runs"]:
+        style = _style(result, run["scheme"], run["arm"], run["seed"])
+        blocks = range(len(run["relative_layer_drop"]))
+        drop_ax.plot(blocks, [100 * d for d in run["relative_layer_drop"]], markersize=3, linewidth=1, **style,
+                     label=f"{run['arm']}, {run['scheme']}, seed {run['seed']}")
+        grad_ax.plot(blocks, run["grad_norm_per_layer"], markersize=3, linewidth=1, **style)
+    drop_ax.set(title="Perplexity increase when one block is removed", xlabel="block", ylabel="% of perplexity",
+                yscale="symlog")
+    grad_ax.set(title="Gradient norm per block (analysis batches)", xlabel="block", ylabel="gradient norm",
+                yscale="log")
+    for ax in (drop_ax, grad_ax):
+        ax.grid(alpha=0.3)
+    drop_ax.legend(fontsize="x-small", ncol=2)
+    fig.savefig(path, dpi=120)
+
+
+def write_study_report(folder: Path, result: dict) -> None:
+    """``folder``/report.md, report.html and the PNGs of a study ``result``."""
+    images = {"study_curves.png": (plot_curves, "Validation curves, all runs"),
+              "study_profiles.png": (plot_profiles, "Layer drop and gradient norms per block")}
+    for name, (plot, _) in images.items():
+        plot(result, Path(folder) / name)
+    first = result["runs"][0]
+    budget = (f"{first['tokens']:,} training tokens per run, {result['seeds']} seed(s) per arm and scheme, recipe "
+              f"`{result['recipe']}` with {' '.join(result['overrides']) or 'no overrides'}; analyses on "
+              f"{result['eval_tokens']:,} tokens of the embedded validation split")
+    blocks = [
+        ("h1", "Mix-LN from scratch: a like-for-like study"),
+        ("p", f"Shape and tokenizer of `{result['source']}`; every arm initialized by the same seeded plan "
+              f"(`conversion.strategy=scratch`), scaled init on (\"scaled\") or off (\"plain\") for all arms alike; "
+              f"{budget}. Wall time {result['wall_time_s'] / 60:.1f} min."),
+        ("h2", "Verdicts"),
+        ("p", "A claim is decided only when the gap between the arms' means exceeds the spread between seeds "
+              "(the larger range of the two arms); otherwise it is too close to call."),
+        ("ul", verdict_sentences(result)),
+        ("h2", "Per arm (mean over seeds, range in brackets)"),
+        ("table", ["init", "arm", *(title for title, _ in FIGURES.values()), "last eval interval moved ppl by",
+                   "training time"], table_rows(result)),
+        ("h2", "Figures"), *(("img", name, caption) for name, (_, caption) in images.items()),
+    ]
+    (folder / "report.md").write_text(to_markdown(blocks))
+    (folder / "report.html").write_text(to_html(blocks, folder))

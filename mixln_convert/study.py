@@ -1,0 +1,151 @@
+"""``study()``: the Mix-LN paper's from-scratch comparison, run through the engine.
+
+For each initialization scheme (scaled init on, off) and seed, a Pre-LN, a Mix-LN and a Post-LN
+arm are trained by :func:`~mixln_convert.pipeline.train` with ``conversion.strategy: scratch``:
+every arm is initialized by the same seeded plan, so tensors the layouts share start equal, and
+all arms of a seed read the same tokens in the same order. Each final model goes through
+:func:`~mixln_convert.analysis.analyze.analyze`. The paper's three claims (Mix-LN reaches a lower
+perplexity, its deep blocks matter more, its per-block gradient norms are more uniform) then each
+get a verdict per scheme, decided against the spread between seeds (:func:`verdict`); the report
+is ``report/study.py``'s.
+
+Layout of ``out``: ``<scheme>/seed-<s>/<arm>/`` is one training run folder (``train --out``) with
+the arm's analysis in ``analysis/``; ``study.json`` at the top, ``report/`` (report.md,
+report.html, the figures) beside it. ``resume`` continues an interrupted study: finished runs are kept,
+interrupted ones resume from their last checkpoint.
+"""
+
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+
+from .errors import MixLNError
+from .io.paths import check_destination
+from .io.writer import write_atomic
+from .limits import check_positive
+
+SCHEMES = {"scaled": True, "plain": False}  # scheme name -> conversion.scaled_init
+CLAIMS = {  # claim -> (figure, the direction the paper claims for Mix-LN against Pre-LN)
+    "perplexity": ("final_val_ppl", "lower"),
+    "deep blocks matter more": ("deep_layer_drop", "higher"),
+    "more uniform gradient norms": ("grad_norm_cv", "lower"),
+}
+RECIPE = "smollm2-135m-cpu"  # shipped; a study overrides source, conversion and seed
+
+
+def arms_for(alpha: float, post_ln: bool) -> dict:
+    """Study arm -> (engine arm, conversion alpha)."""
+    arms = {"Pre-LN": ("preln", 0.0), f"Mix-LN (alpha {alpha:g})": ("mixln", alpha)}
+    if post_ln:
+        arms["Post-LN"] = ("mixln", 1.0)
+    return arms
+
+
+def study(source, out, *, recipe: str = RECIPE, overrides=(), alpha: float = 0.25, seeds: int = 2,
+          schemes=tuple(SCHEMES), post_ln: bool = True, eval_tokens: int = 2048, resume: bool = False,
+          progress: bool = True) -> dict:
+    """Train and analyze every (scheme, seed, arm) into ``out``; returns the study (``study.json``).
+
+    ``overrides`` are the recipe's ``--set`` values (shape of the budget: seq_len, batch sizes,
+    max_tokens, lr, intervals); ``source`` gives the model's shape and tokenizer, its weights are
+    not used."""
+    from .analysis.analyze import analyze
+    from .pipeline import train
+    from .report.study import write_study_report
+    from .training import load_recipe
+
+    check_positive("--seeds", seeds)
+    check_positive("--eval-tokens", eval_tokens)
+    if not 0 < alpha < 1:
+        raise MixLNError(f"--alpha: {alpha} is not in (0, 1): the Mix-LN arm needs Post-LN and Pre-LN blocks")
+    unknown = [s for s in schemes if s not in SCHEMES]
+    if unknown or not schemes:
+        raise MixLNError(f"--init: unknown scheme {unknown[0] if unknown else '(none)'!r} (choose from "
+                         f"{', '.join(SCHEMES)})")
+    out = Path(out).absolute()
+    if not resume:
+        check_destination(out, {"SRC": source}, force=False, flag="--out")
+    plans = [  # every run's recipe first: a bad override is refused before any training
+        (scheme, seed, name, engine_arm, out / scheme / f"seed-{seed}" / _slug(name),
+         load_recipe(recipe, [*overrides, f"source={source}", "conversion.strategy=scratch",
+                              f"conversion.alpha={arm_alpha}", f"conversion.scaled_init={SCHEMES[scheme]}",
+                              f"seed={seed}"]))
+        for scheme in schemes for seed in range(seeds) for name, (engine_arm, arm_alpha) in arms_for(alpha, post_ln).items()]
+    started = time.time()
+    runs = []
+    for scheme, seed, name, engine_arm, folder, run_recipe in plans:
+        summary = train(run_recipe, folder, arms=(engine_arm,), resume=resume, progress=progress)[engine_arm]
+        analysis_dir = folder / "analysis"
+        if (analysis_dir / "analysis.json").is_file():  # finished before an interruption
+            analysis = json.loads((analysis_dir / "analysis.json").read_text())
+        else:
+            analysis = analyze(folder / engine_arm / "final", analysis_dir, seq_len=run_recipe["seq_len"],
+                               max_tokens=eval_tokens, progress=progress)
+        runs.append({"scheme": scheme, "seed": seed, "arm": name, "folder": str(folder),
+                     **measure(folder / engine_arm, summary, analysis)})
+    result = {"source": str(source), "recipe": recipe, "overrides": list(overrides), "alpha": alpha, "seeds": seeds,
+              "schemes": list(schemes), "arms": list(arms_for(alpha, post_ln)), "eval_tokens": eval_tokens,
+              "runs": runs, "wall_time_s": round(time.time() - started, 1)}
+    result["verdicts"] = verdicts(result)
+    write_atomic(out / "study.json", json.dumps(result, indent=2) + "\n")
+    (out / "report").mkdir(exist_ok=True)
+    write_study_report(out / "report", result)
+    return result
+
+
+def _slug(arm: str) -> str:
+    return arm.split(" ")[0].lower().replace("-", "")
+
+
+def measure(arm_dir: Path, summary: dict, analysis: dict) -> dict:
+    """The figures the claims are judged on: final validation perplexity and the curve that led to
+    it, the mean relative perplexity increase from dropping one block of the deep half, and the
+    coefficient of variation across blocks of the per-block gradient norms (analysis batches)."""
+    records = [json.loads(line) for line in (arm_dir / "metrics.jsonl").read_text().splitlines() if line]
+    curve = [(r["tokens"], r["val_ppl"]) for r in records if "val_ppl" in r]
+    drop = [d / analysis["perplexity"] for d in analysis["layer_drop"]]
+    grads = analysis["grad_norm_per_layer"]
+    return {
+        "final_val_ppl": summary["final_val_ppl"], "tokens": summary["tokens"],
+        "wall_time_s": summary["wall_time_s"], "validation_curve": curve,
+        # how much the last evaluation interval still moved the curve: ~0 once it has flattened
+        "last_interval_change": (curve[-1][1] / curve[-2][1] - 1) if len(curve) >= 2 else None,
+        "relative_layer_drop": drop, "deep_layer_drop": statistics.mean(drop[len(drop) // 2:]),
+        "grad_norm_per_layer": grads, "grad_norm_cv": statistics.pstdev(grads) / statistics.mean(grads),
+    }
+
+
+def verdict(tested: list[float], baseline: list[float], direction: str) -> dict:
+    """``tested``'s values against ``baseline``'s (one per seed). The gap (difference of the
+    means) decides only when it exceeds the spread between seeds (the larger of the two ranges):
+    then the claim is reproduced when the gap points the claimed ``direction``, else not
+    reproduced; otherwise it is too close to call. One seed has no spread: too close to call."""
+    gap = statistics.mean(tested) - statistics.mean(baseline)
+    spread = max(max(tested) - min(tested), max(baseline) - min(baseline))
+    if len(tested) < 2 or len(baseline) < 2 or not math.isfinite(gap) or abs(gap) <= spread:
+        outcome = "too close to call"
+    elif (gap < 0) == (direction == "lower"):
+        outcome = "reproduced"
+    else:
+        outcome = "not reproduced"
+    return {"outcome": outcome, "gap": gap, "spread": spread, "tested": statistics.mean(tested),
+            "baseline": statistics.mean(baseline), "direction": direction}
+
+
+def verdicts(result: dict) -> dict:
+    """{scheme: {claim: verdict}} for Mix-LN against Pre-LN, and {"scaled init helps Pre-LN": ...}
+    when both schemes ran (its perplexity, scaled against plain)."""
+    mix_arm, pre_arm = result["arms"][1], result["arms"][0]
+
+    def values(scheme, arm, figure):
+        return [r[figure] for r in result["runs"] if r["scheme"] == scheme and r["arm"] == arm]
+
+    found = {scheme: {claim: verdict(values(scheme, mix_arm, figure), values(scheme, pre_arm, figure), direction)
+                      for claim, (figure, direction) in CLAIMS.items()} for scheme in result["schemes"]}
+    if set(SCHEMES) <= set(result["schemes"]):
+        for arm in (pre_arm, mix_arm):
+            found[f"scaled init helps {arm.split(' ')[0]}"] = verdict(
+                values("scaled", arm, "final_val_ppl"), values("plain", arm, "final_val_ppl"), "lower")
+    return found
