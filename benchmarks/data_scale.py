@@ -158,6 +158,8 @@ def main() -> None:
     parser.add_argument("--sizes", type=float, nargs="+", default=[0.2, 2.0], help="corpus sizes, GB of text")
     parser.add_argument("--num-proc", type=int, default=2)
     parser.add_argument("--baseline-chars", type=int, default=50 * 10**6, help="text the baseline encodes")
+    parser.add_argument("--train-only", action="store_true",
+                        help="only the training runs, on the tokenized folders an earlier run left in --work")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     texts = documents(args.docs)
@@ -170,23 +172,24 @@ def main() -> None:
     for size in args.sizes:
         corpus = build_corpus(texts, int(size * GB), args.work / f"corpus-{size}GB")
         chars, tokens = text_chars(corpus), args.work / f"tokens-{size}GB"
-        if size == args.sizes[0]:
-            rates = baseline(model, corpus, args.baseline_chars, args.num_proc)
-            for name, rate in rates["rates"].items():
-                print(f"baseline, {name}, {args.num_proc} threads, {rates['chars'] / 1e6:.0f}M chars in memory: "
-                      f"{rate / 1e6:.2f}M chars/s")
-        seconds, memory = measured([*cli, "tokenize", str(corpus), "--tokenizer", str(model), "--out", str(tokens),
-                                    "--num-proc", str(args.num_proc), "--force"], peak_file)
-        manifest = json.loads((tokens / "mixln-tokens.json").read_text())
-        print(f"tokenize {size} GB ({chars / 1e6:.0f}M chars, {manifest['splits']['train']['tokens'] / 1e6:.0f}M train "
-              f"tokens, {manifest['splits']['validation']['tokens'] / 1e6:.1f}M validation), --num-proc "
-              f"{args.num_proc}: {seconds:.0f} s, {chars / seconds / 1e6:.2f}M chars/s end to end; peak RSS main "
-              f"{memory['peaks']['0'] / 2**20:.0f} MiB, workers {memory['others_polled_max'] / 2**20:.0f} MiB (polled)")
-        before = {p.name: p.stat().st_mtime_ns for p in tokens.iterdir()}
-        rerun, _ = measured([*cli, "tokenize", str(corpus), "--tokenizer", str(model), "--out", str(tokens),
-                             "--num-proc", str(args.num_proc)], peak_file)
-        same = before == {p.name: p.stat().st_mtime_ns for p in tokens.iterdir()}
-        print(f"  rerun on the same inputs: {rerun:.1f} s, {'nothing written' if same else 'FILES CHANGED'}")
+        if not args.train_only:
+            if size == args.sizes[0]:
+                rates = baseline(model, corpus, args.baseline_chars, args.num_proc)
+                for name, rate in rates["rates"].items():
+                    print(f"baseline, {name}, {args.num_proc} threads, {rates['chars'] / 1e6:.0f}M chars in memory: "
+                          f"{rate / 1e6:.2f}M chars/s")
+            seconds, memory = measured([*cli, "tokenize", str(corpus), "--tokenizer", str(model), "--out", str(tokens),
+                                        "--num-proc", str(args.num_proc), "--force"], peak_file)
+            manifest = json.loads((tokens / "mixln-tokens.json").read_text())
+            print(f"tokenize {size} GB ({chars / 1e6:.0f}M chars, {manifest['splits']['train']['tokens'] / 1e6:.0f}M train "
+                  f"tokens, {manifest['splits']['validation']['tokens'] / 1e6:.1f}M validation), --num-proc "
+                  f"{args.num_proc}: {seconds:.0f} s, {chars / seconds / 1e6:.2f}M chars/s end to end; peak RSS main "
+                  f"{memory['peaks']['0'] / 2**20:.0f} MiB, workers {memory['others_polled_max'] / 2**20:.0f} MiB (polled)")
+            before = {p.name: p.stat().st_mtime_ns for p in tokens.iterdir()}
+            rerun, _ = measured([*cli, "tokenize", str(corpus), "--tokenizer", str(model), "--out", str(tokens),
+                                 "--num-proc", str(args.num_proc)], peak_file)
+            same = before == {p.name: p.stat().st_mtime_ns for p in tokens.iterdir()}
+            print(f"  rerun on the same inputs: {rerun:.1f} s, {'nothing written' if same else 'FILES CHANGED'}")
         sets = [f"source={model}", f"data.train={tokens}", "data.validation=null", "seq_len=64", "micro_batch_size=2",
                 "global_batch_size=4", f"max_tokens={8 * 4 * 64}", "data.eval_tokens=1024", "precision=fp32",
                 "schedule.warmup_steps=1", "eval_interval=8", "checkpoint_interval=8"]

@@ -271,3 +271,28 @@ def test_train_reads_a_tokenized_folder_without_tokenizing(tiny_llama, corpus, t
     summary = train(load_recipe("smollm2-135m-cpu", sets), tmp_path / "run", arms=("preln",), progress=False)["preln"]
     assert summary["steps"] == 2 and summary["final_val_loss"] > 0
     assert {p.name: (p.stat().st_mtime_ns, file_sha256(p)) for p in folder.iterdir()} == before
+
+
+def test_block_order_is_a_permutation_of_every_size():
+    from mixln_convert.data.stream import BlockOrder
+
+    for n in (1, 2, 3, 5, 64, 1000, 4097):
+        for seed, epoch in ((0, 0), (1, 0), (0, 1)):
+            order = BlockOrder(n, seed, epoch)
+            assert sorted(order(j) for j in range(n)) == list(range(n)), (n, seed, epoch)
+    passes = [[BlockOrder(1000, 0, epoch)(j) for j in range(1000)] for epoch in range(2)]
+    assert passes[0] != passes[1] and passes[0] != sorted(passes[0])  # reshuffled each pass, not the identity
+
+
+def test_the_sampler_holds_nothing_the_size_of_the_corpus():
+    """A trillion blocks: a permutation array would need 8 TB; the sampler answers at once."""
+    class Huge:
+        def __len__(self):
+            return 10**12
+
+        def __getitem__(self, i):
+            return np.full(4, i % 50_000, dtype=np.uint16)
+
+    data = PackedBlocks(Huge(), 3 * 10**12, seed=0)
+    first, later = data[0], data[2 * 10**12 + 5]  # the third pass
+    assert first.shape == (4,) and later.shape == (4,) and not np.array_equal(first.numpy(), later.numpy())

@@ -97,11 +97,11 @@ def load_splits(data: dict, tokenizer, train_tokens: int, progress: bool = True)
 class PackedBlocks:
     """``length`` training sequences drawn from ``blocks`` pass after pass, each pass in a fresh
     order seeded by (seed, pass). Sample i is a pure function of i, so the data position of a
-    resumed run is simply the number of samples already drawn."""
+    resumed run is simply the number of samples already drawn. The order is a
+    :class:`BlockOrder`, computed per sample: no array of the corpus's size is ever held."""
 
     def __init__(self, blocks, length: int, seed: int):  # blocks: an [n, seq_len] array or ShardBlocks
         self.blocks, self.length, self.seed = blocks, length, seed
-        self._order = (None, None)  # (pass, permutation) of the pass being served
 
     def __len__(self) -> int:
         return self.length
@@ -110,9 +110,42 @@ class PackedBlocks:
         import torch
 
         epoch, j = divmod(i, len(self.blocks))
-        if self._order[0] != epoch:
-            self._order = (epoch, np.random.default_rng([self.seed, epoch]).permutation(len(self.blocks)))
-        return torch.from_numpy(self.blocks[self._order[1][j]].astype(np.int64))
+        return torch.from_numpy(self.blocks[BlockOrder(len(self.blocks), self.seed, epoch)(j)].astype(np.int64))
+
+
+class BlockOrder:
+    """A seeded pseudo-random permutation of range(n) evaluated one position at a time, in O(1)
+    memory: a 4-round Feistel network over the smallest even bit width holding n, walking the
+    cycle until the value falls inside range(n) (fewer than 4 steps expected)."""
+
+    MASK = 2**64 - 1
+
+    def __init__(self, n: int, seed: int, epoch: int):
+        self.n = n
+        self.half = max(1, ((n - 1).bit_length() + 1) // 2)
+        self.keys = [self._mix(seed * 1_000_003 + epoch * 10_007 + r + 1) for r in range(4)]
+
+    @classmethod
+    def _mix(cls, x: int) -> int:  # splitmix64's finalizer
+        x = (x + 0x9E3779B97F4A7C15) & cls.MASK
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & cls.MASK
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & cls.MASK
+        return x ^ (x >> 31)
+
+    def _round_trip(self, x: int) -> int:
+        low_mask = (1 << self.half) - 1
+        left, right = x >> self.half, x & low_mask
+        for key in self.keys:
+            left, right = right, left ^ (self._mix(right ^ key) & low_mask)
+        return (left << self.half) | right
+
+    def __call__(self, j: int) -> int:
+        if not 0 <= j < self.n:
+            raise IndexError(j)
+        x = self._round_trip(j)
+        while x >= self.n:
+            x = self._round_trip(x)
+        return x
 
 
 def token_blocks(tokenizer, texts: list[str], seq_len: int, max_tokens: int | None = None, *,
