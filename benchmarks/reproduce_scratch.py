@@ -67,12 +67,15 @@ def overrides(tokens: int) -> list[str]:
 
 
 def tokens_for(source: Path, minutes: float, runs: int) -> tuple[int, float]:
-    """Tokens per run that make ``runs`` runs fit ``minutes``, from a 4-step Pre-LN trial's tokens/s."""
+    """Tokens per run that make ``runs`` runs fit ``minutes``, from an 8-step Pre-LN trial's tokens/s
+    (no evaluation, gradient norms or checkpoints in between: they are not training steps)."""
     with tempfile.TemporaryDirectory() as tmp:
-        recipe = load_recipe(RECIPE, [*overrides(4 * STEP_TOKENS), f"source={source}", "conversion.strategy=scratch"])
+        recipe = load_recipe(RECIPE, [*overrides(8 * STEP_TOKENS), f"source={source}", "conversion.strategy=scratch",
+                                      "eval_interval=8", "grad_norm_interval=8", "checkpoint_interval=8",
+                                      "data.eval_tokens=2048"])
         rate = train(recipe, Path(tmp) / "trial", arms=("preln",), progress=False)["preln"]["tokens_per_s"]
-    # ~15% of each run's time goes to evaluations, initialization and the analysis
-    tokens = int(rate * minutes * 60 / runs * 0.85) // STEP_TOKENS * STEP_TOKENS
+    # about a third of each run's time goes to evaluations, initialization and the analysis
+    tokens = int(rate * minutes * 60 / runs * 0.65) // STEP_TOKENS * STEP_TOKENS
     return max(tokens, 2 * STEP_TOKENS), rate
 
 
