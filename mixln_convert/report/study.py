@@ -7,6 +7,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from ..analysis.plots import scale_layer_drop_axis
 from ..study import CLAIMS
 from .render import to_html, to_markdown
 
@@ -86,8 +87,8 @@ def plot_profiles(result: dict, path: Path) -> None:
         drop_ax.plot(blocks, [100 * d for d in run["relative_layer_drop"]], markersize=3, linewidth=1, **style,
                      label=f"{run['arm']}, {run['scheme']}, seed {run['seed']}")
         grad_ax.plot(blocks, run["grad_norm_per_layer"], markersize=3, linewidth=1, **style)
-    drop_ax.set(title="Perplexity increase when one block is removed", xlabel="block", ylabel="% of perplexity",
-                yscale="symlog")
+    drop_ax.set(title="Perplexity increase when one block is removed", xlabel="block", ylabel="% of perplexity")
+    scale_layer_drop_axis(drop_ax, [100 * d for run in result["runs"] for d in run["relative_layer_drop"]])
     grad_ax.set(title="Gradient norm per block (analysis batches)", xlabel="block", ylabel="gradient norm",
                 yscale="log")
     for ax in (drop_ax, grad_ax):

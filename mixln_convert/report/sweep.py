@@ -8,6 +8,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from ..analysis.plots import scale_layer_drop_axis
 from .render import MISSING, to_html, to_markdown
 
 
@@ -109,10 +110,10 @@ def plot_layer_drop(result: dict, path: Path) -> None:
     ax = fig.add_subplot()
     profiles = [("original", result["original"]["analysis"])] + [
         (f"{row['post_ln_layers']} Post-LN", row["analysis"]) for row in result["rows"]]
-    for name, analysis in profiles:
-        ax.plot([100 * d / analysis["perplexity"] for d in analysis["layer_drop"]], marker=".", label=name)
-    if any(abs(d) > analysis["perplexity"] for _, analysis in profiles for d in analysis["layer_drop"]):
-        ax.set_yscale("symlog", linthresh=1)
+    percents = {name: [100 * d / analysis["perplexity"] for d in analysis["layer_drop"]] for name, analysis in profiles}
+    for name, values in percents.items():
+        ax.plot(values, marker=".", label=name)
+    scale_layer_drop_axis(ax, [v for values in percents.values() for v in values])
     stage = "trained" if result["train_tokens"] else "healed" if result["heal_tokens"] else "converted"
     ax.set(title=f"Perplexity increase when one block is skipped ({stage} models)", xlabel="block (layer index)",
            ylabel="perplexity increase (%)")
