@@ -218,6 +218,10 @@ def heal(
         state = student.state_dict()
         healed = {name: state[name.removeprefix("model.")] for name in prefix_names(student_source, arch, k)
                   if arch.layer_of(name) is not None}
+        # Only the healed blocks are needed from here: the writer holds an output shard's tensors at once,
+        # which on top of both models and the AdamW state would set the peak.
+        del state
+        student = teacher_prefix = full = teacher_model = parameters = optimizer = scheduler = None
         record = tool_stamp(teacher=str(Path(teacher).absolute()), data=_describe(data), seq_len=seq_len,
                             batch_size=batch_size, **{key: value for key, value in result.items() if key != "out"})
         config = dict(student_source.config)
