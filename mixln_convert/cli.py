@@ -17,8 +17,8 @@ from . import __version__
 from .errors import MixLNError
 from .io.paths import check_destination, check_not_input, check_readable
 from .limits import check_one_step
-from .options import (DEMO_EVAL_TOKENS, DEMO_TRAIN_TOKENS, DTYPES, EVAL_SEQ_LEN, EVAL_TOKENS, LOSSES, METHODS,
-                      STRATEGIES, measured_on)
+from .options import (DEMO_EVAL_TOKENS, DEMO_TRAIN_TOKENS, DTYPES, EVAL_SEQ_LEN, EVAL_TOKENS, HEAL_DTYPES, LOSSES,
+                      METHODS, STRATEGIES, measured_on)
 
 
 class Group(click.Group):
@@ -627,13 +627,17 @@ def sweep(src, out, alphas, heal_tokens, train_tokens, data, seeds, eval_tokens,
               help="kl (KL divergence of the final logits; runs both whole models, ~3.5x the FLOPs of a residual "
                    "step, but recovers far more per token) or residual (relative error of the stream entering the "
                    "first Pre-LN block; runs the Post-LN blocks only).")
+@click.option("--dtype", type=click.Choice(HEAL_DTYPES), default="fp32", show_default=True,
+              help="Of the frozen weights (everything but the Post-LN blocks, which train in fp32); bf16 halves "
+                   "them and computes under bf16 autocast.")
 @click.option("--eval-tokens", type=POSITIVE, default=EVAL_TOKENS, show_default=True,
               help="Held-out tokens (embedded validation split) measured before and after.")
 @click.option("--perplexity/--no-perplexity", default=True, show_default=True,
-              help="Also measure whole-model perplexity (loads the teacher and CONVERTED whole).")
+              help="Also measure whole-model perplexity (the teacher's and CONVERTED's whole models, over "
+                   "one copy of the layers they share).")
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard, e.g. 5GB, 500MB.")
 @click.option("--force", is_flag=True, help="Replace a non-empty output folder (never an input).")
-def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, eval_tokens, perplexity,
+def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, dtype, eval_tokens, perplexity,
          max_shard_size, force):
     """Heal the Mix-LN checkpoint CONVERTED cheaply: distill only its Post-LN blocks from the
     teacher (with --loss residual a step costs about k/L of a training step). Writes a converted
@@ -647,7 +651,7 @@ def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, e
     from .healing import heal as run
 
     result = run(converted, teacher, out, data=data, tokens=tokens, seq_len=seq_len, batch_size=batch_size, lr=lr,
-                 loss=loss, eval_tokens=eval_tokens, perplexity=perplexity, max_shard_size=max_shard_size,
+                 loss=loss, dtype=dtype, eval_tokens=eval_tokens, perplexity=perplexity, max_shard_size=max_shard_size,
                  force=force)
     error = result["relative_error"]
     click.echo(f"healed {result['post_ln_layers']} Post-LN blocks on {result['tokens']} tokens ({result['steps']} "

@@ -16,14 +16,22 @@ Losses:
   not pin down what the later blocks read from it (measured curves: docs/measurements.md,
   ``benchmarks/heal_curve.py``).
 
+Memory: the ``kl`` loss and the perplexity evaluations run both whole models, over one copy of
+what the two share (embeddings, Pre-LN blocks, final norm, head: :mod:`.model.shared_tail`); beside
+it there are only the teacher's first k blocks, the student's and their AdamW state. ``dtype``
+"bf16" keeps every frozen weight in bf16 and computes under bf16 autocast; the trained blocks
+and their optimizer state stay float32.
+
 The result is a normal converted checkpoint: every tensor of the converted model, the healed
 blocks' replaced, ``mixln_provenance["heal"]`` in config.json and ``heal_metrics.jsonl``
 (one JSON object per step: step, tokens, loss, lr, seconds since the start; evaluations add
 val_relative_error and, with ``perplexity``, val_loss and val_ppl).
 """
 
+import contextlib
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -36,14 +44,15 @@ from transformers import get_cosine_schedule_with_warmup
 from .architectures import architecture_for
 from .data import PackedBlocks, TokenShards, blocks, read_texts, token_blocks, token_stream
 from .errors import MixLNError
-from .options import EVAL_DATA, EVAL_TOKENS, LOSSES
+from .options import EVAL_DATA, EVAL_TOKENS, HEAL_DTYPES, LOSSES
 from .evaluate import evaluate_documents, evaluate_perplexity
 from .io.loader import open_checkpoint
 from .io.paths import check_destination, check_readable
 from .io.writer import atomic_output_dir, parse_size, tool_stamp, write_checkpoint
 from .limits import (check_fraction, check_nonnegative, check_one_step, check_positive, check_positive_float,
                      check_seed, check_seq_len)
-from .model.prefix import load_prefix, prefix_names
+from .model.prefix import load_prefix, prefix_names, prefix_of
+from .model.shared_tail import load_pair
 
 
 
@@ -61,6 +70,7 @@ def heal(
     batch_size: int = HEAL_BATCH_SIZE,
     lr: float = 1e-4,
     loss: str = "kl",
+    dtype: str = "fp32",
     warmup_ratio: float = 0.1,
     grad_clip: float = 1.0,
     eval_tokens: int = EVAL_TOKENS,
@@ -78,7 +88,8 @@ def heal(
     AdamW at peak ``lr`` with linear warmup over ``warmup_ratio`` of the steps then cosine decay,
     gradients clipped to ``grad_clip``. Before and after (and after each token count in ``eval_at``) it measures, on
     ``eval_tokens`` tokens of the embedded validation split, the residual relative error and, with
-    ``perplexity``, the perplexity of the whole model (the teacher's once, for reference).
+    ``perplexity``, the perplexity of the whole model (the teacher's once per run, for reference).
+    ``dtype``: of the frozen weights, "fp32" or "bf16" (see the module's docstring).
 
     Returns ``out``, ``post_ln_layers``, ``steps``, ``tokens``, ``loss``, ``lr``, ``seconds``,
     ``relative_error`` and ``perplexity`` (each {"before", "after"}; perplexity also "teacher",
@@ -86,6 +97,8 @@ def heal(
     """
     if loss not in LOSSES:
         raise MixLNError(f"--loss: unknown loss {loss!r} (choose from {', '.join(LOSSES)})")
+    if dtype not in HEAL_DTYPES:
+        raise MixLNError(f"--dtype: unknown dtype {dtype!r} (choose from {', '.join(HEAL_DTYPES)})")
     for flag, value in (("--tokens", tokens), ("--seq-len", seq_len), ("--batch-size", batch_size),
                         ("--eval-tokens", eval_tokens)):
         check_positive(flag, value)
@@ -107,6 +120,11 @@ def heal(
     tokenizer = _same_tokenizer(student_source, teacher_source)
     k = student_source.config["post_ln_layers"]
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    frozen = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+
+    def precision():
+        """bf16 compute over bf16 frozen weights (autocast; the trained blocks stay float32 masters)."""
+        return torch.autocast(device, torch.bfloat16) if frozen == torch.bfloat16 else contextlib.nullcontext()
 
     with atomic_output_dir(out, force=force, protect=inputs) as tmp:
         started = time.time()
@@ -118,36 +136,42 @@ def heal(
         train_blocks = blocks(stream, seq_len, _describe(data), "--seq-len")
         eval_blocks = token_blocks(tokenizer, read_texts(None, split="validation"), seq_len, eval_tokens,
                                    source=EVAL_DATA)
-        student = load_prefix(student_source, arch, k, device=device)
-        student.embed_tokens.requires_grad_(False)  # only the Post-LN blocks learn
-        teacher_prefix = load_prefix(teacher_source, arch, k, device=device)
-        teacher_model = full = None
+        unshared = []
         if perplexity or loss == "kl":
-            teacher_model = teacher_source.model(dtype=torch.float32, device=device)
-            full = student_source.model(dtype=torch.float32, device=device).requires_grad_(False)
-            for i, layer in enumerate(student.layers):  # the whole model runs the very blocks being trained
-                full.model.layers[i] = layer
+            full, teacher_model, unshared = load_pair(student_source, teacher_source, arch, k, frozen, device)
+            student = prefix_of(full, student_source, arch, k)  # the very blocks the whole model runs
+            teacher_prefix = prefix_of(teacher_model, teacher_source, arch, k)
+        else:
+            full = teacher_model = None
+            student = load_prefix(student_source, arch, k, device=device)
+            student.embed_tokens.requires_grad_(False)  # only the Post-LN blocks learn
+            teacher_prefix = load_prefix(teacher_source, arch, k, frozen, device)
+        if unshared:
+            print(f"warning: --teacher {teacher}: {len(unshared)} tensors outside the first {k} blocks differ "
+                  f"from {converted}'s (the first: {unshared[0]}); the teacher keeps its own copies of those",
+                  file=sys.stderr)
         teacher_ppl = teacher_doc_ppl = None
         documents = read_texts(None, split="validation")  # scored one by one too, from their first tokens
-        if perplexity:
-            teacher_ppl = evaluate_perplexity(teacher_model, eval_blocks, batch_size, progress)["perplexity"]
-            teacher_doc_ppl = evaluate_documents(teacher_model, tokenizer, documents, seq_len, batch_size, eval_tokens,
-                                                 progress)["token_perplexity"]
-        if loss == "residual":
-            teacher_model = None  # only the evaluations above needed it
+        if perplexity:  # once per run: the teacher does not change
+            with precision():
+                teacher_ppl = evaluate_perplexity(teacher_model, eval_blocks, batch_size, progress)["perplexity"]
+                teacher_doc_ppl = evaluate_documents(teacher_model, tokenizer, documents, seq_len, batch_size,
+                                                     eval_tokens, progress)["token_perplexity"]
 
         def evaluate() -> dict:
-            measured = held_out(student, teacher_prefix, full if perplexity else None, eval_blocks, batch_size,
-                                progress)
-            if perplexity:
-                measured["val_doc_ppl"] = evaluate_documents(full, tokenizer, documents, seq_len, batch_size,
-                                                             eval_tokens, progress)["token_perplexity"]
+            with precision():
+                measured = held_out(student, teacher_prefix, full if perplexity else None, eval_blocks, batch_size,
+                                    progress)
+                if perplexity:
+                    measured["val_doc_ppl"] = evaluate_documents(full, tokenizer, documents, seq_len, batch_size,
+                                                                 eval_tokens, progress)["token_perplexity"]
             return measured
 
         before = evaluate()
         parameters = list(student.layers.parameters())
-        # No weight decay: it would pull the pretrained weights toward 0, away from the teacher.
-        optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0)
+        # No weight decay: it would pull the pretrained weights toward 0, away from the teacher. Fused: the
+        # default (foreach) update makes temporaries the size of all the trained blocks, a peak of its own.
+        optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0, fused=True)
         scheduler = get_cosine_schedule_with_warmup(optimizer, round(warmup_ratio * steps), steps)
         batches = torch.utils.data.DataLoader(PackedBlocks(train_blocks, steps * batch_size, seed),
                                               batch_size=batch_size)
@@ -157,14 +181,15 @@ def heal(
             bar = tqdm(batches, total=steps, desc="healing", unit="step", disable=not progress)
             for step, batch in enumerate(bar, 1):
                 batch = batch.to(device)
-                if loss == "residual":
-                    with torch.no_grad():
-                        target = teacher_prefix(input_ids=batch).last_hidden_state
-                    value = relative_error(student(input_ids=batch).last_hidden_state, target)
-                else:
-                    with torch.no_grad():
-                        target = teacher_model(input_ids=batch).logits
-                    value = distribution_kl(full(input_ids=batch).logits, target)
+                with precision():
+                    if loss == "residual":
+                        with torch.no_grad():
+                            target = teacher_prefix(input_ids=batch).last_hidden_state
+                        value = relative_error(student(input_ids=batch).last_hidden_state, target)
+                    else:  # the teacher's logits change with every batch: not cacheable, unlike its metrics
+                        with torch.no_grad():
+                            target = teacher_model(input_ids=batch).logits
+                        value = distribution_kl(full(input_ids=batch).logits, target)
                 value.backward()
                 torch.nn.utils.clip_grad_norm_(parameters, grad_clip)
                 record = {"step": step, "tokens": step * batch.numel(), "loss": value.item(),
@@ -193,6 +218,10 @@ def heal(
         state = student.state_dict()
         healed = {name: state[name.removeprefix("model.")] for name in prefix_names(student_source, arch, k)
                   if arch.layer_of(name) is not None}
+        # Only the healed blocks are needed from here: the writer holds an output shard's tensors at once,
+        # which on top of both models and the AdamW state would set the peak.
+        del state
+        student = teacher_prefix = full = teacher_model = parameters = optimizer = scheduler = None
         record = tool_stamp(teacher=str(Path(teacher).absolute()), data=_describe(data), seq_len=seq_len,
                             batch_size=batch_size, **{key: value for key, value in result.items() if key != "out"})
         config = dict(student_source.config)

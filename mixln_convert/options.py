@@ -5,6 +5,7 @@ against the same tuples."""
 STRATEGIES = ("calibrated", "move", "reinit-post", "scratch")  # conversion/plan.py
 METHODS = ("angular", "drop", "last")  # analysis/prune.py: how N blocks to remove are chosen
 LOSSES = ("kl", "residual")  # healing.py
+HEAL_DTYPES = ("fp32", "bf16")  # healing.py: of the frozen weights (the trained blocks stay float32)
 PRECISIONS = ("auto", "bf16", "fp32")  # training: auto is bf16 autocast on GPU, fp32 on CPU
 DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")  # conversion output dtypes
 

@@ -99,6 +99,7 @@ BAD_INPUTS = {
     "source-without-post-ln": (lambda src, moved, tmp: (convert(src, tmp / "a0", alpha=0.0, strategy="move",
                                                                 progress=False), src), "post_ln_layers 0"),
     "bad-loss": (lambda src, moved, tmp: (moved, src, "--loss", "mse"), "'--loss': 'mse' is not one of"),
+    "bad-dtype": (lambda src, moved, tmp: (moved, src, "--dtype", "fp16"), "'--dtype': 'fp16' is not one of"),
 }
 
 

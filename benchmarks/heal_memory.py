@@ -1,0 +1,67 @@
+"""Peak RSS of `heal` on a TinyLlama-1.1B-shaped model (or another ``--shape``), for two versions of this code side by side:
+
+    python benchmarks/heal_memory.py --before REV [--tokens 64] [--seq-len 64]
+
+Builds a synthetic bf16 checkpoint of TinyLlama-1.1B's shape (random weights, benchmarks/shapes.py),
+converts it with ``move`` at alpha 0.25 (5 of 22 blocks Post-LN), and heals it against it (default
+loss ``kl``, one step of ``--tokens`` tokens, the evaluations on as many) in a fresh process per
+run: REV from a temporary git worktree first on ``PYTHONPATH``, then the installed package, with
+the float32 default and with ``--dtype bf16``. Peak RSS is the OS's figure for the child
+(``wait4``'s ru_maxrss, its VmHWM), printed as a multiple of the model's float32 parameter bytes.
+"""
+
+import argparse
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from shapes import SHAPES, synthetic_checkpoint  # benchmarks/shapes.py, beside this script
+from train_run import REPO, measure
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--before", required=True, help="git revision of the 'before' version")
+    parser.add_argument("--tokens", type=int, default=64, help="training tokens (one step) and held-out tokens")
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--shape", choices=SHAPES, default="tinyllama-1.1b")
+    args = parser.parse_args()
+    from mixln_convert import convert
+    from mixln_convert.io.loader import open_checkpoint
+
+    with tempfile.TemporaryDirectory() as work:
+        work = Path(work)
+        synthetic_checkpoint(work / "source", args.shape, "2GB")
+        source = open_checkpoint(work / "source")
+        fp32_bytes = 4 * sum(math.prod(source.shape(name)) for name in source.names())
+        convert(work / "source", work / "converted", alpha=0.25, strategy="move", progress=False)
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(work / "before"), args.before],
+                       check=True, capture_output=True)
+        heal = [sys.executable, "-m", "mixln_convert.cli", "heal", str(work / "converted"), "--teacher",
+                str(work / "source"), "--tokens", str(args.tokens), "--seq-len", str(args.seq_len), "--batch-size",
+                "1", "--eval-tokens", str(args.tokens)]
+        versions = {f"before ({args.before})": ([], {"PYTHONPATH": str(work / "before")}),
+                    "after (installed), fp32": ([], {}),
+                    "after (installed), --dtype bf16": (["--dtype", "bf16"], {})}
+        peaks = {}
+        try:
+            for n, (name, (extra, env)) in enumerate(versions.items()):
+                env = {**os.environ, "MIXLN_CONVERT_CACHE": str(work / f"cache-{n}"), **env}
+                seconds, peaks[name] = measure([*heal, *extra, "--out", str(work / f"healed-{n}")], env)
+                print(f"{name}: {seconds:.0f} s, {peaks[name] / 2**30:.2f} GiB", file=sys.stderr)
+        finally:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(work / "before")],
+                           capture_output=True)
+    print(f"\n`heal` of {args.shape}'s shape (move, alpha 0.25), 1 step of 1 x {args.seq_len} "
+          f"tokens, {args.tokens} held-out tokens; float32 parameter bytes {fp32_bytes / 2**30:.2f} GiB\n")
+    print("| version | peak RSS GiB | x fp32 parameter bytes |")
+    print("| --- | --- | --- |")
+    for name, peak in peaks.items():
+        print(f"| {name} | {peak / 2**30:.2f} | {peak / fp32_bytes:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
