@@ -17,8 +17,8 @@ from . import __version__
 from .errors import MixLNError
 from .io.paths import check_destination, check_not_input, check_readable
 from .limits import check_one_step
-from .options import (CALIBRATION_FITS, DEMO_EVAL_TOKENS, DEMO_TRAIN_TOKENS, DTYPES, EVAL_SEQ_LEN, EVAL_TOKENS,
-                      HEAL_DTYPES, LOSSES, METHODS, STRATEGIES, measured_on)
+from .options import (DEMO_EVAL_TOKENS, DEMO_TRAIN_TOKENS, DTYPES, EVAL_SEQ_LEN, EVAL_TOKENS, HEAL_DTYPES, LOSSES,
+                      METHODS, STRATEGIES, measured_on)
 
 
 class Group(click.Group):
@@ -142,9 +142,6 @@ _ALLOW_LONGER = click.option("--allow-longer", is_flag=True,
               help="Tokens the calibrated gains are fitted on.")
 @click.option("--calibration-seq-len", type=POSITIVE, default=128, show_default=True,
               help="Tokens per calibration block (short blocks fit better; docs/measurements.md).")
-@click.option("--calibration-fit", type=click.Choice(CALIBRATION_FITS), default="scale", show_default=True,
-              help="How calibrated q/k/v and gate/up read the converted stream: scale (the Pre-LN gain over the "
-                   "stream's RMS, per channel) or least-squares (a fitted matrix; docs/measurements.md).")
 @click.option("--max-shard-size", default=None,
               help="Largest output shard, e.g. 5GB, 500MB. Default: the source's largest shard, at most 5GB "
                    "(memory use grows with it).")
@@ -156,7 +153,7 @@ _ALLOW_LONGER = click.option("--allow-longer", is_flag=True,
 @click.option("--heal-data", default=None, metavar="PATH", help="Text for --heal-tokens (default: embedded corpus, train split).")
 @click.option("--force", is_flag=True, help="Replace a non-empty DST (never an input).")
 def convert(src, dst, alpha, post_ln_layers, strategy, scaled_init, calibration_data, calibration_tokens,
-            calibration_seq_len, calibration_fit, max_shard_size, dtype, seed, heal_tokens, heal_data, force):
+            calibration_seq_len, max_shard_size, dtype, seed, heal_tokens, heal_data, force):
     """Convert the Pre-LN checkpoint SRC (HF folder or .gguf) into a Mix-LN checkpoint folder DST.
 
     SRC is checked before any work (config keys, every tensor present with its shape, values
@@ -169,7 +166,7 @@ def convert(src, dst, alpha, post_ln_layers, strategy, scaled_init, calibration_
         raise MixLNError("--alpha and --post-ln-layers are exclusive: give one")
     conversion = dict(alpha=alpha, post_ln_layers=post_ln_layers, strategy=strategy, scaled_init=scaled_init,
                       calibration_data=calibration_data, calibration_tokens=calibration_tokens,
-                      calibration_seq_len=calibration_seq_len, calibration_fit=calibration_fit, max_shard_size=max_shard_size, dtype=dtype, seed=seed)
+                      calibration_seq_len=calibration_seq_len, max_shard_size=max_shard_size, dtype=dtype, seed=seed)
     if heal_tokens:
         from .pipeline import convert_and_heal
 

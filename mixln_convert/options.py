@@ -3,7 +3,6 @@ place: the CLI offers the choices as ``click.Choice`` and the modules that act o
 against the same tuples."""
 
 STRATEGIES = ("calibrated", "move", "reinit-post", "scratch")  # conversion/plan.py
-CALIBRATION_FITS = ("scale", "least-squares")  # how calibrated q/k/v and gate/up read the stream: calibrate.py
 METHODS = ("angular", "drop", "last")  # analysis/prune.py: how N blocks to remove are chosen
 LOSSES = ("kl", "residual")  # healing.py
 HEAL_DTYPES = ("fp32", "bf16")  # healing.py: of the frozen weights (the trained blocks stay float32)

@@ -120,29 +120,6 @@ def test_calibrated_is_closer_to_the_source_than_move(tiny_llama, tiny_convert, 
             assert gain.mean().item() == pytest.approx(calibration[f"{norm}_gain"][i], rel=1e-5), (norm, i)
 
 
-def test_least_squares_fit_tends_to_the_scale_fold_and_is_recorded(tiny_llama, tiny_convert, converted, monkeypatch):
-    """Regularized all the way toward its prior, the fitted matrix is the scale fold: the same
-    weights; at the default it is a different, still finite conversion, and says which it is."""
-    import mixln_convert.conversion.calibrate as calibrate
-
-    fitted = tiny_convert(tiny_llama, "fitted", alpha=0.25, calibration_fit="least-squares")
-    monkeypatch.setattr(calibrate, "RIDGE", 1e9)
-    toward_prior = tensors(tiny_convert(tiny_llama, "prior", alpha=0.25, calibration_fit="least-squares"))
-    scaled, fitted_tensors = tensors(converted), tensors(fitted)
-    q = "model.layers.0.self_attn.q_proj.weight"
-    assert torch.allclose(toward_prior[q], scaled[q], atol=1e-5) and torch.allclose(
-        toward_prior["model.layers.1.mlp.up_proj.weight"], scaled["model.layers.1.mlp.up_proj.weight"], atol=1e-5)
-    assert not torch.allclose(fitted_tensors[q], scaled[q], atol=1e-4)
-    assert all(torch.isfinite(t).all() for t in fitted_tensors.values())
-    calibration = json.loads((fitted / "config.json").read_text())["mixln_provenance"]["calibration"]
-    assert calibration["fit"] == "least-squares" and not any(k.endswith("_map") for k in calibration)
-
-
-def test_an_unknown_calibration_fit_is_refused(tiny_llama, cli, tmp_path):
-    result = cli("convert", tiny_llama, tmp_path / "dst", "--calibration-fit", "cubic")
-    assert result.exit_code == 2 and "--calibration-fit" in result.output and not (tmp_path / "dst").exists()
-
-
 def assert_std(tensor: torch.Tensor, std: float, name: str) -> None:
     actual = tensor.float().std().item()
     assert abs(actual / std - 1) < 0.1, f"{name}: std {actual:.5f}, expected {std:.5f}"

@@ -21,17 +21,10 @@ unseen), each gain vector by per-channel least squares against the original stre
 least squares lets the few tokens with massive activations (residual RMS in the thousands, in a
 handful of channels) set those channels' gains, which keeps them massive after the Post-LN norm;
 the later Pre-LN layers rely on them. Every variant tried, with its perplexity: docs/measurements.md.
-
-The projections that read the converted stream get, by default, the Pre-LN gain over the
-stream's typical RMS folded in (one scale per channel). ``fit="least-squares"`` fits them a
-whole matrix instead (GPTQ-style layer-wise reconstruction of what they read in the original),
-regularized toward that fold: unregularized it reconstructs the stream better and the model worse.
 """
 
 import torch
 from tqdm.auto import tqdm
-
-RIDGE = 1e-4
 
 
 
@@ -53,35 +46,17 @@ def _fit_gain(unit_batches, target_batches) -> torch.Tensor:
     return num / den.clamp_min(1e-12)
 
 
-def _fit_map(input_batches, target_batches, prior: torch.Tensor, ridge: float) -> torch.Tensor:
-    """A = argmin sum_t |A x_t - y_t|^2 + ridge * mean(diag XX^T) * |A - prior|^2, in closed form:
-    the matrix that best turns the converted stream x into what the original projections read, y,
-    pulled toward ``prior`` (the scale fold) as ``ridge`` grows."""
-    xx = yx = 0.0
-    for x, y in zip(input_batches, target_batches):
-        x, y = x.flatten(0, -2).double(), y.flatten(0, -2).double()
-        xx = xx + x.T @ x
-        yx = yx + y.T @ x
-    lam = ridge * xx.diagonal().mean()
-    eye = torch.eye(xx.shape[0], dtype=xx.dtype, device=xx.device)
-    return torch.linalg.solve(xx + lam * eye, (yx + lam * prior.double()).T).T.float()
-
-
 def _median_rms(batches) -> float:
     return torch.cat([_token_rms(x).flatten() for x in batches]).median().item()
 
 
 @torch.no_grad()
-def calibrate(prefix, blocks: torch.Tensor, batch_size: int = 4, progress: bool = True,
-              fit: str = "scale") -> dict:
+def calibrate(prefix, blocks: torch.Tensor, batch_size: int = 4, progress: bool = True) -> dict:
     """Fit the Post-LN conversion of every block of ``prefix`` (see the module docstring).
 
     Returns per-block lists: ``input_scale`` and ``mid_scale`` (floats), ``post_attention_gain``
     and ``post_feedforward_gain`` (vectors of hidden size), and ``relative_error`` (float): the
     mean per-token relative error of the converted stream after each block, what is left to heal.
-    ``fit`` "least-squares" adds ``input_map`` and ``mid_map`` (hidden x hidden matrices): the
-    q/k/v and gate/up inputs as a ridge least-squares map of the converted stream to what those
-    projections read in the original, pulled toward the scale fold by ``RIDGE``.
     """
     eps = prefix.config.rms_norm_eps
     device = next(prefix.parameters()).device
@@ -92,8 +67,6 @@ def calibrate(prefix, blocks: torch.Tensor, batch_size: int = 4, progress: bool 
     rope = [prefix.rotary_emb(t, p) for t, p in zip(teacher, positions)]
     keys = ("input_scale", "post_attention_gain", "mid_scale", "post_feedforward_gain", "relative_error")
     stats = {k: [] for k in keys}
-    if fit == "least-squares":
-        stats.update(input_map=[], mid_map=[])
 
     def attention(layer, x, k):
         return layer.self_attn(hidden_states=x, attention_mask=None, position_embeddings=rope[k],
@@ -103,28 +76,15 @@ def calibrate(prefix, blocks: torch.Tensor, batch_size: int = 4, progress: bool 
         g_in = layer.input_layernorm.weight.float()
         g_pa = layer.post_attention_layernorm.weight.float()
         # The original block, step by step.
-        original_inputs = teacher
         teacher_mid = [x + attention(layer, layer.input_layernorm(x), k) for k, x in enumerate(teacher)]
         teacher = [h + layer.mlp(layer.post_attention_layernorm(h)) for h in teacher_mid]
         # The converted block, on the converted stream.
         s = _median_rms(student)
-        if fit == "least-squares":
-            a_in = _fit_map(student, [layer.input_layernorm(x) for x in original_inputs], torch.diag(g_in / s), RIDGE)
-            attn_in = [x @ a_in.T for x in student]
-        else:
-            attn_in = [x * (g_in / s) for x in student]
-        after_attn = [_unit(x + attention(layer, a, k), eps) for k, (x, a) in enumerate(zip(student, attn_in))]
+        after_attn = [_unit(x + attention(layer, x * (g_in / s), k), eps) for k, x in enumerate(student)]
         g_mid = _fit_gain(after_attn, teacher_mid)
         mid = [g_mid * u for u in after_attn]
         m = _median_rms(mid)
-        if fit == "least-squares":
-            a_mid = _fit_map(mid, [layer.post_attention_layernorm(h) for h in teacher_mid], torch.diag(g_pa / m), RIDGE)
-            mlp_in = [h @ a_mid.T for h in mid]
-            stats["input_map"].append(a_in)
-            stats["mid_map"].append(a_mid)
-        else:
-            mlp_in = [h * (g_pa / m) for h in mid]
-        after_mlp = [_unit(h + layer.mlp(a), eps) for h, a in zip(mid, mlp_in)]
+        after_mlp = [_unit(h + layer.mlp(h * (g_pa / m)), eps) for h in mid]
         g_out = _fit_gain(after_mlp, teacher)
         student = [g_out * u for u in after_mlp]
         error = torch.cat([(_token_rms(x - y) / _token_rms(y)).flatten() for x, y in zip(student, teacher)])

@@ -11,7 +11,7 @@ from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable
 from ..io.writer import atomic_output_dir, parse_size, tool_stamp, write_checkpoint
 from ..limits import check_positive, check_seed, check_seq_len
-from ..options import CALIBRATION_FITS, STRATEGIES
+from ..options import STRATEGIES
 from .layout import post_ln_count
 from .plan import ConversionPlan
 
@@ -42,7 +42,6 @@ def convert(
     calibration_data=None,
     calibration_tokens: int = CALIBRATION_TOKENS,
     calibration_seq_len: int = CALIBRATION_SEQ_LEN,
-    calibration_fit: str = "scale",
     max_shard_size: str | int | None = None,
     dtype: str | None = None,
     seed: int = 0,
@@ -66,9 +65,6 @@ def convert(
     """
     if strategy not in STRATEGIES:
         raise MixLNError(f"--strategy: unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
-    if calibration_fit not in CALIBRATION_FITS:
-        raise MixLNError(f"--calibration-fit: unknown fit {calibration_fit!r} (choose from "
-                         f"{', '.join(CALIBRATION_FITS)})")
     for flag, value in (("--calibration-seq-len", calibration_seq_len), ("--calibration-tokens", calibration_tokens)):
         check_positive(flag, value)
     check_seed(seed)
@@ -93,8 +89,7 @@ def convert(
         stats = None
         if strategy == "calibrated" and n_post > 0:
             stats = first_blocks(statistics, n_post) if statistics else calibration_statistics(
-                source, arch, n_post, calibration_data, calibration_tokens, calibration_seq_len, progress,
-                calibration_fit)
+                source, arch, n_post, calibration_data, calibration_tokens, calibration_seq_len, progress)
         plan = ConversionPlan(arch, config, n_post, strategy, scaled_init, seed, stats, out_dtype)
         provenance = tool_stamp(source=str(Path(src).absolute()), strategy=strategy, seed=seed,
                                 calibration=_provenance_of(stats))
@@ -110,7 +105,7 @@ def convert(
     return Path(dst)
 
 
-def calibration_statistics(source, arch, n_post, data, tokens, seq_len, progress, fit: str = "scale") -> dict:
+def calibration_statistics(source, arch, n_post, data, tokens, seq_len, progress) -> dict:
     from ..data import read_texts, token_blocks
     from ..model.prefix import load_prefix
     from .calibrate import calibrate
@@ -118,7 +113,7 @@ def calibration_statistics(source, arch, n_post, data, tokens, seq_len, progress
     blocks = token_blocks(source.tokenizer, read_texts(data, split="calibration"), seq_len, tokens,
                           flag="--calibration-seq-len", source=data or "embedded:calibration")
     device = "cuda" if torch.cuda.is_available() else "cpu"  # a few blocks: the GPU makes calibration instant
-    stats = calibrate(load_prefix(source, arch, n_post, device=device), blocks, progress=progress, fit=fit)
+    stats = calibrate(load_prefix(source, arch, n_post, device=device), blocks, progress=progress)
     stats = {k: [v.cpu() if torch.is_tensor(v) else v for v in vs] for k, vs in stats.items()}
     for key, values in stats.items():
         for i, value in enumerate(values):
@@ -126,7 +121,7 @@ def calibration_statistics(source, arch, n_post, data, tokens, seq_len, progress
                 raise MixLNError(f"--calibration-data {data or 'embedded:calibration'}: calibration gave a "
                                  f"non-finite {key} in block {i}; the source's activations overflow on this text")
     return {**stats, "data": str(data) if data else "embedded:calibration", "tokens": blocks.numel(),
-            "seq_len": blocks.shape[1], "fit": fit}
+            "seq_len": blocks.shape[1]}
 
 
 def first_blocks(stats: dict, n: int) -> dict:
@@ -140,8 +135,7 @@ def _provenance_of(stats: dict | None) -> dict | None:
     """The calibration statistics as JSON: the fitted gain vectors are in the weights, their means here."""
     if stats is None:
         return None
-    return {k: [v.mean().item() for v in vs] if k.endswith("_gain") else vs for k, vs in stats.items()
-            if not k.endswith("_map")}  # the fitted maps are in the weights
+    return {k: [v.mean().item() for v in vs] if k.endswith("_gain") else vs for k, vs in stats.items()}
 
 
 def converted_config(source_config: dict, arch, n_post: int, alpha, dtype, provenance: dict) -> dict:

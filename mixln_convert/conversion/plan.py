@@ -94,18 +94,10 @@ class ConversionPlan:
             yield name, tensor.to(self.dtype)
             yield pf_name, pf.to(self.dtype)
             return
-        if self.strategy == "calibrated" and role in ("attention_inputs", "mlp_inputs"):
-            tensor = self._fold(source, tensor, i, role)
+        if self.strategy == "calibrated" and role == "attention_inputs":
+            gain = source.get(self.arch.layer_tensor(i, "input_norm")).float()
+            tensor = tensor * (gain / self.stats["input_scale"][i])[None, :]
+        elif self.strategy == "calibrated" and role == "mlp_inputs":
+            gain = source.get(self.arch.layer_tensor(i, "post_attention_norm")).float()
+            tensor = tensor * (gain / self.stats["mid_scale"][i])[None, :]
         yield name, tensor.to(self.dtype)
-
-    def _fold(self, source, tensor: torch.Tensor, i: int, role: str) -> torch.Tensor:
-        """A projection reading block i's converted stream: W' = W A with A the fitted map of
-        that stream to what W read in the original (calibrate.py, least-squares projections),
-        else the Pre-LN gain over the stream's typical RMS folded into W's input columns."""
-        fitted = self.stats.get("input_map" if role == "attention_inputs" else "mid_map")
-        if fitted:
-            return tensor.float() @ fitted[i]
-        norm, scale = ("input_norm", "input_scale") if role == "attention_inputs" else ("post_attention_norm",
-                                                                                         "mid_scale")
-        gain = source.get(self.arch.layer_tensor(i, norm)).float()
-        return tensor * (gain / self.stats[scale][i])[None, :]
