@@ -13,13 +13,12 @@ the float32 default and with ``--dtype bf16``. Peak RSS is the OS's figure for t
 import argparse
 import math
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from shapes import SHAPES, synthetic_checkpoint  # benchmarks/shapes.py, beside this script
-from train_run import REPO, measure
+from train_run import measure, worktree
 
 
 def main():
@@ -38,8 +37,6 @@ def main():
         source = open_checkpoint(work / "source")
         fp32_bytes = 4 * sum(math.prod(source.shape(name)) for name in source.names())
         convert(work / "source", work / "converted", alpha=0.25, strategy="move", progress=False)
-        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(work / "before"), args.before],
-                       check=True, capture_output=True)
         heal = [sys.executable, "-m", "mixln_convert.cli", "heal", str(work / "converted"), "--teacher",
                 str(work / "source"), "--tokens", str(args.tokens), "--seq-len", str(args.seq_len), "--batch-size",
                 "1", "--eval-tokens", str(args.tokens)]
@@ -47,14 +44,11 @@ def main():
                     "after (installed), fp32": ([], {}),
                     "after (installed), --dtype bf16": (["--dtype", "bf16"], {})}
         peaks = {}
-        try:
+        with worktree(args.before, work / "before"):
             for n, (name, (extra, env)) in enumerate(versions.items()):
                 env = {**os.environ, "MIXLN_CONVERT_CACHE": str(work / f"cache-{n}"), **env}
                 seconds, peaks[name] = measure([*heal, *extra, "--out", str(work / f"healed-{n}")], env)
                 print(f"{name}: {seconds:.0f} s, {peaks[name] / 2**30:.2f} GiB", file=sys.stderr)
-        finally:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(work / "before")],
-                           capture_output=True)
     print(f"\n`heal` of {args.shape}'s shape (move, alpha 0.25), 1 step of 1 x {args.seq_len} "
           f"tokens, {args.tokens} held-out tokens; float32 parameter bytes {fp32_bytes / 2**30:.2f} GiB\n")
     print("| version | peak RSS GiB | x fp32 parameter bytes |")

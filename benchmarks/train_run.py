@@ -10,6 +10,7 @@ and token cache, so neither reuses the other's work; peak RSS is the OS's figure
 """
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -19,6 +20,17 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent  # only to make the worktree of --before
+
+
+@contextlib.contextmanager
+def worktree(rev: str, folder: Path):
+    """``rev`` checked out into ``folder`` (a detached git worktree of this checkout) while in use."""
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(folder), rev], check=True,
+                   capture_output=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(folder)], capture_output=True)
 
 
 def measure(command: list[str], env: dict) -> tuple[float, int]:
@@ -42,9 +54,7 @@ def main():
     sets = [f"--set={s}" for s in (args.sets or ["heal.tokens=4096"])]
     with tempfile.TemporaryDirectory() as work:
         work = Path(work)
-        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(work / "before"), args.before],
-                       check=True, capture_output=True)
-        try:
+        with worktree(args.before, work / "before"):
             versions = {
                 f"before ({args.before})": ([sys.executable, "-m", "mixln_convert.cli", "train",
                                              str(work / "before" / "recipes" / "smollm2-135m-cpu.yaml")],
@@ -63,9 +73,6 @@ def main():
                     runs[name].append(measure([*command, *sets, "--out", str(out)], env))
                     print(f"{repeat} {name}: {runs[name][-1][0]:.1f} s, {runs[name][-1][1] / 2**30:.2f} GiB",
                           file=sys.stderr)
-        finally:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(work / "before")],
-                           capture_output=True)
     print(f"\n`train smollm2-135m-cpu {' '.join(sets)}` (convert, heal, both arms), {os.cpu_count()} CPUs, "
           f"{args.repeats} run(s) each, alternated\n")
     print("| version | wall s (runs) | x before | peak RSS GiB | x before |")
