@@ -169,8 +169,8 @@ def heal(
 
         before = evaluate()
         parameters = list(student.layers.parameters())
-        # No weight decay: it would pull the pretrained weights toward 0, away from the teacher. Fused: the
-        # default (foreach) update makes temporaries the size of all the trained blocks, a peak of its own.
+        # No weight decay: it would pull the pretrained weights toward 0, away from the teacher. Fused: no
+        # temporaries the size of all the trained blocks, as the default (foreach) update makes.
         optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0, fused=True)
         scheduler = get_cosine_schedule_with_warmup(optimizer, round(warmup_ratio * steps), steps)
         batches = torch.utils.data.DataLoader(PackedBlocks(train_blocks, steps * batch_size, seed),
