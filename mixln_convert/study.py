@@ -21,6 +21,7 @@ import statistics
 import time
 from pathlib import Path
 
+from .data.shards import is_tokens_folder
 from .errors import MixLNError
 from .io.paths import check_destination
 from .io.writer import write_atomic
@@ -81,11 +82,17 @@ def study(source, out, *, recipe: str = RECIPE, overrides=(), alpha: float = 0.2
         if (analysis_dir / "analysis.json").is_file():  # finished before an interruption
             analysis = json.loads((analysis_dir / "analysis.json").read_text())
         else:
-            analysis = analyze(folder / engine_arm / "final", analysis_dir, seq_len=run_recipe["seq_len"],
-                               max_tokens=eval_tokens, progress=progress)
+            analysis = analyze(folder / engine_arm / "final", analysis_dir, data=analysis_text(run_recipe),
+                               seq_len=run_recipe["seq_len"], max_tokens=eval_tokens, progress=progress)
         runs.append({"scheme": scheme, "seed": seed, "arm": name, "folder": str(folder),
                      **measure(folder / engine_arm, summary, analysis)})
+    data = plans[0][5]["data"]
     result = {"source": str(source), "recipe": recipe, "overrides": list(overrides), "alpha": alpha, "seeds": seeds,
+              "train_data": data["train"] or "the embedded corpus's train split",
+              "validation_data": data["validation"] or (
+                  f"a held-out {data['validation_fraction']:.0%} of data.train's documents" if data["train"]
+                  else "the embedded validation split"),
+              "analysis_data": analysis_text(plans[0][5]) or "the embedded validation split",
               "schemes": list(schemes), "arms": list(arms_for(alpha, post_ln)), "eval_tokens": eval_tokens,
               "runs": runs, "wall_time_s": round(time.time() - started, 1)}
     result["verdicts"] = verdicts(result)
@@ -93,6 +100,13 @@ def study(source, out, *, recipe: str = RECIPE, overrides=(), alpha: float = 0.2
     (out / "report").mkdir(exist_ok=True)
     write_study_report(out / "report", result)
     return result
+
+
+def analysis_text(recipe: dict):
+    """The text the analyses score: the recipe's ``data.validation`` when it is text, else (None,
+    or a tokenized folder, which holds token ids, not documents) the embedded validation split."""
+    validation = recipe["data"]["validation"]
+    return None if validation is None or is_tokens_folder(validation) else validation
 
 
 def _slug(arm: str) -> str:

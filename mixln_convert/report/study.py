@@ -71,7 +71,7 @@ def plot_curves(result: dict, path: Path) -> None:
         tokens, ppl = zip(*run["validation_curve"])
         ax.plot(tokens, ppl, markersize=4, linewidth=1, label=f"{run['arm']}, {run['scheme']} init, seed {run['seed']}",
                 **_style(result, run["scheme"], run["arm"], run["seed"]))
-    ax.set(title="Validation perplexity of every run (embedded validation split)", xlabel="training tokens",
+    ax.set(title="Validation perplexity of every run", xlabel="training tokens",
            ylabel="validation perplexity", yscale="log")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize="x-small", ncol=2)
@@ -105,8 +105,9 @@ def write_study_report(folder: Path, result: dict) -> None:
         plot(result, Path(folder) / name)
     first = result["runs"][0]
     budget = (f"{first['tokens']:,} training tokens per run, {result['seeds']} seed(s) per arm and scheme, recipe "
-              f"`{result['recipe']}` with {' '.join(result['overrides']) or 'no overrides'}; analyses on "
-              f"{result['eval_tokens']:,} tokens of the embedded validation split")
+              f"`{result['recipe']}` with {' '.join(result['overrides']) or 'no overrides'}; trained on "
+              f"{result['train_data']}, validation curves on {result['validation_data']}, analyses on "
+              f"{result['eval_tokens']:,} tokens of {result['analysis_data']}")
     blocks = [
         ("h1", "Mix-LN from scratch: a like-for-like study"),
         ("p", f"Shape and tokenizer of `{result['source']}`; every arm initialized by the same seeded plan "
