@@ -631,27 +631,32 @@ def sweep(src, out, alphas, heal_tokens, train_tokens, data, seeds, eval_tokens,
               help="Of the frozen weights (everything but the Post-LN blocks, which train in fp32); bf16 halves "
                    "them and computes under bf16 autocast.")
 @click.option("--eval-tokens", type=POSITIVE, default=EVAL_TOKENS, show_default=True,
-              help="Held-out tokens (embedded validation split) measured before and after.")
+              help="Held-out tokens measured before and after.")
+@click.option("--eval-data", default=None, metavar="PATH",
+              help="Held-out text measured before and after, packed and each document on its own: a file, folder "
+                   "or glob (default: embedded corpus, validation split).")
 @click.option("--perplexity/--no-perplexity", default=True, show_default=True,
               help="Also measure whole-model perplexity (the teacher's and CONVERTED's whole models, over "
                    "one copy of the layers they share).")
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard, e.g. 5GB, 500MB.")
 @click.option("--force", is_flag=True, help="Replace a non-empty output folder (never an input).")
-def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, dtype, eval_tokens, perplexity,
-         max_shard_size, force):
+def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, dtype, eval_tokens, eval_data,
+         perplexity, max_shard_size, force):
     """Heal the Mix-LN checkpoint CONVERTED cheaply: distill only its Post-LN blocks from the
     teacher (with --loss residual a step costs about k/L of a training step). Writes a converted
     checkpoint folder with heal_metrics.jsonl."""
     _must_exist(converted, "CONVERTED")
     _must_exist(teacher, "--teacher")
     _must_exist(data, "--data")
+    _must_exist(eval_data, "--eval-data")
     out = out or str(Path(converted).with_name(Path(converted).name + "-healed"))
-    check_destination(out, {"CONVERTED": converted, "--teacher": teacher, "--data": data}, force, flag="--out")
+    check_destination(out, {"CONVERTED": converted, "--teacher": teacher, "--data": data, "--eval-data": eval_data},
+                      force, flag="--out")
     check_one_step(tokens, batch_size, seq_len)
     from .healing import heal as run
 
     result = run(converted, teacher, out, data=data, tokens=tokens, seq_len=seq_len, batch_size=batch_size, lr=lr,
-                 loss=loss, dtype=dtype, eval_tokens=eval_tokens, perplexity=perplexity, max_shard_size=max_shard_size,
+                 loss=loss, dtype=dtype, eval_tokens=eval_tokens, eval_data=eval_data, perplexity=perplexity, max_shard_size=max_shard_size,
                  force=force)
     error = result["relative_error"]
     click.echo(f"healed {result['post_ln_layers']} Post-LN blocks on {result['tokens']} tokens ({result['steps']} "

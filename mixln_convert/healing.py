@@ -74,6 +74,7 @@ def heal(
     warmup_ratio: float = 0.1,
     grad_clip: float = 1.0,
     eval_tokens: int = EVAL_TOKENS,
+    eval_data=None,
     perplexity: bool = True,
     eval_at=(),
     max_shard_size: str | int = "5GB",
@@ -87,8 +88,9 @@ def heal(
     documents or a 1-D token stream; default the embedded corpus's train split) in batches of ``batch_size`` x ``seq_len``,
     AdamW at peak ``lr`` with linear warmup over ``warmup_ratio`` of the steps then cosine decay,
     gradients clipped to ``grad_clip``. Before and after (and after each token count in ``eval_at``) it measures, on
-    ``eval_tokens`` tokens of the embedded validation split, the residual relative error and, with
-    ``perplexity``, the perplexity of the whole model (the teacher's once per run, for reference).
+    ``eval_tokens`` tokens of ``eval_data`` (a file, folder or glob; default the embedded validation
+    split) the residual relative error and, with ``perplexity``, the perplexity of the whole model in
+    packed blocks and with each document scored on its own (the teacher's once per run, for reference).
     ``dtype``: of the frozen weights, "fp32" or "bf16" (see the module's docstring).
 
     Returns ``out``, ``post_ln_layers``, ``steps``, ``tokens``, ``loss``, ``lr``, ``seconds``,
@@ -110,9 +112,11 @@ def heal(
     steps = tokens // (batch_size * seq_len)
     max_shard_bytes = parse_size(max_shard_size)
     given = isinstance(data, (list, np.ndarray, TokenShards))  # documents or a token stream in hand, not a path
-    inputs = {"CONVERTED": converted, "--teacher": teacher, "--data": None if given else data}
-    if inputs["--data"] is not None:
-        check_readable(data, "--data")
+    inputs = {"CONVERTED": converted, "--teacher": teacher, "--data": None if given else data,
+              "--eval-data": eval_data}
+    for flag in ("--data", "--eval-data"):
+        if inputs[flag] is not None:
+            check_readable(inputs[flag], flag)
     check_destination(out, inputs, force, flag="--out")
     student_source, teacher_source = _open_pair(converted, teacher)
     check_seq_len("--seq-len", seq_len, student_source.config)
@@ -134,8 +138,8 @@ def heal(
             texts = data if isinstance(data, list) else read_texts(data, split="train")
             stream = token_stream(tokenizer, texts, tokens, _describe(data))
         train_blocks = blocks(stream, seq_len, _describe(data), "--seq-len")
-        eval_blocks = token_blocks(tokenizer, read_texts(None, split="validation"), seq_len, eval_tokens,
-                                   source=EVAL_DATA)
+        documents = read_texts(eval_data, split="validation")  # scored packed, and one by one from their first tokens
+        eval_blocks = token_blocks(tokenizer, documents, seq_len, eval_tokens, source=eval_data or EVAL_DATA)
         unshared = []
         if perplexity or loss == "kl":
             full, teacher_model, unshared = load_pair(student_source, teacher_source, arch, k, frozen, device)
@@ -151,7 +155,6 @@ def heal(
                   f"from {converted}'s (the first: {unshared[0]}); the teacher keeps its own copies of those",
                   file=sys.stderr)
         teacher_ppl = teacher_doc_ppl = None
-        documents = read_texts(None, split="validation")  # scored one by one too, from their first tokens
         if perplexity:  # once per run: the teacher does not change
             with precision():
                 teacher_ppl = evaluate_perplexity(teacher_model, eval_blocks, batch_size, progress)["perplexity"]
@@ -212,7 +215,7 @@ def heal(
             if perplexity else None,
             "per_document_perplexity": {"teacher": teacher_doc_ppl, "before": before["val_doc_ppl"],
                                         "after": record["val_doc_ppl"]} if perplexity else None,
-            "evaluation": {"data": EVAL_DATA, "tokens": eval_blocks[:, 1:].numel(), "seq_len": seq_len},
+            "evaluation": {"data": str(eval_data) if eval_data else EVAL_DATA, "tokens": eval_blocks[:, 1:].numel(), "seq_len": seq_len},
             "seconds": round(time.time() - started, 2),
         }
         state = student.state_dict()

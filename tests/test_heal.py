@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from mixln_convert.conversion.converter import convert
 from mixln_convert.data import read_texts, token_blocks
-from mixln_convert.evaluate import evaluate_perplexity
+from mixln_convert.evaluate import evaluate_documents, evaluate_perplexity
 from mixln_convert.healing import heal
 from mixln_convert.model.loading import load_tokenizer
 from mixln_convert.model.modeling_mixln import MixLNForCausalLM
@@ -80,6 +80,24 @@ def test_kl_loss_heals_through_the_whole_model(moved, tiny_llama, tmp_path):
     result = heal(moved, tiny_llama, tmp_path / "out", tokens=10 * BATCH * SEQ_LEN, lr=LR, loss="kl", **FAST)
     assert result["perplexity"]["after"] < result["perplexity"]["before"]
     assert json.loads((tmp_path / "out" / "config.json").read_text())["mixln_provenance"]["heal"]["loss"] == "kl"
+
+
+def test_eval_data_is_what_heal_scores_packed_and_per_document(moved, tiny_llama, tmp_path):
+    documents = ["The licence grants every recipient the same freedoms. " * 6, "Copies may be sold or given away. " * 9]
+    held_out = tmp_path / "held-out.jsonl"
+    held_out.write_text("".join(json.dumps({"text": d}) + "\n" for d in documents))
+    result = heal(moved, tiny_llama, tmp_path / "out", tokens=BATCH * SEQ_LEN, lr=LR, loss="residual",
+                  eval_data=held_out, **{**FAST, "eval_tokens": 64})
+    assert result["evaluation"]["data"] == str(held_out)
+    teacher = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    tokenizer = load_tokenizer(tiny_llama)
+    packed = evaluate_perplexity(teacher, token_blocks(tokenizer, documents, SEQ_LEN, 64), BATCH, progress=False)
+    assert result["perplexity"]["teacher"] == pytest.approx(packed["perplexity"], rel=1e-4)
+    per_document = evaluate_documents(teacher, tokenizer, documents, SEQ_LEN, BATCH, 64, progress=False)
+    assert result["per_document_perplexity"]["teacher"] == pytest.approx(per_document["token_perplexity"], rel=1e-4)
+    default = token_blocks(tokenizer, read_texts(None, split="validation"), SEQ_LEN, 64)
+    assert evaluate_perplexity(teacher, default, BATCH, progress=False)["perplexity"] != pytest.approx(
+        packed["perplexity"], rel=1e-3)  # the default text would have given another figure
 
 
 def _other_tokenizer(tiny_llama, tmp_path):
