@@ -29,6 +29,7 @@ val_relative_error and, with ``perplexity``, val_loss and val_ppl).
 """
 
 import contextlib
+import hashlib
 import json
 import math
 import sys
@@ -46,9 +47,10 @@ from .data import PackedBlocks, TokenShards, blocks, read_texts, token_blocks, t
 from .errors import MixLNError
 from .options import EVAL_DATA, EVAL_TOKENS, HEAL_DTYPES, LOSSES
 from .evaluate import evaluate_documents, evaluate_perplexity
+from .fetch import cache_dir
 from .io.loader import open_checkpoint
 from .io.paths import check_destination, check_readable
-from .io.writer import atomic_output_dir, parse_size, tool_stamp, write_checkpoint
+from .io.writer import atomic_output_dir, parse_size, tool_stamp, write_atomic, write_checkpoint
 from .limits import (check_fraction, check_nonnegative, check_one_step, check_positive, check_positive_float,
                      check_seed, check_seq_len)
 from .model.prefix import load_prefix, prefix_names, prefix_of
@@ -155,11 +157,18 @@ def heal(
                   f"from {converted}'s (the first: {unshared[0]}); the teacher keeps its own copies of those",
                   file=sys.stderr)
         teacher_ppl = teacher_doc_ppl = None
-        if perplexity:  # once per run: the teacher does not change
-            with precision():
-                teacher_ppl = evaluate_perplexity(teacher_model, eval_blocks, batch_size, progress)["perplexity"]
-                teacher_doc_ppl = evaluate_documents(teacher_model, tokenizer, documents, seq_len, batch_size,
-                                                     eval_tokens, progress)["token_perplexity"]
+        if perplexity:  # the teacher does not change: once, and kept for the next heal against it
+            def measure_teacher() -> dict:
+                with precision():
+                    return {"packed": evaluate_perplexity(teacher_model, eval_blocks, batch_size, progress)["perplexity"],
+                            "per_document": evaluate_documents(teacher_model, tokenizer, documents, seq_len,
+                                                               batch_size, eval_tokens, progress)["token_perplexity"]}
+
+            figures = cached_teacher_metrics(
+                measure_teacher, teacher=teacher_source.fingerprint(), blocks=_digest(eval_blocks.numpy().tobytes()),
+                documents=_digest("\0".join(documents).encode()), seq_len=seq_len, eval_tokens=eval_tokens,
+                batch_size=batch_size, dtype=dtype, device=device, torch=torch.__version__)
+            teacher_ppl, teacher_doc_ppl = figures["packed"], figures["per_document"]
 
         def evaluate() -> dict:
             with precision():
@@ -232,6 +241,30 @@ def heal(
         write_checkpoint(tmp, _healed_tensors(student_source, healed), config, student_source, max_shard_bytes,
                          desc="writing", total=len(student_source.names()), progress=progress)
     return result
+
+
+def cached_teacher_metrics(measure, **key) -> dict:
+    """``measure()``'s figures, kept in the user cache under ``key`` (everything they depend on:
+    the teacher's files, the scored tokens and documents, the settings): a sweep or a rerun heals
+    against the same teacher many times. An unreadable cache entry is measured again."""
+    path = cache_dir() / "teacher-metrics" / f"{_digest(json.dumps(key, sort_keys=True).encode())}.json"
+    try:
+        figures = json.loads(path.read_text())
+        if all(isinstance(figures.get(k), float) for k in ("packed", "per_document")):
+            return figures
+    except (OSError, ValueError):
+        pass
+    figures = measure()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(figures) + "\n")
+    except OSError as e:  # a cache that cannot be written costs the next run a measurement, nothing more
+        print(f"warning: {path.parent}: cannot keep the teacher's figures ({e.strerror})", file=sys.stderr)
+    return figures
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def _describe(data) -> str:

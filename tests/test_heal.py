@@ -12,6 +12,8 @@ from transformers import AutoModelForCausalLM
 from mixln_convert.conversion.converter import convert
 from mixln_convert.data import read_texts, token_blocks
 from mixln_convert.evaluate import evaluate_documents, evaluate_perplexity
+from mixln_convert import healing
+from mixln_convert.fetch import cache_dir
 from mixln_convert.healing import heal
 from mixln_convert.model.loading import load_tokenizer
 from mixln_convert.model.modeling_mixln import MixLNForCausalLM
@@ -98,6 +100,27 @@ def test_eval_data_is_what_heal_scores_packed_and_per_document(moved, tiny_llama
     default = token_blocks(tokenizer, read_texts(None, split="validation"), SEQ_LEN, 64)
     assert evaluate_perplexity(teacher, default, BATCH, progress=False)["perplexity"] != pytest.approx(
         packed["perplexity"], rel=1e-3)  # the default text would have given another figure
+
+
+def test_teacher_figures_are_measured_once_across_runs(moved, tiny_llama, tmp_path, monkeypatch):
+    scored = []  # models evaluate_documents scored: the teacher once per distinct key, the student twice a run
+    measure = healing.evaluate_documents
+    monkeypatch.setattr(healing, "evaluate_documents", lambda model, *a, **k: scored.append(model) or measure(model, *a, **k))
+
+    def run(name, teacher=tiny_llama):
+        return heal(moved, teacher, tmp_path / name, tokens=BATCH * SEQ_LEN, lr=LR, loss="residual",
+                    **{**FAST, "eval_tokens": 96})  # 96: no other test's key
+
+    first = run("first")
+    assert len(scored) == 3
+    second = run("second")
+    assert len(scored) == 5 and second["perplexity"]["teacher"] == first["perplexity"]["teacher"]
+    assert second["per_document_perplexity"]["teacher"] == first["per_document_perplexity"]["teacher"]
+    run("other-teacher", shutil.copytree(tiny_llama, tmp_path / "teacher-copy"))  # other files: measured again
+    assert len(scored) == 8
+    for entry in (cache_dir() / "teacher-metrics").iterdir():
+        entry.write_text("{damaged")
+    assert run("damaged")["perplexity"]["teacher"] == first["perplexity"]["teacher"] and len(scored) == 11
 
 
 def _other_tokenizer(tiny_llama, tmp_path):

@@ -14,6 +14,7 @@ tensor read is checked for NaN/inf, and so is every model loaded whole.
 
 import copy
 import fnmatch
+import hashlib
 import json
 import os
 import pickle
@@ -83,6 +84,13 @@ class Checkpoint(ABC):
     def where(self) -> str:
         """What error messages about this checkpoint's config name."""
         return str(self.path / "config.json") if self.path.is_dir() else str(self.path)
+
+    def fingerprint(self) -> str:
+        """A key that changes whenever one of the checkpoint's files does (name, size, mtime): for
+        results computed from its weights and cached across runs."""
+        files = [self.path] if self.path.is_file() else sorted(p for p in self.path.iterdir() if p.is_file())
+        listing = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+        return hashlib.sha256(json.dumps([str(self.path), listing]).encode()).hexdigest()
 
     @abstractmethod
     def names(self) -> list[str]: ...
