@@ -4,7 +4,7 @@ for the original, the calibrated conversion and the healed model.
 
     python benchmarks/heal_quality.py [--packed FILE ...]
         --paragraphs '<python3.11-doc>/usr/share/doc/python3.11/html/_sources/**/*.txt'
-        [--tokens 65536] [--lr 1e-4] [--loss kl] [--checkpoints 16384,32768] [--json OUT.json]
+        [--tokens 65536] [--lr 1e-4] [--loss kl] [--sampled 0] [--checkpoints 16384,32768] [--json OUT.json]
 
 Text A (``--packed``, files; default Debian's GPL-3 and Apache-2.0 licence texts) and
 text B (``--paragraphs``: prose paragraphs of 400-1200 characters cut from reStructuredText
@@ -72,6 +72,7 @@ def main():
     parser.add_argument("--tokens", type=int, default=65_536, help="heal tokens (heal's default)")
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--loss", default="kl")
+    parser.add_argument("--sampled", type=float, default=0.0, help="share of heal sequences the teacher writes")
     parser.add_argument("--checkpoints", default="16384,32768", help="heal token counts to evaluate text A at")
     parser.add_argument("--seq-len", type=int, default=512, help="packed block length and per-document window")
     parser.add_argument("--eval-tokens", type=int, default=16_384, help="tokens scored per text and mode")
@@ -91,7 +92,7 @@ def main():
 
         converted = convert(source, tmp / "converted", alpha=args.alpha, strategy="calibrated", progress=False)
         healed = tmp / "healed"
-        heal_result = heal(converted, source, healed, tokens=args.tokens, lr=args.lr, loss=args.loss,
+        heal_result = heal(converted, source, healed, tokens=args.tokens, lr=args.lr, loss=args.loss, sampled=args.sampled,
                            eval_data=text_a, eval_tokens=args.eval_tokens,
                            eval_at=[int(t) for t in args.checkpoints.split(",") if t], progress=False)
         curve = [json.loads(line) for line in (healed / "heal_metrics.jsonl").read_text().splitlines()]
@@ -100,7 +101,7 @@ def main():
 
     original = models["original"]
     rep0 = original["generation"]["repeated_4gram_share"]
-    print(f"\n{Path(source).name}, alpha {args.alpha} calibrated, heal {args.loss} lr {args.lr} on "
+    print(f"\n{Path(source).name}, alpha {args.alpha} calibrated, heal {args.loss} lr {args.lr} sampled {args.sampled} on "
           f"{heal_result['tokens']:,} tokens ({heal_result['seconds']:.0f} s); A: {', '.join(args.packed)} "
           f"({len(documents_a)} documents), B: 300 paragraphs of {args.paragraphs}; {args.eval_tokens:,} tokens "
           f"per text and mode, blocks/windows of {args.seq_len}; total {time.time() - started:.0f} s\n")

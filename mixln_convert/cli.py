@@ -17,8 +17,8 @@ from . import __version__
 from .errors import MixLNError
 from .io.paths import check_destination, check_not_input, check_readable
 from .limits import check_one_step
-from .options import (DEMO_EVAL_TOKENS, DEMO_TRAIN_TOKENS, DTYPES, EVAL_SEQ_LEN, EVAL_TOKENS, HEAL_DTYPES, LOSSES,
-                      METHODS, STRATEGIES, measured_on)
+from .options import (DEMO_EVAL_TOKENS, DEMO_TRAIN_TOKENS, DTYPES, EVAL_SEQ_LEN, EVAL_TOKENS, HEAL_DTYPES, HEAL_LR,
+                      LOSSES, METHODS, STRATEGIES, measured_on)
 
 
 class Group(click.Group):
@@ -621,12 +621,15 @@ def sweep(src, out, alphas, heal_tokens, train_tokens, data, seeds, eval_tokens,
 @click.option("--out", default=None, metavar="DIR", help="Output folder.  [default: CONVERTED-healed]")
 @click.option("--seq-len", type=POSITIVE, default=256, show_default=True, help="Tokens per training block.")
 @click.option("--batch-size", type=POSITIVE, default=4, show_default=True, help="Blocks per step.")
-@click.option("--lr", type=Finite(0, None, low_open=True), default=1e-4, show_default=True,
+@click.option("--lr", type=Finite(0, None, low_open=True), default=HEAL_LR, show_default=True,
               help="Peak learning rate (warmup, then cosine).")
 @click.option("--loss", type=click.Choice(LOSSES), default="kl", show_default=True,
               help="kl (KL divergence of the final logits; runs both whole models, ~3.5x the FLOPs of a residual "
                    "step, but recovers far more per token) or residual (relative error of the stream entering the "
                    "first Pre-LN block; runs the Post-LN blocks only).")
+@click.option("--sampled", type=Finite(0, 1), default=0.0, show_default=True, metavar="SHARE",
+              help="Share of the training sequences the teacher writes itself (sampled from its BOS token at "
+                   "temperature 1), the rest from --data: the student also learns the teacher's own text.")
 @click.option("--dtype", type=click.Choice(HEAL_DTYPES), default="fp32", show_default=True,
               help="Of the frozen weights (everything but the Post-LN blocks, which train in fp32); bf16 halves "
                    "them and computes under bf16 autocast.")
@@ -640,7 +643,7 @@ def sweep(src, out, alphas, heal_tokens, train_tokens, data, seeds, eval_tokens,
                    "one copy of the layers they share).")
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard, e.g. 5GB, 500MB.")
 @click.option("--force", is_flag=True, help="Replace a non-empty output folder (never an input).")
-def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, dtype, eval_tokens, eval_data,
+def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, sampled, dtype, eval_tokens, eval_data,
          perplexity, max_shard_size, force):
     """Heal the Mix-LN checkpoint CONVERTED cheaply: distill only its Post-LN blocks from the
     teacher (with --loss residual a step costs about k/L of a training step). Writes a converted
@@ -656,7 +659,7 @@ def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, d
     from .healing import heal as run
 
     result = run(converted, teacher, out, data=data, tokens=tokens, seq_len=seq_len, batch_size=batch_size, lr=lr,
-                 loss=loss, dtype=dtype, eval_tokens=eval_tokens, eval_data=eval_data, perplexity=perplexity, max_shard_size=max_shard_size,
+                 loss=loss, sampled=sampled, dtype=dtype, eval_tokens=eval_tokens, eval_data=eval_data, perplexity=perplexity, max_shard_size=max_shard_size,
                  force=force)
     error = result["relative_error"]
     click.echo(f"healed {result['post_ln_layers']} Post-LN blocks on {result['tokens']} tokens ({result['steps']} "

@@ -45,7 +45,7 @@ from transformers import get_cosine_schedule_with_warmup
 from .architectures import architecture_for
 from .data import PackedBlocks, TokenShards, blocks, read_texts, token_blocks, token_stream
 from .errors import MixLNError
-from .options import EVAL_DATA, EVAL_TOKENS, HEAL_DTYPES, LOSSES
+from .options import EVAL_DATA, EVAL_TOKENS, HEAL_DTYPES, HEAL_LR, LOSSES
 from .evaluate import evaluate_documents, evaluate_perplexity
 from .fetch import cache_dir
 from .io.loader import open_checkpoint
@@ -70,8 +70,9 @@ def heal(
     tokens: int = 65_536,
     seq_len: int = HEAL_SEQ_LEN,
     batch_size: int = HEAL_BATCH_SIZE,
-    lr: float = 1e-4,
+    lr: float = HEAL_LR,
     loss: str = "kl",
+    sampled: float = 0.0,
     dtype: str = "fp32",
     warmup_ratio: float = 0.1,
     grad_clip: float = 1.0,
@@ -89,7 +90,9 @@ def heal(
     Trains the Post-LN blocks on ``tokens`` tokens of ``data`` (a file, folder or glob, a list of
     documents or a 1-D token stream; default the embedded corpus's train split) in batches of ``batch_size`` x ``seq_len``,
     AdamW at peak ``lr`` with linear warmup over ``warmup_ratio`` of the steps then cosine decay,
-    gradients clipped to ``grad_clip``. Before and after (and after each token count in ``eval_at``) it measures, on
+    gradients clipped to ``grad_clip``. A share ``sampled`` of the training sequences is instead
+    written by the teacher itself (:func:`teacher_samples`), so that the student also learns the
+    teacher's distribution on text like the teacher's own, not only on ``data``'s. Before and after (and after each token count in ``eval_at``) it measures, on
     ``eval_tokens`` tokens of ``eval_data`` (a file, folder or glob; default the embedded validation
     split) the residual relative error and, with ``perplexity``, the perplexity of the whole model in
     packed blocks and with each document scored on its own (the teacher's once per run, for reference).
@@ -108,6 +111,10 @@ def heal(
         check_positive(flag, value)
     check_positive_float("--lr", lr)
     check_fraction("warmup_ratio", warmup_ratio, high_open=True)
+    check_fraction("--sampled", sampled)
+    if sampled and not (perplexity or loss == "kl"):
+        raise MixLNError("--sampled: the teacher writes the samples with its whole model, which only --loss kl "
+                         "or --perplexity loads")
     check_nonnegative("grad_clip", grad_clip)
     check_seed(seed)
     check_one_step(tokens, batch_size, seq_len)
@@ -180,6 +187,10 @@ def heal(
             return measured
 
         before = evaluate()
+        n_sampled = round(sampled * steps * batch_size)
+        if n_sampled:
+            train_blocks = MixedBlocks(train_blocks, steps * batch_size - n_sampled, teacher_samples(
+                teacher_model, tokenizer, n_sampled, seq_len, seed, precision, progress))
         parameters = list(student.layers.parameters())
         # No weight decay: it would pull the pretrained weights toward 0, away from the teacher. Fused: no
         # temporaries the size of all the trained blocks, as the default (foreach) update makes.
@@ -187,7 +198,7 @@ def heal(
         scheduler = get_cosine_schedule_with_warmup(optimizer, round(warmup_ratio * steps), steps)
         batches = torch.utils.data.DataLoader(PackedBlocks(train_blocks, steps * batch_size, seed),
                                               batch_size=batch_size)
-        pending = sorted(eval_at)
+        pending, losses = sorted(eval_at), []
         with open(tmp / "heal_metrics.jsonl", "w") as metrics:
             metrics.write(json.dumps({"step": 0, "tokens": 0, **before}) + "\n")
             bar = tqdm(batches, total=steps, desc="healing", unit="step", disable=not progress)
@@ -215,10 +226,12 @@ def heal(
                     pending = [t for t in pending if t > record["tokens"]]
                     record.update(evaluate())
                 metrics.write(json.dumps(record) + "\n")
+                losses.append(record["loss"])
                 bar.set_postfix(loss=f"{record['loss']:.4f}")
+        _warn_if_worse(losses, before.get("val_ppl"), record.get("val_ppl"), lr)
 
         result = {
-            "out": str(out), "post_ln_layers": k, "steps": steps, "tokens": record["tokens"], "loss": loss, "lr": lr,
+            "out": str(out), "post_ln_layers": k, "steps": steps, "tokens": record["tokens"], "loss": loss, "sampled": sampled, "lr": lr,
             "relative_error": {"before": before["val_relative_error"], "after": record["val_relative_error"]},
             "perplexity": {"teacher": teacher_ppl, "before": before["val_ppl"], "after": record["val_ppl"]}
             if perplexity else None,
@@ -243,6 +256,42 @@ def heal(
     return result
 
 
+SAMPLE_BATCH = 16  # sequences the teacher writes at once
+
+
+@torch.no_grad()
+def teacher_samples(model, tokenizer, count: int, seq_len: int, seed: int, precision, progress: bool) -> np.ndarray:
+    """[count, seq_len] token ids ``model`` writes itself: each sequence its BOS token (EOS where
+    there is none) and ``seq_len - 1`` tokens of pure sampling (temperature 1, no top-k or top-p,
+    EOS suppressed so every sequence is full), seeded by ``seed`` without touching the global RNG."""
+    start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    device = next(model.parameters()).device
+    rows = []
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), precision():
+        torch.manual_seed(seed)
+        for first in tqdm(range(0, count, SAMPLE_BATCH), desc="teacher writing", unit="batch", disable=not progress):
+            ids = torch.full((min(SAMPLE_BATCH, count - first), 1), start, device=device)
+            written = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
+                                     top_k=0, top_p=1.0, max_new_tokens=seq_len - 1, min_new_tokens=seq_len - 1,
+                                     eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
+            rows.append(written.cpu().numpy())
+    return np.concatenate(rows)
+
+
+class MixedBlocks:
+    """The first ``count`` blocks of ``blocks``, then every block of ``extra``: one set of
+    training blocks for :class:`PackedBlocks` to draw from."""
+
+    def __init__(self, blocks, count: int, extra: np.ndarray):
+        self.blocks, self.count, self.extra = blocks, min(count, len(blocks)), extra
+
+    def __len__(self) -> int:
+        return self.count + len(self.extra)
+
+    def __getitem__(self, i: int):
+        return self.blocks[i] if i < self.count else self.extra[i - self.count]
+
+
 def cached_teacher_metrics(measure, **key) -> dict:
     """``measure()``'s figures, kept in the user cache under ``key`` (everything they depend on:
     the teacher's files, the scored tokens and documents, the settings): a sweep or a rerun heals
@@ -265,6 +314,20 @@ def cached_teacher_metrics(measure, **key) -> dict:
 
 def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def _warn_if_worse(losses: list[float], ppl_before, ppl_after, lr: float) -> None:
+    """A heal that ends worse than it started (training loss over its last tenth of steps above the
+    first step's, or held-out perplexity up) has almost always diverged; say so, still writing it."""
+    tail = losses[-max(1, len(losses) // 10):]
+    signs = []
+    if len(losses) > 1 and sum(tail) / len(tail) > losses[0]:
+        signs.append(f"its loss ended at {sum(tail) / len(tail):.4g}, above the first step's {losses[0]:.4g}")
+    if ppl_before is not None and ppl_after > ppl_before:
+        signs.append(f"held-out perplexity rose from {ppl_before:.4g} to {ppl_after:.4g}")
+    if signs:
+        print(f"warning: the heal made the model worse ({'; '.join(signs)}): --lr {lr:g} is probably too high "
+              f"for this model; try {lr / 3:.1g}", file=sys.stderr)
 
 
 def _describe(data) -> str:

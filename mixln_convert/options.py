@@ -6,6 +6,9 @@ STRATEGIES = ("calibrated", "move", "reinit-post", "scratch")  # conversion/plan
 METHODS = ("angular", "drop", "last")  # analysis/prune.py: how N blocks to remove are chosen
 LOSSES = ("kl", "residual")  # healing.py
 HEAL_DTYPES = ("fp32", "bf16")  # healing.py: of the frozen weights (the trained blocks stay float32)
+# healing.py's peak learning rate. 1e-4 diverged on SmolLM2-135M's calibrated conversion (the KL
+# loss jumped 3x once warmup passed ~8e-5 and the heal ended worse than it started); 3e-5 heals it.
+HEAL_LR = 3e-5
 PRECISIONS = ("auto", "bf16", "fp32")  # training: auto is bf16 autocast on GPU, fp32 on CPU
 DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")  # conversion output dtypes
 

@@ -1,5 +1,6 @@
 """heal(): distilling the Post-LN blocks of a converted model against its original."""
 
+import contextlib
 import json
 import shutil
 
@@ -123,6 +124,32 @@ def test_teacher_figures_are_measured_once_across_runs(moved, tiny_llama, tmp_pa
     assert run("damaged")["perplexity"]["teacher"] == first["perplexity"]["teacher"] and len(scored) == 11
 
 
+def test_teacher_samples_are_full_seeded_sequences_from_bos(tiny_llama):
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    tokenizer = load_tokenizer(tiny_llama)
+    state = torch.random.get_rng_state()
+    first = healing.teacher_samples(model, tokenizer, 20, 12, 0, contextlib.nullcontext, progress=False)
+    assert torch.equal(torch.random.get_rng_state(), state)  # the global generator is left alone
+    assert first.shape == (20, 12) and (first[:, 0] == tokenizer.bos_token_id).all()
+    assert (first[:, 1:] != tokenizer.eos_token_id).all() and len({tuple(r) for r in first}) == 20
+    again = healing.teacher_samples(model, tokenizer, 20, 12, 0, contextlib.nullcontext, progress=False)
+    other = healing.teacher_samples(model, tokenizer, 20, 12, 1, contextlib.nullcontext, progress=False)
+    assert (again == first).all() and (other != first).any()
+
+
+def test_a_heal_on_teacher_samples_only_does_not_depend_on_the_data(moved, tiny_llama, tmp_path):
+    def run(name, sampled, text):
+        out = tmp_path / name
+        heal(moved, tiny_llama, out, data=[text * 40], tokens=2 * BATCH * SEQ_LEN, lr=LR, loss="kl", sampled=sampled,
+             **{**FAST, "eval_tokens": 64})
+        return tensors(out)
+
+    one, other = run("a", 1.0, "Alpha beta gamma. "), run("b", 1.0, "Quite another text, with other words. ")
+    assert all(torch.equal(one[name], other[name]) for name in one)
+    mixed = run("c", 0.5, "Quite another text, with other words. ")
+    assert any(not torch.equal(one[name], mixed[name]) for name in one)
+
+
 def _other_tokenizer(tiny_llama, tmp_path):
     folder = shutil.copytree(tiny_llama, tmp_path / "other-tokenizer")
     tokenizer = load_tokenizer(folder)
@@ -141,6 +168,9 @@ BAD_INPUTS = {
                                                                 progress=False), src), "post_ln_layers 0"),
     "bad-loss": (lambda src, moved, tmp: (moved, src, "--loss", "mse"), "'--loss': 'mse' is not one of"),
     "bad-dtype": (lambda src, moved, tmp: (moved, src, "--dtype", "fp16"), "'--dtype': 'fp16' is not one of"),
+    "sampled-above-1": (lambda src, moved, tmp: (moved, src, "--sampled", "1.5"), "'--sampled'"),
+    "sampled-without-the-whole-teacher": (lambda src, moved, tmp: (moved, src, "--sampled", "0.5", "--loss", "residual",
+                                                                   "--no-perplexity"), "--sampled: the teacher writes"),
 }
 
 
@@ -153,6 +183,16 @@ def test_bad_input_is_one_line_error_and_no_output(case, tiny_llama, moved, tmp_
     assert result.exit_code in (1, 2) and len(lines) == 1 and lines[0].startswith("Error: "), result.output
     assert message in lines[0]
     assert not (tmp_path / "healed").exists()
+
+
+def test_a_heal_that_makes_the_model_worse_says_so(moved, tiny_llama, tmp_path, cli):
+    result = cli("heal", moved, "--teacher", tiny_llama, "--out", tmp_path / "diverged", "--tokens", 8 * BATCH * SEQ_LEN,
+                 "--seq-len", SEQ_LEN, "--eval-tokens", EVAL_TOKENS, "--lr", 30)
+    assert result.exit_code == 0 and (tmp_path / "diverged" / "config.json").is_file(), result.output
+    assert "warning: the heal made the model worse" in result.stderr and "try 1e+01" in result.stderr
+    healthy = cli("heal", moved, "--teacher", tiny_llama, "--out", tmp_path / "healed", "--tokens", 8 * BATCH * SEQ_LEN,
+                  "--seq-len", SEQ_LEN, "--eval-tokens", EVAL_TOKENS, "--lr", LR)
+    assert healthy.exit_code == 0 and "made the model worse" not in healthy.stderr
 
 
 def test_cli_heal_reports_before_and_after(moved, tiny_llama, tmp_path, cli):

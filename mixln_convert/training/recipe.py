@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import MixLNError
-from ..options import EVAL_SEQ_LEN, EVAL_TOKENS, LOSSES, PRECISIONS, STRATEGIES
+from ..options import EVAL_SEQ_LEN, EVAL_TOKENS, HEAL_LR, LOSSES, PRECISIONS, STRATEGIES
 
 SMOLLM2 = "smollm2"  # `source: smollm2` names the embedded default model (the cached GGUF)
 
@@ -29,7 +29,7 @@ DEFAULTS = {
     "conversion": {"alpha": 0.25, "strategy": "calibrated", "scaled_init": True},
     # Distil the converted Post-LN blocks from the source before training (mixln-convert heal);
     # tokens 0 skips it.
-    "heal": {"tokens": 0, "seq_len": 256, "batch_size": 4, "lr": 1e-4, "loss": "kl"},
+    "heal": {"tokens": 0, "seq_len": 256, "batch_size": 4, "lr": HEAL_LR, "loss": "kl", "sampled": 0.0},
     "data": {
         # a tokenized folder (`mixln-convert tokenize`), or text: a file, folder or glob (see `read_texts`),
         # tokenized into the user cache first; None: the embedded corpus's train split
@@ -150,6 +150,7 @@ def _check(r: dict, where: str) -> None:
     number("data.validation_fraction", lambda v: 0 < v < 1, "in (0, 1)")
     number("optim.lr", lambda v: v > 0, "a number > 0")
     number("heal.lr", lambda v: v > 0, "a number > 0")
+    number("heal.sampled", lambda v: 0 <= v <= 1, "in [0, 1]")
     number("optim.eps", lambda v: v > 0, "a number > 0")
     number("optim.weight_decay", lambda v: v >= 0, "a number >= 0")
     number("grad_clip", lambda v: v >= 0, "a number >= 0 (0 disables clipping)")
