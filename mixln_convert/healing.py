@@ -92,10 +92,11 @@ def heal(
     AdamW at peak ``lr`` with linear warmup over ``warmup_ratio`` of the steps then cosine decay,
     gradients clipped to ``grad_clip``. A share ``sampled`` of the training sequences is instead
     written by the teacher itself (:func:`teacher_samples`), so that the student also learns the
-    teacher's distribution on text like the teacher's own, not only on ``data``'s. Before and after (and after each token count in ``eval_at``) it measures, on
-    ``eval_tokens`` tokens of ``eval_data`` (a file, folder or glob; default the embedded validation
-    split) the residual relative error and, with ``perplexity``, the perplexity of the whole model in
-    packed blocks and with each document scored on its own (the teacher's once per run, for reference).
+    teacher's distribution on text like the teacher's own, not only on ``data``'s. Before and
+    after (and after each token count in ``eval_at``) it measures, on ``eval_tokens`` tokens of
+    ``eval_data`` (a file, folder or glob; default the embedded validation split), the residual
+    relative error and, with ``perplexity``, the perplexity of the whole model in packed blocks
+    and with each document scored on its own (the teacher's once per run, for reference).
     ``dtype``: of the frozen weights, "fp32" or "bf16" (see the module's docstring).
 
     Returns ``out``, ``post_ln_layers``, ``steps``, ``tokens``, ``loss``, ``lr``, ``seconds``,
@@ -231,13 +232,15 @@ def heal(
         _warn_if_worse(losses, before.get("val_ppl"), record.get("val_ppl"), lr)
 
         result = {
-            "out": str(out), "post_ln_layers": k, "steps": steps, "tokens": record["tokens"], "loss": loss, "sampled": sampled, "lr": lr,
+            "out": str(out), "post_ln_layers": k, "steps": steps, "tokens": record["tokens"], "loss": loss,
+            "sampled": sampled, "lr": lr,
             "relative_error": {"before": before["val_relative_error"], "after": record["val_relative_error"]},
             "perplexity": {"teacher": teacher_ppl, "before": before["val_ppl"], "after": record["val_ppl"]}
             if perplexity else None,
             "per_document_perplexity": {"teacher": teacher_doc_ppl, "before": before["val_doc_ppl"],
                                         "after": record["val_doc_ppl"]} if perplexity else None,
-            "evaluation": {"data": str(eval_data) if eval_data else EVAL_DATA, "tokens": eval_blocks[:, 1:].numel(), "seq_len": seq_len},
+            "evaluation": {"data": str(eval_data) if eval_data else EVAL_DATA, "tokens": eval_blocks[:, 1:].numel(),
+                           "seq_len": seq_len},
             "seconds": round(time.time() - started, 2),
         }
         state = student.state_dict()
@@ -272,6 +275,7 @@ def teacher_samples(model, tokenizer, count: int, seq_len: int, seed: int, preci
         for first in tqdm(range(0, count, SAMPLE_BATCH), desc="teacher writing", unit="batch", disable=not progress):
             ids = torch.full((min(SAMPLE_BATCH, count - first), 1), start, device=device)
             written = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
+                                     use_cache=True,  # the heal's models are built without: O(n) steps, not O(n^2)
                                      top_k=0, top_p=1.0, max_new_tokens=seq_len - 1, min_new_tokens=seq_len - 1,
                                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
             rows.append(written.cpu().numpy())
