@@ -340,6 +340,8 @@ ROWS = [
     ("prune-remove-all", lambda i, o: ["prune", i.src, o, "--remove", str(L), "--method", "last"], "--remove: 8 layers is outside"),
     ("prune-shard-size-garbage", lambda i, o: ["prune", i.src, o, "--layers", "1", "--max-shard-size", "lots"], "--max-shard-size"),
     ("heal-eval-data-missing", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--eval-data", i.root / "gone.txt"], "--eval-data"),
+    ("heal-sampled-above-1", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--sampled", "1.5"], "'--sampled'"),
+    ("heal-sampled-nan", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--sampled", "nan"], "'--sampled'"),
     ("heal-batch-size-0", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--batch-size", "0"], "'--batch-size'"),
     ("heal-seq-len-0", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--seq-len", "0"], "'--seq-len'"),
     ("heal-lr-negative", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--lr", "-1"], "'--lr'"),
