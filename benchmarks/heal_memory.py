@@ -1,16 +1,19 @@
-"""Peak RSS of `heal` on a TinyLlama-1.1B-shaped model (or another ``--shape``), for two versions of this code side by side:
+"""Peak RSS of `heal` on a TinyLlama-1.1B-shaped model (or another ``--shape``), its variants side by side:
 
-    python benchmarks/heal_memory.py --before REV [--tokens 64] [--seq-len 64]
+    python benchmarks/heal_memory.py [--before REV] [--tokens 64] [--seq-len 64] [--batch-size 1] [--no-bf16]
 
 Builds a synthetic bf16 checkpoint of TinyLlama-1.1B's shape (random weights, benchmarks/shapes.py),
 converts it with ``move`` at alpha 0.25 (5 of 22 blocks Post-LN), and heals it against it (default
-loss ``kl``, one step of ``--tokens`` tokens, the evaluations on as many) in a fresh process per
-run: REV from a temporary git worktree first on ``PYTHONPATH``, then the installed package, with
-the float32 default and with ``--dtype bf16``. Peak RSS is the OS's figure for the child
-(``wait4``'s ru_maxrss, its VmHWM), printed as a multiple of the model's float32 parameter bytes.
+loss ``kl``, one step of ``--tokens`` tokens in blocks of ``--seq-len``, the evaluations on
+``--eval-tokens``) in a fresh process per run: REV from a temporary git worktree first on
+``PYTHONPATH`` (with ``--before``), then the installed package with the float32 default, with
+``--activation-checkpointing`` and (unless ``--no-bf16``) with ``--dtype bf16``. Peak RSS is the
+OS's figure for the child (``wait4``'s ru_maxrss, its VmHWM), printed as a multiple of the model's
+float32 parameter bytes, beside each run's wall time.
 """
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -23,9 +26,12 @@ from train_run import measure, worktree
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--before", required=True, help="git revision of the 'before' version")
-    parser.add_argument("--tokens", type=int, default=64, help="training tokens (one step) and held-out tokens")
+    parser.add_argument("--before", default=None, help="git revision of a 'before' version to run first")
+    parser.add_argument("--tokens", type=int, default=64, help="training tokens (one step)")
     parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--eval-tokens", type=int, default=64, help="held-out tokens")
+    parser.add_argument("--no-bf16", action="store_true", help="leave out the --dtype bf16 run (slow on CPUs)")
     parser.add_argument("--shape", choices=SHAPES, default="tinyllama-1.1b")
     args = parser.parse_args()
     from mixln_convert import convert
@@ -39,22 +45,25 @@ def main():
         convert(work / "source", work / "converted", alpha=0.25, strategy="move", progress=False)
         heal = [sys.executable, "-m", "mixln_convert.cli", "heal", str(work / "converted"), "--teacher",
                 str(work / "source"), "--tokens", str(args.tokens), "--seq-len", str(args.seq_len), "--batch-size",
-                "1", "--eval-tokens", str(args.tokens)]
-        versions = {f"before ({args.before})": ([], {"PYTHONPATH": str(work / "before")}),
-                    "after (installed), fp32": ([], {}),
-                    "after (installed), --dtype bf16": (["--dtype", "bf16"], {})}
-        peaks = {}
-        with worktree(args.before, work / "before"):
+                str(args.batch_size), "--eval-tokens", str(args.eval_tokens)]
+        versions = {f"before ({args.before})": ([], {"PYTHONPATH": str(work / "before")})} if args.before else {}
+        versions["after (installed), fp32"] = ([], {})
+        versions["after (installed), fp32, --activation-checkpointing"] = (["--activation-checkpointing"], {})
+        if not args.no_bf16:
+            versions["after (installed), --dtype bf16"] = (["--dtype", "bf16"], {})
+        runs = {}
+        with worktree(args.before, work / "before") if args.before else contextlib.nullcontext():
             for n, (name, (extra, env)) in enumerate(versions.items()):
                 env = {**os.environ, "MIXLN_CONVERT_CACHE": str(work / f"cache-{n}"), **env}
-                seconds, peaks[name] = measure([*heal, *extra, "--out", str(work / f"healed-{n}")], env)
-                print(f"{name}: {seconds:.0f} s, {peaks[name] / 2**30:.2f} GiB", file=sys.stderr)
-    print(f"\n`heal` of {args.shape}'s shape (move, alpha 0.25), 1 step of 1 x {args.seq_len} "
-          f"tokens, {args.tokens} held-out tokens; float32 parameter bytes {fp32_bytes / 2**30:.2f} GiB\n")
-    print("| version | peak RSS GiB | x fp32 parameter bytes |")
-    print("| --- | --- | --- |")
-    for name, peak in peaks.items():
-        print(f"| {name} | {peak / 2**30:.2f} | {peak / fp32_bytes:.2f} |")
+                runs[name] = measure([*heal, *extra, "--out", str(work / f"healed-{n}")], env)
+                print(f"{name}: {runs[name][0]:.0f} s, {runs[name][1] / 2**30:.2f} GiB", file=sys.stderr)
+    steps = args.tokens // (args.batch_size * args.seq_len)
+    print(f"\n`heal` of {args.shape}'s shape (move, alpha 0.25), {steps} step(s) of {args.batch_size} x {args.seq_len} "
+          f"tokens, {args.eval_tokens} held-out tokens; float32 parameter bytes {fp32_bytes / 2**30:.2f} GiB\n")
+    print("| version | peak RSS GiB | x fp32 parameter bytes | wall time s |")
+    print("| --- | --- | --- | --- |")
+    for name, (seconds, peak) in runs.items():
+        print(f"| {name} | {peak / 2**30:.2f} | {peak / fp32_bytes:.2f} | {seconds:.0f} |")
 
 
 if __name__ == "__main__":

@@ -633,6 +633,10 @@ def sweep(src, out, alphas, heal_tokens, train_tokens, data, seeds, eval_tokens,
 @click.option("--dtype", type=click.Choice(HEAL_DTYPES), default="fp32", show_default=True,
               help="Of the frozen weights (everything but the Post-LN blocks, which train in fp32); bf16 halves "
                    "them and computes under bf16 autocast.")
+@click.option("--activation-checkpointing/--no-activation-checkpointing", default=False, show_default=True,
+              help="Keep only each block's input through a step and recompute the rest in the backward: a step's "
+                   "activations stop growing with the depth, for one more forward of the blocks per step. Pays "
+                   "when activations, not weights, set the peak (long --seq-len, large --batch-size).")
 @click.option("--eval-tokens", type=POSITIVE, default=EVAL_TOKENS, show_default=True,
               help="Held-out tokens measured before and after.")
 @click.option("--eval-data", default=None, metavar="PATH",
@@ -643,8 +647,8 @@ def sweep(src, out, alphas, heal_tokens, train_tokens, data, seeds, eval_tokens,
                    "one copy of the layers they share).")
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard, e.g. 5GB, 500MB.")
 @click.option("--force", is_flag=True, help="Replace a non-empty output folder (never an input).")
-def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, sampled, dtype, eval_tokens, eval_data,
-         perplexity, max_shard_size, force):
+def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, sampled, dtype, activation_checkpointing,
+         eval_tokens, eval_data, perplexity, max_shard_size, force):
     """Heal the Mix-LN checkpoint CONVERTED cheaply: distill only its Post-LN blocks from the
     teacher (with --loss residual a step costs about k/L of a training step). Writes a converted
     checkpoint folder with heal_metrics.jsonl."""
@@ -659,7 +663,8 @@ def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, s
     from .healing import heal as run
 
     result = run(converted, teacher, out, data=data, tokens=tokens, seq_len=seq_len, batch_size=batch_size, lr=lr,
-                 loss=loss, sampled=sampled, dtype=dtype, eval_tokens=eval_tokens, eval_data=eval_data, perplexity=perplexity, max_shard_size=max_shard_size,
+                 loss=loss, sampled=sampled, dtype=dtype, activation_checkpointing=activation_checkpointing,
+                 eval_tokens=eval_tokens, eval_data=eval_data, perplexity=perplexity, max_shard_size=max_shard_size,
                  force=force)
     error = result["relative_error"]
     click.echo(f"healed {result['post_ln_layers']} Post-LN blocks on {result['tokens']} tokens ({result['steps']} "

@@ -54,6 +54,7 @@ from .io.writer import atomic_output_dir, parse_size, tool_stamp, write_atomic, 
 from .limits import (check_fraction, check_nonnegative, check_one_step, check_positive, check_positive_float,
                      check_seed, check_seq_len)
 from .model.prefix import load_prefix, prefix_names, prefix_of
+from .model.modeling_mixln import enable_checkpointing
 from .model.shared_tail import load_pair
 
 
@@ -74,6 +75,7 @@ def heal(
     loss: str = "kl",
     sampled: float = 0.0,
     dtype: str = "fp32",
+    activation_checkpointing: bool = False,
     warmup_ratio: float = 0.1,
     grad_clip: float = 1.0,
     eval_tokens: int = EVAL_TOKENS,
@@ -98,6 +100,9 @@ def heal(
     relative error and, with ``perplexity``, the perplexity of the whole model in packed blocks
     and with each document scored on its own (the teacher's once per run, for reference).
     ``dtype``: of the frozen weights, "fp32" or "bf16" (see the module's docstring).
+    ``activation_checkpointing``: keep only each block's input through a training step and
+    recompute the rest in the backward (one more forward of the blocks the loss runs through, for
+    activations that no longer grow with the depth: see :func:`_recomputing`).
 
     Returns ``out``, ``post_ln_layers``, ``steps``, ``tokens``, ``loss``, ``lr``, ``seconds``,
     ``relative_error`` and ``perplexity`` (each {"before", "after"}; perplexity also "teacher",
@@ -160,6 +165,10 @@ def heal(
             student = load_prefix(student_source, arch, k, device=device)
             student.embed_tokens.requires_grad_(False)  # only the Post-LN blocks learn
             teacher_prefix = load_prefix(teacher_source, arch, k, frozen, device)
+        trained = full.model if full is not None and loss == "kl" else student  # what the loss runs through
+        if activation_checkpointing:
+            # non-reentrant: the first block's input (the frozen embeddings' output) needs no gradient
+            enable_checkpointing(trained, {"use_reentrant": False})
         if unshared:
             print(f"warning: --teacher {teacher}: {len(unshared)} tensors outside the first {k} blocks differ "
                   f"from {converted}'s (the first: {unshared[0]}); the teacher keeps its own copies of those",
@@ -205,7 +214,7 @@ def heal(
             bar = tqdm(batches, total=steps, desc="healing", unit="step", disable=not progress)
             for step, batch in enumerate(bar, 1):
                 batch = batch.to(device)
-                with precision():
+                with precision(), _recomputing(trained.layers, activation_checkpointing):
                     if loss == "residual":
                         with torch.no_grad():
                             target = teacher_prefix(input_ids=batch).last_hidden_state
@@ -214,7 +223,7 @@ def heal(
                         with torch.no_grad():
                             target = teacher_model(input_ids=batch).logits
                         value = distribution_kl(full(input_ids=batch).logits, target)
-                value.backward()
+                value.backward()  # a checkpointed block's recompute restores the forward's autocast state
                 torch.nn.utils.clip_grad_norm_(parameters, grad_clip)
                 record = {"step": step, "tokens": step * batch.numel(), "loss": value.item(),
                           "lr": scheduler.get_last_lr()[0], "seconds": round(time.time() - started, 2)}
@@ -233,7 +242,7 @@ def heal(
 
         result = {
             "out": str(out), "post_ln_layers": k, "steps": steps, "tokens": record["tokens"], "loss": loss,
-            "sampled": sampled, "lr": lr,
+            "sampled": sampled, "lr": lr, "activation_checkpointing": activation_checkpointing,
             "relative_error": {"before": before["val_relative_error"], "after": record["val_relative_error"]},
             "perplexity": {"teacher": teacher_ppl, "before": before["val_ppl"], "after": record["val_ppl"]}
             if perplexity else None,
@@ -332,6 +341,21 @@ def _warn_if_worse(losses: list[float], ppl_before, ppl_after, lr: float) -> Non
     if signs:
         print(f"warning: the heal made the model worse ({'; '.join(signs)}): --lr {lr:g} is probably too high "
               f"for this model; try {lr / 3:.1g}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def _recomputing(layers, enabled: bool):
+    """Around a training forward: the blocks ``layers`` in training mode, the one state in which
+    transformers checkpoints them (see :func:`heal`'s ``activation_checkpointing``). The blocks
+    alone are switched, not their submodules, so attention stays in eval mode (no dropout: a heal
+    distils, it does not regularize), and the evaluations between steps find them unchanged."""
+    for layer in layers if enabled else ():
+        layer.training = True
+    try:
+        yield
+    finally:
+        for layer in layers if enabled else ():
+            layer.training = False
 
 
 def _describe(data) -> str:

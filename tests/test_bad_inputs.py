@@ -386,6 +386,7 @@ ROWS = [
     ("train-grad-clip-negative", lambda i, o: [*recipe(i, "grad_clip=-1"), "--out", o], "grad_clip must be a number >= 0"),
     ("train-heal-loss-unknown", lambda i, o: [*recipe(i, "heal.loss=mse"), "--out", o], "heal.loss must be one of"),
     ("train-heal-sampled-above-1", lambda i, o: [*recipe(i, "heal.sampled=2"), "--out", o], "heal.sampled must be in [0, 1]"),
+    ("train-heal-checkpointing-not-bool", lambda i, o: [*recipe(i, "heal.activation_checkpointing=3"), "--out", o], "heal.activation_checkpointing"),
     ("train-heal-lr-zero", lambda i, o: [*recipe(i, "heal.lr=0"), "--out", o], "heal.lr must be a number > 0"),
     ("train-heal-tokens-below-a-step", lambda i, o: [*recipe(i, "heal.tokens=10"), "--out", o], "less than one heal step"),
     ("train-flag-not-a-bool", lambda i, o: [*recipe(i, "allow_longer_seq=yes please"), "--out", o], "allow_longer_seq must be true or false"),

@@ -214,3 +214,35 @@ def test_convert_heals_in_the_same_run(tiny_llama, tmp_path, cli):
     provenance = json.loads((dst / "config.json").read_text())["mixln_provenance"]
     assert provenance["strategy"] == "calibrated" and provenance["heal"]["steps"] == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dst"]  # the unhealed conversion is gone
+
+
+class _Held:
+    """A tensor autograd saved for the backward, and the bytes all such tensors hold at once (live, peak)."""
+    live = peak = 0
+
+    def __init__(self, tensor):
+        self.tensor, self.bytes = tensor, tensor.numel() * tensor.element_size()
+        _Held.live += self.bytes
+        _Held.peak = max(_Held.peak, _Held.live)
+
+    def __del__(self):
+        _Held.live -= self.bytes
+
+
+def test_activation_checkpointing_holds_less_and_heals_alike(moved, tiny_llama, tmp_path):
+    def run(name, checkpointing):
+        _Held.live = _Held.peak = 0
+        with torch.autograd.graph.saved_tensors_hooks(_Held, lambda held: held.tensor):
+            result = heal(moved, tiny_llama, tmp_path / name, tokens=3 * BATCH * SEQ_LEN, lr=LR, loss="kl",
+                          activation_checkpointing=checkpointing, **FAST)
+        return tensors(tmp_path / name), _Held.peak, result
+
+    kept, kept_peak, _ = run("kept", False)
+    recomputed, recomputed_peak, result = run("recomputed", True)
+    assert result["activation_checkpointing"] is True
+    assert recomputed.keys() == kept.keys()
+    for name, tensor in kept.items():
+        torch.testing.assert_close(recomputed[name], tensor, rtol=0, atol=1e-6, msg=name)
+    assert any(not torch.equal(kept[name], tensors(moved)[name]) for name in kept)  # it did train
+    print(f"peak saved bytes: {kept_peak} kept, {recomputed_peak} recomputed")
+    assert recomputed_peak < 0.6 * kept_peak

@@ -57,9 +57,10 @@ def _legacy_checkpointing(config) -> bool:
     return bool(getattr(config, "gradient_checkpointing", False))
 
 
-def _enable_checkpointing(model) -> None:
+def enable_checkpointing(model, kwargs: dict | None = None) -> None:
+    """transformers' activation checkpointing of ``model``'s blocks, with ``kwargs`` for torch's checkpoint."""
     # transformers renamed it activation_checkpointing_enable (the old name warns); older 5.x has only the old
-    (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+    (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)(kwargs)
 
 
 class MixLNModel(MixLNPreTrainedModel, LlamaModel):
@@ -69,7 +70,7 @@ class MixLNModel(MixLNPreTrainedModel, LlamaModel):
         self.layers = nn.ModuleList(MixLNDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.post_init()
         if checkpointing:
-            _enable_checkpointing(self)
+            enable_checkpointing(self)
 
 
 class MixLNForCausalLM(MixLNPreTrainedModel, LlamaForCausalLM, GenerationMixin):
@@ -83,7 +84,7 @@ class MixLNForCausalLM(MixLNPreTrainedModel, LlamaForCausalLM, GenerationMixin):
         self._no_split_modules = set(MixLNPreTrainedModel._no_split_modules)
         self.post_init()
         if checkpointing:
-            _enable_checkpointing(self)
+            enable_checkpointing(self)
 
 
 __all__ = ["MixLNDecoderLayer", "MixLNForCausalLM", "MixLNModel", "MixLNPreTrainedModel"]

@@ -29,7 +29,8 @@ DEFAULTS = {
     "conversion": {"alpha": 0.25, "strategy": "calibrated", "scaled_init": True},
     # Distil the converted Post-LN blocks from the source before training (mixln-convert heal);
     # tokens 0 skips it.
-    "heal": {"tokens": 0, "seq_len": 256, "batch_size": 4, "lr": HEAL_LR, "loss": "kl", "sampled": 0.0},
+    "heal": {"tokens": 0, "seq_len": 256, "batch_size": 4, "lr": HEAL_LR, "loss": "kl", "sampled": 0.0,
+             "activation_checkpointing": False},
     "data": {
         # a tokenized folder (`mixln-convert tokenize`), or text: a file, folder or glob (see `read_texts`),
         # tokenized into the user cache first; None: the embedded corpus's train split
