@@ -4,14 +4,15 @@ for the original, the calibrated conversion and the healed model.
 
     python benchmarks/heal_quality.py [--packed FILE ...]
         --paragraphs '<python3.11-doc>/usr/share/doc/python3.11/html/_sources/**/*.txt'
-        [--tokens 65536] [--lr 1e-4] [--loss kl] [--sampled 0] [--checkpoints 16384,32768] [--json OUT.json]
+        [--tokens 65536] [--lr 3e-5] [--loss kl] [--sampled 0] [--checkpoints 16384,32768] [--curve-on A|B]
+        [--json OUT.json]
 
 Text A (``--packed``, files; default Debian's GPL-3 and Apache-2.0 licence texts) and
 text B (``--paragraphs``: prose paragraphs of 400-1200 characters cut from reStructuredText
 sources, 300 chosen by a seeded draw, each one document) are each scored in packed blocks of
 ``--seq-len`` and document by document from the first token (lm-eval's loglikelihood_rolling).
 The heal (`mixln_convert.healing.heal`, its defaults unless given) trains on the embedded
-corpus and evaluates on text A at each of ``--checkpoints``: the curve. Generation: greedy
+corpus and evaluates on text A (or ``--curve-on B``) at each of ``--checkpoints``: the curve. Generation: greedy
 64-token continuations of the 24 fixed prompts of `mixln_convert.generation`, their mean share
 of repeated 4-grams. Prints Markdown tables; ``--json`` keeps every figure and continuation.
 """
@@ -29,6 +30,7 @@ from mixln_convert import convert
 from mixln_convert.evaluate import score_checkpoint
 from mixln_convert.fetch import smollm2_gguf
 from mixln_convert.healing import heal
+from mixln_convert.options import HEAL_LR
 
 DIRECTIVE = re.compile(r"^\s|^\.\. |::\s*$|^[=\-~^*#]{3,}\s*$")
 
@@ -70,10 +72,11 @@ def main():
     parser.add_argument("--model", default=None, help="Pre-LN source (default: the SmolLM2 GGUF)")
     parser.add_argument("--alpha", type=float, default=0.25)
     parser.add_argument("--tokens", type=int, default=65_536, help="heal tokens (heal's default)")
-    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--lr", type=float, default=HEAL_LR)
     parser.add_argument("--loss", default="kl")
     parser.add_argument("--sampled", type=float, default=0.0, help="share of heal sequences the teacher writes")
-    parser.add_argument("--checkpoints", default="16384,32768", help="heal token counts to evaluate text A at")
+    parser.add_argument("--checkpoints", default="16384,32768", help="heal token counts to evaluate the curve's text at")
+    parser.add_argument("--curve-on", choices=("A", "B"), default="A", help="the text heal evaluates (its curve)")
     parser.add_argument("--seq-len", type=int, default=512, help="packed block length and per-document window")
     parser.add_argument("--eval-tokens", type=int, default=16_384, help="tokens scored per text and mode")
     parser.add_argument("--json", type=Path, default=None, help="write every figure and continuation here")
@@ -93,7 +96,7 @@ def main():
         converted = convert(source, tmp / "converted", alpha=args.alpha, strategy="calibrated", progress=False)
         healed = tmp / "healed"
         heal_result = heal(converted, source, healed, tokens=args.tokens, lr=args.lr, loss=args.loss, sampled=args.sampled,
-                           eval_data=text_a, eval_tokens=args.eval_tokens,
+                           eval_data=texts[args.curve_on], eval_tokens=args.eval_tokens,
                            eval_at=[int(t) for t in args.checkpoints.split(",") if t], progress=False)
         curve = [json.loads(line) for line in (healed / "heal_metrics.jsonl").read_text().splitlines()]
         models = {name: score(ckpt, texts, args, generate=True)
@@ -113,8 +116,9 @@ def main():
         rep = m["generation"]["repeated_4gram_share"]
         print(f"| {name} | {' | '.join(cells)} | {rep:.3f} ({rep / rep0 if rep0 else float('inf'):.2f}x) |")
     teacher = heal_result["perplexity"]["teacher"], heal_result["per_document_perplexity"]["teacher"]
-    print("\nHeal curve on A (blocks of heal's 256 tokens; mid-run points at a learning rate not yet annealed):\n")
-    print("| heal tokens | A packed (x original) | A per document (x original) |")
+    on = args.curve_on
+    print(f"\nHeal curve on {on} (blocks of heal's 256 tokens; mid-run points at a learning rate not yet annealed):\n")
+    print(f"| heal tokens | {on} packed (x original) | {on} per document (x original) |")
     print("| --- | --- | --- |")
     for row in (r for r in curve if "val_ppl" in r):
         print(f"| {row['tokens']:,} | {row['val_ppl'] / teacher[0]:.3f}x | {row['val_doc_ppl'] / teacher[1]:.3f}x |")

@@ -1,5 +1,8 @@
 """The Mix-LN model itself: block arithmetic, KV cache, gradient checkpointing, dtypes, config."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from huggingface_hub.errors import StrictDataclassClassValidationError
@@ -146,3 +149,22 @@ def test_legacy_gradient_checkpointing_flag_reaches_the_mix_ln_layers():
     assert all(layer.gradient_checkpointing for layer in model.model.layers)
     plain = MixLNForCausalLM(MixLNConfig(**TINY_CONFIG, post_ln_layers=2))
     assert not any(layer.gradient_checkpointing for layer in plain.model.layers)
+
+
+@pytest.mark.parametrize("first", [
+    "import mixln_convert.model.modeling_mixln",  # the Mix-LN modeling module before transformers' auto classes
+    "from mixln_convert import MixLNForCausalLM",
+    "import mixln_convert.healing",
+    "import mixln_convert; from transformers import LlamaForCausalLM",  # LLaMA's model file runs the auto module
+    "import mixln_convert; from transformers import MistralForCausalLM",  # so does every model file's import
+    "import mixln_convert; import transformers.modeling_layers",
+    "import mixln_convert; from transformers import AutoModelForCausalLM",
+])
+def test_registration_survives_any_import_order(first):
+    """In a fresh interpreter, whatever is imported first, the Mix-LN classes end up registered
+    with the Auto classes, and no import is left half-done (a circular import would raise)."""
+    code = (f"{first}\nfrom transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING\n"
+            "from mixln_convert.model.configuration_mixln import MixLNConfig\n"
+            "print(MODEL_FOR_CAUSAL_LM_MAPPING[MixLNConfig].__name__)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "MixLNForCausalLM", done.stderr[-800:]

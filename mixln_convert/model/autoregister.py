@@ -3,7 +3,10 @@
 Registering needs torch and transformers' LLaMA code (seconds to import), while
 ``import mixln_convert`` must stay instant for the CLI. So the registration runs right after
 ``transformers.models.auto.modeling_auto`` is executed -- the module every
-``AutoModelForCausalLM`` comes from -- or at once if it is already imported.
+``AutoModelForCausalLM`` comes from -- or at once if it is already imported. But that module is
+executed in the middle of ``transformers.modeling_layers``, which every model file imports, and
+registering imports the Mix-LN modeling module, which imports LLaMA's model file and that one:
+while any of those three is still being executed, registering waits until the last is complete.
 """
 
 import importlib
@@ -12,20 +15,34 @@ import importlib.util
 import sys
 
 AUTO_MODULE = "transformers.models.auto.modeling_auto"
+# half-executed, these would make registering's imports circular
+HOSTS = {"transformers.modeling_layers", "transformers.models.llama.modeling_llama", "mixln_convert.model.modeling_mixln"}
 REGISTER_MODULE = "mixln_convert.model.register"
 
 
 class _RegisterAfterImport(importlib.abc.MetaPathFinder):
+    def __init__(self):
+        self.watched = {AUTO_MODULE, *HOSTS}
+        self.hosts_running = 0
+
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != AUTO_MODULE:
+        if fullname not in self.watched:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
+        self.watched.discard(fullname)
+        spec = importlib.util.find_spec(fullname)  # by the other finders: this one no longer watches it
         run_module = spec.loader.exec_module
 
         def run_then_register(module):
-            run_module(module)
-            importlib.import_module(REGISTER_MODULE)
+            host = fullname in HOSTS
+            self.hosts_running += host
+            try:
+                run_module(module)
+            finally:
+                self.hosts_running -= host
+            if self.hosts_running == 0 and AUTO_MODULE in sys.modules:
+                if self in sys.meta_path:
+                    sys.meta_path.remove(self)
+                importlib.import_module(REGISTER_MODULE)
 
         spec.loader.exec_module = run_then_register
         return spec
