@@ -168,3 +168,20 @@ def test_registration_survives_any_import_order(first):
             "print(MODEL_FOR_CAUSAL_LM_MAPPING[MixLNConfig].__name__)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == "MixLNForCausalLM", done.stderr[-800:]
+
+
+@pytest.mark.parametrize("loading", [
+    "AutoTokenizer.from_pretrained(path)",  # the tokenizer first: transformers reads the config's auto_map
+    "AutoConfig.from_pretrained(path)",
+    "AutoModelForCausalLM.from_pretrained(path)",
+])
+def test_a_converted_folder_loads_without_asking_for_remote_code(converted, loading):
+    """After ``import mixln_convert``, nothing asks whether to run the folder's own modeling code
+    (transformers would prompt on a terminal, and time out after 15 s)."""
+    code = ("import mixln_convert\nfrom transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer\n"
+            f"path = {str(converted)!r}\nloaded = {loading}\nprint(type(loaded).__name__)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-800:]
+    assert "custom code" not in done.stdout + done.stderr and "trust_remote_code" not in done.stderr, done.stderr[-800:]
+    assert done.stdout.split()[-1] in {"MixLNConfig", "MixLNForCausalLM", "PreTrainedTokenizerFast", "LlamaTokenizer",
+                                       "TokenizersBackend"}
