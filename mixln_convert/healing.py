@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
@@ -102,7 +103,8 @@ def heal(
     ``dtype``: of the frozen weights, "fp32" or "bf16" (see the module's docstring).
     ``activation_checkpointing``: keep only each block's input through a training step and
     recompute the rest in the backward (one more forward of the blocks the loss runs through, for
-    activations that no longer grow with the depth: see :func:`_recomputing`).
+    activations that no longer grow with the depth: see :func:`_recomputing`), and with the ``kl``
+    loss the logits too, a chunk of tokens at a time (:func:`chunked_kl`).
 
     Returns ``out``, ``post_ln_layers``, ``steps``, ``tokens``, ``loss``, ``lr``, ``seconds``,
     ``relative_error`` and ``perplexity`` (each {"before", "after"}; perplexity also "teacher",
@@ -219,6 +221,11 @@ def heal(
                         with torch.no_grad():
                             target = teacher_prefix(input_ids=batch).last_hidden_state
                         value = relative_error(student(input_ids=batch).last_hidden_state, target)
+                    elif activation_checkpointing:  # the logits too are recomputed, a chunk of tokens at a time
+                        with torch.no_grad():
+                            target = teacher_model.model(input_ids=batch).last_hidden_state
+                        value = chunked_kl(full.model(input_ids=batch).last_hidden_state, target, full.lm_head,
+                                           teacher_model.lm_head)
                     else:  # the teacher's logits change with every batch: not cacheable, unlike its metrics
                         with torch.no_grad():
                             target = teacher_model(input_ids=batch).logits
@@ -403,6 +410,27 @@ def _same_tokenizer(student_source, teacher_source):
 def relative_error(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
     """mean over tokens of |s_t - t_t|^2 / |t_t|^2 ([..., hidden] tensors)."""
     return ((student - teacher).pow(2).sum(-1) / teacher.pow(2).sum(-1)).mean()
+
+
+def chunked_kl(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, student_head, teacher_head,
+               chunk_tokens: int = 128) -> torch.Tensor:
+    """:func:`distribution_kl` of ``student_head(student_hidden)`` against ``teacher_head(teacher_hidden)``
+    (final hidden states, [..., hidden]), ``chunk_tokens`` positions at a time: each chunk's logits
+    are recomputed in the backward instead of kept, so a step holds one chunk's vocabulary-sized
+    tensors, not the whole batch's, for two more passes of the heads."""
+    student_hidden, teacher_hidden = student_hidden.flatten(0, -2), teacher_hidden.flatten(0, -2)
+    total = 0.0
+    for start in range(0, len(student_hidden), chunk_tokens):
+        chunk = slice(start, start + chunk_tokens)
+        total = total + checkpoint(_kl_sum, student_hidden[chunk], teacher_hidden[chunk], student_head, teacher_head,
+                                   use_reentrant=False)
+    return total / len(student_hidden)
+
+
+def _kl_sum(student_hidden, teacher_hidden, student_head, teacher_head) -> torch.Tensor:
+    with torch.no_grad():
+        target = F.log_softmax(teacher_head(teacher_hidden).float(), -1)
+    return F.kl_div(F.log_softmax(student_head(student_hidden).float(), -1), target, log_target=True, reduction="sum")
 
 
 def distribution_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:

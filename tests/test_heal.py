@@ -246,3 +246,15 @@ def test_activation_checkpointing_holds_less_and_heals_alike(moved, tiny_llama, 
     assert any(not torch.equal(kept[name], tensors(moved)[name]) for name in kept)  # it did train
     print(f"peak saved bytes: {kept_peak} kept, {recomputed_peak} recomputed")
     assert recomputed_peak < 0.6 * kept_peak
+
+
+def test_chunked_kl_is_the_kl_and_its_gradient():
+    torch.manual_seed(0)
+    student_head, teacher_head = torch.nn.Linear(16, 50, bias=False), torch.nn.Linear(16, 50, bias=False)
+    hidden, teacher_hidden = torch.randn(3, 37, 16, requires_grad=True), torch.randn(3, 37, 16)
+    whole = healing.distribution_kl(student_head(hidden), teacher_head(teacher_hidden))
+    (expected,) = torch.autograd.grad(whole, hidden)
+    chunked = healing.chunked_kl(hidden, teacher_hidden, student_head, teacher_head, chunk_tokens=8)  # 111 = 13 x 8 + 7
+    (gradient,) = torch.autograd.grad(chunked, hidden)
+    torch.testing.assert_close(chunked, whole, rtol=1e-6, atol=0)
+    torch.testing.assert_close(gradient, expected, rtol=1e-5, atol=1e-9)
