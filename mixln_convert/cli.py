@@ -634,9 +634,10 @@ def sweep(src, out, alphas, heal_tokens, train_tokens, data, seeds, eval_tokens,
               help="Of the frozen weights (everything but the Post-LN blocks, which train in fp32); bf16 halves "
                    "them and computes under bf16 autocast.")
 @click.option("--activation-checkpointing/--no-activation-checkpointing", default=False, show_default=True,
-              help="Keep only each block's input through a step and recompute the rest in the backward: a step's "
-                   "activations stop growing with the depth, for one more forward of the blocks per step. Pays "
-                   "when activations, not weights, set the peak (long --seq-len, large --batch-size).")
+              help="Keep only each block's input through a step and recompute the rest in the backward (with "
+                   "--loss kl the logits too, 128 tokens at a time): a step's activations stop growing with the "
+                   "depth, for one more forward per step. Pays when activations, not weights, set the peak "
+                   "(long --seq-len, large --batch-size).")
 @click.option("--eval-tokens", type=POSITIVE, default=EVAL_TOKENS, show_default=True,
               help="Held-out tokens measured before and after.")
 @click.option("--eval-data", default=None, metavar="PATH",
