@@ -229,11 +229,12 @@ class _Held:
         _Held.live -= self.bytes
 
 
-def test_activation_checkpointing_holds_less_and_heals_alike(moved, tiny_llama, tmp_path):
+@pytest.mark.parametrize("loss", ["kl", "residual"])
+def test_activation_checkpointing_holds_less_and_heals_alike(moved, tiny_llama, tmp_path, loss):
     def run(name, checkpointing):
         _Held.live = _Held.peak = 0
         with torch.autograd.graph.saved_tensors_hooks(_Held, lambda held: held.tensor):
-            result = heal(moved, tiny_llama, tmp_path / name, tokens=3 * BATCH * SEQ_LEN, lr=LR, loss="kl",
+            result = heal(moved, tiny_llama, tmp_path / name, tokens=3 * BATCH * SEQ_LEN, lr=LR, loss=loss,
                           activation_checkpointing=checkpointing, **FAST)
         return tensors(tmp_path / name), _Held.peak, result
 
