@@ -245,13 +245,16 @@ def eval_(ckpt, data, seq_len, max_tokens, batch_size, allow_longer, per_documen
     if names:
         from .downstream import evaluate_tasks
         from .io.loader import open_checkpoint
+        from .limits import check_seq_len
 
         source = open_checkpoint(ckpt)
+        if per_document or generate:  # refused before the tasks run, not after
+            check_seq_len("--seq-len", seq_len, source.config, allow_longer)
+        model = source.model()  # one load for the tasks and the scoring both
         result = {"checkpoint": ckpt, "batch_size": batch_size,
-                  **evaluate_tasks(source.model(), source.tokenizer, names, manager, limit=limit,
-                                   batch_size=batch_size)}
+                  **evaluate_tasks(model, source.tokenizer, names, manager, limit=limit, batch_size=batch_size)}
         if per_document or generate:
-            scored = score_checkpoint(ckpt, **scoring)
+            scored = score_checkpoint(source, model=model, packed=False, **scoring)
             result.update({key: scored[key] for key in ("per_document", "generation") if key in scored})
     else:
         result = score_checkpoint(ckpt, **scoring)

@@ -92,12 +92,12 @@ def evaluate_documents(model, tokenizer, texts: list[str], max_length: int, batc
 
 def score_checkpoint(ckpt, *, data=None, seq_len: int = EVAL_SEQ_LEN, max_tokens: int = EVAL_TOKENS,
                      batch_size: int = 4, per_document: bool = False, generate: bool = False,
-                     allow_longer: bool = False, progress: bool = True) -> dict:
+                     allow_longer: bool = False, packed: bool = True, model=None, progress: bool = True) -> dict:
     """``ckpt`` (a path or an open Checkpoint) scored on the first ``max_tokens`` tokens of the
-    held-out text ``data`` (default: the embedded validation split) in packed blocks of
+    held-out text ``data`` (default: the embedded validation split): with ``packed`` in blocks of
     ``seq_len``, with ``per_document`` each document on its own (``per_document`` key), with
     ``generate`` its greedy continuations of fixed prompts (``generation`` key): what
-    ``mixln-convert eval`` prints."""
+    ``mixln-convert eval`` prints. ``model``: ``ckpt``'s model when the caller has it loaded already."""
     from .data import read_texts, token_blocks
     from .io.loader import open_checkpoint
     from .limits import check_seq_len
@@ -105,10 +105,11 @@ def score_checkpoint(ckpt, *, data=None, seq_len: int = EVAL_SEQ_LEN, max_tokens
     source = open_checkpoint(ckpt)
     check_seq_len("--seq-len", seq_len, source.config, allow_longer)
     texts = read_texts(data, split="validation")
-    blocks = token_blocks(source.tokenizer, texts, seq_len, max_tokens, source=data or EVAL_DATA)
-    model = source.model()
-    result = {"checkpoint": str(source.path), "data": str(data) if data else EVAL_DATA, "seq_len": seq_len,
-              **evaluate_perplexity(model, blocks, batch_size, progress)}
+    blocks = token_blocks(source.tokenizer, texts, seq_len, max_tokens, source=data or EVAL_DATA) if packed else None
+    model = model if model is not None else source.model()
+    result = {"checkpoint": str(source.path), "data": str(data) if data else EVAL_DATA, "seq_len": seq_len}
+    if packed:
+        result.update(evaluate_perplexity(model, blocks, batch_size, progress))
     if per_document:
         result["per_document"] = evaluate_documents(model, source.tokenizer, texts, seq_len, batch_size, max_tokens,
                                                     progress)

@@ -173,3 +173,31 @@ def test_without_lm_eval_the_error_says_how_to_install_it(cli, converted, monkey
     assert result.exit_code == 1
     assert result.stderr.strip() == ("Error: --tasks: lm-evaluation-harness is not installed; "
                                      "pip install 'mixln-convert[eval]'")
+
+
+def test_eval_tasks_with_per_document_loads_the_model_once_and_scores_as_eval_does(cli, converted, half_right_task,
+                                                                                    monkeypatch):
+    from mixln_convert.io.loader import Checkpoint
+
+    folder, name = half_right_task
+    plain = cli("eval", converted, "--per-document", "--max-tokens", "256", "--seq-len", "64", "--json")
+    assert plain.exit_code == 0, plain.output
+    loads = []
+    model = Checkpoint.model
+    monkeypatch.setattr(Checkpoint, "model", lambda self, *a, **k: loads.append(self.path) or model(self, *a, **k))
+    both = cli("eval", converted, "--tasks", name, "--include-path", folder, "--limit", "2", "--per-document",
+               "--max-tokens", "256", "--seq-len", "64", "--json")
+    assert both.exit_code == 0, both.output
+    shown = json.loads(both.stdout.strip().splitlines()[-1])
+    assert len(loads) == 1
+    assert shown["per_document"] == json.loads(plain.stdout.strip().splitlines()[-1])["per_document"]
+    assert "perplexity" not in shown and set(shown["tasks"]) == {name}
+
+
+def test_eval_tasks_refuses_a_bad_seq_len_before_running_the_tasks(cli, converted, half_right_task, monkeypatch):
+    import mixln_convert.downstream as downstream
+
+    folder, name = half_right_task
+    monkeypatch.setattr(downstream, "evaluate_tasks", lambda *a, **k: pytest.fail("the tasks ran"))
+    result = cli("eval", converted, "--tasks", name, "--include-path", folder, "--per-document", "--seq-len", "100000")
+    assert result.exit_code != 0 and "--seq-len" in result.output and "Traceback" not in result.output
