@@ -243,6 +243,12 @@ def _flip_shard(folder):
     shard.write_bytes(b"\1\0" + shard.read_bytes()[2:])
 
 
+def _garble_shards(folder):
+    """Every train shard overwritten with ids no tokenizer of the tiny model has, sizes kept."""
+    for shard in folder.glob("train-*.bin"):
+        shard.write_bytes(b"\xff" * shard.stat().st_size)
+
+
 def other_tokenizer(inputs):
     from transformers import AutoTokenizer
 
@@ -495,6 +501,22 @@ def test_bad_input_is_refused_cleanly(row, tmp_path, request, cli, monkeypatch):
 
 
 # ---- faults while writing, signals, permissions, speed of refusals ------------------------------
+
+
+def test_a_garbled_shard_is_refused_where_it_is_read(tmp_path, request, cli, monkeypatch):
+    """Shards keep their sizes (so the start-up checks pass) but hold ids past the vocabulary:
+    the first read is a one-line error naming the shard, with no checkpoint written."""
+    monkeypatch.setenv("MIXLN_CONVERT_CACHE", str(tmp_path / "cache"))
+    inputs = Inputs(tmp_path / "inputs", request.getfixturevalue)
+    folder = tokens(inputs, _garble_shards)
+    before = digests(inputs.root)
+    result = cli(*[str(a) for a in on_tokens(inputs, folder)], "--out", str(tmp_path / "run"))
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "train-0000" in errors[0] and "is id 65535, past the tokenizer's" in errors[0], result.stderr
+    assert "Traceback" not in result.output
+    assert digests(inputs.root) == before
+    assert not list((tmp_path / "run").rglob("step-*"))
 
 
 def test_disk_full_is_one_line_naming_dst_and_leaves_nothing(tiny_llama, tmp_path, cli, monkeypatch):

@@ -177,10 +177,15 @@ def check_shards(folder: Path, manifest: dict, hashes: bool = False) -> None:
 
 class TokenShards:
     """One split of a tokenized folder as one token stream: ``len()`` and ``[a:b]`` slices (an
-    array), each shard memory-mapped on first use, so reading a block reads that block only."""
+    array), each shard memory-mapped on first use, so reading a block reads that block only.
 
-    def __init__(self, folder: Path, manifest: dict, split: str):
-        self.folder, self.split = Path(folder), split
+    Hashing every shard would read the whole corpus in every process, so a shard's content is
+    checked where it is read instead: an id at or past ``id_limit`` (the tokenizer's size) is a
+    one-line error naming the shard. That catches random damage, not a valid id changed to another.
+    """
+
+    def __init__(self, folder: Path, manifest: dict, split: str, id_limit: int | None = None):
+        self.folder, self.split, self.id_limit = Path(folder), split, id_limit
         self.dtype = DTYPES[manifest["dtype"]]
         self.shards = manifest["splits"][split]["shards"]
         self.starts = np.cumsum([0] + [s["tokens"] for s in self.shards])  # stream offset of each shard
@@ -202,6 +207,11 @@ class TokenShards:
         while start < stop:
             offset = start - int(self.starts[k])
             piece = self._shard(k)[offset: offset + stop - start]
+            if self.id_limit is not None and len(piece) and int(piece.max()) >= self.id_limit:
+                at = int(np.argmax(piece >= self.id_limit))
+                raise MixLNError(f"{self.folder / self.shards[k]['file']}: token {offset + at} is id {int(piece[at])}, "
+                                 f"past the tokenizer's {self.id_limit} ids; the tokenized folder is damaged "
+                                 "(mixln-convert tokenize on the same files checks every shard; --force rebuilds it)")
             pieces.append(piece)
             start += len(piece)
             k += 1

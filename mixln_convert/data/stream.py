@@ -60,14 +60,16 @@ def blocks(stream, seq_len: int, what: str, flag: str = "seq_len"):
 
 def open_tokens(folder, tokenizer) -> tuple[TokenShards, TokenShards]:
     """The train and validation streams of the tokenized ``folder``, checked against its manifest
-    (shard sizes; a shard's content is hashed by `tokenize` only) and ``tokenizer``."""
+    (shard sizes; a shard's content is hashed by `tokenize` only, and its ids range-checked as
+    they are read) and ``tokenizer``."""
     manifest = read_manifest(folder)
     if manifest["tokenizer_sha256"] != tokenizer_fingerprint(tokenizer):
         raise MixLNError(f"{folder}: tokenized with another tokenizer (sha256 {manifest['tokenizer_sha256'][:12]}, "
                          f"the source's is {tokenizer_fingerprint(tokenizer)[:12]}); tokenize the text again with "
                          "--tokenizer set to the source")
     check_shards(folder, manifest)
-    return TokenShards(folder, manifest, "train"), TokenShards(folder, manifest, "validation")
+    limit = len(tokenizer)
+    return TokenShards(folder, manifest, "train", limit), TokenShards(folder, manifest, "validation", limit)
 
 
 def load_splits(data: dict, tokenizer, train_tokens: int, progress: bool = True) -> Splits:
