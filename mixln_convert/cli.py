@@ -238,26 +238,24 @@ def eval_(ckpt, data, seq_len, max_tokens, batch_size, allow_longer, per_documen
     _must_exist(ckpt, "CKPT")
     _must_exist(data, "--data")
     names, manager = _task_setup(tasks, include_path, limit, "--tasks")
-    from .evaluate import score_checkpoint
+    from .evaluate import prepare_scoring, run_scoring
 
-    scoring = dict(data=data, seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size,
-                   per_document=per_document, generate=generate, allow_longer=allow_longer)
+    # the text is read and --seq-len checked before any model loads or task runs
+    scoring = prepare_scoring(ckpt, data=data, seq_len=seq_len, max_tokens=max_tokens, allow_longer=allow_longer,
+                              packed=not names, per_document=per_document)
+    scored = dict(batch_size=batch_size, per_document=per_document, generate=generate)
     if names:
         from .downstream import evaluate_tasks
-        from .io.loader import open_checkpoint
-        from .limits import check_seq_len
 
-        source = open_checkpoint(ckpt)
-        if per_document or generate:  # refused before the tasks run, not after
-            check_seq_len("--seq-len", seq_len, source.config, allow_longer)
+        source = scoring.source
         model = source.model()  # one load for the tasks and the scoring both
         result = {"checkpoint": ckpt, "batch_size": batch_size,
                   **evaluate_tasks(model, source.tokenizer, names, manager, limit=limit, batch_size=batch_size)}
         if per_document or generate:
-            scored = score_checkpoint(source, model=model, packed=False, **scoring)
-            result.update({key: scored[key] for key in ("per_document", "generation") if key in scored})
+            extra = run_scoring(scoring, model, **scored)
+            result.update({key: extra[key] for key in ("per_document", "generation") if key in extra})
     else:
-        result = score_checkpoint(ckpt, **scoring)
+        result = run_scoring(scoring, **scored)
     if as_json:
         click.echo(json.dumps(result))
         return

@@ -1,10 +1,12 @@
 """Perplexity on held-out text: packed blocks (``evaluate_perplexity``, what training validates
 with) and each document on its own from its first token (``evaluate_documents``, how
 lm-evaluation-harness scores perplexity tasks); ``score_checkpoint`` runs both on a checkpoint
-with the evaluation definition of :mod:`.options`."""
+with the evaluation definition of :mod:`.options` (``prepare_scoring`` checks and reads, then
+``run_scoring`` scores)."""
 
 import math
 import re
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -90,31 +92,63 @@ def evaluate_documents(model, tokenizer, texts: list[str], max_length: int, batc
             "bits_per_byte": total / counts["bytes"] / math.log(2)}
 
 
-def score_checkpoint(ckpt, *, data=None, seq_len: int = EVAL_SEQ_LEN, max_tokens: int = EVAL_TOKENS,
-                     batch_size: int = 4, per_document: bool = False, generate: bool = False,
-                     allow_longer: bool = False, packed: bool = True, model=None, progress: bool = True) -> dict:
-    """``ckpt`` (a path or an open Checkpoint) scored on the first ``max_tokens`` tokens of the
-    held-out text ``data`` (default: the embedded validation split): with ``packed`` in blocks of
-    ``seq_len``, with ``per_document`` each document on its own (``per_document`` key), with
-    ``generate`` its greedy continuations of fixed prompts (``generation`` key): what
-    ``mixln-convert eval`` prints. ``model``: ``ckpt``'s model when the caller has it loaded already."""
+@dataclass
+class Scoring:
+    """What `eval` will score, read and checked before any model runs (or any task): the open
+    checkpoint, the held-out documents and, when packed, their blocks."""
+
+    source: object  # an open :class:`~.io.loader.Checkpoint`
+    data: str | None
+    seq_len: int
+    max_tokens: int
+    texts: list[str] | None  # None: only greedy continuations asked for
+    blocks: object | None  # [n, seq_len] token ids, None when not packed
+
+
+def prepare_scoring(ckpt, *, data=None, seq_len: int = EVAL_SEQ_LEN, max_tokens: int = EVAL_TOKENS,
+                    allow_longer: bool = False, packed: bool = True, per_document: bool = False) -> Scoring:
+    """Open ``ckpt`` (a path or an open Checkpoint), check ``seq_len`` against it and read the
+    held-out text ``data`` (default: the embedded validation split): every refusal comes here."""
     from .data import read_texts, token_blocks
     from .io.loader import open_checkpoint
     from .limits import check_seq_len
 
     source = open_checkpoint(ckpt)
+    if not (packed or per_document):  # greedy continuations only: no text, no blocks
+        return Scoring(source, data, seq_len, max_tokens, None, None)
     check_seq_len("--seq-len", seq_len, source.config, allow_longer)
     texts = read_texts(data, split="validation")
     blocks = token_blocks(source.tokenizer, texts, seq_len, max_tokens, source=data or EVAL_DATA) if packed else None
+    return Scoring(source, data, seq_len, max_tokens, texts, blocks)
+
+
+def run_scoring(scoring: Scoring, model=None, *, batch_size: int = 4, per_document: bool = False,
+                generate: bool = False, progress: bool = True) -> dict:
+    """The prepared text scored: packed blocks when prepared so, with ``per_document`` each
+    document on its own (``per_document`` key), with ``generate`` greedy continuations of fixed
+    prompts (``generation`` key). ``model``: the checkpoint's model when the caller has it loaded."""
+    source = scoring.source
     model = model if model is not None else source.model()
-    result = {"checkpoint": str(source.path), "data": str(data) if data else EVAL_DATA, "seq_len": seq_len}
-    if packed:
-        result.update(evaluate_perplexity(model, blocks, batch_size, progress))
+    result = {"checkpoint": str(source.path), "data": str(scoring.data) if scoring.data else EVAL_DATA,
+              "seq_len": scoring.seq_len}
+    if scoring.blocks is not None:
+        result.update(evaluate_perplexity(model, scoring.blocks, batch_size, progress))
     if per_document:
-        result["per_document"] = evaluate_documents(model, source.tokenizer, texts, seq_len, batch_size, max_tokens,
-                                                    progress)
+        result["per_document"] = evaluate_documents(model, source.tokenizer, scoring.texts, scoring.seq_len,
+                                                    batch_size, scoring.max_tokens, progress)
     if generate:
         from .generation import greedy_continuations
 
         result["generation"] = greedy_continuations(model, source.tokenizer, progress=progress)
     return result
+
+
+def score_checkpoint(ckpt, *, data=None, seq_len: int = EVAL_SEQ_LEN, max_tokens: int = EVAL_TOKENS,
+                     batch_size: int = 4, per_document: bool = False, generate: bool = False,
+                     allow_longer: bool = False, progress: bool = True) -> dict:
+    """``ckpt`` scored on the first ``max_tokens`` tokens of ``data`` in packed blocks of
+    ``seq_len``, and as :func:`run_scoring` says: what ``mixln-convert eval`` prints."""
+    scoring = prepare_scoring(ckpt, data=data, seq_len=seq_len, max_tokens=max_tokens, allow_longer=allow_longer,
+                              per_document=per_document)
+    return run_scoring(scoring, batch_size=batch_size, per_document=per_document, generate=generate,
+                       progress=progress)

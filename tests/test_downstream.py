@@ -201,3 +201,17 @@ def test_eval_tasks_refuses_a_bad_seq_len_before_running_the_tasks(cli, converte
     monkeypatch.setattr(downstream, "evaluate_tasks", lambda *a, **k: pytest.fail("the tasks ran"))
     result = cli("eval", converted, "--tasks", name, "--include-path", folder, "--per-document", "--seq-len", "100000")
     assert result.exit_code != 0 and "--seq-len" in result.output and "Traceback" not in result.output
+
+
+def test_eval_tasks_refuses_bad_data_before_loading_the_model(cli, converted, half_right_task, monkeypatch,
+                                                              tmp_path):
+    from mixln_convert.io.loader import Checkpoint
+
+    folder, name = half_right_task
+    monkeypatch.setattr(Checkpoint, "model", lambda *a, **k: pytest.fail("the model loaded"))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    result = cli("eval", converted, "--tasks", name, "--include-path", folder, "--per-document", "--data", empty)
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and f"{empty}: no text found" in errors[0], result.stderr
