@@ -374,11 +374,13 @@ def test_resume_skips_a_damaged_checkpoint_and_a_cut_metrics_line(cli, tiny_llam
     shutil.copytree(tmp_path / "whole", run)
     _as_if_killed_after(run, "mixln", 8)
     shard = run / "mixln" / "checkpoints" / "step-8" / "model.safetensors"
-    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    data = shard.read_bytes()  # damaged in place: its second half zeroed, its size kept (it would still load)
+    shard.write_bytes(data[: len(data) // 2] + bytes(len(data) - len(data) // 2))
+    shutil.copytree(run / "mixln" / "checkpoints" / "step-4", run / "mixln" / "checkpoints" / "step-4.bak")  # not one
 
     result = cli("train", recipe, *(f"--set={s}" for s in sets), "--out", run, "--arm", "mixln", "--resume")
     assert result.exit_code == 0, result.output
-    assert "step-8 is damaged" in result.stderr
+    assert "step-8 is damaged (model.safetensors is not the file that was saved)" in result.stderr
     assert json.loads((run / "mixln" / "summary.json").read_text())["resumed_from_step"] == 4
     assert_same_curve(metrics(run, "mixln"), metrics(tmp_path / "whole", "mixln"), tol=1e-6)
 

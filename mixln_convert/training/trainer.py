@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
 from ..data import PackedBlocks, Splits, blocks
+from ..data.shards import file_sha256
 from ..errors import MixLNError
 from ..evaluate import evaluate_perplexity
 from ..io.writer import atomic_output_dir, copy_model_code, write_atomic
@@ -250,9 +251,20 @@ def nonfinite_blocks(norms: list[float], layers) -> str:
     return f" (non-finite gradients in {len(bad)} of {len(norms)} blocks, the first block {bad[0]}, {kind})"
 
 
+CHECKSUMS = "mixln-checksums.json"  # in each checkpoint: every file's size and sha256
+
+
 def _checkpoints(folder: Path) -> list[tuple[int, Path]]:
-    found = [(int(p.name.removeprefix("step-")), p) for p in (folder / "checkpoints").glob("step-*")]
+    """(step, folder) of every complete checkpoint, by step; other names (a user's copy such as
+    step-4.bak, a save in progress) are not checkpoints."""
+    found = [(int(p.name.removeprefix("step-")), p) for p in (folder / "checkpoints").glob("step-*")
+             if p.is_dir() and p.name.removeprefix("step-").isdigit()]
     return sorted(found)
+
+
+def _file_digests(checkpoint: Path) -> dict:
+    return {str(f.relative_to(checkpoint)): {"bytes": f.stat().st_size, "sha256": file_sha256(f)}
+            for f in sorted(checkpoint.rglob("*")) if f.is_file() and f.name != CHECKSUMS}
 
 
 def _save_checkpoint(accelerator: Accelerator, folder: Path, step: int, keep: int) -> None:
@@ -263,6 +275,8 @@ def _save_checkpoint(accelerator: Accelerator, folder: Path, step: int, keep: in
     accelerator.save_state(tmp)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        # a file damaged in place later (same size, other bytes) is then found before it is loaded
+        write_atomic(tmp / CHECKSUMS, json.dumps(_file_digests(tmp), indent=1) + "\n")
         if final.exists():  # a damaged checkpoint the resume skipped
             shutil.rmtree(final)
         tmp.rename(final)  # only complete checkpoints carry a step-N name
@@ -270,12 +284,35 @@ def _save_checkpoint(accelerator: Accelerator, folder: Path, step: int, keep: in
             shutil.rmtree(old)
 
 
+def _damage(checkpoint: Path) -> str | None:
+    """What is wrong with ``checkpoint``'s files against its recorded checksums, or None."""
+    try:
+        recorded = json.loads((checkpoint / CHECKSUMS).read_text())
+    except (OSError, ValueError):
+        return f"{CHECKSUMS} is missing or unreadable"
+    found = _file_digests(checkpoint)
+    for name in sorted(set(recorded) | set(found)):
+        if name not in found:
+            return f"{name} is missing"
+        if recorded.get(name) != found[name]:
+            return f"{name} is not the file that was saved" if name in recorded else f"{name} was not saved there"
+    return None
+
+
 def _restore(accelerator: Accelerator, folder: Path) -> int:
-    """Load the last checkpoint that loads (a damaged one is skipped with a warning), drop the
-    metrics logged after it; returns its step (0: none)."""
+    """Load the last checkpoint whose files are the ones saved (checksums, checked by the main
+    process for all) and that loads; a damaged one is skipped with a warning. Drops the metrics
+    logged after it; returns its step (0: none)."""
+    from accelerate.utils import broadcast_object_list
+
     step = 0
     for found_step, checkpoint in reversed(_checkpoints(folder)):
+        damage = [_damage(checkpoint) if accelerator.is_main_process else None]
+        if accelerator.num_processes > 1:
+            broadcast_object_list(damage)
         try:
+            if damage[0]:
+                raise MixLNError(damage[0])
             accelerator.load_state(checkpoint)
         except Exception as e:  # torch, safetensors and pickle each fail their own way on a damaged file
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
