@@ -7,7 +7,6 @@ demo run it. Each stage is the function its command runs; this module only chain
 - :func:`run_demo`: SmolLM2-135M (or ``source``) through every stage into one report.
 """
 
-import json
 import shutil
 from pathlib import Path
 
@@ -156,10 +155,17 @@ def _record_recipe(out: Path, recipe: dict, state) -> None:
 
 
 def _finished(folder: Path, arm: str) -> dict:
-    try:  # finished before the interruption
-        return json.loads((folder / "summary.json").read_text())
-    except (OSError, ValueError):
-        raise MixLNError(f"{folder / 'summary.json'}: damaged; remove it to train the {arm} arm again") from None
+    """The summary of an arm finished before the interruption."""
+    from .report.inputs import read_summary
+
+    file = folder / "summary.json"
+    try:
+        summary = read_summary(file)
+        if summary["arm"] != arm:
+            raise MixLNError(f"{file}: arm is {summary['arm']!r}, not {arm!r}")
+    except MixLNError as e:
+        raise MixLNError(f"{e}; remove it to train the {arm} arm again") from None
+    return summary
 
 
 def run_demo(out, *, source=None, alpha: float = 0.25, train_tokens: int = DEMO_TRAIN_TOKENS,

@@ -54,6 +54,7 @@ def study(source, out, *, recipe: str = RECIPE, overrides=(), alpha: float = 0.2
     not used."""
     from .analysis.analyze import analyze
     from .pipeline import train
+    from .report.inputs import read_analysis
     from .report.study import write_study_report
     from .training import load_recipe
 
@@ -80,7 +81,7 @@ def study(source, out, *, recipe: str = RECIPE, overrides=(), alpha: float = 0.2
         summary = train(run_recipe, folder, arms=(engine_arm,), resume=resume, progress=progress)[engine_arm]
         analysis_dir = folder / "analysis"
         if (analysis_dir / "analysis.json").is_file():  # finished before an interruption
-            analysis = json.loads((analysis_dir / "analysis.json").read_text())
+            analysis = read_analysis(analysis_dir / "analysis.json")
         else:
             analysis = analyze(folder / engine_arm / "final", analysis_dir, data=analysis_text(run_recipe),
                                seq_len=run_recipe["seq_len"], max_tokens=eval_tokens, progress=progress)

@@ -7,6 +7,7 @@ Every stage is the function its own command runs (convert, heal, train, analyze,
 alpha's outputs appear atomically in ``OUT/post-ln-NN``, so a killed sweep resumes where it stopped.
 """
 
+import hashlib
 import json
 import math
 import shutil
@@ -192,19 +193,29 @@ def _folder(out: Path, n: int) -> Path:
 
 def _stage(folder: Path, resume: bool, work, times: dict, name: str) -> dict:
     """``work(tmp)``'s result, written with what it made into ``folder`` atomically; with ``resume``
-    the result a finished earlier run left there."""
+    the result a finished earlier run left there. The file carries its result's sha256, so an
+    edited or damaged result is refused rather than half read."""
     done = folder / "result.json"
     if resume and done.is_file():
         try:
-            return json.loads(done.read_text())
-        except (OSError, ValueError):
+            stored = json.loads(done.read_text())
+            if stored["sha256"] != _result_digest(stored["result"]):
+                raise ValueError("sha256 mismatch")
+            return stored["result"]
+        except (OSError, ValueError, KeyError, TypeError):
             raise MixLNError(f"{done}: damaged; remove {folder} to run this stage again") from None
     started = time.perf_counter()
     with atomic_output_dir(folder, force=True) as tmp:  # a leftover without result.json is unfinished
         result = work(tmp)
-        (tmp / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+        stored = {"sha256": _result_digest(result), "result": result}
+        (tmp / "result.json").write_text(json.dumps(stored, indent=2) + "\n")
     times.setdefault("stages_s", {})[name] = round(time.perf_counter() - started, 2)
     return result
+
+
+def _result_digest(result) -> str:
+    as_read = json.loads(json.dumps(result))  # the digest of what a resume reads back (int keys become strings)
+    return hashlib.sha256(json.dumps(as_read, sort_keys=True).encode()).hexdigest()
 
 
 def _scores(ckpt, eval_tokens: int, progress: bool) -> dict:

@@ -111,3 +111,10 @@ def test_a_killed_sweep_resumes_where_it_stopped(tiny_llama, tmp_path, cli, monk
     assert resumed.exit_code == 0, resumed.output
     assert finished.stat().st_mtime_ns == stamp  # kept, not redone
     assert [r["post_ln_layers"] for r in json.loads((out / "sweep.json").read_text())["rows"]] == [0, 2, 4]
+
+    # a finished stage's result edited (valid JSON, wrong content): refused naming it, nothing rerun
+    finished.write_text(json.dumps({"sha256": "0" * 64, "result": {}}))
+    edited = cli("sweep", tiny_llama, "--out", out, *budget, "--resume")
+    errors = [line for line in edited.stderr.splitlines() if line.startswith("Error:")]
+    assert edited.exit_code == 1 and len(errors) == 1, edited.output
+    assert f"{finished}: damaged; remove {out / 'post-ln-00'}" in errors[0]

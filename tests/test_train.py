@@ -384,6 +384,13 @@ def test_resume_skips_a_damaged_checkpoint_and_a_cut_metrics_line(cli, tiny_llam
     assert json.loads((run / "mixln" / "summary.json").read_text())["resumed_from_step"] == 4
     assert_same_curve(metrics(run, "mixln"), metrics(tmp_path / "whole", "mixln"), tol=1e-6)
 
+    summary = run / "mixln" / "summary.json"  # a finished arm's summary edited: refused naming file and key
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "final_val_ppl": "low"}))
+    result = cli("train", recipe, *(f"--set={s}" for s in sets), "--out", run, "--arm", "mixln", "--resume")
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert result.exit_code == 1 and len(errors) == 1, result.output
+    assert f"{summary}: final_val_ppl must be a number" in errors[0] and "train the mixln arm again" in errors[0]
+
     _as_if_killed_after(run, "mixln", 8)  # now every checkpoint is damaged: a one-line refusal
     shutil.rmtree(run / "mixln" / "checkpoints" / "step-4")
     shard.write_bytes(shard.read_bytes()[:100])

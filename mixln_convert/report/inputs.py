@@ -117,13 +117,24 @@ def _load_arm(run: Path, arm: str, label: str) -> Model:
         if not isinstance(record, dict):
             raise MixLNError(f"{file}: record {n} is not a JSON object")
         _check_fields(record, METRIC_FIELDS, f"{file}: record {n}", required=("step", "tokens"))
-    summary = _read_json(folder / "summary.json") if (folder / "summary.json").is_file() else {}
-    if not isinstance(summary, dict):
-        raise MixLNError(f"{folder / 'summary.json'}: not a JSON object")
-    _check_fields(summary, SUMMARY_FIELDS, str(folder / "summary.json"))
+    summary = read_summary(folder / "summary.json", required=()) if (folder / "summary.json").is_file() else {}
     analysis_file = folder / "analysis" / "analysis.json"
     analysis = read_analysis(analysis_file) if analysis_file.is_file() else None
     return Model(label, run, analysis=analysis, arm=arm, summary=summary, metrics=metrics)
+
+
+FINISHED = ("arm", "steps", "tokens", "wall_time_s", "initial_val_ppl", "final_val_ppl")  # what a finished arm's
+# summary gives every caller (train's printout, demo, sweep, study)
+
+
+def read_summary(file: Path, required=FINISHED) -> dict:
+    """A training arm's summary.json, its fields checked: one line naming the file and key if not."""
+    summary = _read_json(file)
+    if not isinstance(summary, dict):
+        raise MixLNError(f"{file}: not a JSON object")
+    _check_fields(summary, {**SUMMARY_FIELDS, "arm": (lambda v: isinstance(v, str), "a string")}, str(file),
+                  required)
+    return summary
 
 
 def _number(value) -> bool:
