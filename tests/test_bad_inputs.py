@@ -537,6 +537,43 @@ def test_disk_full_is_one_line_naming_dst_and_leaves_nothing(tiny_llama, tmp_pat
     assert list(tmp_path.iterdir()) == [] and digests(tiny_llama) == before
 
 
+def test_a_small_file_written_on_a_full_disk_names_itself_and_leaves_no_temporary(tmp_path, monkeypatch):
+    import errno
+    import tempfile
+
+    from mixln_convert.io import atomic
+
+    real = tempfile.NamedTemporaryFile
+
+    class FullDisk:  # the real temporary file, whose writes fail as on a full disk
+        def __init__(self, *args, **kwargs):
+            self.file = real(*args, **kwargs)
+            self.name = self.file.name
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.file.close()
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def flush(self):
+            self.file.flush()
+
+        def close(self):
+            self.file.close()
+
+    monkeypatch.setattr(atomic.tempfile, "NamedTemporaryFile", FullDisk)
+    (tmp_path / "recipe.yaml").write_text("old\n")
+    with pytest.raises(OSError) as raised:
+        atomic.write_atomic(tmp_path / "recipe.yaml", "new\n")
+    monkeypatch.undo()
+    assert raised.value.filename == str(tmp_path / "recipe.yaml") and raised.value.errno == errno.ENOSPC
+    assert [p.name for p in tmp_path.iterdir()] == ["recipe.yaml"] and (tmp_path / "recipe.yaml").read_text() == "old\n"
+
+
 @pytest.mark.parametrize("umask", [0o022, 0o027])
 def test_outputs_get_the_users_umask(tiny_llama, tmp_path, cli, umask):
     old = os.umask(umask)

@@ -122,7 +122,17 @@ def write_failure(dst: Path, error: OSError, tmp: Path | None = None) -> str:
 
 def write_atomic(path: Path, text: str) -> None:
     """Replace the file ``path`` with ``text`` in one step: a reader sees the old or the new file."""
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
-        tmp.write(text)
-    os.chmod(tmp.name, 0o666 & ~_umask())
-    os.replace(tmp.name, path)
+    path = Path(path)
+    try:
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
+            try:
+                tmp.write(text)
+                tmp.flush()  # a full disk fails here, inside the try, not in a close the caller cannot place
+            except BaseException:
+                tmp.close()
+                os.unlink(tmp.name)  # no half-written temporary file left beside ``path``
+                raise
+        os.chmod(tmp.name, 0o666 & ~_umask())
+        os.replace(tmp.name, path)
+    except OSError as e:  # named: a full disk's error says which file it stopped
+        raise OSError(e.errno, e.strerror or str(e), str(path)) from None
