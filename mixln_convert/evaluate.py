@@ -92,6 +92,13 @@ def evaluate_documents(model, tokenizer, texts: list[str], max_length: int, batc
             "bits_per_byte": total / counts["bytes"] / math.log(2)}
 
 
+def check_finite_score(value: float, checkpoint, what: str) -> None:
+    """A NaN or infinite perplexity is no figure to print with exit 0: refuse it, naming the checkpoint."""
+    if not math.isfinite(value):
+        raise MixLNError(f"{checkpoint}: its {what} is {value}: the model's outputs are not finite on this text "
+                         "(a weight too large for float32 arithmetic, or a config value out of range)")
+
+
 @dataclass
 class Scoring:
     """What `eval` will score, read and checked before any model runs (or any task): the open
@@ -133,9 +140,11 @@ def run_scoring(scoring: Scoring, model=None, *, batch_size: int = 4, per_docume
               "seq_len": scoring.seq_len}
     if scoring.blocks is not None:
         result.update(evaluate_perplexity(model, scoring.blocks, batch_size, progress))
+        check_finite_score(result["perplexity"], source.path, "perplexity")
     if per_document:
         result["per_document"] = evaluate_documents(model, source.tokenizer, scoring.texts, scoring.seq_len,
                                                     batch_size, scoring.max_tokens, progress)
+        check_finite_score(result["per_document"]["token_perplexity"], source.path, "per-document perplexity")
     if generate:
         from .generation import greedy_continuations
 

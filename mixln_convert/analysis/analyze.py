@@ -13,7 +13,7 @@ from ..data import read_texts, token_blocks
 from ..errors import MixLNError
 from ..generation import greedy_continuations
 from ..options import EVAL_DATA
-from ..evaluate import evaluate_documents
+from ..evaluate import check_finite_score, evaluate_documents
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable
 from ..io.writer import atomic_output_dir
@@ -73,6 +73,7 @@ def analyze(ckpt, out, *, data=None, span: int = 1, seq_len: int = 256, max_toke
             **layer_metrics(model, blocks, span, batch_size, progress),
             "tokenizer_vocab_size": len(tokenizer),
         }
+        check_finite_score(result["perplexity"], source.path, "perplexity")
         if prune_curve:
             result["prune_curve"] = pruning_curve(BlockRunner(model), blocks, method, result, batch_size, progress)
         if generate:

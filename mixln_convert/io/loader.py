@@ -29,7 +29,7 @@ import torch
 
 from ..architectures import architecture_of_any, architecture_of_gguf
 from ..errors import MixLNError
-from .validate import check_config, check_finite, check_tensors
+from .validate import check_config, check_config_loads, check_finite, check_tensors
 
 # Files beside the weights that a converted checkpoint needs too (tokenizer, generation defaults).
 EXTRA_FILE_PATTERNS = (
@@ -150,6 +150,7 @@ class FolderCheckpoint(Checkpoint):
         self.config = read_json(self.path / "config.json")
         check_config(self.config, self.where)
         self.arch = architecture_of_any(self.config, self.where)
+        check_config_loads(self.config, self.where)
         self._open_name, self._open_shard = None, None
         self._headers = {}  # safetensors shard -> {tensor name: header entry with the file offset}
         self.shard_of = self._index()  # tensor name -> shard file

@@ -6,8 +6,11 @@ headers, GGUF tensor infos), so these checks cost no weight reads; values are ch
 are read (:func:`check_finite`).
 """
 
+import math
+
 from ..errors import MixLNError
 
+FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 REQUIRED_SIZES = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
 OPTIONAL_SIZES = ("num_key_value_heads", "head_dim", "max_position_embeddings")
 # buffers some older checkpoints saved, which the model recomputes
@@ -16,6 +19,10 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def check_config(config, where: str) -> None:
@@ -46,11 +53,34 @@ def check_config(config, where: str) -> None:
     eps = config.get("rms_norm_eps", 1e-6)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
         raise MixLNError(f"{where}: rms_norm_eps must be a number in (0, 1), got {eps!r}")
+    for key in ("dtype", "torch_dtype"):
+        if config.get(key) is not None and config[key] not in FLOAT_DTYPES:
+            raise MixLNError(f"{where}: {key} must be one of {', '.join(FLOAT_DTYPES)}, got {config[key]!r}")
+    rope = config.get("rope_parameters")
+    if rope is not None and not isinstance(rope, dict):
+        raise MixLNError(f"{where}: rope_parameters must be an object, got {rope!r}")
+    for key, theta in (("rope_theta", config.get("rope_theta")), ("rope_parameters.rope_theta", (rope or {}).get("rope_theta"))):
+        if theta is not None and not (_is_number(theta) and math.isfinite(theta) and theta > 0):
+            raise MixLNError(f"{where}: {key} must be a positive number, got {theta!r}")
     if "post_ln_layers" in config:
         k = config["post_ln_layers"]
         if not (_is_int(k) and 0 <= k <= config["num_hidden_layers"]):
             raise MixLNError(f"{where}: post_ln_layers must be an integer in [0, num_hidden_layers "
                              f"{config['num_hidden_layers']}], got {k!r}")
+
+
+def check_config_loads(config: dict, where: str) -> None:
+    """What transformers itself checks when it builds the config (rope scaling keys, layer types,
+    initializer range, ...), as a one-line error naming ``where``, before any model is built."""
+    from transformers import AutoConfig
+
+    from ..model import register  # noqa: F401  (the Mix-LN config class, for a converted checkpoint)
+
+    try:
+        AutoConfig.for_model(**config)
+    except Exception as e:  # transformers raises KeyError, ValueError and its own validation errors
+        detail = " ".join(str(e).strip().split())[:300] or type(e).__name__
+        raise MixLNError(f"{where}: transformers refuses this config: {detail}") from None
 
 
 def expected_shapes(config: dict, arch, post_ln_layers: int) -> dict[str, tuple[int, ...]]:
@@ -87,13 +117,19 @@ def expected_shapes(config: dict, arch, post_ln_layers: int) -> dict[str, tuple[
 
 def check_tensors(shapes: dict[str, tuple[int, ...]], config: dict, arch, where: str) -> None:
     """``shapes`` ({name: shape} of what the checkpoint holds) against what ``config`` needs."""
-    expected = expected_shapes(config, arch, config.get("post_ln_layers", 0))
+    num_layers = config["num_hidden_layers"]
+    held = 1 + max((arch.layer_of(name) for name in shapes if arch.layer_of(name) is not None), default=-1)
+    # enumerate at most one layer past those the checkpoint holds: an absurd num_hidden_layers
+    # (1e9) is then refused at once, naming the first missing tensor, not after building 1e9 layers
+    checked = min(num_layers, held + 1)
+    expected = expected_shapes({**config, "num_hidden_layers": checked}, arch, config.get("post_ln_layers", 0))
     missing = [name for name in expected if name not in shapes]
     if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        per_layer = len([n for n in expected if arch.layer_of(n) == checked - 1])
+        count = len(missing) + (num_layers - checked) * per_layer
+        more = f" (and {count - 1} more)" if count > 1 else ""
         raise MixLNError(f"{where}: tensor {missing[0]} is missing{more}; the config asks for "
-                         f"{config['num_hidden_layers']} layers")
-    num_layers = config["num_hidden_layers"]
+                         f"{num_layers} layers")
     for name, shape in shapes.items():
         if name in expected:
             if tuple(shape) != expected[name]:
