@@ -225,6 +225,39 @@ def test_a_damaged_partial_folder_starts_afresh(corpus, tokenizer, tmp_path, mon
         p.name: p.read_bytes() for p in whole.iterdir()}
 
 
+def test_a_full_disk_keeps_the_partial_folder_and_says_so_and_a_rerun_resumes(corpus, tokenizer, tmp_path,
+                                                                              monkeypatch, capsys):
+    import errno
+
+    from mixln_convert.data import shards, tokenization as module
+    from mixln_convert.errors import MixLNError
+
+    whole = tmp_path / "whole"
+    tokenize(corpus, tokenizer, whole, validation_fraction=0.1, num_proc=1, shard_tokens=1000, progress=False)
+    append, calls = shards.ShardWriter.append, []
+
+    def fills_up(self, ids):  # the disk fills after a few chunks' ids
+        calls.append(1)
+        if len(calls) > 8:
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.folder / "train-00003.bin"))
+        return append(self, ids)
+
+    monkeypatch.setattr(module, "CHUNK_CHARS", 2000)
+    monkeypatch.setattr(shards.ShardWriter, "append", fills_up)
+    out, partial = tmp_path / "out", tmp_path / ".out.partial"
+    with pytest.raises(MixLNError) as refused:
+        tokenize(corpus, tokenizer, out, validation_fraction=0.1, num_proc=1, shard_tokens=1000, progress=False)
+    message = str(refused.value)
+    assert message.startswith(f"{out}: writing the output failed: No space left on device") and "\n" not in message
+    assert f"are kept in {partial}: free space and run again to resume" in message
+    assert partial.is_dir() and not out.exists()
+
+    monkeypatch.setattr(shards.ShardWriter, "append", append)
+    tokenize(corpus, tokenizer, out, validation_fraction=0.1, num_proc=1, shard_tokens=1000, progress=False)
+    assert "resuming .out.partial" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == {p.name: p.read_bytes() for p in whole.iterdir()}
+
+
 def test_each_rank_reads_only_the_blocks_it_trains_on(tokenized, tokenizer):
     """Opening a tokenized folder maps no shard; each of two ranks maps and reads only the blocks
     its share of the samples needs, and the two shares together are the one-process samples."""

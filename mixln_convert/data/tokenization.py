@@ -278,7 +278,7 @@ def tokenize(train, tokenizer, out, *, validation=None, validation_fraction: flo
         shutil.rmtree(partial, ignore_errors=True)
         raise
     except OSError as e:  # a full disk: the run resumes once there is space
-        raise MixLNError(write_failure(out, e, partial)) from None
+        raise MixLNError(write_failure(out, e, partial, kept=True)) from None
     finally:
         os.close(lock)
 

@@ -109,14 +109,18 @@ def scratch_dir(dst: Path):
             os.close(lock)
 
 
-def write_failure(dst: Path, error: OSError, tmp: Path | None = None) -> str:
+def write_failure(dst: Path, error: OSError, tmp: Path | None = None, kept: bool = False) -> str:
     """The one-line message of an OSError met while writing ``dst``: what failed and, for a full
-    disk, how much the output had taken when it stopped."""
+    disk, how much the output had taken when it stopped; ``kept``: ``tmp`` stays for a rerun to resume."""
     where = f" ({error.filename})" if error.filename else ""
     message = f"{dst}: writing the output failed: {error.strerror or error}{where}"
     if error.errno in (errno.ENOSPC, errno.EDQUOT) and tmp is not None and tmp.is_dir():
         written = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file())
-        message += f"; {written / 2**20:,.1f} MiB were written before the disk filled, free space and run again"
+        if kept:
+            message += (f"; the {written / 2**20:,.1f} MiB written are kept in {tmp}: free space and run again to "
+                        "resume, or remove it")
+        else:
+            message += f"; {written / 2**20:,.1f} MiB were written before the disk filled, free space and run again"
     return message
 
 
