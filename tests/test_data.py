@@ -131,6 +131,7 @@ def test_folder_and_glob(tmp_path):
         ("notext.json", b'[{"content": "x"}]', "record 0 has no 'text'"),
         ("bad.json.gz", b"not gzip at all", "cannot read"),
         ("latin1.txt", "caf\xe9".encode("latin-1"), "cannot read"),
+        ("nul.txt", b"\0" * 20_000, "holds NUL bytes: a binary file"),
         ("data.csv", b"text\nx\n", "unsupported format"),
     ],
 )
@@ -184,3 +185,12 @@ def test_token_blocks_max_tokens_is_lazy():
 def test_token_blocks_too_little_data():
     with pytest.raises(MixLNError, match="only 3 tokens.*--seq-len 8"):
         token_blocks(FakeTokenizer(), ["1 2 3"], seq_len=8)
+
+
+def test_token_blocks_say_when_the_text_gives_fewer_tokens_than_asked(capsys):
+    texts = ["1 2 3 4 5"] * 3  # 15 tokens + 2 EOS: 4 blocks of 4
+    assert token_blocks(FakeTokenizer(), texts, seq_len=4, max_tokens=16).shape == (4, 4)
+    assert capsys.readouterr().err == ""
+    assert token_blocks(FakeTokenizer(), texts, seq_len=4, max_tokens=10**12, source="notes.txt").shape == (4, 4)
+    assert capsys.readouterr().err.strip() == ("warning: notes.txt: gives 16 tokens in blocks of 4, fewer than the "
+                                               "1,000,000,000,000 asked for; using those")

@@ -9,6 +9,7 @@ into the user cache by the main process, then memory-mapped by every process.
 import hashlib
 import json
 import os
+import sys
 import tempfile
 from dataclasses import dataclass
 
@@ -161,4 +162,8 @@ def token_blocks(tokenizer, texts: list[str], seq_len: int, max_tokens: int | No
 
     want = None if max_tokens is None else max(1, max_tokens // seq_len) * seq_len
     what = str(source or "the text")
-    return torch.from_numpy(blocks(token_stream(tokenizer, texts, want, what), seq_len, what, flag).astype(np.int64))
+    found = blocks(token_stream(tokenizer, texts, want, what), seq_len, what, flag)
+    if want is not None and found.size < want:  # said, not silently capped: the result records what was used
+        print(f"warning: {what}: gives {found.size:,} tokens in blocks of {seq_len}, fewer than the {want:,} asked "
+              "for; using those", file=sys.stderr)
+    return torch.from_numpy(found.astype(np.int64))
