@@ -182,10 +182,10 @@ def file_documents(path: Path) -> Iterator[str]:
         if fmt == ".parquet":
             documents = _parquet_documents(path)
         elif fmt == ".txt":
-            raw = path.read_bytes()
-            if b"\0" in raw:  # valid UTF-8, but no text file holds NUL: a binary file named .txt
+            text = path.read_bytes().decode("utf-8")
+            if "\0" in text:  # valid UTF-8, but no text file holds NUL: a binary file named .txt
                 raise MixLNError(f"{path}: holds NUL bytes: a binary file, not text")
-            documents = iter([raw.decode("utf-8")])
+            documents = iter([text])
         else:
             documents = _json_documents(path, fmt)
         yield from (text for text in documents if text.strip())
