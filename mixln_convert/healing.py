@@ -254,7 +254,8 @@ def heal(
                 metrics.write(json.dumps(record) + "\n")
                 losses.append(record["loss"])
                 bar.set_postfix(loss=f"{record['loss']:.4f}")
-        _warn_if_worse(losses, before.get("val_ppl"), record.get("val_ppl"), lr)
+        _warn_if_worse(losses, before.get("val_ppl"), record.get("val_ppl"), lr, before.get("val_doc_ppl"),
+                       record.get("val_doc_ppl"))
 
         result = {
             "out": str(out), "post_ln_layers": k, "extra_blocks": extra_blocks, "steps": steps, "tokens": record["tokens"], "loss": loss,
@@ -345,9 +346,11 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _warn_if_worse(losses: list[float], ppl_before, ppl_after, lr: float) -> None:
+def _warn_if_worse(losses: list[float], ppl_before, ppl_after, lr: float, doc_before=None, doc_after=None) -> None:
     """A heal that ends worse than it started (training loss over its last tenth of steps above the
-    first step's, or held-out perplexity up) has almost always diverged; say so, still writing it."""
+    first step's, or held-out perplexity up) has almost always diverged; say so, still writing it.
+    Per-document perplexity up while packed went down is a heal too short for the first positions
+    of a document (measured: docs/measurements.md), not a divergence."""
     tail = losses[-max(1, len(losses) // 10):]
     signs = []
     if len(losses) > 1 and sum(tail) / len(tail) > losses[0]:
@@ -357,6 +360,11 @@ def _warn_if_worse(losses: list[float], ppl_before, ppl_after, lr: float) -> Non
     if signs:
         print(f"warning: the heal made the model worse ({'; '.join(signs)}): --lr {lr:g} is probably too high "
               f"for this model; try {lr / 3:.1g}", file=sys.stderr)
+    elif doc_before is not None and doc_after > doc_before:
+        print(f"warning: the heal made per-document perplexity worse ({doc_before:.4g} -> {doc_after:.4g}, each "
+              "document scored from its first token, as lm-evaluation-harness does) while packed perplexity fell: "
+              "too few tokens for the first positions of a document to recover; heal on more --tokens",
+              file=sys.stderr)
 
 
 @contextlib.contextmanager

@@ -273,3 +273,14 @@ def test_chunked_kl_is_the_kl_and_its_gradient():
     (gradient,) = torch.autograd.grad(chunked, hidden)
     torch.testing.assert_close(chunked, whole, rtol=1e-6, atol=0)
     torch.testing.assert_close(gradient, expected, rtol=1e-5, atol=1e-9)
+
+
+def test_a_heal_that_helps_packed_but_hurts_per_document_says_so(capsys):
+    healing._warn_if_worse([1.0, 0.5], 30.0, 25.0, 3e-5, 20.0, 38.0)
+    err = capsys.readouterr().err
+    assert "made per-document perplexity worse (20 -> 38" in err and "heal on more --tokens" in err
+    healing._warn_if_worse([1.0, 0.5], 30.0, 25.0, 3e-5, 20.0, 19.0)  # both better: nothing to say
+    assert capsys.readouterr().err == ""
+    healing._warn_if_worse([1.0, 0.5], 30.0, 35.0, 3e-5, 20.0, 38.0)  # packed worse too: the divergence warning
+    err = capsys.readouterr().err
+    assert "held-out perplexity rose" in err and "per-document" not in err
