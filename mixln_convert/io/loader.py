@@ -150,11 +150,11 @@ class FolderCheckpoint(Checkpoint):
         self.config = read_json(self.path / "config.json")
         check_config(self.config, self.where)
         self.arch = architecture_of_any(self.config, self.where)
-        check_config_loads(self.config, self.where)
         self._open_name, self._open_shard = None, None
         self._headers = {}  # safetensors shard -> {tensor name: header entry with the file offset}
         self.shard_of = self._index()  # tensor name -> shard file
         check_tensors({name: self.shape(name) for name in self.shard_of}, self.config, self.arch, str(self.path))
+        check_config_loads(self.config, self.where)  # last: it imports transformers, the header checks do not
 
     def _index(self) -> dict[str, str]:
         for index_name, single in (("model.safetensors.index.json", "model.safetensors"),
