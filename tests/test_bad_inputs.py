@@ -328,6 +328,7 @@ ROWS = [
     ("truncated-shard-analyze", lambda i, o: ["analyze", truncated(i), "--out", o], "truncated"),
     ("truncated-shard-inspect", lambda i, o: ["inspect", truncated(i)], "truncated"),
     ("gguf-missing-tensors", lambda i, o: ["convert", llama_gguf(i, blocks=2, tensors_for=1), o], "model.layers.1.input_layernorm.weight is missing"),
+    ("gguf-block-count-absurd", lambda i, o: ["convert", llama_gguf(i, blocks=10**9, tensors_for=2), o], "the config asks for 1000000000 layers"),
     ("gguf-missing-tensors-eval", lambda i, o: ["eval", llama_gguf(i, blocks=3, tensors_for=2)], "model.layers.2.input_layernorm.weight is missing"),
     ("gguf-garbage", lambda i, o: ["convert", i.file("model.gguf", b"GGUF\x03\x00\x00\x00garbage"), o], "not a readable GGUF file"),
     ("mixln-post-ln-above-layers", lambda i, o: ["eval", i.variant("v", config=_set("post_ln_layers", L + 1), base="converted")], "post_ln_layers must be an integer"),

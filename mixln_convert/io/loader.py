@@ -321,7 +321,10 @@ class GGUFCheckpoint(Checkpoint):
             layout["vocab_size"] = meta["tokenizer.ggml.tokens"]
         layout["tie_word_embeddings"] = self.arch.gguf["lm_head"] not in tensors
         check_config(layout, str(self.path))
-        names = self.arch.gguf_names(layout["num_hidden_layers"])
+        # names of at most one layer past the deepest the file holds: an absurd block_count is refused
+        # by check_tensors at once, not after listing its layers
+        deepest = max((_layer_index(n, self.arch) for n in tensors), default=-1)
+        names = self.arch.gguf_names(min(layout["num_hidden_layers"], deepest + 2))
         ignored = ("rope_freqs.weight",)  # LLaMA 3 GGUFs store the rope scaling the config gives too
         unknown = [n for n in tensors if n not in names and n not in ignored and not _beyond(n, self.arch, layout)]
         if unknown:
@@ -397,10 +400,15 @@ class GGUFCheckpoint(Checkpoint):
         return self.path.parent, {"gguf_file": self.path.name}
 
 
+def _layer_index(gguf_name: str, arch) -> int:
+    """The layer a GGUF tensor belongs to, -1 for none."""
+    match = re.match(re.escape(arch.gguf["layer_prefix"]).replace(re.escape("{i}"), r"(\d+)"), gguf_name)
+    return int(match.group(1)) if match else -1
+
+
 def _beyond(gguf_name: str, arch, layout: dict) -> bool:
     """A GGUF layer tensor of a layer past the config's depth (check_tensors names it)."""
-    match = re.match(re.escape(arch.gguf["layer_prefix"]).replace(re.escape("{i}"), r"(\d+)"), gguf_name)
-    return bool(match) and int(match.group(1)) >= layout["num_hidden_layers"]
+    return _layer_index(gguf_name, arch) >= layout["num_hidden_layers"]
 
 
 def _read_gguf_header(path: Path) -> tuple[dict, dict[str, tuple[int, ...]]]:
