@@ -116,10 +116,17 @@ class Checkpoint(ABC):
     @abstractmethod
     def _tokenizer_args(self) -> tuple[Path, dict]: ...
 
+    def check_loadable(self) -> None:
+        """What transformers itself refuses in the config, as one line naming it; checked once, when a
+        tokenizer or model is first built (it imports transformers, which a streaming conversion never
+        does). A GGUF's config is transformers' own reading already."""
+
     @cached_property
     def tokenizer(self):
         """The checkpoint's tokenizer, loaded once per process."""
         from transformers import AutoTokenizer
+
+        self.check_loadable()
 
         folder, kwargs = self._tokenizer_args()
         try:
@@ -136,6 +143,7 @@ class Checkpoint(ABC):
         package's registered classes (no remote code). A fresh copy at every call."""
         from ..model import register  # noqa: F401  (registers the Mix-LN classes with the Auto* factories)
 
+        self.check_loadable()
         model = self._load_model(dtype)
         for name, tensor in model.state_dict().items():
             check_finite(name, tensor, str(self.path))
@@ -154,7 +162,11 @@ class FolderCheckpoint(Checkpoint):
         self._headers = {}  # safetensors shard -> {tensor name: header entry with the file offset}
         self.shard_of = self._index()  # tensor name -> shard file
         check_tensors({name: self.shape(name) for name in self.shard_of}, self.config, self.arch, str(self.path))
-        check_config_loads(self.config, self.where)  # last: it imports transformers, the header checks do not
+
+    def check_loadable(self) -> None:
+        if not self.__dict__.get("_loadable"):
+            check_config_loads(self.config, self.where)
+            self._loadable = True
 
     def _index(self) -> dict[str, str]:
         for index_name, single in (("model.safetensors.index.json", "model.safetensors"),

@@ -23,6 +23,7 @@ def _prefix_model(source, arch, num_layers: int):
         from transformers import LlamaConfig as Config
         from transformers.models.llama.modeling_llama import LlamaModel as Model
 
+    source.check_loadable()
     config = Config.from_dict({**source.config, "num_hidden_layers": num_layers, "use_cache": False})
     config._attn_implementation = "sdpa"
     with torch.device("meta"):  # no time spent initializing weights that are loaded next

@@ -63,6 +63,7 @@ def _whole_model(source, arch, state: dict):
 
     from . import register  # noqa: F401  (the Mix-LN classes, for a converted source)
 
+    source.check_loadable()
     config = AutoConfig.for_model(**{**source.config, "use_cache": False})
     config._attn_implementation = "sdpa"
     with torch.device("meta"):  # no time spent initializing weights that are assigned next
