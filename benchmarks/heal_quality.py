@@ -4,7 +4,7 @@ for the original, the calibrated conversion and the healed model.
 
     python benchmarks/heal_quality.py [--packed FILE ...]
         --paragraphs '<python3.11-doc>/usr/share/doc/python3.11/html/_sources/**/*.txt'
-        [--tokens 65536] [--lr 3e-5] [--loss kl] [--sampled 0] [--extra-blocks 0] [--heal-data FILE ...] [--checkpoints 16384,32768] [--curve-on A|B]
+        [--tokens 65536] [--lr 3e-5] [--loss kl] [--sampled 0] [--heal-data FILE ...] [--checkpoints 16384,32768] [--curve-on A|B]
         [--json OUT.json]
 
 Text A (``--packed``, files; default Debian's GPL-3 and Apache-2.0 licence texts) and
@@ -75,7 +75,6 @@ def main():
     parser.add_argument("--lr", type=float, default=HEAL_LR)
     parser.add_argument("--loss", default="kl")
     parser.add_argument("--sampled", type=float, default=0.0, help="share of heal sequences the teacher writes")
-    parser.add_argument("--extra-blocks", type=int, default=0, help="Pre-LN blocks trained beside the Post-LN ones")
     parser.add_argument("--heal-data", nargs="+", default=None,
                         help="files the heal trains on, each one document (default: heal's, the embedded corpus)")
     parser.add_argument("--checkpoints", default="16384,32768", help="heal token counts to evaluate the curve's text at")
@@ -99,8 +98,7 @@ def main():
         converted = convert(source, tmp / "converted", alpha=args.alpha, strategy="calibrated", progress=False)
         healed = tmp / "healed"
         heal_data = [Path(f).read_text(encoding="utf-8") for f in args.heal_data] if args.heal_data else None
-        heal_result = heal(converted, source, healed, data=heal_data, tokens=args.tokens, lr=args.lr, loss=args.loss,
-                           sampled=args.sampled, extra_blocks=args.extra_blocks,
+        heal_result = heal(converted, source, healed, data=heal_data, tokens=args.tokens, lr=args.lr, loss=args.loss, sampled=args.sampled,
                            eval_data=texts[args.curve_on], eval_tokens=args.eval_tokens,
                            eval_at=[int(t) for t in args.checkpoints.split(",") if t], progress=False)
         curve = [json.loads(line) for line in (healed / "heal_metrics.jsonl").read_text().splitlines()]
@@ -109,8 +107,7 @@ def main():
 
     original = models["original"]
     rep0 = original["generation"]["repeated_4gram_share"]
-    print(f"\n{Path(source).name}, alpha {args.alpha} calibrated, heal {args.loss} lr {args.lr} sampled {args.sampled} "
-          f"extra blocks {args.extra_blocks} on "
+    print(f"\n{Path(source).name}, alpha {args.alpha} calibrated, heal {args.loss} lr {args.lr} sampled {args.sampled} on "
           f"{', '.join(args.heal_data) if args.heal_data else 'the embedded corpus'}, "
           f"{heal_result['tokens']:,} tokens ({heal_result['seconds']:.0f} s); A: {', '.join(args.packed)} "
           f"({len(documents_a)} documents), B: 300 paragraphs of {args.paragraphs}; {args.eval_tokens:,} tokens "

@@ -631,10 +631,6 @@ def sweep(src, out, alphas, heal_tokens, train_tokens, data, seeds, eval_tokens,
 @click.option("--sampled", type=Finite(0, 1), default=0.0, show_default=True, metavar="SHARE",
               help="Share of the training sequences the teacher writes itself (sampled from its BOS token at "
                    "temperature 1), the rest from --data: the student also learns the teacher's own text.")
-@click.option("--extra-blocks", type=click.IntRange(0), default=0, show_default=True, metavar="N",
-              help="Also train the first N Pre-LN blocks (each then held twice, the teacher's and the student's): "
-                   "they add to the residual stream unnormalized, so they can give a token (the attention sink) "
-                   "the large norm a Post-LN output cannot. The residual error is then measured after them.")
 @click.option("--dtype", type=click.Choice(HEAL_DTYPES), default="fp32", show_default=True,
               help="Of the frozen weights (everything but the Post-LN blocks, which train in fp32); bf16 halves "
                    "them and computes under bf16 autocast.")
@@ -653,8 +649,8 @@ def sweep(src, out, alphas, heal_tokens, train_tokens, data, seeds, eval_tokens,
                    "one copy of the layers they share).")
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard, e.g. 5GB, 500MB.")
 @click.option("--force", is_flag=True, help="Replace a non-empty output folder (never an input).")
-def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, sampled, extra_blocks, dtype,
-         activation_checkpointing, eval_tokens, eval_data, perplexity, max_shard_size, force):
+def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, sampled, dtype, activation_checkpointing,
+         eval_tokens, eval_data, perplexity, max_shard_size, force):
     """Heal the Mix-LN checkpoint CONVERTED cheaply: distill only its Post-LN blocks from the
     teacher (with --loss residual a step costs about k/L of a training step). Writes a converted
     checkpoint folder with heal_metrics.jsonl."""
@@ -669,12 +665,11 @@ def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, s
     from .healing import heal as run
 
     result = run(converted, teacher, out, data=data, tokens=tokens, seq_len=seq_len, batch_size=batch_size, lr=lr,
-                 loss=loss, sampled=sampled, extra_blocks=extra_blocks, dtype=dtype,
-                 activation_checkpointing=activation_checkpointing, eval_tokens=eval_tokens, eval_data=eval_data, perplexity=perplexity, max_shard_size=max_shard_size,
+                 loss=loss, sampled=sampled, dtype=dtype, activation_checkpointing=activation_checkpointing,
+                 eval_tokens=eval_tokens, eval_data=eval_data, perplexity=perplexity, max_shard_size=max_shard_size,
                  force=force)
     error = result["relative_error"]
-    extra = f" and {extra_blocks} Pre-LN" if extra_blocks else ""
-    click.echo(f"healed {result['post_ln_layers']} Post-LN{extra} blocks on {result['tokens']} tokens ({result['steps']} "
+    click.echo(f"healed {result['post_ln_layers']} Post-LN blocks on {result['tokens']} tokens ({result['steps']} "
                f"steps, {result['seconds']:.0f} s): residual relative error {error['before']:.4f} -> "
                f"{error['after']:.4f}")
     if result["perplexity"]:

@@ -75,7 +75,6 @@ def heal(
     lr: float = HEAL_LR,
     loss: str = "kl",
     sampled: float = 0.0,
-    extra_blocks: int = 0,
     dtype: str = "fp32",
     activation_checkpointing: bool = False,
     warmup_ratio: float = 0.1,
@@ -96,10 +95,7 @@ def heal(
     AdamW at peak ``lr`` with linear warmup over ``warmup_ratio`` of the steps then cosine decay,
     gradients clipped to ``grad_clip``. A share ``sampled`` of the training sequences is instead
     written by the teacher itself (:func:`teacher_samples`), so that the student also learns the
-    teacher's distribution on text like the teacher's own, not only on ``data``'s. ``extra_blocks``
-    Pre-LN blocks after the Post-LN ones are trained too (and held twice, the teacher's and the
-    student's): a Pre-LN block adds to the residual stream unnormalized, so it can write the
-    large per-token norms a Post-LN output cannot. Before and
+    teacher's distribution on text like the teacher's own, not only on ``data``'s. Before and
     after (and after each token count in ``eval_at``) it measures, on ``eval_tokens`` tokens of
     ``eval_data`` (a file, folder or glob; default the embedded validation split), the residual
     relative error and, with ``perplexity``, the perplexity of the whole model in packed blocks
@@ -144,11 +140,6 @@ def heal(
     arch = student_source.arch
     tokenizer = _same_tokenizer(student_source, teacher_source)
     k = student_source.config["post_ln_layers"]
-    depth = student_source.config["num_hidden_layers"]
-    if not isinstance(extra_blocks, int) or not 0 <= extra_blocks <= depth - k:
-        raise MixLNError(f"--extra-blocks: {extra_blocks} is not an integer in [0, {depth - k}] (the Pre-LN blocks "
-                         f"of {converted})")
-    n_trained = k + extra_blocks  # the first n_trained blocks learn; every later tensor is shared and frozen
     device = "cuda" if torch.cuda.is_available() else "cpu"
     frozen = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
 
@@ -168,20 +159,20 @@ def heal(
         eval_blocks = token_blocks(tokenizer, documents, seq_len, eval_tokens, source=eval_data or EVAL_DATA)
         unshared = []
         if perplexity or loss == "kl":
-            full, teacher_model, unshared = load_pair(student_source, teacher_source, arch, n_trained, frozen, device)
-            student = prefix_of(full, student_source, arch, n_trained)  # the very blocks the whole model runs
-            teacher_prefix = prefix_of(teacher_model, teacher_source, arch, n_trained)
+            full, teacher_model, unshared = load_pair(student_source, teacher_source, arch, k, frozen, device)
+            student = prefix_of(full, student_source, arch, k)  # the very blocks the whole model runs
+            teacher_prefix = prefix_of(teacher_model, teacher_source, arch, k)
         else:
             full = teacher_model = None
-            student = load_prefix(student_source, arch, n_trained, device=device)
-            student.embed_tokens.requires_grad_(False)  # only the Post-LN (and extra) blocks learn
-            teacher_prefix = load_prefix(teacher_source, arch, n_trained, frozen, device)
+            student = load_prefix(student_source, arch, k, device=device)
+            student.embed_tokens.requires_grad_(False)  # only the Post-LN blocks learn
+            teacher_prefix = load_prefix(teacher_source, arch, k, frozen, device)
         trained = full.model if full is not None and loss == "kl" else student  # what the loss runs through
         if activation_checkpointing:
             # non-reentrant: the first block's input (the frozen embeddings' output) needs no gradient
             enable_checkpointing(trained, {"use_reentrant": False})
         if unshared:
-            print(f"warning: --teacher {teacher}: {len(unshared)} tensors outside the first {n_trained} blocks differ "
+            print(f"warning: --teacher {teacher}: {len(unshared)} tensors outside the first {k} blocks differ "
                   f"from {converted}'s (the first: {unshared[0]}); the teacher keeps its own copies of those",
                   file=sys.stderr)
         teacher_ppl = teacher_doc_ppl = None
@@ -258,7 +249,7 @@ def heal(
                        record.get("val_doc_ppl"))
 
         result = {
-            "out": str(out), "post_ln_layers": k, "extra_blocks": extra_blocks, "steps": steps, "tokens": record["tokens"], "loss": loss,
+            "out": str(out), "post_ln_layers": k, "steps": steps, "tokens": record["tokens"], "loss": loss,
             "sampled": sampled, "lr": lr, "activation_checkpointing": activation_checkpointing,
             "relative_error": {"before": before["val_relative_error"], "after": record["val_relative_error"]},
             "perplexity": {"teacher": teacher_ppl, "before": before["val_ppl"], "after": record["val_ppl"]}
@@ -270,7 +261,7 @@ def heal(
             "seconds": round(time.time() - started, 2),
         }
         state = student.state_dict()
-        healed = {name: state[name.removeprefix("model.")] for name in prefix_names(student_source, arch, n_trained)
+        healed = {name: state[name.removeprefix("model.")] for name in prefix_names(student_source, arch, k)
                   if arch.layer_of(name) is not None}
         # Only the healed blocks are needed from here: the writer holds an output shard's tensors at once,
         # which on top of both models and the AdamW state would set the peak.
