@@ -370,6 +370,15 @@ def test_resume_skips_a_damaged_checkpoint_and_a_cut_metrics_line(cli, tiny_llam
     recipe = "smollm2-135m-cpu"
     sets = tiny(tiny_llama_tied, corpus, steps=12, checkpoint_interval=4, eval_interval=4, keep_checkpoints=0)
     train(load_recipe(recipe, sets), tmp_path / "whole", arms=("mixln",), progress=False)
+    legacy = tmp_path / "legacy"  # checkpoints saved before they carried checksums still resume
+    shutil.copytree(tmp_path / "whole", legacy)
+    _as_if_killed_after(legacy, "mixln", 8)
+    for checksums in (legacy / "mixln" / "checkpoints").glob("step-*/mixln-checksums.json"):
+        checksums.unlink()
+    result = cli("train", recipe, *(f"--set={s}" for s in sets), "--out", legacy, "--arm", "mixln", "--resume")
+    assert result.exit_code == 0 and "step-8 has no mixln-checksums.json" in result.stderr, result.output
+    assert json.loads((legacy / "mixln" / "summary.json").read_text())["resumed_from_step"] == 8
+
     run = tmp_path / "damaged"
     shutil.copytree(tmp_path / "whole", run)
     _as_if_killed_after(run, "mixln", 8)

@@ -286,10 +286,16 @@ def _save_checkpoint(accelerator: Accelerator, folder: Path, step: int, keep: in
 
 def _damage(checkpoint: Path) -> str | None:
     """What is wrong with ``checkpoint``'s files against its recorded checksums, or None."""
+    if not (checkpoint / CHECKSUMS).exists():  # saved before checkpoints carried checksums
+        print(f"warning: {checkpoint} has no {CHECKSUMS} (saved by an older version): loading it unverified",
+              file=sys.stderr)
+        return None
     try:
         recorded = json.loads((checkpoint / CHECKSUMS).read_text())
+        if not isinstance(recorded, dict):
+            raise ValueError("not a JSON object")
     except (OSError, ValueError):
-        return f"{CHECKSUMS} is missing or unreadable"
+        return f"{CHECKSUMS} is unreadable"
     found = _file_digests(checkpoint)
     for name in sorted(set(recorded) | set(found)):
         if name not in found:
