@@ -51,7 +51,7 @@ def check_config(config, where: str) -> None:
         if config.get(key) is not None and not isinstance(config[key], bool):
             raise MixLNError(f"{where}: {key} must be true or false, got {config[key]!r}")
     eps = config.get("rms_norm_eps", 1e-6)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
+    if not (_is_number(eps) and 0 < eps < 1):
         raise MixLNError(f"{where}: rms_norm_eps must be a number in (0, 1), got {eps!r}")
     for key in ("dtype", "torch_dtype"):
         if config.get(key) is not None and config[key] not in FLOAT_DTYPES:

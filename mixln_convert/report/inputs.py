@@ -123,8 +123,8 @@ def _load_arm(run: Path, arm: str, label: str) -> Model:
     return Model(label, run, analysis=analysis, arm=arm, summary=summary, metrics=metrics)
 
 
-FINISHED = ("arm", "steps", "tokens", "wall_time_s", "initial_val_ppl", "final_val_ppl")  # what a finished arm's
-# summary gives every caller (train's printout, demo, sweep, study)
+# what a finished arm's summary gives every caller (train's printout, demo, sweep, study)
+FINISHED = ("arm", "steps", "tokens", "wall_time_s", "initial_val_ppl", "final_val_ppl")
 
 
 def read_summary(file: Path, required=FINISHED) -> dict:
