@@ -4,7 +4,7 @@ for the original, the calibrated conversion and the healed model.
 
     python benchmarks/heal_quality.py [--packed FILE ...]
         --paragraphs '<python3.11-doc>/usr/share/doc/python3.11/html/_sources/**/*.txt'
-        [--tokens 65536] [--lr 3e-5] [--loss kl] [--sampled 0] [--heal-data FILE ...] [--checkpoints 16384,32768] [--curve-on A|B]
+        [--tokens 65536] [--lr 3e-5] [--heal-seq-len 256] [--heal-batch-size 4] [--loss kl] [--sampled 0] [--heal-data FILE ...] [--checkpoints 16384,32768] [--curve-on A|B]
         [--json OUT.json]
 
 Text A (``--packed``, files; default Debian's GPL-3 and Apache-2.0 licence texts) and
@@ -29,7 +29,7 @@ from pathlib import Path
 from mixln_convert import convert
 from mixln_convert.evaluate import score_checkpoint
 from mixln_convert.fetch import smollm2_gguf
-from mixln_convert.healing import heal
+from mixln_convert.healing import HEAL_BATCH_SIZE, HEAL_SEQ_LEN, heal
 from mixln_convert.options import HEAL_LR
 
 DIRECTIVE = re.compile(r"^\s|^\.\. |::\s*$|^[=\-~^*#]{3,}\s*$")
@@ -73,6 +73,8 @@ def main():
     parser.add_argument("--alpha", type=float, default=0.25)
     parser.add_argument("--tokens", type=int, default=65_536, help="heal tokens (heal's default)")
     parser.add_argument("--lr", type=float, default=HEAL_LR)
+    parser.add_argument("--heal-seq-len", type=int, default=HEAL_SEQ_LEN, help="heal's training block length")
+    parser.add_argument("--heal-batch-size", type=int, default=HEAL_BATCH_SIZE, help="heal's blocks per step")
     parser.add_argument("--loss", default="kl")
     parser.add_argument("--sampled", type=float, default=0.0, help="share of heal sequences the teacher writes")
     parser.add_argument("--heal-data", nargs="+", default=None,
@@ -98,7 +100,8 @@ def main():
         converted = convert(source, tmp / "converted", alpha=args.alpha, strategy="calibrated", progress=False)
         healed = tmp / "healed"
         heal_data = [Path(f).read_text(encoding="utf-8") for f in args.heal_data] if args.heal_data else None
-        heal_result = heal(converted, source, healed, data=heal_data, tokens=args.tokens, lr=args.lr, loss=args.loss, sampled=args.sampled,
+        heal_result = heal(converted, source, healed, data=heal_data, tokens=args.tokens, lr=args.lr,
+                           seq_len=args.heal_seq_len, batch_size=args.heal_batch_size, loss=args.loss, sampled=args.sampled,
                            eval_data=texts[args.curve_on], eval_tokens=args.eval_tokens,
                            eval_at=[int(t) for t in args.checkpoints.split(",") if t], progress=False)
         curve = [json.loads(line) for line in (healed / "heal_metrics.jsonl").read_text().splitlines()]
@@ -121,7 +124,7 @@ def main():
         print(f"| {name} | {' | '.join(cells)} | {rep:.3f} ({rep / rep0 if rep0 else float('inf'):.2f}x) |")
     teacher = heal_result["perplexity"]["teacher"], heal_result["per_document_perplexity"]["teacher"]
     on = args.curve_on
-    print(f"\nHeal curve on {on} (blocks of heal's 256 tokens; mid-run points at a learning rate not yet annealed):\n")
+    print(f"\nHeal curve on {on} (blocks of heal's {args.heal_seq_len} tokens; mid-run points at a learning rate not yet annealed):\n")
     print(f"| heal tokens | {on} packed (x original) | {on} per document (x original) |")
     print("| --- | --- | --- |")
     for row in (r for r in curve if "val_ppl" in r):
