@@ -409,6 +409,27 @@ def test_resume_skips_a_damaged_checkpoint_and_a_cut_metrics_line(cli, tiny_llam
     assert len(errors) == 1 and "step-8: damaged, and no earlier checkpoint loads" in errors[0], result.stderr
 
 
+def test_checkpoint_damage_checks_every_size_before_reading_any_file(tmp_path, monkeypatch):
+    from mixln_convert.training import trainer
+
+    checkpoint = tmp_path / "step-4"
+    (checkpoint / "sub").mkdir(parents=True)
+    for name, size in (("model.safetensors", 4096), ("optimizer.bin", 2048), ("sub/rng.pkl", 64)):
+        (checkpoint / name).write_bytes(os.urandom(size))
+    (checkpoint / trainer.CHECKSUMS).write_text(json.dumps(trainer._file_digests(checkpoint)))
+    assert trainer._damage(checkpoint) is None
+
+    optimizer = checkpoint / "optimizer.bin"
+    optimizer.write_bytes(optimizer.read_bytes()[:100])  # truncated: found by its size, no file hashed
+    with monkeypatch.context() as patched:
+        patched.setattr(trainer, "file_sha256", lambda path: pytest.fail(f"hashed {path} before comparing sizes"))
+        assert trainer._damage(checkpoint) == "optimizer.bin is not the file that was saved"
+    optimizer.unlink()
+    assert trainer._damage(checkpoint) == "optimizer.bin is missing"
+    (checkpoint / "extra.bin").write_bytes(b"x")
+    assert trainer._damage(checkpoint) == "extra.bin was not saved there"
+
+
 def test_a_run_with_a_heal_opens_each_checkpoint_once(tiny_llama_tied, corpus, tmp_path, monkeypatch):
     """One train run (convert, heal, both arms): the source and the converted model are each
     opened and validated once, and each tokenizer is loaded once."""

@@ -262,9 +262,13 @@ def _checkpoints(folder: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def _saved_files(checkpoint: Path) -> dict[str, Path]:
+    return {str(f.relative_to(checkpoint)): f for f in sorted(checkpoint.rglob("*"))
+            if f.is_file() and f.name != CHECKSUMS}
+
+
 def _file_digests(checkpoint: Path) -> dict:
-    return {str(f.relative_to(checkpoint)): {"bytes": f.stat().st_size, "sha256": file_sha256(f)}
-            for f in sorted(checkpoint.rglob("*")) if f.is_file() and f.name != CHECKSUMS}
+    return {name: {"bytes": f.stat().st_size, "sha256": file_sha256(f)} for name, f in _saved_files(checkpoint).items()}
 
 
 def _save_checkpoint(accelerator: Accelerator, folder: Path, step: int, keep: int) -> None:
@@ -296,12 +300,17 @@ def _damage(checkpoint: Path) -> str | None:
             raise ValueError("not a JSON object")
     except (OSError, ValueError):
         return f"{CHECKSUMS} is unreadable"
-    found = _file_digests(checkpoint)
+    found = _saved_files(checkpoint)
     for name in sorted(set(recorded) | set(found)):
         if name not in found:
             return f"{name} is missing"
-        if recorded.get(name) != found[name]:
-            return f"{name} is not the file that was saved" if name in recorded else f"{name} was not saved there"
+        if name not in recorded:
+            return f"{name} was not saved there"
+    # every size before any hash: a truncated file is found without reading gigabytes of the others
+    for field, measure in (("bytes", lambda f: f.stat().st_size), ("sha256", file_sha256)):
+        for name, f in found.items():
+            if not isinstance(recorded[name], dict) or recorded[name].get(field) != measure(f):
+                return f"{name} is not the file that was saved"
     return None
 
 
