@@ -29,8 +29,8 @@ from pathlib import Path
 from mixln_convert import convert
 from mixln_convert.evaluate import score_checkpoint
 from mixln_convert.fetch import smollm2_gguf
-from mixln_convert.healing import HEAL_BATCH_SIZE, HEAL_SEQ_LEN, heal
-from mixln_convert.options import HEAL_LR
+from mixln_convert.healing import heal
+from mixln_convert.options import HEAL_BATCH_SIZE, HEAL_LR, HEAL_SEQ_LEN
 
 DIRECTIVE = re.compile(r"^\s|^\.\. |::\s*$|^[=\-~^*#]{3,}\s*$")
 

@@ -17,8 +17,8 @@ from . import __version__
 from .errors import MixLNError
 from .io.paths import check_destination, check_not_input, check_readable
 from .limits import check_one_step
-from .options import (DEMO_EVAL_TOKENS, DEMO_TRAIN_TOKENS, DTYPES, EVAL_SEQ_LEN, EVAL_TOKENS, HEAL_DTYPES, HEAL_LR,
-                      LOSSES, METHODS, STRATEGIES, measured_on)
+from .options import (DEMO_EVAL_TOKENS, DEMO_TRAIN_TOKENS, DTYPES, EVAL_SEQ_LEN, EVAL_TOKENS, HEAL_BATCH_SIZE, HEAL_DTYPES,
+                      HEAL_LR, HEAL_SEQ_LEN, LOSSES, METHODS, STRATEGIES, measured_on)
 
 
 class Group(click.Group):
@@ -620,8 +620,8 @@ def sweep(src, out, alphas, heal_tokens, train_tokens, data, seeds, eval_tokens,
 @_data_option("Training text (default split: train).")
 @click.option("--tokens", type=POSITIVE, default=65_536, show_default=True, help="Training tokens.")
 @click.option("--out", default=None, metavar="DIR", help="Output folder.  [default: CONVERTED-healed]")
-@click.option("--seq-len", type=POSITIVE, default=256, show_default=True, help="Tokens per training block.")
-@click.option("--batch-size", type=POSITIVE, default=4, show_default=True, help="Blocks per step.")
+@click.option("--seq-len", type=POSITIVE, default=HEAL_SEQ_LEN, show_default=True, help="Tokens per training block.")
+@click.option("--batch-size", type=POSITIVE, default=HEAL_BATCH_SIZE, show_default=True, help="Blocks per step.")
 @click.option("--lr", type=Finite(0, None, low_open=True), default=HEAL_LR, show_default=True,
               help="Peak learning rate (warmup, then cosine).")
 @click.option("--loss", type=click.Choice(LOSSES), default="kl", show_default=True,

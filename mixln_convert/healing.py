@@ -46,7 +46,7 @@ from transformers import get_cosine_schedule_with_warmup
 from .architectures import architecture_for
 from .data import PackedBlocks, TokenShards, blocks, read_texts, token_blocks, token_stream
 from .errors import MixLNError
-from .options import EVAL_DATA, EVAL_TOKENS, HEAL_DTYPES, HEAL_LR, LOSSES
+from .options import EVAL_DATA, EVAL_TOKENS, HEAL_BATCH_SIZE, HEAL_DTYPES, HEAL_LR, HEAL_SEQ_LEN, LOSSES
 from .evaluate import evaluate_documents, evaluate_perplexity
 from .fetch import cache_dir
 from .io.loader import open_checkpoint
@@ -60,7 +60,6 @@ from .model.shared_tail import load_pair
 
 
 
-HEAL_SEQ_LEN, HEAL_BATCH_SIZE = 256, 4  # a step of 4 x 256 tokens
 
 
 def heal(

@@ -9,6 +9,7 @@ HEAL_DTYPES = ("fp32", "bf16")  # healing.py: of the frozen weights (the trained
 # healing.py's peak learning rate. 1e-4 diverged on SmolLM2-135M's calibrated conversion (the KL
 # loss jumped 3x once warmup passed ~8e-5 and the heal ended worse than it started); 3e-5 heals it.
 HEAL_LR = 3e-5
+HEAL_SEQ_LEN, HEAL_BATCH_SIZE = 256, 4  # healing.py: a step of 4 x 256 tokens
 PRECISIONS = ("auto", "bf16", "fp32")  # training: auto is bf16 autocast on GPU, fp32 on CPU
 DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")  # conversion output dtypes
 

@@ -18,7 +18,7 @@ from .io.loader import open_checkpoint
 from .io.paths import check_destination, check_not_input
 from .io.writer import scratch_dir, write_atomic
 from .limits import check_seq_len
-from .options import DEMO_EVAL_TOKENS, DEMO_TRAIN_TOKENS, EVAL_DATA
+from .options import DEMO_EVAL_TOKENS, DEMO_TRAIN_TOKENS, EVAL_DATA, HEAL_BATCH_SIZE, HEAL_SEQ_LEN
 
 ARMS = ("mixln", "preln")
 DEMO_RECIPE = "smollm2-135m-cpu"  # shipped with the package
@@ -105,7 +105,7 @@ def convert_and_heal(src, dst, *, heal_tokens: int, heal_data=None, force: bool 
     into a temporary folder beside ``dst``, then healed on ``heal_tokens`` tokens into ``dst``.
     Returns heal's result."""
     from .conversion.converter import convert
-    from .healing import HEAL_BATCH_SIZE, HEAL_SEQ_LEN, heal
+    from .healing import heal
 
     step = HEAL_BATCH_SIZE * HEAL_SEQ_LEN
     if heal_tokens < step:

@@ -21,7 +21,7 @@ from .errors import MixLNError
 from .io.loader import open_checkpoint
 from .io.paths import check_destination, check_readable
 from .io.writer import atomic_output_dir, write_atomic
-from .options import EVAL_TOKENS
+from .options import EVAL_TOKENS, HEAL_BATCH_SIZE, HEAL_SEQ_LEN
 
 DEFAULT_ALPHAS = (0.0, 0.0625, 0.125, 0.25, 0.5)
 TRAIN_RECIPE = "smollm2-135m-cpu"  # settings of the short continued pre-training (CPU-sized steps)
@@ -99,7 +99,6 @@ def sweep(src, out, *, alphas=DEFAULT_ALPHAS, heal_tokens: int = 0, train_tokens
     figures, the recommendation, the time split) beside ``out/report``."""
     from .conversion.converter import CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, calibration_statistics
     from .conversion.layout import post_ln_count
-    from .healing import HEAL_BATCH_SIZE, HEAL_SEQ_LEN
     from .training import load_recipe
 
     if not alphas:

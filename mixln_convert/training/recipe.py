@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import MixLNError
-from ..options import EVAL_SEQ_LEN, EVAL_TOKENS, HEAL_LR, LOSSES, PRECISIONS, STRATEGIES
+from ..options import EVAL_SEQ_LEN, EVAL_TOKENS, HEAL_BATCH_SIZE, HEAL_LR, HEAL_SEQ_LEN, LOSSES, PRECISIONS, STRATEGIES
 
 SMOLLM2 = "smollm2"  # `source: smollm2` names the embedded default model (the cached GGUF)
 
@@ -29,7 +29,7 @@ DEFAULTS = {
     "conversion": {"alpha": 0.25, "strategy": "calibrated", "scaled_init": True},
     # Distil the converted Post-LN blocks from the source before training (mixln-convert heal);
     # tokens 0 skips it.
-    "heal": {"tokens": 0, "seq_len": 256, "batch_size": 4, "lr": HEAL_LR, "loss": "kl", "sampled": 0.0,
+    "heal": {"tokens": 0, "seq_len": HEAL_SEQ_LEN, "batch_size": HEAL_BATCH_SIZE, "lr": HEAL_LR, "loss": "kl", "sampled": 0.0,
              "activation_checkpointing": False},
     "data": {
         # a tokenized folder (`mixln-convert tokenize`), or text: a file, folder or glob (see `read_texts`),
