@@ -112,7 +112,7 @@ def main():
     rep0 = original["generation"]["repeated_4gram_share"]
     print(f"\n{Path(source).name}, alpha {args.alpha} calibrated, heal {args.loss} lr {args.lr} sampled {args.sampled} on "
           f"{', '.join(args.heal_data) if args.heal_data else 'the embedded corpus'}, "
-          f"{heal_result['tokens']:,} tokens ({heal_result['seconds']:.0f} s); A: {', '.join(args.packed)} "
+          f"{heal_result['tokens']:,} tokens in steps of {args.heal_batch_size} x {args.heal_seq_len} ({heal_result['seconds']:.0f} s); A: {', '.join(args.packed)} "
           f"({len(documents_a)} documents), B: 300 paragraphs of {args.paragraphs}; {args.eval_tokens:,} tokens "
           f"per text and mode, blocks/windows of {args.seq_len}; total {time.time() - started:.0f} s\n")
     print("| model | A packed | A per document | B packed | B per document | repeated 4-grams (x original) |")
