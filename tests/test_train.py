@@ -418,6 +418,11 @@ def test_checkpoint_damage_checks_every_size_before_reading_any_file(tmp_path, m
         (checkpoint / name).write_bytes(os.urandom(size))
     (checkpoint / trainer.CHECKSUMS).write_text(json.dumps(trainer._file_digests(checkpoint)))
     assert trainer._damage(checkpoint) is None
+    model = checkpoint / "model.safetensors"
+    saved = model.read_bytes()
+    model.write_bytes(saved[:-1] + bytes([saved[-1] ^ 1]))  # one bit flipped, size kept: found by its hash
+    assert trainer._damage(checkpoint) == "model.safetensors is not the file that was saved"
+    model.write_bytes(saved)
 
     optimizer = checkpoint / "optimizer.bin"
     optimizer.write_bytes(optimizer.read_bytes()[:100])  # truncated: found by its size, no file hashed
