@@ -150,7 +150,7 @@ _ALLOW_LONGER = click.option("--allow-longer", is_flag=True,
 @click.option("--heal-tokens", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
               help="Heal in the same run: distil the Post-LN blocks from SRC on N tokens (as `mixln-convert heal`, "
                    "its defaults otherwise; 65536 is heal's default budget). 0: convert only.")
-@click.option("--heal-data", default=None, metavar="PATH", help="Text for --heal-tokens (default: embedded corpus, train split).")
+@click.option("--heal-data", default=None, metavar="PATH", help="Text for --heal-tokens, best of the kind the model will be scored on (default: embedded corpus, train split).")
 @click.option("--force", is_flag=True, help="Replace a non-empty DST (never an input).")
 def convert(src, dst, alpha, post_ln_layers, strategy, scaled_init, calibration_data, calibration_tokens,
             calibration_seq_len, max_shard_size, dtype, seed, heal_tokens, heal_data, force):
@@ -617,7 +617,8 @@ def sweep(src, out, alphas, heal_tokens, train_tokens, data, seeds, eval_tokens,
 @click.argument("converted", type=click.Path(path_type=str))
 @click.option("--teacher", required=True, metavar="ORIGINAL",
               help="The Pre-LN model CONVERTED was converted from (HF folder or .gguf).")
-@_data_option("Training text (default split: train).")
+@_data_option("Training text (default split: train), best of the kind the model will be scored on: a heal "
+              "carries over to other kinds of text only in part.")
 @click.option("--tokens", type=POSITIVE, default=65_536, show_default=True, help="Training tokens.")
 @click.option("--out", default=None, metavar="DIR", help="Output folder.  [default: CONVERTED-healed]")
 @click.option("--seq-len", type=POSITIVE, default=HEAL_SEQ_LEN, show_default=True, help="Tokens per training block.")
