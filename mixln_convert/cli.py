@@ -131,7 +131,7 @@ _ALLOW_LONGER = click.option("--allow-longer", is_flag=True,
 @click.option("--post-ln-layers", type=click.IntRange(min=0), default=None,
               help="Exact number of leading Post-LN layers (instead of --alpha).")
 @click.option("--strategy", type=click.Choice(STRATEGIES), default="calibrated", show_default=True,
-              help="calibrated (fold norms, calibrate gains: usable at once), move (paper layout, weights carried "
+              help="calibrated (fold norms, calibrate gains: close to the original's perplexity at once; heal before generating text), move (paper layout, weights carried "
                    "over; needs training), reinit-post (re-initialize the Post-LN layers; needs training), scratch "
                    "(fresh Mix-LN model).")
 @click.option("--scaled-init/--no-scaled-init", default=True, show_default=True,
@@ -184,7 +184,7 @@ def convert(src, dst, alpha, post_ln_layers, strategy, scaled_init, calibration_
     click.echo(f"wrote {out}")
     if strategy in ("move", "reinit-post", "scratch"):
         click.echo(f"note: a {strategy} conversion is not usable before training (its perplexity is in the "
-                   "thousands); use the default calibrated strategy for a model usable at once", err=True)
+                   "thousands); the default calibrated strategy stays close to the original's without training", err=True)
 
 
 _TASKS_HELP = ("lm-evaluation-harness tasks (`pip install 'mixln-convert[eval]'`): the shipped offline "
