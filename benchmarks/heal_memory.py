@@ -6,7 +6,8 @@ Builds a synthetic bf16 checkpoint of TinyLlama-1.1B's shape (random weights, be
 converts it with ``move`` at alpha 0.25 (5 of 22 blocks Post-LN), and heals it against it (default
 loss ``kl``, one step of ``--tokens`` tokens in blocks of ``--seq-len``, the evaluations on
 ``--eval-tokens``) in a fresh process per run: REV from a temporary git worktree first on
-``PYTHONPATH`` (with ``--before``), then the installed package with the float32 default, with
+``PYTHONPATH`` (with ``--before``: the float32 default and ``--activation-checkpointing``), then
+the installed package with the float32 default, with
 ``--activation-checkpointing`` and (unless ``--no-bf16``) with ``--dtype bf16``. Peak RSS is the
 OS's figure for the child (``wait4``'s ru_maxrss, its VmHWM), printed as a multiple of the model's
 float32 parameter bytes, beside each run's wall time.
@@ -46,7 +47,11 @@ def main():
         heal = [sys.executable, "-m", "mixln_convert.cli", "heal", str(work / "converted"), "--teacher",
                 str(work / "source"), "--tokens", str(args.tokens), "--seq-len", str(args.seq_len), "--batch-size",
                 str(args.batch_size), "--eval-tokens", str(args.eval_tokens)]
-        versions = {f"before ({args.before})": ([], {"PYTHONPATH": str(work / "before")})} if args.before else {}
+        versions = {}
+        if args.before:
+            before = {"PYTHONPATH": str(work / "before")}
+            versions[f"before ({args.before}), fp32"] = ([], before)
+            versions[f"before ({args.before}), fp32, --activation-checkpointing"] = (["--activation-checkpointing"], before)
         versions["after (installed), fp32"] = ([], {})
         versions["after (installed), fp32, --activation-checkpointing"] = (["--activation-checkpointing"], {})
         if not args.no_bf16:

@@ -111,3 +111,46 @@ def test_per_document_scoring_equals_a_plain_reference_loop(cli, converted):
     assert shown.exit_code == 0, shown.output
     per_document = json.loads(shown.stdout.strip().splitlines()[-1])["per_document"]
     assert per_document["tokens"] >= 128 and per_document["token_perplexity"] > 1
+
+
+FREED_RSS = """
+import sys
+import torch
+from mixln_convert.cli import map_large_allocations
+
+def resident_mib():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+
+print(map_large_allocations())
+first = torch.ones(4 << 20)  # 16 MiB; freeing a mapped block is what raises glibc's threshold
+del first
+base = resident_mib()
+held = []
+for _ in range(8):
+    held += [torch.ones(4 << 20), torch.ones(1000)]  # small tensors between the large ones pin the heap
+del held[::2]
+print(resident_mib() - base)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_freed_large_tensors_leave_the_resident_set():
+    out = subprocess.run([sys.executable, "-c", FREED_RSS], capture_output=True, text=True, check=True).stdout.split()
+    assert out[0] == "True"
+    assert float(out[1]) < 4  # 8 x 16 MiB freed; left in the heap they would stay resident
+
+
+def test_a_users_malloc_threshold_wins(monkeypatch):
+    from mixln_convert.cli import map_large_allocations
+
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    assert map_large_allocations() is False
+
+
+def test_every_command_sets_the_allocation_threshold(cli, monkeypatch):
+    import mixln_convert.cli as cli_module
+
+    calls = []
+    monkeypatch.setattr(cli_module, "map_large_allocations", lambda: calls.append(1))
+    assert cli("recipes").exit_code == 0
+    assert calls == [1]
