@@ -155,7 +155,8 @@ _ALLOW_LONGER = click.option("--allow-longer", is_flag=True,
               help="Exact number of leading Post-LN layers (instead of --alpha).")
 @click.option("--strategy", type=click.Choice(STRATEGIES), default="calibrated", show_default=True,
               help="calibrated (fold norms, calibrate gains: close to the original's perplexity at once; heal "
-                   "before generating text), move (paper layout, weights carried over; needs training), reinit-post (re-initialize the Post-LN layers; needs training), scratch "
+                   "before generating text), move (paper layout, weights carried over; needs training), "
+                   "reinit-post (re-initialize the Post-LN layers; needs training), scratch "
                    "(fresh Mix-LN model).")
 @click.option("--scaled-init/--no-scaled-init", default=True, show_default=True,
               help="o_proj/down_proj of initialized layers use std initializer_range/sqrt(2L).")
