@@ -46,51 +46,6 @@ def _fit_gain(unit_batches, target_batches) -> torch.Tensor:
     return num / den.clamp_min(1e-12)
 
 
-def _weighted_unit(z: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
-    """What RMSNorm without a gain gives for ``z`` once the block holds ``scale * z`` (the sum the
-    norm reads, scaled per channel), in ``z``'s coordinates: ``z / sqrt(mean((scale * z)^2) + eps)``."""
-    return z * torch.rsqrt((z * scale).pow(2).mean(-1, keepdim=True) + eps)
-
-
-def _fit_weighted_gain(z_batches, target_batches, eps: float, steps: int = 60):
-    """Channel scale and gain of a Post-LN norm whose input sum the block may scale per channel.
-
-    RMSNorm divides every channel of a token by one number, its RMS. If the block holds the sum
-    scaled by ``scale`` per channel (folded into the weights that write and read it, exactly;
-    :mod:`.plan`), the norm divides by a weighted RMS instead: a channel that is small in
-    ``scale`` barely counts. A token whose energy sits in such a channel (the attention sink's
-    massive activation) keeps a large norm after the Post-LN norm, as the original stream has it;
-    with a plain RMS its norm is capped at the largest gain. The scale (its mean square kept at
-    1, so the norm's eps means what it did) is fitted by L-BFGS with the gain solved in closed
-    form at each step (per-channel least squares, as :func:`_fit_gain`) against the original
-    stream; returns ``(scale, gain)``.
-    """
-    z = torch.cat([b.flatten(0, -2) for b in z_batches]).double()
-    y = torch.cat([b.flatten(0, -2) for b in target_batches]).double()
-    log_weight = torch.zeros(z.shape[-1], dtype=z.dtype, device=z.device, requires_grad=True)
-
-    def scale_and_gain():
-        weight = log_weight.exp()
-        scale = (weight / weight.mean()).sqrt()
-        u = _weighted_unit(z, scale, eps)
-        gain = (u * y).sum(0) / (u * u).sum(0).clamp_min(1e-12)
-        return scale, gain, u
-
-    def loss():
-        optimizer.zero_grad()
-        _, gain, u = scale_and_gain()
-        value = (gain * u - y).pow(2).sum() / y.pow(2).sum()
-        value.backward()
-        return value
-
-    optimizer = torch.optim.LBFGS([log_weight], lr=1, max_iter=steps, line_search_fn="strong_wolfe")
-    with torch.enable_grad():
-        optimizer.step(loss)
-    with torch.no_grad():
-        scale, gain, _ = scale_and_gain()
-    return scale.float(), gain.float()
-
-
 def _median_rms(batches) -> float:
     return torch.cat([_token_rms(x).flatten() for x in batches]).median().item()
 
@@ -110,15 +65,14 @@ def calibrate(prefix, blocks: torch.Tensor, batch_size: int = 4, progress: bool 
     teacher = [prefix.embed_tokens(b).float() for b in batches]
     student = [t.clone() for t in teacher]
     rope = [prefix.rotary_emb(t, p) for t, p in zip(teacher, positions)]
-    keys = ("input_scale", "post_attention_scale", "post_attention_gain", "mid_scale", "post_feedforward_scale",
-            "post_feedforward_gain", "relative_error")
+    keys = ("input_scale", "post_attention_gain", "mid_scale", "post_feedforward_gain", "relative_error")
     stats = {k: [] for k in keys}
 
     def attention(layer, x, k):
         return layer.self_attn(hidden_states=x, attention_mask=None, position_embeddings=rope[k],
                                position_ids=positions[k])[0]
 
-    for i, layer in enumerate(tqdm(prefix.layers, desc="calibrating", disable=not progress, leave=False)):
+    for layer in tqdm(prefix.layers, desc="calibrating", disable=not progress, leave=False):
         g_in = layer.input_layernorm.weight.float()
         g_pa = layer.post_attention_layernorm.weight.float()
         # The original block, step by step.
@@ -126,18 +80,14 @@ def calibrate(prefix, blocks: torch.Tensor, batch_size: int = 4, progress: bool 
         teacher = [h + layer.mlp(layer.post_attention_layernorm(h)) for h in teacher_mid]
         # The converted block, on the converted stream.
         s = _median_rms(student)
-        summed = [x + attention(layer, x * (g_in / s), k) for k, x in enumerate(student)]
-        if i == 0:  # block 0 reads the embeddings, which cannot carry a channel scale (tied to the head)
-            a = torch.ones_like(g_in)
-            g_mid = _fit_gain([_unit(z, eps) for z in summed], teacher_mid)
-        else:
-            a, g_mid = _fit_weighted_gain(summed, teacher_mid, eps)
-        mid = [g_mid * _weighted_unit(z, a, eps) for z in summed]
+        after_attn = [_unit(x + attention(layer, x * (g_in / s), k), eps) for k, x in enumerate(student)]
+        g_mid = _fit_gain(after_attn, teacher_mid)
+        mid = [g_mid * u for u in after_attn]
         m = _median_rms(mid)
-        summed = [h + layer.mlp(h * (g_pa / m)) for h in mid]
-        b, g_out = _fit_weighted_gain(summed, teacher, eps)
-        student = [g_out * _weighted_unit(z, b, eps) for z in summed]
+        after_mlp = [_unit(h + layer.mlp(h * (g_pa / m)), eps) for h in mid]
+        g_out = _fit_gain(after_mlp, teacher)
+        student = [g_out * u for u in after_mlp]
         error = torch.cat([(_token_rms(x - y) / _token_rms(y)).flatten() for x, y in zip(student, teacher)])
-        for key, value in zip(keys, (s, a, g_mid, m, b, g_out, error.mean().item())):
+        for key, value in zip(keys, (s, g_mid, m, g_out, error.mean().item())):
             stats[key].append(value)
     return stats

@@ -132,11 +132,10 @@ def first_blocks(stats: dict, n: int) -> dict:
 
 
 def _provenance_of(stats: dict | None) -> dict | None:
-    """The calibration statistics as JSON: the fitted vectors are in the weights, their means here."""
+    """The calibration statistics as JSON: the fitted gain vectors are in the weights, their means here."""
     if stats is None:
         return None
-    return {k: [v.mean().item() if torch.is_tensor(v) else v for v in vs] if isinstance(vs, list) else vs
-            for k, vs in stats.items()}
+    return {k: [v.mean().item() for v in vs] if k.endswith("_gain") else vs for k, vs in stats.items()}
 
 
 def converted_config(source_config: dict, arch, n_post: int, alpha, dtype, provenance: dict) -> dict:

@@ -89,35 +89,15 @@ class ConversionPlan:
             pf_name = self.arch.layer_tensor(i, "post_feedforward_norm")
             pf = torch.ones_like(tensor)
             if self.strategy == "calibrated":
-                a, b = self._channel_scale("post_attention", i), self._channel_scale("post_feedforward", i)
-                tensor = self.stats["post_attention_gain"][i] * b / a
-                pf = self.stats["post_feedforward_gain"][i] * self._channel_scale("post_attention", i + 1) / b
+                tensor = self.stats["post_attention_gain"][i].clone()
+                pf = self.stats["post_feedforward_gain"][i].clone()
             yield name, tensor.to(self.dtype)
             yield pf_name, pf.to(self.dtype)
             return
-        if self.strategy == "calibrated":
-            tensor = self._calibrated(source, role, tensor, i)
-        yield name, tensor.to(self.dtype)
-
-    def _channel_scale(self, norm: str, i: int) -> torch.Tensor:
-        """The per-channel scale in which block i holds the sum its ``norm`` reads (calibrate.py);
-        ones past the Post-LN blocks, whose input is the unscaled residual stream."""
-        if i >= self.n_post:
-            return torch.ones_like(self.stats[f"{norm}_gain"][0])
-        return self.stats[f"{norm}_scale"][i].float()
-
-    def _calibrated(self, source, role: str, tensor: torch.Tensor, i: int) -> torch.Tensor:
-        """A projection of Post-LN block i, calibrated: the Pre-LN gain it read folded in, divided by
-        the stream's typical RMS, and the channel scales of the sums it reads or writes."""
-        a, b = self._channel_scale("post_attention", i), self._channel_scale("post_feedforward", i)
-        if role == "attention_inputs":
+        if self.strategy == "calibrated" and role == "attention_inputs":
             gain = source.get(self.arch.layer_tensor(i, "input_norm")).float()
-            return tensor * (gain / (self.stats["input_scale"][i] * a))[None, :]
-        if role == "attention_output":
-            return tensor * a[:, None]
-        if role == "mlp_inputs":
+            tensor = tensor * (gain / self.stats["input_scale"][i])[None, :]
+        elif self.strategy == "calibrated" and role == "mlp_inputs":
             gain = source.get(self.arch.layer_tensor(i, "post_attention_norm")).float()
-            return tensor * (gain / (self.stats["mid_scale"][i] * b))[None, :]
-        if role == "mlp_output":
-            return tensor * b[:, None]
-        return tensor
+            tensor = tensor * (gain / self.stats["mid_scale"][i])[None, :]
+        yield name, tensor.to(self.dtype)
