@@ -41,6 +41,8 @@ def main():
     parser.add_argument("--no-checkpointing", action="store_true", help="leave out the --activation-checkpointing runs")
     parser.add_argument("--repeat", type=int, default=1, help="rounds of all the variants, run in turn")
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error(f"--repeat: {args.repeat} is not a whole number of rounds >= 1")
     from mixln_convert import convert
     from mixln_convert.io.loader import open_checkpoint
 
