@@ -151,21 +151,28 @@ def test_legacy_gradient_checkpointing_flag_reaches_the_mix_ln_layers():
     assert not any(layer.gradient_checkpointing for layer in plain.model.layers)
 
 
-@pytest.mark.parametrize("first", [
+IMPORT_ORDERS = (
     "from mixln_convert import MixLNForCausalLM",  # the Mix-LN modeling module before transformers' auto classes
     "import mixln_convert; from transformers import LlamaForCausalLM",  # LLaMA's model file runs the auto module
     "import mixln_convert; from transformers import MistralForCausalLM",  # so does every model file's import
     "import mixln_convert; import transformers.modeling_layers",
     "import mixln_convert; from transformers import AutoModelForCausalLM",
-])
-def test_registration_survives_any_import_order(first):
+)
+
+
+def test_registration_survives_any_import_order():
     """In a fresh interpreter, whatever is imported first, the Mix-LN classes end up registered
-    with the Auto classes, and no import is left half-done (a circular import would raise)."""
-    code = (f"{first}\nfrom transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING\n"
-            "from mixln_convert.model.configuration_mixln import MixLNConfig\n"
-            "print(MODEL_FOR_CAUSAL_LM_MAPPING[MixLNConfig].__name__)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0 and done.stdout.strip() == "MixLNForCausalLM", done.stderr[-800:]
+    with the Auto classes, and no import is left half-done (a circular import would raise). The
+    interpreters run side by side: each spends its seconds importing torch and transformers."""
+    check = ("\nfrom transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING\n"
+             "from mixln_convert.model.configuration_mixln import MixLNConfig\n"
+             "print(MODEL_FOR_CAUSAL_LM_MAPPING[MixLNConfig].__name__)")
+    running = {first: subprocess.Popen([sys.executable, "-c", first + check], stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True) for first in IMPORT_ORDERS}
+    finished = {first: proc.communicate(timeout=600) + (proc.returncode,) for first, proc in running.items()}
+    failed = {first: err[-800:] for first, (out, err, code) in finished.items()
+              if code != 0 or out.strip() != "MixLNForCausalLM"}
+    assert not failed, failed
 
 
 def test_a_converted_folder_loads_without_asking_for_remote_code(converted):
