@@ -148,8 +148,9 @@ def truncated(inputs):
     return folder
 
 
-def llama_gguf(inputs, blocks: int, tensors_for: int):
-    """A LLaMA GGUF whose metadata says ``blocks`` layers but holds tensors for ``tensors_for``."""
+def llama_gguf(inputs, blocks: int, tensors_for: int, nan_in: str | None = None):
+    """A LLaMA GGUF whose metadata says ``blocks`` layers but holds tensors for ``tensors_for``;
+    one NaN in each ``nan_in`` tensor (e.g. "ffn_up") when given."""
     from gguf import GGUFWriter
 
     path = inputs.root / "partial.gguf"
@@ -168,7 +169,10 @@ def llama_gguf(inputs, blocks: int, tensors_for: int):
         for name, shape in (("attn_norm", (h,)), ("ffn_norm", (h,)), ("attn_q", (h, h)), ("attn_k", (h, h)),
                             ("attn_v", (h, h)), ("attn_output", (h, h)), ("ffn_gate", (inter, h)),
                             ("ffn_up", (inter, h)), ("ffn_down", (h, inter))):
-            writer.add_tensor(f"blk.{i}.{name}.weight", np.zeros(shape, np.float32))
+            values = np.zeros(shape, np.float32)
+            if name == nan_in:
+                values.flat[values.size // 2] = np.nan
+            writer.add_tensor(f"blk.{i}.{name}.weight", values)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -329,6 +333,7 @@ ROWS = [
     ("truncated-shard-inspect", lambda i, o: ["inspect", truncated(i)], "truncated"),
     ("gguf-missing-tensors", lambda i, o: ["convert", llama_gguf(i, blocks=2, tensors_for=1), o], "model.layers.1.input_layernorm.weight is missing"),
     ("gguf-block-count-absurd", lambda i, o: ["convert", llama_gguf(i, blocks=10**9, tensors_for=2), o], "the config asks for 1000000000 layers"),
+    ("gguf-nan", lambda i, o: ["convert", llama_gguf(i, blocks=1, tensors_for=1, nan_in="ffn_up"), o, "--strategy", "move"], "tensor model.layers.0.mlp.up_proj.weight holds NaN or inf values"),
     ("gguf-missing-tensors-eval", lambda i, o: ["eval", llama_gguf(i, blocks=3, tensors_for=2)], "model.layers.2.input_layernorm.weight is missing"),
     ("gguf-garbage", lambda i, o: ["convert", i.file("model.gguf", b"GGUF\x03\x00\x00\x00garbage"), o], "not a readable GGUF file"),
     ("mixln-post-ln-above-layers", lambda i, o: ["eval", i.variant("v", config=_set("post_ln_layers", L + 1), base="converted")], "post_ln_layers must be an integer"),

@@ -33,28 +33,37 @@ def test_smollm2_calibrated_conversion_keeps_perplexity_close(tmp_path):
 
 
 @pytest.mark.real_model
-def test_a_gguf_is_dequantized_once_per_process(tmp_path, monkeypatch):
-    """convert, heal (the GGUF as teacher) and a whole-model load in one process read the GGUF's
-    weights once: every later use is the cached, validated checkpoint."""
+def test_a_gguf_is_read_once_per_process_and_as_transformers_reads_it(tmp_path, monkeypatch):
+    """convert, heal (the GGUF as teacher) and a whole-model load in one process parse the GGUF's
+    header once and never ask transformers for its weights; the tensors dequantized one at a time
+    (q/k un-permuted) are bitwise transformers' own, and so are the logits."""
+    import torch
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
     from transformers import AutoModelForCausalLM
 
     from mixln_convert.healing import heal
     from mixln_convert.io import loader
 
     loader._open.cache_clear()
-    calls = []
-    original = AutoModelForCausalLM.from_pretrained.__func__
-
-    def counting(cls, *args, **kwargs):
-        calls.append(kwargs.get("gguf_file"))
-        return original(cls, *args, **kwargs)
-
-    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", classmethod(counting))
+    headers, transformers_weights = [], []
+    read_header, load_gguf = loader._read_gguf_header, gguf_utils.load_gguf_checkpoint
+    monkeypatch.setattr(loader, "_read_gguf_header", lambda path: headers.append(path) or read_header(path))
+    monkeypatch.setattr(gguf_utils, "load_gguf_checkpoint", lambda path, return_tensors=False, **kwargs: (
+        transformers_weights.append(path) if return_tensors else None) or load_gguf(path, return_tensors, **kwargs))
     gguf = smollm2_gguf()
     out = convert(gguf, tmp_path / "converted", post_ln_layers=2, calibration_tokens=256, progress=False)
     heal(out, gguf, tmp_path / "healed", tokens=64, seq_len=64, batch_size=1, eval_tokens=64, progress=False)
-    load_model(gguf)
-    assert calls.count(gguf.name) == 1, calls
+    ours = load_model(gguf)
+    assert len(headers) == 1 and transformers_weights == [], (headers, transformers_weights)
+    monkeypatch.undo()
+
+    theirs = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+    ours_state, their_state = ours.state_dict(), theirs.state_dict()
+    assert sorted(ours_state) == sorted(their_state)
+    assert all(torch.equal(ours_state[name], their_state[name]) for name in ours_state)
+    ids = torch.tensor([[1, 504, 3205, 314, 260, 7930, 28, 2]])
+    with torch.no_grad():
+        assert torch.equal(ours(ids).logits, theirs(ids).logits)
 
 
 @pytest.mark.real_model

@@ -5,8 +5,8 @@ A checkpoint gives its config, architecture, tokenizer, lazy tensors and, when a
 model. Nothing here loads a whole model to get one tensor: safetensors shards are memory-mapped
 and read per tensor, and a tensor read unchanged says where its bytes lie (``stored_bytes``) so
 that a writer can copy them file to file; .bin shards are memory-mapped with
-``torch.load(mmap=True, weights_only=True)`` (never plain unpickling). GGUF is the exception:
-transformers dequantizes it as a whole, once per process.
+``torch.load(mmap=True, weights_only=True)`` (never plain unpickling); a GGUF file is
+memory-mapped too and dequantized one tensor at a time.
 
 Before any of that, the file headers are checked against the config (:mod:`.validate`); every
 tensor read is checked for NaN/inf, and so is every model loaded whole.
@@ -16,6 +16,7 @@ import copy
 import fnmatch
 import hashlib
 import json
+import math
 import os
 import pickle
 import re
@@ -320,96 +321,108 @@ class FolderCheckpoint(Checkpoint):
 
 
 class GGUFCheckpoint(Checkpoint):
-    """A .gguf file: its tensor table and metadata checked from the header, the weights
-    dequantized to float32 through transformers' GGUF loader, once per process."""
+    """A .gguf file: its tensor table and metadata checked from the header, read once per process;
+    ``get(name)`` dequantizes one tensor (gguf-py) to float32. transformers gives the config and
+    the tokenizer, as it reads them, but not the weights: its loader parses the whole header again
+    for the config and maps every tensor name through gguf-py's tables, ~10x the dequantization."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        meta, tensors = _read_gguf_header(self.path)
+        meta, stored = _read_gguf_header(self.path)
         self.arch = architecture_of_gguf(meta["general.architecture"], str(self.path))
         prefix = meta["general.architecture"] + "."
         layout = {key: meta.get(prefix + gguf_key) for key, gguf_key in self.arch.gguf["config"].items()}
         if layout.get("vocab_size") is None and "tokenizer.ggml.tokens" in meta:
             layout["vocab_size"] = meta["tokenizer.ggml.tokens"]
-        layout["tie_word_embeddings"] = self.arch.gguf["lm_head"] not in tensors
+        layout["tie_word_embeddings"] = self.arch.gguf["lm_head"] not in stored
         check_config(layout, str(self.path))
         # names of at most one layer past the deepest the file holds: an absurd block_count is refused
         # by check_tensors at once, not after listing its layers
-        deepest = max((_layer_index(n, self.arch) for n in tensors), default=-1)
+        deepest = max((_layer_index(n, self.arch) for n in stored), default=-1)
         names = self.arch.gguf_names(min(layout["num_hidden_layers"], deepest + 2))
         ignored = ("rope_freqs.weight",)  # LLaMA 3 GGUFs store the rope scaling the config gives too
-        unknown = [n for n in tensors if n not in names and n not in ignored and not _beyond(n, self.arch, layout)]
+        unknown = [n for n in stored if n not in names and n not in ignored and not _beyond(n, self.arch, layout)]
         if unknown:
             raise MixLNError(f"{self.path}: unexpected GGUF tensor {unknown[0]} for a {self.arch.name} model")
-        shapes = {names.get(n, n): shape for n, shape in tensors.items() if n not in ignored}
-        check_tensors(shapes, layout, self.arch, str(self.path))
+        self._stored = {names.get(n, n): tensor for n, tensor in stored.items() if n not in ignored}
+        check_tensors({name: _gguf_shape(t) for name, t in self._stored.items()}, layout, self.arch, str(self.path))
         self._layout = layout
-        self.stored_types = meta["tensor_types"]  # the file's own encodings (Q4_1, Q8_0, F32, ...)
+        self.stored_types = sorted({t.tensor_type.name for t in stored.values()})  # Q4_1, Q8_0, F32, ...
 
     @cached_property
-    def config(self) -> dict:
+    def _hf_config(self):
         """transformers' config of the GGUF (read from its metadata, no weights)."""
         from transformers import AutoConfig
 
         try:
-            config = AutoConfig.from_pretrained(self.path.parent, gguf_file=self.path.name).to_dict()
+            config = AutoConfig.from_pretrained(self.path.parent, gguf_file=self.path.name)
         except (OSError, ValueError, KeyError) as e:
             raise MixLNError(f"{self.path}: cannot read its config ({str(e).splitlines()[0]})") from None
-        config.pop("quantization_config", None)  # the dequantized weights are plain tensors
-        config["architectures"] = [self.arch.name]
+        if hasattr(config, "quantization_config"):  # the dequantized weights are plain tensors
+            del config.quantization_config
+        config.architectures = [self.arch.name]
         return config
 
     @cached_property
-    def _dequantized(self):
-        from transformers import AutoModelForCausalLM
-
-        try:
-            model = AutoModelForCausalLM.from_pretrained(self.path.parent, gguf_file=self.path.name,
-                                                         dtype=torch.float32)
-        except (OSError, ValueError, KeyError, RuntimeError) as e:
-            raise MixLNError(f"{self.path}: cannot dequantize ({str(e).splitlines()[0]})") from None
-        model.hf_quantizer = None  # the weights are plain tensors now: save_pretrained would refuse a quantizer
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        for name, tensor in model.state_dict().items():
-            check_finite(name, tensor, str(self.path))
-        return model.eval()
-
-    @cached_property
-    def _state_dict(self) -> dict[str, torch.Tensor]:
-        state = self._dequantized.state_dict()
-        if self._layout["tie_word_embeddings"]:
-            state.pop("lm_head.weight", None)
-        return state
+    def config(self) -> dict:
+        return self._hf_config.to_dict()
 
     def names(self) -> list[str]:
-        return list(self._state_dict)
+        return list(self._stored)
 
     def get(self, name: str) -> torch.Tensor:
-        return self._state_dict[name]
+        """The tensor dequantized to float32, a fresh copy (the file stays memory-mapped read-only).
+        llama.cpp stores q_proj and k_proj with each head's rotary halves interleaved; undone here."""
+        import numpy as np
+        from gguf import dequantize
+
+        stored = self._stored[name]
+        shape = _gguf_shape(stored)
+        try:
+            weights = dequantize(stored.data, stored.tensor_type).reshape(shape)
+        except (NotImplementedError, ValueError) as e:
+            raise MixLNError(f"{self.path}: cannot dequantize {stored.name} ({stored.tensor_type.name}: {e})") from None
+        heads = {"attn_q": self._layout["num_attention_heads"], "attn_k": self._layout["num_key_value_heads"]}
+        role = stored.name.split(".")[-2]
+        if role in heads:
+            n = heads[role]
+            weights = weights.reshape(n, shape[0] // n // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+        tensor = torch.from_numpy(np.array(weights, dtype=np.float32))
+        check_finite(name, tensor, str(self.path))
+        return tensor
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self._state_dict[name].shape)
+        return _gguf_shape(self._stored[name])
 
     def dtype(self) -> torch.dtype:
         return torch.float32  # what the dequantized tensors are; stored_types says what the file holds
 
     def largest_shard_bytes(self) -> int:
-        """The whole dequantized model: it is in memory anyway."""
-        return sum(t.numel() * t.element_size() for t in self._state_dict.values())
+        """The whole model in float32: the file is one shard."""
+        return sum(4 * math.prod(self.shape(name)) for name in self._stored)
 
     def copy_extras(self, dst: Path) -> None:
         from transformers import GenerationConfig
 
         self.tokenizer.save_pretrained(dst)
-        GenerationConfig.from_model_config(self._dequantized.config).save_pretrained(dst)
+        GenerationConfig.from_model_config(self._hf_config).save_pretrained(dst)
 
     def _load_model(self, dtype):
-        model = copy.deepcopy(self._dequantized)  # the cached one stays as read, whatever callers do
+        from transformers import AutoModelForCausalLM
+
+        model_class = AutoModelForCausalLM._model_mapping[type(self._hf_config)]
+        model = model_class.from_pretrained(None, config=copy.deepcopy(self._hf_config),
+                                            state_dict={name: self.get(name) for name in self._stored},
+                                            dtype=torch.float32)
         return model.to(dtype) if dtype not in (None, "auto") else model
 
     def _tokenizer_args(self) -> tuple[Path, dict]:
         return self.path.parent, {"gguf_file": self.path.name}
+
+
+def _gguf_shape(tensor) -> tuple[int, ...]:
+    """A GGUF tensor's shape as a checkpoint's ([out, in]; GGUF stores it reversed)."""
+    return tuple(int(d) for d in reversed(tensor.shape.tolist()))
 
 
 def _layer_index(gguf_name: str, arch) -> int:
@@ -423,9 +436,9 @@ def _beyond(gguf_name: str, arch, layout: dict) -> bool:
     return _layer_index(gguf_name, arch) >= layout["num_hidden_layers"]
 
 
-def _read_gguf_header(path: Path) -> tuple[dict, dict[str, tuple[int, ...]]]:
-    """A GGUF file's scalar metadata ({key: value}; token lists as their length) and tensor
-    shapes in checkpoint order ([out, in], GGUF stores them reversed)."""
+def _read_gguf_header(path: Path) -> tuple[dict, dict]:
+    """A GGUF file's scalar metadata ({key: value}; token lists as their length) and its tensors
+    ({GGUF name: gguf-py's ReaderTensor}, the data memory-mapped read-only), in file order."""
     from gguf import GGUFReader, GGUFValueType
 
     try:
@@ -440,8 +453,7 @@ def _read_gguf_header(path: Path) -> tuple[dict, dict[str, tuple[int, ...]]]:
                 meta[key] = bytes(field.parts[field.data[0]]).decode()
             else:
                 meta[key] = field.parts[field.data[0]].tolist()[0]
-        tensors = {t.name: tuple(int(d) for d in reversed(t.shape.tolist())) for t in reader.tensors}
-        meta["tensor_types"] = sorted({t.tensor_type.name for t in reader.tensors})
+        tensors = {t.name: t for t in reader.tensors}
     except Exception as e:  # a truncated or foreign file fails in many ways inside gguf
         raise MixLNError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
     if "general.architecture" not in meta:
