@@ -408,12 +408,14 @@ class GGUFCheckpoint(Checkpoint):
         GenerationConfig.from_model_config(self._hf_config).save_pretrained(dst)
 
     def _load_model(self, dtype):
-        from transformers import AutoModelForCausalLM
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-        model_class = AutoModelForCausalLM._model_mapping[type(self._hf_config)]
-        model = model_class.from_pretrained(None, config=copy.deepcopy(self._hf_config),
-                                            state_dict={name: self.get(name) for name in self._stored},
-                                            dtype=torch.float32)
+        state = {name: self.get(name) for name in self._stored}
+        try:
+            model = MODEL_FOR_CAUSAL_LM_MAPPING[type(self._hf_config)].from_pretrained(
+                None, config=copy.deepcopy(self._hf_config), state_dict=state, dtype=torch.float32)
+        except (OSError, ValueError, KeyError, RuntimeError) as e:
+            raise MixLNError(f"{self.path}: cannot load the model ({str(e).splitlines()[0]})") from None
         return model.to(dtype) if dtype not in (None, "auto") else model
 
     def _tokenizer_args(self) -> tuple[Path, dict]:
