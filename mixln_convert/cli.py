@@ -166,10 +166,6 @@ _ALLOW_LONGER = click.option("--allow-longer", is_flag=True,
               help="Tokens the calibrated gains are fitted on.")
 @click.option("--calibration-seq-len", type=POSITIVE, default=128, show_default=True,
               help="Tokens per calibration block (short blocks fit better; docs/measurements.md).")
-@click.option("--sink-neuron/--no-sink-neuron", default=False, show_default=True,
-              help="Experimental: rewrite one MLP neuron of the first Pre-LN block to restore the attention sink of "
-                   "text that starts with BOS (lm-eval's per-document scoring, chat templates); it can misfire on text "
-                   "unlike the calibration data (docs/measurements.md).")
 @click.option("--max-shard-size", default=None,
               help="Largest output shard, e.g. 5GB, 500MB. Default: the source's largest shard, at most 5GB "
                    "(memory use grows with it).")
@@ -181,7 +177,7 @@ _ALLOW_LONGER = click.option("--allow-longer", is_flag=True,
 @click.option("--heal-data", default=None, metavar="PATH", help="Text for --heal-tokens, best of the kind the model will be scored on (default: embedded corpus, train split).")
 @click.option("--force", is_flag=True, help="Replace a non-empty DST (never an input).")
 def convert(src, dst, alpha, post_ln_layers, strategy, scaled_init, calibration_data, calibration_tokens,
-            calibration_seq_len, sink_neuron, max_shard_size, dtype, seed, heal_tokens, heal_data, force):
+            calibration_seq_len, max_shard_size, dtype, seed, heal_tokens, heal_data, force):
     """Convert the Pre-LN checkpoint SRC (HF folder or .gguf) into a Mix-LN checkpoint folder DST.
 
     SRC is checked before any work (config keys, every tensor present with its shape, values
@@ -194,8 +190,7 @@ def convert(src, dst, alpha, post_ln_layers, strategy, scaled_init, calibration_
         raise MixLNError("--alpha and --post-ln-layers are exclusive: give one")
     conversion = dict(alpha=alpha, post_ln_layers=post_ln_layers, strategy=strategy, scaled_init=scaled_init,
                       calibration_data=calibration_data, calibration_tokens=calibration_tokens,
-                      calibration_seq_len=calibration_seq_len, sink_neuron=sink_neuron, max_shard_size=max_shard_size,
-                      dtype=dtype, seed=seed)
+                      calibration_seq_len=calibration_seq_len, max_shard_size=max_shard_size, dtype=dtype, seed=seed)
     if heal_tokens:
         from .pipeline import convert_and_heal
 

@@ -43,11 +43,6 @@ def evaluate_perplexity(model, blocks: torch.Tensor, batch_size: int = 4, progre
             "block_losses": [s / scored for s in block_sums]}
 
 
-def prefix_token(tokenizer) -> int | None:
-    """The token a document is scored after: BOS, EOS where there is none (lm-evaluation-harness's choice)."""
-    return tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-
-
 @torch.no_grad()
 def evaluate_documents(model, tokenizer, texts: list[str], max_length: int, batch_size: int = 4,
                        max_tokens: int | None = None, progress: bool = True) -> dict:
@@ -59,7 +54,7 @@ def evaluate_documents(model, tokenizer, texts: list[str], max_length: int, batc
     ``loss`` (nats per token), ``token_perplexity``, ``word_perplexity``, ``byte_perplexity`` and
     ``bits_per_byte``."""
     device = next(model.parameters()).device
-    prefix = prefix_token(tokenizer)
+    prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     windows, counts = [], {"documents": 0, "tokens": 0, "words": 0, "bytes": 0}
     for text in texts:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]

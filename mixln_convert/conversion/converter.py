@@ -42,7 +42,6 @@ def convert(
     calibration_data=None,
     calibration_tokens: int = CALIBRATION_TOKENS,
     calibration_seq_len: int = CALIBRATION_SEQ_LEN,
-    sink_neuron: bool = False,
     max_shard_size: str | int | None = None,
     dtype: str | None = None,
     seed: int = 0,
@@ -59,10 +58,6 @@ def convert(
     Tensors stream from the source's shards to the output's, so memory stays within one shard
     plus ~1 GiB: output shards default to the source's largest shard, at most 5GB (a larger
     ``max_shard_size`` lets the buffer of computed tensors grow to it).
-
-    ``sink_neuron``: also rewrite one MLP neuron of the first Pre-LN block to restore the attention
-    sink of a sequence that starts with BOS (calibrate.py; opt-in: docs/measurements.md says what
-    it gains and where it misfires).
 
     ``statistics``: the :func:`calibration_statistics` of this source for at least as many
     blocks, reused instead of calibrating again (block i's depend only on blocks before it, so
@@ -94,7 +89,7 @@ def convert(
         stats = None
         if strategy == "calibrated" and n_post > 0:
             stats = first_blocks(statistics, n_post) if statistics else calibration_statistics(
-                source, arch, n_post, calibration_data, calibration_tokens, calibration_seq_len, progress, sink_neuron)
+                source, arch, n_post, calibration_data, calibration_tokens, calibration_seq_len, progress)
         plan = ConversionPlan(arch, config, n_post, strategy, scaled_init, seed, stats, out_dtype)
         provenance = tool_stamp(source=str(Path(src).absolute()), strategy=strategy, seed=seed,
                                 calibration=_provenance_of(stats))
@@ -110,24 +105,19 @@ def convert(
     return Path(dst)
 
 
-def calibration_statistics(source, arch, n_post, data, tokens, seq_len, progress, sink_neuron: bool = False) -> dict:
+def calibration_statistics(source, arch, n_post, data, tokens, seq_len, progress) -> dict:
     from ..data import read_texts, token_blocks
-    from ..evaluate import prefix_token
     from ..model.prefix import load_prefix
     from .calibrate import calibrate
 
     blocks = token_blocks(source.tokenizer, read_texts(data, split="calibration"), seq_len, tokens,
                           flag="--calibration-seq-len", source=data or "embedded:calibration")
     device = "cuda" if torch.cuda.is_available() else "cpu"  # a few blocks: the GPU makes calibration instant
-    # with the sink neuron, one block more than converted where there is one: the first Pre-LN block gets it
-    layers = min(n_post + 1, source.config["num_hidden_layers"]) if sink_neuron else n_post
-    sink_token = prefix_token(source.tokenizer) if sink_neuron else None
-    stats = calibrate(load_prefix(source, arch, layers, device=device), blocks, n_post, sink_token, progress=progress)
+    stats = calibrate(load_prefix(source, arch, n_post, device=device), blocks, progress=progress)
     stats = {k: [v.cpu() if torch.is_tensor(v) else v for v in vs] for k, vs in stats.items()}
     for key, values in stats.items():
         for i, value in enumerate(values):
-            parts = value.values() if isinstance(value, dict) else [] if value is None else [value]
-            if not all(torch.isfinite(torch.as_tensor(part)).all() for part in parts):
+            if not torch.isfinite(torch.as_tensor(value)).all():
                 raise MixLNError(f"--calibration-data {data or 'embedded:calibration'}: calibration gave a "
                                  f"non-finite {key} in block {i}; the source's activations overflow on this text")
     return {**stats, "data": str(data) if data else "embedded:calibration", "tokens": blocks.numel(),
@@ -145,12 +135,7 @@ def _provenance_of(stats: dict | None) -> dict | None:
     """The calibration statistics as JSON: the fitted gain vectors are in the weights, their means here."""
     if stats is None:
         return None
-    summary = {k: [v.mean().item() for v in vs] if k.endswith("_gain") else vs
-               for k, vs in stats.items() if k != "sink"}
-    sink = stats["sink"][-1]  # the one this conversion wrote, in its first Pre-LN block
-    summary["sink_neuron"] = None if sink is None else {"block": len(stats["sink"]), "neuron": sink["neuron"],
-                                                        "margin": round(sink["margin"], 3)}
-    return summary
+    return {k: [v.mean().item() for v in vs] if k.endswith("_gain") else vs for k, vs in stats.items()}
 
 
 def converted_config(source_config: dict, arch, n_post: int, alpha, dtype, provenance: dict) -> dict:

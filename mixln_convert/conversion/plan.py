@@ -60,30 +60,9 @@ class ConversionPlan:
             if self.strategy == "scratch":
                 yield from self._scratch(source, name, i)
             elif i is None or i >= self.n_post:
-                tensor = self._with_sink(source, name, i) if i == self.n_post and self.sink else source.get(name)
-                yield name, tensor.to(self.dtype)
+                yield name, source.get(name).to(self.dtype)
             else:
                 yield from self._post_ln(source, name, i)
-
-    @property
-    def sink(self) -> dict | None:
-        """The sink neuron of the first Pre-LN block (calibrate.py), None without one."""
-        if self.strategy != "calibrated" or not self.stats or not self.stats["sink"]:
-            return None
-        return self.stats["sink"][self.n_post - 1]
-
-    def _with_sink(self, source, name: str, i: int) -> torch.Tensor:
-        """A tensor of the first Pre-LN block, its sink neuron rewritten (gate and up rows, down column)."""
-        tensor = source.get(name)
-        suffix = name.removeprefix(self.arch.layer_prefix.format(i=i))
-        role, sink = self.roles[suffix], self.sink
-        if role == "mlp_inputs":  # [gate, up], in the architecture file's order
-            tensor = tensor.float().clone()
-            tensor[sink["neuron"]] = sink[("gate", "up")[self.arch.layer["mlp_inputs"].index(suffix)]]
-        elif role == "mlp_output":
-            tensor = tensor.float().clone()
-            tensor[:, sink["neuron"]] = sink["down"]
-        return tensor
 
     def _scratch(self, source, name: str, i: int | None):
         shape = source.shape(name)
