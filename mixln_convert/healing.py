@@ -32,7 +32,6 @@ import contextlib
 import hashlib
 import json
 import math
-import random
 import sys
 import time
 from pathlib import Path
@@ -153,9 +152,6 @@ def heal(
             stream = data
         else:
             texts = data if isinstance(data, list) else read_texts(data, split="train")
-            # documents in a seeded random order: the token budget samples the whole text, not its first
-            # files (the embedded corpus is in stdlib order: its first 64k tokens are a few modules)
-            texts = random.Random(seed).sample(texts, len(texts))
             stream = token_stream(tokenizer, texts, tokens, _describe(data))
         train_blocks = blocks(stream, seq_len, _describe(data), "--seq-len")
         documents = read_texts(eval_data, split="validation")  # scored packed, and one by one from their first tokens
