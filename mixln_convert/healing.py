@@ -289,13 +289,10 @@ def teacher_samples(model, tokenizer, count: int, seq_len: int, seed: int, preci
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), precision():
         torch.manual_seed(seed)
         for first in tqdm(range(0, count, SAMPLE_BATCH), desc="teacher writing", unit="batch", disable=not progress):
-            rows_now = min(SAMPLE_BATCH, count - first)
-            # BOS, then a random vocabulary token: each sequence opens a different subject
-            ids = torch.cat([torch.full((rows_now, 1), start, device=device),
-                             torch.randint(len(tokenizer), (rows_now, 1), device=device)], 1)
+            ids = torch.full((min(SAMPLE_BATCH, count - first), 1), start, device=device)
             written = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
                                      use_cache=True,  # the heal's models are built without: O(n) steps, not O(n^2)
-                                     top_k=0, top_p=1.0, max_new_tokens=seq_len - 2, min_new_tokens=seq_len - 2,
+                                     top_k=0, top_p=1.0, max_new_tokens=seq_len - 1, min_new_tokens=seq_len - 1,
                                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
             rows.append(written.cpu().numpy())
     return np.concatenate(rows)
