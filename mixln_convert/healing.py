@@ -202,10 +202,7 @@ def heal(
         if n_sampled:
             train_blocks = MixedBlocks(train_blocks, steps * batch_size - n_sampled, teacher_samples(
                 teacher_model, tokenizer, n_sampled, seq_len, seed, precision, progress))
-        for name, parameter in student.layers.named_parameters():
-            if ".self_attn." in name:  # the attention keeps its calibrated weights; norms and MLPs learn
-                parameter.requires_grad_(False)
-        parameters = [p for p in student.layers.parameters() if p.requires_grad]
+        parameters = list(student.layers.parameters())
         # No weight decay: it would pull the pretrained weights toward 0, away from the teacher. Fused: no
         # temporaries the size of all the trained blocks, as the default (foreach) update makes.
         optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0, fused=True)
