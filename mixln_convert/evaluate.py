@@ -123,7 +123,7 @@ def prepare_scoring(ckpt, *, data=None, seq_len: int = EVAL_SEQ_LEN, max_tokens:
     source = open_checkpoint(ckpt)
     if not (packed or per_document):  # greedy continuations only: no text, no blocks
         return Scoring(source, data, seq_len, max_tokens, None, None)
-    check_seq_len("--seq-len", seq_len, source.config, allow_longer)
+    check_seq_len("--seq-len", seq_len, source.config, "--allow-longer", allow_longer)
     texts = read_texts(data, split="validation")
     blocks = token_blocks(source.tokenizer, texts, seq_len, max_tokens, source=data or EVAL_DATA) if packed else None
     return Scoring(source, data, seq_len, max_tokens, texts, blocks)

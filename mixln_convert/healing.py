@@ -86,6 +86,7 @@ def heal(
     seed: int = 0,
     force: bool = False,
     progress: bool = True,
+    seq_len_flag: str | None = "--seq-len",
     lora_rank: int = 0,
     lora_lr_factor: float = 10.0,
 ) -> dict:
@@ -137,7 +138,7 @@ def heal(
             check_readable(inputs[flag], flag)
     check_destination(out, inputs, force, flag="--out")
     student_source, teacher_source = _open_pair(converted, teacher)
-    check_seq_len("--seq-len", seq_len, student_source.config)
+    check_seq_len(seq_len_flag or "seq_len", seq_len, student_source.config)
     arch = student_source.arch
     tokenizer = _same_tokenizer(student_source, teacher_source)
     k = student_source.config["post_ln_layers"]
@@ -155,7 +156,7 @@ def heal(
         else:
             texts = data if isinstance(data, list) else read_texts(data, split="train")
             stream = token_stream(tokenizer, texts, tokens, _describe(data))
-        train_blocks = blocks(stream, seq_len, _describe(data), "--seq-len")
+        train_blocks = blocks(stream, seq_len, _describe(data), seq_len_flag)
         documents = read_texts(eval_data, split="validation")  # scored packed, and one by one from their first tokens
         eval_blocks = token_blocks(tokenizer, documents, seq_len, eval_tokens, source=eval_data or EVAL_DATA)
         unshared = []
@@ -251,6 +252,7 @@ def heal(
                 if (pending and record["tokens"] >= pending[0]) or step == steps:
                     pending = [t for t in pending if t > record["tokens"]]
                     record.update(evaluate())
+                    _check_finite(record, lr)
                 metrics.write(json.dumps(record) + "\n")
                 losses.append(record["loss"])
                 bar.set_postfix(loss=f"{record['loss']:.4f}")
@@ -416,6 +418,14 @@ def _recomputing(layers, enabled: bool):
             layer.training = False
 
 
+def _check_finite(record: dict, lr: float) -> None:
+    """A heal whose held-out figures are no longer numbers has diverged: it must not be written."""
+    for key in ("val_relative_error", "val_ppl", "val_doc_ppl"):
+        if key in record and not math.isfinite(record[key]):
+            raise MixLNError(f"--lr: the healed model's held-out {key} is {record[key]} at step {record['step']}; "
+                             f"the heal diverged at lr {lr}: try a smaller --lr")
+
+
 def _describe(data) -> str:
     if isinstance(data, (np.ndarray, TokenShards)):
         return f"a stream of {len(data)} tokens given"
@@ -439,13 +449,14 @@ def _open_pair(converted, teacher):
         raise MixLNError(f"--teacher {teacher}: a Mix-LN checkpoint; the teacher is the Pre-LN model {converted} "
                          "was converted from")
     architecture_for(teacher_source.config, f"--teacher {teacher}")
-    for key in ("hidden_size", "vocab_size"):
-        if teacher_source.config.get(key) != config.get(key):
-            raise MixLNError(f"--teacher {teacher}: {key} {teacher_source.config.get(key)} differs from "
-                             f"{converted}'s {config.get(key)}; give the model it was converted from")
-    if teacher_source.config["num_hidden_layers"] < k:
-        raise MixLNError(f"--teacher {teacher}: {teacher_source.config['num_hidden_layers']} layers, fewer than "
-                         f"the {k} Post-LN layers of {converted}")
+    def shape(config: dict, key: str):
+        return config.get(key) or (config.get("num_attention_heads") if key == "num_key_value_heads" else None)
+
+    for key in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+                "num_key_value_heads", "vocab_size"):
+        if shape(teacher_source.config, key) != shape(config, key):
+            raise MixLNError(f"--teacher {teacher}: {key} {shape(teacher_source.config, key)} differs from "
+                             f"{converted}'s {shape(config, key)}; give the model it was converted from")
     return student_source, teacher_source
 
 

@@ -47,11 +47,12 @@ def check_seed(value, flag: str = "--seed") -> None:
         raise MixLNError(f"{flag}: must be an integer in [0, 2^32), got {value!r}")
 
 
-def check_seq_len(flag: str, seq_len: int, config: dict, allow_longer: bool = False) -> None:
+def check_seq_len(flag: str, seq_len: int, config: dict, opt_in: str | None = None, allow_longer: bool = False) -> None:
     """A sequence length the model was trained for: at most its ``max_position_embeddings``
-    (positions beyond it were never seen in pre-training), unless the user opts in."""
+    (positions beyond it were never seen in pre-training), unless the user opts in with
+    ``opt_in`` (the option's name, for the message; None where the command has none)."""
     check_positive(flag, seq_len)
     limit = config.get("max_position_embeddings")
     if limit and seq_len > limit and not allow_longer:
-        raise MixLNError(f"{flag}: {seq_len} exceeds the model's max_position_embeddings {limit} "
-                         "(--allow-longer to use it anyway)")
+        hint = f" ({opt_in} to use it anyway)" if opt_in else ""
+        raise MixLNError(f"{flag}: {seq_len} exceeds the model's max_position_embeddings {limit}{hint}")

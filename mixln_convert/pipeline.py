@@ -35,31 +35,36 @@ def train(recipe: dict, out, arms=ARMS, resume: bool = False, progress: bool = T
 
     from .data import load_splits
     from .training.recipe import optimizer_steps
-    from .training.trainer import train_arm
+    from .training.trainer import split_blocks, train_arm
 
     out = Path(out).absolute()
     # Accelerator reads `accelerate launch --cpu` (ACCELERATE_USE_CPU) itself; PartialState does not.
     state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
     accumulation = _accumulation(recipe, state.num_processes)
     source = open_checkpoint(recipe["source"])
-    check_seq_len("seq_len", recipe["seq_len"], source.config, recipe["allow_longer_seq"])
+    check_seq_len("seq_len", recipe["seq_len"], source.config, "allow_longer_seq: true", recipe["allow_longer_seq"])
     if recipe["heal"]["tokens"]:
-        check_seq_len("heal.seq_len", recipe["heal"]["seq_len"], source.config, recipe["allow_longer_seq"])
-    _claim(out, recipe, resume)
+        check_seq_len("heal.seq_len", recipe["heal"]["seq_len"], source.config, "allow_longer_seq: true",
+                      recipe["allow_longer_seq"])
+    existed, fresh = out.is_dir(), _claim(out, recipe, resume)
     train_tokens = max(optimizer_steps(recipe) * recipe["global_batch_size"] * recipe["seq_len"],
                        recipe["heal"]["tokens"])
-    with state.main_process_first():  # the main process tokenizes into the cache, the others read it
-        splits = load_splits(recipe["data"], source.tokenizer, train_tokens, progress)
-    _record_recipe(out, recipe, state)  # once the data is known good: a refused run leaves no folder
+    finished = {arm: _finished(out / arm, arm) for arm in arms if resume and (out / arm / "summary.json").is_file()}
+    try:  # everything that can refuse the run's inputs, before the first training step
+        with state.main_process_first():  # the main process tokenizes into the cache, the others read it
+            splits = load_splits(recipe["data"], source.tokenizer, train_tokens, progress)
+        split_blocks(recipe, splits)
+        _record_recipe(out, recipe, state)
+        sources = {arm: prepare(recipe, arm, out / arm, splits, progress) for arm in arms if arm not in finished}
+    except MixLNError:
+        if fresh and state.is_main_process:  # a refused run leaves nothing to block the corrected one
+            for made in (out.iterdir() if existed else [out]) if out.exists() else []:
+                shutil.rmtree(made) if made.is_dir() and not made.is_symlink() else made.unlink()
+        raise
     summaries = {}
     for arm in arms:
-        folder = out / arm
-        if resume and (folder / "summary.json").is_file():
-            summaries[arm] = _finished(folder, arm)
-            continue
-        arm_source = prepare(recipe, arm, folder, splits, progress)
-        summaries[arm] = train_arm(recipe, arm, folder, arm_source, splits, source.tokenizer, accumulation,
-                                   resume, progress)
+        summaries[arm] = finished[arm] if arm in finished else train_arm(
+            recipe, arm, out / arm, sources[arm], splits, source.tokenizer, accumulation, resume, progress)
     state.destroy_process_group()
     return summaries
 
@@ -94,7 +99,7 @@ def prepare(recipe: dict, arm: str, folder: Path, splits, progress: bool) -> str
         healed = folder / "healed"
         if not (healed / "config.json").is_file():
             heal(converted, recipe["source"], healed, data=splits.train, perplexity=False, seed=recipe["seed"],
-                 progress=progress, **recipe["heal"])
+                 progress=progress, seq_len_flag="heal.seq_len", **recipe["heal"])
     return str(healed)
 
 
@@ -105,6 +110,7 @@ def convert_and_heal(src, dst, *, heal_tokens: int, heal_data=None, force: bool 
     into a temporary folder beside ``dst``, then healed on ``heal_tokens`` tokens into ``dst``.
     Returns heal's result."""
     from .conversion.converter import convert
+    from .data import blocks, read_texts, token_stream
     from .healing import heal
 
     step = HEAL_BATCH_SIZE * HEAL_SEQ_LEN
@@ -112,9 +118,14 @@ def convert_and_heal(src, dst, *, heal_tokens: int, heal_data=None, force: bool 
         raise MixLNError(f"--heal-tokens: {heal_tokens} is less than one heal step "
                          f"({HEAL_BATCH_SIZE} x {HEAL_SEQ_LEN} = {step} tokens)")
     target = check_destination(dst, {"SRC": src, "--heal-data": heal_data}, force)
+    # the heal's text is read and tokenized (into the cache heal reads it from) before the long conversion
+    what = str(heal_data) if heal_data else "embedded:train"
+    blocks(token_stream(open_checkpoint(src).tokenizer, read_texts(heal_data, split="train"), heal_tokens, what),
+           HEAL_SEQ_LEN, what, flag=None)
     with scratch_dir(target) as work:  # a kill leaves it to the next run to DST, like any temporary
         converted = convert(src, work / "converted", progress=progress, **conversion)
-        return heal(converted, src, dst, data=heal_data, tokens=heal_tokens, force=force, progress=progress)
+        return heal(converted, src, dst, data=heal_data, tokens=heal_tokens, force=force, progress=progress,
+                    seq_len_flag=None)
 
 
 def _accumulation(recipe: dict, processes: int) -> int:
@@ -125,8 +136,9 @@ def _accumulation(recipe: dict, processes: int) -> int:
     return recipe["global_batch_size"] // per_pass
 
 
-def _claim(out: Path, recipe: dict, resume: bool) -> None:
-    """Refuse to mix two runs in one folder, or a folder that is an input."""
+def _claim(out: Path, recipe: dict, resume: bool) -> bool:
+    """Refuse to mix two runs in one folder, or a folder that is an input; True when ``out`` holds
+    nothing yet (absent or empty: all it will hold is this run's)."""
     saved = out / "recipe.yaml"
     inputs = {key: recipe[key] for key in ("source", "converted")}
     inputs.update({f"data.{key}": recipe["data"][key] for key in ("train", "validation")})
@@ -141,8 +153,10 @@ def _claim(out: Path, recipe: dict, resume: bool) -> None:
             raise MixLNError(f"{saved}: damaged; it holds the recipe --resume must match") from None
         if started_with != recipe:
             raise MixLNError(f"{out}: --resume needs the recipe the run started with, and {saved} differs")
-    elif out.is_dir() and any(out.iterdir()):
+        return False
+    if out.is_dir() and any(out.iterdir()):
         raise MixLNError(f"{out}: exists, is not empty and holds no training run; choose another --out")
+    return True
 
 
 def _record_recipe(out: Path, recipe: dict, state) -> None:

@@ -268,7 +268,8 @@ def _alpha(src, tmp: Path, n: int, given: list[float], stats, heal_tokens: int, 
     if heal_tokens:
         clock = time.perf_counter()
         stage = tmp / "healed"
-        heal(tmp / "converted", src, stage, data=data, tokens=heal_tokens, perplexity=False, progress=progress)
+        heal(tmp / "converted", src, stage, data=data, tokens=heal_tokens, perplexity=False, progress=progress,
+             seq_len_flag=None)
         row["healed"] = _scores(stage, eval_tokens, progress)
         times["heal_s"] = round(time.perf_counter() - clock, 2)
     final = stage

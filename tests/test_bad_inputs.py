@@ -199,6 +199,37 @@ def symlink(inputs, target: Path, name: str = "link") -> Path:
     return link
 
 
+def linked_weights(inputs) -> tuple[Path, Path]:
+    """(a checkpoint folder whose weights file is a symlink, as in a Hugging Face cache snapshot;
+    the folder that holds the real file, a full copy of the source)."""
+    real = inputs.variant("real")
+    linked = inputs.root / "linked"
+    linked.mkdir()
+    for file in real.iterdir():
+        if file.name == "model.safetensors":
+            (linked / file.name).symlink_to(Path("..") / "real" / file.name)
+        else:
+            shutil.copy(file, linked / file.name)
+    return linked, real
+
+
+def shallower(inputs, drop: int = 2) -> Path:
+    """The source with its last ``drop`` layers removed, config and weights agreeing."""
+    return inputs.variant("shallow", config=_set("num_hidden_layers", L - drop), tensors=lambda state: {
+        k: v for k, v in state.items() if not any(k.startswith(f"model.layers.{i}.") for i in range(L - drop, L))})
+
+
+def alias_bomb(inputs, depth: int = 30) -> Path:
+    """A recipe whose aliases of mappings expand to 2**depth leaves."""
+    lines = ["x0: &x0 {a: 1, b: 2}"] + [f"x{n}: &x{n} {{a: *x{n - 1}, b: *x{n - 1}}}" for n in range(1, depth)]
+    return inputs.file("bomb.yaml", "\n".join(lines) + "\n")
+
+
+def validation(inputs) -> str:
+    """A --set of validation text other than the training text (the same text leaves no training tokens)."""
+    return f"data.validation={inputs.file('validation.txt', ' '.join(f'Another line, number {i}.' for i in range(200)))}"
+
+
 def recipe(inputs, *sets):
     """`train` with a tiny recipe on the row's source and text."""
     base = [f"source={inputs.src}", f"data.train={inputs.text}", f"data.validation={inputs.text}",
@@ -291,6 +322,8 @@ ROWS = [
     ("compare-out-dotdot-input", lambda i, o: ["compare", i.analysis("a"), "--out", i.root / "a" / "..", "--force"], "contains the input #1"),
     ("train-out-is-source", lambda i, o: [*recipe(i), "--out", i.src], "is the input source"),
     ("train-out-contains-data", lambda i, o: [*recipe(i), "--out", i.root], "contains the input"),
+    ("convert-force-dst-holds-linked-weights", lambda i, o: ["convert", *linked_weights(i), "--force"], "contains the input SRC"),
+    ("prune-force-out-holds-linked-weights", lambda i, o: ["prune", *linked_weights(i), "--layers", "1", "--force"], "contains the input CKPT"),
     ("convert-dst-nonempty", lambda i, o: ["convert", i.src, i.variant("full")], "exists and is not empty"),
     ("convert-dst-is-file", lambda i, o: ["convert", i.src, i.text], "exists and is not a folder"),
     # ---- the checkpoint against its config ----
@@ -298,6 +331,7 @@ ROWS = [
     ("config-not-json", lambda i, o: ["convert", broken_config(i), o], "unreadable JSON"),
     ("config-architectures-a-string", lambda i, o: ["convert", i.variant("v", config=_set("architectures", "LlamaForCausalLM")), o], "architectures must be a list"),
     ("config-model-type-a-number", lambda i, o: ["convert", i.variant("v", config=_set("model_type", 7)), o], "model_type must be a string"),
+    ("config-model-type-other", lambda i, o: ["convert", i.variant("v", config=_set("model_type", "bert")), o], "unsupported architecture: model_type 'bert' with architectures LlamaForCausalLM"),
     ("config-no-num-layers", lambda i, o: ["convert", i.variant("v", config=_without("num_hidden_layers")), o], "num_hidden_layers is missing"),
     ("config-layers-a-string", lambda i, o: ["convert", i.variant("v", config=_set("num_hidden_layers", "8")), o], "num_hidden_layers must be a positive integer"),
     ("config-hidden-not-divisible", lambda i, o: ["convert", i.variant("v", config=lambda c: {**_without("head_dim")(c), "num_attention_heads": 6}), o], "not divisible by num_attention_heads"),
@@ -364,6 +398,10 @@ ROWS = [
     ("heal-lr-negative", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--lr", "-1"], "'--lr'"),
     ("heal-lr-nan", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--lr", "nan"], "'--lr': nan is not in"),
     ("heal-lr-inf", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--lr", "inf"], "'--lr'"),
+    ("heal-lr-diverges", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--data", i.text, "--eval-data", i.text,
+                                      "--tokens", "64", "--seq-len", "16", "--batch-size", "4", "--eval-tokens", "32",
+                                      "--loss", "residual", "--no-perplexity", "--lr", "1e30"], "the heal diverged at lr 1e+30"),
+    ("heal-teacher-other-depth", lambda i, o: ["heal", i.converted, "--teacher", shallower(i), "--out", o], f"num_hidden_layers {L - 2} differs"),
     ("heal-tokens-below-a-step", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--tokens", "10"], "less than one step"),
     ("heal-seq-len-beyond-positions", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--seq-len", "512", "--tokens", "4096"], "exceeds the model's max_position_embeddings"),
     ("convert-alpha-nan", lambda i, o: ["convert", i.src, o, "--alpha", "nan"], "'--alpha': nan is not in [0, 1]"),
@@ -379,6 +417,8 @@ ROWS = [
      "its tokenizer has 320 tokens, more than the model's vocab_size 300"),
     ("convert-heal-tokens-negative", lambda i, o: ["convert", i.src, o, "--heal-tokens", "-1"], "'--heal-tokens'"),
     ("convert-heal-tokens-below-a-step", lambda i, o: ["convert", i.src, o, "--heal-tokens", "10"], "--heal-tokens: 10 is less than one heal step (4 x 256 = 1024 tokens)"),
+    ("convert-heal-data-shorter-than-a-step", lambda i, o: ["convert", i.src, o, "--heal-tokens", "1024", "--heal-data", i.file("short.txt", "Hi.")], "less than one block of 256 tokens: give more text"),
+    ("convert-calibration-seq-len-beyond-positions", lambda i, o: ["convert", i.src, o, "--calibration-seq-len", "100000"], "--calibration-seq-len: 100000 exceeds the model's max_position_embeddings 256"),
     ("convert-heal-data-missing", lambda i, o: ["convert", i.src, o, "--heal-tokens", "4096", "--heal-data", i.root / "gone.txt"], "--heal-data"),
     ("demo-force-and-resume", lambda i, o: ["demo", "--source", i.src, "--out", o, "--force", "--resume"], "give one"),
     ("sweep-alpha-above-one", lambda i, o: ["sweep", i.src, "--out", o, "--alphas", "0,1.5"], "--alphas: '1.5' is not a number in [0, 1]"),
@@ -409,6 +449,12 @@ ROWS = [
     ("train-flag-not-a-bool", lambda i, o: [*recipe(i, "allow_longer_seq=yes please"), "--out", o], "allow_longer_seq must be true or false"),
     ("train-seq-len-beyond-positions", lambda i, o: [*recipe(i, "seq_len=512", "global_batch_size=2", "max_tokens=1024"), "--out", o], "seq_len: 512 exceeds the model's max_position_embeddings"),
     ("train-unknown-key", lambda i, o: [*recipe(i, "optim.momentum=0.9"), "--out", o], "unknown key 'optim.momentum'"),
+    ("train-set-wrong-type", lambda i, o: [*recipe(i, "optim.lr=abc"), "--out", o], "--set optim.lr=abc: optim.lr must be float, got 'abc'"),
+    ("train-set-out-of-range", lambda i, o: [*recipe(i, "conversion.alpha=2"), "--out", o], "--set conversion.alpha=2: conversion.alpha must be in [0, 1]"),
+    ("train-recipe-recursive-alias", lambda i, o: ["train", i.file("self.yaml", "optim: &o {lr: 1.0e-3, again: *o}\n"), "--out", o], "alias *o of a mapping or list"),
+    ("train-recipe-alias-bomb", lambda i, o: ["train", alias_bomb(i), "--out", o], "recipes allow aliases of single values only"),
+    ("train-source-already-mixln", lambda i, o: [*recipe(i, f"source={i.converted}", validation(i)), "--out", o], "already a Mix-LN checkpoint"),
+    ("train-data-shorter-than-a-block", lambda i, o: [*recipe(i, f"data.train={i.file('short.txt', 'Hi.')}", validation(i)), "--out", o], "less than one block of seq_len 32"),
     ("train-set-not-yaml", lambda i, o: [*recipe(i, "optim.lr=[1"), "--out", o], "not valid YAML"),
     ("train-recipe-not-utf8", lambda i, o: ["train", i.file("bad.yaml", b"\xff\xfe: 1"), "--out", o], "bad.yaml: the recipe is not UTF-8"),
     ("train-recipe-a-list", lambda i, o: ["train", i.file("list.yaml", "- 1\n- 2\n"), "--out", o], "a recipe must be a mapping"),

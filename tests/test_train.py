@@ -114,6 +114,13 @@ def test_set_overrides_and_types(tiny_llama_tied, corpus):
     assert recipe["source"] == str(tiny_llama_tied.absolute()) and recipe["conversion"]["alpha"] == 0.25
 
 
+def test_a_recipe_may_alias_single_values(tiny_llama_tied, corpus, tmp_path):
+    file = tmp_path / "aliased.yaml"
+    file.write_text("optim: {lr: &lr 2.0e-4}\nheal: {lr: *lr}\n")
+    recipe = load_recipe(file, tiny(tiny_llama_tied, corpus))
+    assert recipe["optim"]["lr"] == recipe["heal"]["lr"] == 2e-4
+
+
 @pytest.mark.parametrize("content, extra, message", [
     ({"optim": {"lrr": 1}}, [], "unknown key 'optim.lrr'"),
     ({}, ["--set=warmup=3"], "unknown key 'warmup'"),
@@ -222,6 +229,16 @@ def test_existing_run_is_not_overwritten(finished, cli):
 
 
 # ---- reliability ----------------------------------------------------------------------------
+
+
+def test_a_refused_run_leaves_the_empty_out_it_was_given_empty(converted, corpus, cli, tmp_path):
+    """A source that cannot be converted is refused after the run has begun writing: what it wrote
+    goes, the user's folder stays, and the corrected run can use it."""
+    out = tmp_path / "run"
+    out.mkdir()
+    result = cli("train", "smollm2-135m-cpu", *(f"--set={s}" for s in tiny(converted, corpus)), "--out", out)
+    assert result.exit_code == 1 and "already a Mix-LN checkpoint" in result.output
+    assert out.is_dir() and list(out.iterdir()) == []
 
 
 def _env() -> dict:

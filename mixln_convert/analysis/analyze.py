@@ -56,7 +56,7 @@ def analyze(ckpt, out, *, data=None, span: int = 1, seq_len: int = 256, max_toke
     num_layers = source.config["num_hidden_layers"]
     if span > num_layers:
         raise MixLNError(f"--span: {span} exceeds the {num_layers} layers of this model")
-    check_seq_len("--seq-len", seq_len, source.config, allow_longer)
+    check_seq_len("--seq-len", seq_len, source.config, "--allow-longer", allow_longer)
     with atomic_output_dir(out, force=force, protect=inputs) as tmp:
         tokenizer = source.tokenizer
         texts = read_texts(data, split="validation")

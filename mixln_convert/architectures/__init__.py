@@ -100,9 +100,10 @@ def architecture_for(config: dict, where: str) -> Architecture:
                     raise MixLNError(f"{where}: {key} true: projections with biases are not supported "
                                      "(the conversion folds and fits LLaMA's bias-free blocks)")
             return arch
-    supported = ", ".join(a for arch in all_architectures() for a in arch.architectures)
-    found = ", ".join(declared) or model_type or "unknown"
-    raise MixLNError(f"{where}: unsupported architecture {found}; supported: {supported}")
+    supported = ", ".join(f"{a} (model_type {arch.model_type!r})" for arch in all_architectures()
+                          for a in arch.architectures)
+    found = f"model_type {model_type!r}" + (f" with architectures {', '.join(declared)}" if declared else "")
+    raise MixLNError(f"{where}: unsupported architecture: {found}; supported: {supported}")
 
 
 def architecture_of_gguf(gguf_arch: str, where: str) -> Architecture:

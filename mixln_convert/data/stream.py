@@ -46,14 +46,15 @@ def token_stream(tokenizer, texts: list[str], max_tokens: int | None = None, wha
     return np.load(path, mmap_mode="r")
 
 
-def blocks(stream, seq_len: int, what: str, flag: str = "seq_len"):
+def blocks(stream, seq_len: int, what: str, flag: str | None = "seq_len"):
     """``stream`` (an array or :class:`TokenShards`) cut into [n, seq_len] blocks (a view, or blocks
-    read on demand; the remainder is dropped). ``what`` names the
-    text and ``flag`` the option that set ``seq_len`` in the error when not one block fits."""
+    read on demand; the remainder is dropped). ``what`` names the text and ``flag`` the option that
+    set ``seq_len`` (None: the command fixes it) in the error when not one block fits."""
     n = len(stream) // seq_len
     if n == 0:
-        raise MixLNError(f"{what}: gives only {len(stream)} tokens, less than one block of {flag} {seq_len}: "
-                         f"lower {flag} or give more text")
+        remedy = f"lower {flag} or give more text" if flag else "give more text"
+        raise MixLNError(f"{what}: gives only {len(stream)} tokens, less than one block of "
+                         f"{f'{flag} ' if flag else ''}{seq_len}{'' if flag else ' tokens'}: {remedy}")
     if isinstance(stream, TokenShards):
         return ShardBlocks(stream, n, seq_len)
     return stream[: n * seq_len].reshape(n, seq_len)

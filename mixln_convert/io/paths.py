@@ -22,11 +22,20 @@ def _related(a: Path, b: Path) -> bool:
 
 
 def input_paths(path) -> list[Path]:
-    """The files and folders an input argument names: a path, or each match of a glob pattern."""
+    """The files and folders an input argument names: a path, or each match of a glob pattern,
+    and what every symlink inside a named folder points to (a Hugging Face cache snapshot holds
+    only links into its blobs folder: those files are the input)."""
     text = os.path.expanduser(str(path))
     if os.path.exists(text) or not any(c in text for c in "*?["):
-        return [resolved(text)]
-    return [resolved(m) for m in sorted(glob.glob(text, recursive=True))]
+        named = [text]
+    else:
+        named = sorted(glob.glob(text, recursive=True))
+    found = [resolved(p) for p in named]
+    for folder in (p for p in named if os.path.isdir(p)):
+        for root, dirs, files in os.walk(folder):  # links are listed, not followed
+            found += [resolved(os.path.join(root, name)) for name in dirs + files
+                      if os.path.islink(os.path.join(root, name))]
+    return found
 
 
 def check_not_input(dst, inputs: dict, flag: str = "DST") -> Path:

@@ -60,6 +60,24 @@ DEFAULTS = {
 PATH_KEYS = ("source", "converted", "data.train", "data.validation")  # strings or None; others typed by default
 
 
+class _RecipeLoader(yaml.SafeLoader):
+    """YAML with aliases of single values only: an alias of a mapping or list can refer to itself
+    or, nested, expand exponentially (a "billion laughs" file), and no recipe needs one."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            if not isinstance(self.anchors.get(event.anchor), (yaml.ScalarNode, type(None))):
+                raise yaml.composer.ComposerError(
+                    None, None, f"alias *{event.anchor} of a mapping or list: recipes allow aliases of single "
+                    "values only", event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def _parse(text: str):
+    return yaml.load(text, Loader=_RecipeLoader)
+
+
 def _flatten(tree: dict, prefix: str = "") -> dict:
     flat = {}
     for key, value in tree.items():
@@ -127,14 +145,16 @@ def _resolve_path(key: str, value: str | None, where: str) -> str | None:
     return path
 
 
-def _check(r: dict, where: str) -> None:
-    def need(ok: bool, message: str):
+def _check(r: dict, where: str, origin: dict) -> None:
+    """Ranges and budgets; a message names what set the key (``origin``: the file or a --set item),
+    else ``where``, the recipe."""
+    def need(ok: bool, message: str, key: str | None = None):
         if not ok:
-            raise MixLNError(f"{where}: {message}")
+            raise MixLNError(f"{origin.get(key, where)}: {message}")
 
     def number(key: str, ok, interval: str):
         value = flat[key]
-        need(math.isfinite(value) and ok(value), f"{key} must be {interval}, got {value!r}")
+        need(math.isfinite(value) and ok(value), f"{key} must be {interval}, got {value!r}", key)
 
     flat = _flatten(r)
     need(r["source"] is not None, "source is required (a Pre-LN checkpoint folder, a .gguf, or smollm2)")
@@ -158,7 +178,7 @@ def _check(r: dict, where: str) -> None:
     number("schedule.min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]")
     number("seed", lambda v: 0 <= v < 2**32, "an integer in [0, 2^32)")
     for i, beta in enumerate(r["optim"]["betas"]):
-        need(math.isfinite(beta) and 0 <= beta < 1, f"optim.betas[{i}] must be in [0, 1), got {beta!r}")
+        need(math.isfinite(beta) and 0 <= beta < 1, f"optim.betas[{i}] must be in [0, 1), got {beta!r}", "optim.betas")
     need(r["global_batch_size"] % r["micro_batch_size"] == 0,
          f"global_batch_size {r['global_batch_size']} is not a multiple of micro_batch_size {r['micro_batch_size']}")
     step_tokens = r["global_batch_size"] * r["seq_len"]
@@ -209,7 +229,7 @@ def load_recipe(path, overrides=()) -> dict:
     """
     path = recipe_path(path)
     try:
-        loaded = yaml.safe_load(path.read_text()) or {}
+        loaded = _parse(path.read_text()) or {}
     except OSError as e:
         raise MixLNError(f"{path}: cannot read the recipe ({e.strerror})") from None
     except UnicodeDecodeError:
@@ -219,22 +239,26 @@ def load_recipe(path, overrides=()) -> dict:
     if not isinstance(loaded, dict):
         raise MixLNError(f"{path}: a recipe must be a mapping of keys to values")
     recipe = copy.deepcopy(DEFAULTS)
+    origin = {}  # dotted key -> what set it (the file, or the --set item), for messages
     for key, value in _flatten(loaded).items():
         _assign(recipe, str(key), value, str(path))
+        origin[str(key)] = str(path)
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep:
             raise MixLNError(f"--set {item}: expected KEY=VALUE, e.g. --set optim.lr=3e-4")
         try:
-            value = yaml.safe_load(text)
+            value = _parse(text)
         except yaml.YAMLError:
             raise MixLNError(f"--set {item}: the value is not valid YAML") from None
         _assign(recipe, key.strip(), value, f"--set {item}")
+        origin[key.strip()] = f"--set {item}"
     defaults = _flatten(DEFAULTS)
     for key, value in _flatten(recipe).items():
-        value = _typed(key, value, defaults[key], str(path))
-        _assign(recipe, key, _resolve_path(key, value, str(path)) if key in PATH_KEYS else value, str(path))
-    _check(recipe, str(path))
+        where = origin.get(key, str(path))
+        value = _typed(key, value, defaults[key], where)
+        _assign(recipe, key, _resolve_path(key, value, where) if key in PATH_KEYS else value, where)
+    _check(recipe, str(path), origin)
     return recipe
 
 

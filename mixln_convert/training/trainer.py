@@ -112,13 +112,18 @@ def setup(recipe: dict, folder: Path, source: str, splits: Splits, accumulation:
     optimizer = _adamw(model, recipe["optim"])
     scheduler = get_cosine_with_min_lr_schedule_with_warmup(
         optimizer, recipe["schedule"]["warmup_steps"], steps, min_lr_rate=recipe["schedule"]["min_lr_ratio"])
-    train_blocks = blocks(splits.train, recipe["seq_len"], recipe["data"]["train"] or "embedded:train")
+    train_blocks, validation = split_blocks(recipe, splits)
     data = PackedBlocks(train_blocks, steps * recipe["global_batch_size"], recipe["seed"])
     loader = DataLoader(data, batch_size=recipe["micro_batch_size"])
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
-    validation = blocks(splits.validation, recipe["seq_len"], validation_source(recipe["data"]))
     return Run(accelerator, model, optimizer, scheduler, loader, validation, steps,
                recipe["global_batch_size"] * recipe["seq_len"], accumulation, parameters)
+
+
+def split_blocks(recipe: dict, splits: Splits):
+    """The training and validation streams in blocks of ``seq_len``; refuses a split shorter than one block."""
+    return (blocks(splits.train, recipe["seq_len"], recipe["data"]["train"] or "embedded:train"),
+            blocks(splits.validation, recipe["seq_len"], validation_source(recipe["data"])))
 
 
 def fit(run: Run, recipe: dict, arm: str, folder: Path, start: int, progress: bool) -> tuple[dict, float]:
