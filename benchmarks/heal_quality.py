@@ -83,8 +83,6 @@ def main():
     parser.add_argument("--curve-on", choices=("A", "B"), default="A", help="the text heal evaluates (its curve)")
     parser.add_argument("--seq-len", type=int, default=512, help="packed block length and per-document window")
     parser.add_argument("--eval-tokens", type=int, default=16_384, help="tokens scored per text and mode")
-    parser.add_argument("--lora-rank", type=int, default=0, help="heal low-rank updates of this rank (0: full)")
-    parser.add_argument("--lora-lr-factor", type=float, default=10.0, help="the low-rank updates' lr over --lr")
     parser.add_argument("--json", type=Path, default=None, help="write every figure and continuation here")
     args = parser.parse_args()
 
@@ -105,8 +103,7 @@ def main():
         heal_result = heal(converted, source, healed, data=heal_data, tokens=args.tokens, lr=args.lr,
                            seq_len=args.heal_seq_len, batch_size=args.heal_batch_size, loss=args.loss, sampled=args.sampled,
                            eval_data=texts[args.curve_on], eval_tokens=args.eval_tokens,
-                           eval_at=[int(t) for t in args.checkpoints.split(",") if t], progress=False,
-                           lora_rank=args.lora_rank, lora_lr_factor=args.lora_lr_factor)
+                           eval_at=[int(t) for t in args.checkpoints.split(",") if t], progress=False)
         curve = [json.loads(line) for line in (healed / "heal_metrics.jsonl").read_text().splitlines()]
         models = {name: score(ckpt, texts, args, generate=True)
                   for name, ckpt in (("original", source), ("converted", converted), ("healed", healed))}
@@ -115,7 +112,7 @@ def main():
     rep0 = original["generation"]["repeated_4gram_share"]
     print(f"\n{Path(source).name}, alpha {args.alpha} calibrated, heal {args.loss} lr {args.lr} sampled {args.sampled} on "
           f"{', '.join(args.heal_data) if args.heal_data else 'the embedded corpus'}, "
-          f"{heal_result['tokens']:,} tokens (low rank {args.lora_rank}, x{args.lora_lr_factor} lr) in steps of {args.heal_batch_size} x {args.heal_seq_len} ({heal_result['seconds']:.0f} s); A: {', '.join(args.packed)} "
+          f"{heal_result['tokens']:,} tokens in steps of {args.heal_batch_size} x {args.heal_seq_len} ({heal_result['seconds']:.0f} s); A: {', '.join(args.packed)} "
           f"({len(documents_a)} documents), B: 300 paragraphs of {args.paragraphs}; {args.eval_tokens:,} tokens "
           f"per text and mode, blocks/windows of {args.seq_len}; total {time.time() - started:.0f} s\n")
     print("| model | A packed | A per document | B packed | B per document | repeated 4-grams (x original) |")

@@ -87,8 +87,6 @@ def heal(
     force: bool = False,
     progress: bool = True,
     seq_len_flag: str | None = "--seq-len",
-    lora_rank: int = 0,
-    lora_lr_factor: float = 10.0,
 ) -> dict:
     """Heal the Mix-LN checkpoint ``converted`` against its Pre-LN original ``teacher``; write ``out``.
 
@@ -205,18 +203,10 @@ def heal(
         if n_sampled:
             train_blocks = MixedBlocks(train_blocks, steps * batch_size - n_sampled, teacher_samples(
                 teacher_model, tokenizer, n_sampled, seq_len, seed, precision, progress))
-        if lora_rank:
-            torch.manual_seed(seed)
-            low_rank = _add_low_rank(student.layers, lora_rank)
-            gains = [p for n, p in student.layers.named_parameters() if n.endswith("norm.weight")]
-            parameters = gains + low_rank
-            groups = [{"params": gains, "lr": lr}, {"params": low_rank, "lr": lr * lora_lr_factor}]
-        else:
-            parameters = list(student.layers.parameters())
-            groups = parameters
+        parameters = list(student.layers.parameters())
         # No weight decay: it would pull the pretrained weights toward 0, away from the teacher. Fused: no
         # temporaries the size of all the trained blocks, as the default (foreach) update makes.
-        optimizer = torch.optim.AdamW(groups, lr=lr, weight_decay=0.0, fused=True)
+        optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0, fused=True)
         scheduler = get_cosine_schedule_with_warmup(optimizer, round(warmup_ratio * steps), steps)
         batches = torch.utils.data.DataLoader(PackedBlocks(train_blocks, steps * batch_size, seed),
                                               batch_size=batch_size)
@@ -271,8 +261,6 @@ def heal(
                            "seq_len": seq_len},
             "seconds": round(time.time() - started, 2),
         }
-        if lora_rank:
-            _merge_low_rank(student.layers)
         state = student.state_dict()
         healed = {name: state[name.removeprefix("model.")] for name in prefix_names(student_source, arch, k)
                   if arch.layer_of(name) is not None}
@@ -369,38 +357,6 @@ def _warn_if_worse(losses: list[float], ppl_before, ppl_after, lr: float, doc_be
               "document scored from its first token, as lm-evaluation-harness does) while packed perplexity fell: "
               "too few tokens for the first positions of a document to recover; heal on more --tokens",
               file=sys.stderr)
-
-
-class _LowRank(torch.nn.Module):
-    """W + B A, B zero at the start: the frozen weight plus a trainable rank-``rank`` update."""
-
-    def __init__(self, weight: torch.Tensor, rank: int):
-        super().__init__()
-        out_features, in_features = weight.shape
-        self.down = torch.nn.Parameter(torch.randn(rank, in_features, dtype=weight.dtype) / in_features ** 0.5)
-        self.up = torch.nn.Parameter(torch.zeros(out_features, rank, dtype=weight.dtype))
-
-    def forward(self, weight):
-        return weight + self.up @ self.down
-
-
-def _add_low_rank(layers, rank: int) -> list:
-    from torch.nn.utils import parametrize
-    trained = []
-    for module in list(layers.modules()):
-        if isinstance(module, torch.nn.Linear):
-            module.weight.requires_grad_(False)
-            parametrize.register_parametrization(module, "weight", _LowRank(module.weight, rank))
-            low_rank = module.parametrizations.weight[0]
-            trained += [low_rank.down, low_rank.up]
-    return trained
-
-
-def _merge_low_rank(layers) -> None:
-    from torch.nn.utils import parametrize
-    for module in list(layers.modules()):
-        if isinstance(module, torch.nn.Linear) and parametrize.is_parametrized(module, "weight"):
-            parametrize.remove_parametrizations(module, "weight", leave_parametrized=True)
 
 
 @contextlib.contextmanager
