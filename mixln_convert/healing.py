@@ -105,6 +105,8 @@ def heal(
     recompute the rest in the backward (one more forward of the blocks the loss runs through, for
     activations that no longer grow with the depth: see :func:`_recomputing`), and with the ``kl``
     loss the logits too, a chunk of tokens at a time (:func:`chunked_kl`).
+    ``seq_len_flag``: the option or recipe key that set ``seq_len``, for messages (None: the caller
+    fixes the length).
 
     Returns ``out``, ``post_ln_layers``, ``steps``, ``tokens``, ``loss``, ``lr``, ``seconds``,
     ``relative_error`` and ``perplexity`` (each {"before", "after"}; perplexity also "teacher",
