@@ -141,6 +141,15 @@ def _must_exist(path, what: str) -> None:
         check_readable(path, what)
 
 
+def _refuse_unused(why: str, **flags: bool) -> None:
+    """Refuse options given on the command line that this run would ignore ({name: applies}):
+    a user who names a file or a number expects it to be used."""
+    ctx = click.get_current_context()
+    for name, applies in flags.items():
+        if not applies and ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT):
+            raise MixLNError(f"--{name.replace('_', '-')}: {why}; this run would ignore it")
+
+
 _SEQ_LEN_HELP = "Tokens per evaluated block (at most the model's max_position_embeddings)."
 _ALLOW_LONGER = click.option("--allow-longer", is_flag=True,
                              help="Allow a --seq-len beyond the model's max_position_embeddings.")
@@ -188,6 +197,10 @@ def convert(src, dst, alpha, post_ln_layers, strategy, scaled_init, calibration_
     check_destination(dst, {"SRC": src, "--calibration-data": calibration_data, "--heal-data": heal_data}, force)
     if alpha is not None and post_ln_layers is not None:
         raise MixLNError("--alpha and --post-ln-layers are exclusive: give one")
+    calibrated = strategy == "calibrated"
+    _refuse_unused(f"only --strategy calibrated reads it, not {strategy}", calibration_data=calibrated,
+                   calibration_tokens=calibrated, calibration_seq_len=calibrated)
+    _refuse_unused("only a heal in the same run reads it (--heal-tokens N)", heal_data=heal_tokens > 0)
     conversion = dict(alpha=alpha, post_ln_layers=post_ln_layers, strategy=strategy, scaled_init=scaled_init,
                       calibration_data=calibration_data, calibration_tokens=calibration_tokens,
                       calibration_seq_len=calibration_seq_len, max_shard_size=max_shard_size, dtype=dtype, seed=seed)
