@@ -50,7 +50,8 @@ def evaluate_documents(model, tokenizer, texts: list[str], max_length: int, batc
     ``loglikelihood_rolling`` does: the first token is predicted from the BOS token (EOS where
     there is none), and a document longer than ``max_length`` in windows that predict every token
     once with up to ``max_length`` tokens of context. Documents are taken in order until
-    ``max_tokens`` tokens are scored. Returns ``documents``, ``tokens``, ``words``, ``bytes``,
+    ``max_tokens`` tokens are scored; the document that reaches it is cut there (one huge
+    document must not cost more than the budget). Returns ``documents``, ``tokens``, ``words``, ``bytes``,
     ``loss`` (nats per token), ``token_perplexity``, ``word_perplexity``, ``byte_perplexity`` and
     ``bits_per_byte``."""
     device = next(model.parameters()).device
@@ -60,6 +61,9 @@ def evaluate_documents(model, tokenizer, texts: list[str], max_length: int, batc
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if not ids:
             continue
+        if max_tokens is not None and counts["tokens"] + len(ids) > max_tokens:
+            ids = ids[:max_tokens - counts["tokens"]]
+            text = tokenizer.decode(ids)  # words and bytes of the part scored
         full = [prefix, *ids]  # full[i] predicts ids[i]
         done = 0
         while done < len(ids):

@@ -199,6 +199,13 @@ def symlink(inputs, target: Path, name: str = "link") -> Path:
     return link
 
 
+def fifo(inputs) -> Path:
+    """A named pipe with no writer: opening it to read would block for ever."""
+    path = inputs.root / "pipe.txt"
+    os.mkfifo(path)
+    return path
+
+
 def linked_weights(inputs) -> tuple[Path, Path]:
     """(a checkpoint folder whose weights file is a symlink, as in a Hugging Face cache snapshot;
     the folder that holds the real file, a full copy of the source)."""
@@ -422,6 +429,9 @@ ROWS = [
     ("convert-calibration-data-without-calibration", lambda i, o: ["convert", i.src, o, "--strategy", "move", "--calibration-data", i.text], "--calibration-data: only --strategy calibrated reads it, not move"),
     ("convert-calibration-tokens-without-calibration", lambda i, o: ["convert", i.src, o, "--strategy", "scratch", "--calibration-tokens", "512"], "--calibration-tokens: only --strategy calibrated"),
     ("convert-heal-data-without-heal", lambda i, o: ["convert", i.src, o, "--heal-data", i.text], "--heal-data: only a heal in the same run reads it"),
+    ("eval-data-a-fifo", lambda i, o: ["eval", i.src, "--data", fifo(i)], "not a regular file or folder"),
+    ("heal-data-a-fifo", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--data", fifo(i)], "not a regular file or folder"),
+    ("convert-calibration-data-a-fifo", lambda i, o: ["convert", i.src, o, "--calibration-data", fifo(i)], "not a regular file or folder"),
     ("convert-heal-data-missing", lambda i, o: ["convert", i.src, o, "--heal-tokens", "4096", "--heal-data", i.root / "gone.txt"], "--heal-data"),
     ("demo-force-and-resume", lambda i, o: ["demo", "--source", i.src, "--out", o, "--force", "--resume"], "give one"),
     ("sweep-alpha-above-one", lambda i, o: ["sweep", i.src, "--out", o, "--alphas", "0,1.5"], "--alphas: '1.5' is not a number in [0, 1]"),

@@ -110,7 +110,22 @@ def test_per_document_scoring_equals_a_plain_reference_loop(cli, converted):
     shown = cli("eval", converted, "--seq-len", "32", "--max-tokens", "128", "--per-document", "--json")
     assert shown.exit_code == 0, shown.output
     per_document = json.loads(shown.stdout.strip().splitlines()[-1])["per_document"]
-    assert per_document["tokens"] >= 128 and per_document["token_perplexity"] > 1
+    assert per_document["tokens"] == 128 and per_document["token_perplexity"] > 1
+
+
+def test_per_document_scoring_stops_at_its_budget_inside_one_huge_document(converted):
+    """A document past the budget is cut there, and scored as the same text cut beforehand."""
+    from mixln_convert.evaluate import evaluate_documents
+    from mixln_convert.model.loading import load_model, load_tokenizer
+
+    model, tokenizer = load_model(converted), load_tokenizer(converted)
+    huge = "words about the residual stream " * 20_000
+    result = evaluate_documents(model, tokenizer, ["A short one.", huge], max_length=32, max_tokens=100, progress=False)
+    first = len(tokenizer("A short one.", add_special_tokens=False)["input_ids"])
+    cut = tokenizer.decode(tokenizer(huge, add_special_tokens=False)["input_ids"][:100 - first])
+    alone = evaluate_documents(model, tokenizer, ["A short one.", cut], max_length=32, progress=False)
+    assert result["tokens"] == 100 and result["documents"] == 2
+    assert result["loss"] == pytest.approx(alone["loss"], rel=1e-5) and result["bytes"] == alone["bytes"]
 
 
 FREED_RSS = """

@@ -110,6 +110,8 @@ def _expand(path: Path) -> list[Path]:
         if not found:
             raise MixLNError(f"{path}: folder holds no {'/'.join(FORMATS)} files")
         return found
+    if not path.is_file():  # a FIFO or device: opening one can block for ever, waiting for a writer
+        raise MixLNError(f"{path}: not a regular file or folder")
     if _format(path) is None:
         raise MixLNError(f"{path}: unsupported format, expected one of {'/'.join(FORMATS)}")
     return [path]

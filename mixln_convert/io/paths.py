@@ -21,15 +21,19 @@ def _related(a: Path, b: Path) -> bool:
     return a == b or a.is_relative_to(b) or b.is_relative_to(a)
 
 
+def _named(path) -> list[str]:
+    """The path an argument names, or each match of its glob pattern."""
+    text = os.path.expanduser(str(path))
+    if os.path.exists(text) or not any(c in text for c in "*?["):
+        return [text]
+    return sorted(glob.glob(text, recursive=True))
+
+
 def input_paths(path) -> list[Path]:
     """The files and folders an input argument names: a path, or each match of a glob pattern,
     and what every symlink inside a named folder points to (a Hugging Face cache snapshot holds
     only links into its blobs folder: those files are the input)."""
-    text = os.path.expanduser(str(path))
-    if os.path.exists(text) or not any(c in text for c in "*?["):
-        named = [text]
-    else:
-        named = sorted(glob.glob(text, recursive=True))
+    named = _named(path)
     found = [resolved(p) for p in named]
     for folder in (p for p in named if os.path.isdir(p)):
         for root, dirs, files in os.walk(folder):  # links are listed, not followed
@@ -71,6 +75,10 @@ def check_destination(dst, inputs: dict, force: bool = False, flag: str = "DST")
 
 def check_readable(path, flag: str) -> None:
     """A data or checkpoint argument that must exist now (a glob must match)."""
-    if not input_paths(path) or not all(p.exists() for p in input_paths(path)):
+    named = _named(path)
+    if not named or not all(os.path.exists(p) for p in named):
         raise MixLNError(f"{flag} {path}: no such file or folder" if not any(c in str(path) for c in "*?[")
                          else f"{flag} {path}: glob pattern matches no files")
+    for p in named:  # a FIFO or device: opening one can block for ever, waiting for a writer
+        if not (os.path.isfile(p) or os.path.isdir(p)):
+            raise MixLNError(f"{flag} {p}: not a regular file or folder")
