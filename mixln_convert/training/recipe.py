@@ -48,6 +48,9 @@ DEFAULTS = {
     "optim": {"lr": 1e-3, "betas": [0.9, 0.95], "weight_decay": 0.1, "eps": 1e-8},
     "schedule": {"warmup_steps": 100, "min_lr_ratio": 0.1},  # linear warmup, cosine (paper) down to min_lr_ratio * lr
     "grad_clip": 1.0,  # max global gradient norm; 0 disables clipping
+    # recompute each block's activations in the backward instead of keeping them (one more forward
+    # of the blocks per step, activations no longer growing with depth)
+    "activation_checkpointing": False,
     "precision": "auto",  # bf16 autocast on a GPU with fp32 master weights; fp32 on CPU
     "log_interval": 1,
     "eval_interval": 100,
