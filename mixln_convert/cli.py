@@ -17,9 +17,9 @@ import click
 from . import __version__
 from .errors import MixLNError
 from .io.paths import check_destination, check_not_input, check_readable
-from .limits import check_one_step
-from .options import (DEMO_EVAL_TOKENS, DEMO_TRAIN_TOKENS, DTYPES, EVAL_SEQ_LEN, EVAL_TOKENS, HEAL_BATCH_SIZE, HEAL_DTYPES,
-                      HEAL_LR, HEAL_SEQ_LEN, LOSSES, METHODS, STRATEGIES, measured_on)
+from .limits import MAX_PROCESSES, check_one_step
+from .options import (DEMO_EVAL_TOKENS, DEMO_TRAIN_TOKENS, DEVICES, DTYPES, EVAL_SEQ_LEN, EVAL_TOKENS, HEAL_BATCH_SIZE,
+                      HEAL_DTYPES, HEAL_LR, HEAL_SEQ_LEN, LOSSES, METHODS, STRATEGIES, TRAINING_STRATEGIES, measured_on)
 
 
 class Group(click.Group):
@@ -569,6 +569,34 @@ def recipes(name):
     from .training.recipe import shipped_file
 
     click.echo(str(shipped_file(name)))
+
+
+@main.command()
+@click.argument("recipe_file", metavar="RECIPE")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a recipe key as train does, e.g. --set source=/models/llama-7b (repeatable).")
+@click.option("--processes", type=click.IntRange(1, MAX_PROCESSES), default=None, metavar="N",
+              help="Processes, one per GPU.  [default: the recipe's 'Sized for' comment, else 1]")
+@click.option("--strategy", type=click.Choice(TRAINING_STRATEGIES), default=None,
+              help="single: one process; ddp: every process holds the whole training state; fsdp: weights, "
+                   "gradients and AdamW state sharded over the processes.  [default: the recipe's, else single "
+                   "for one process, ddp for several]")
+@click.option("--device", type=click.Choice(DEVICES), default=None,
+              help="gpu: precision auto is bf16 autocast; cpu: fp32.  [default: the recipe's, else gpu]")
+@click.option("--memory", default=None, metavar="SIZE",
+              help="Memory of each GPU (or the RAM of one CPU process), e.g. 80GB, 141GB, 24GiB.  "
+                   "[default: the recipe's, else 80GB]")
+def estimate(recipe_file, overrides, processes, strategy, device, memory):
+    """What training RECIPE costs per process, known before any weight is loaded: parameters,
+    memory for weights, gradients, AdamW state and activations (with and without activation
+    checkpointing), tokens and FLOPs per optimizer step, and whether it fits. The model is built
+    from the source's config.json (or GGUF metadata) alone, on the meta device."""
+    from .training.memory import choose_hardware, estimate, model_shapes, report, sized_for
+    from .training.recipe import load_recipe, recipe_path
+
+    recipe = load_recipe(recipe_file, overrides)
+    hardware = choose_hardware(sized_for(recipe_path(recipe_file)), processes, strategy, device, memory)
+    click.echo(report(estimate(recipe, hardware, model_shapes(recipe["source"]))))
 
 
 @main.command()

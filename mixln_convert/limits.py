@@ -6,6 +6,7 @@ import math
 from .errors import MixLNError
 
 SEED_LIMIT = 2**32  # numpy's and torch's seeds are 32-bit
+MAX_PROCESSES = 65536  # training processes (GPUs) an estimate takes: beyond any cluster a recipe is sized for
 
 
 def _is_number(value) -> bool:

@@ -25,14 +25,14 @@ _SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16
                        torch.uint8: "U8", torch.bool: "BOOL"}
 
 
-def parse_size(text: str | int) -> int:
-    """'5GB' -> 5e9, '500MiB' -> 500 * 2**20, 1000 -> 1000 (transformers' conventions)."""
+def parse_size(text: str | int, flag: str = "--max-shard-size") -> int:
+    """'5GB' -> 5e9, '500MiB' -> 500 * 2**20, 1000 -> 1000 (transformers' conventions); an error names ``flag``."""
     if isinstance(text, int):
         return text
     match = _SIZE.match(str(text))
     size = int(float(match.group(1)) * _UNITS[(match.group(2) or "").upper()]) if match else 0
     if size < 1:
-        raise MixLNError(f"--max-shard-size: cannot read size {text!r} (a positive size, e.g. 5GB, 500MB, 2GiB)")
+        raise MixLNError(f"{flag}: cannot read size {text!r} (a positive size, e.g. 5GB, 500MB, 2GiB)")
     return size
 
 
