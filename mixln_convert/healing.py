@@ -41,7 +41,6 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from tqdm.auto import tqdm
-from transformers import get_cosine_schedule_with_warmup
 
 from .architectures import architecture_for
 from .data import PackedBlocks, TokenShards, blocks, read_texts, token_blocks, token_stream
@@ -57,6 +56,7 @@ from .limits import (check_fraction, check_nonnegative, check_one_step, check_po
 from .model.prefix import load_prefix, prefix_names, prefix_of
 from .model.modeling_mixln import enable_checkpointing
 from .model.shared_tail import load_pair
+from .training.loop import NonFiniteStep, StepGuard, adamw, block_grad_norms, parameter_groups, take_step, warmup_cosine
 
 
 
@@ -78,6 +78,7 @@ def heal(
     activation_checkpointing: bool = False,
     warmup_ratio: float = 0.1,
     grad_clip: float = 1.0,
+    spike_factor: float = 0.0,
     eval_tokens: int = EVAL_TOKENS,
     eval_data=None,
     perplexity: bool = True,
@@ -206,10 +207,11 @@ def heal(
             train_blocks = MixedBlocks(train_blocks, steps * batch_size - n_sampled, teacher_samples(
                 teacher_model, tokenizer, n_sampled, seq_len, seed, precision, progress))
         parameters = list(student.layers.parameters())
-        # No weight decay: it would pull the pretrained weights toward 0, away from the teacher. Fused: no
-        # temporaries the size of all the trained blocks, as the default (foreach) update makes.
-        optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0, fused=True)
-        scheduler = get_cosine_schedule_with_warmup(optimizer, round(warmup_ratio * steps), steps)
+        # No weight decay: it would pull the pretrained weights toward 0, away from the teacher. Every
+        # trained block is a Post-LN block, so --lr is their learning rate.
+        optimizer = adamw(parameter_groups(student.layers, [], lr=lr, weight_decay=0.0))
+        scheduler = warmup_cosine(optimizer, round(warmup_ratio * steps), steps)
+        guard = StepGuard(spike_factor)
         batches = torch.utils.data.DataLoader(PackedBlocks(train_blocks, steps * batch_size, seed),
                                               batch_size=batch_size)
         pending, losses = sorted(eval_at), []
@@ -233,14 +235,16 @@ def heal(
                             target = teacher_model(input_ids=batch).logits
                         value = distribution_kl(full(input_ids=batch).logits, target)
                 value.backward()  # a checkpointed block's recompute restores the forward's autocast state
-                torch.nn.utils.clip_grad_norm_(parameters, grad_clip)
-                record = {"step": step, "tokens": step * batch.numel(), "loss": value.item(),
-                          "lr": scheduler.get_last_lr()[0], "seconds": round(time.time() - started, 2)}
-                if not math.isfinite(record["loss"]):
-                    raise MixLNError(f"--lr: the {loss} loss is {record['loss']} at step {step}; try a smaller --lr")
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad()
+                try:
+                    taken = take_step(optimizer, scheduler, guard, step=step, loss=value.item(),
+                                      clip=lambda: torch.nn.utils.clip_grad_norm_(parameters, grad_clip or math.inf).item(),
+                                      block_norms=lambda: (block_grad_norms(student.layers), student.layers),
+                                      samples=range((step - 1) * batch_size, step * batch_size))
+                except NonFiniteStep as e:
+                    raise MixLNError(f"--lr: the heal's {loss} {e}; the heal diverged at lr {lr:g}: try a smaller "
+                                     "--lr") from None
+                record = {"step": step, "tokens": step * batch.numel(), **taken,
+                          "seconds": round(time.time() - started, 2)}
                 if (pending and record["tokens"] >= pending[0]) or step == steps:
                     pending = [t for t in pending if t > record["tokens"]]
                     record.update(evaluate())

@@ -41,6 +41,9 @@ def train(recipe: dict, out, arms=ARMS, resume: bool = False, progress: bool = T
     # Accelerator reads `accelerate launch --cpu` (ACCELERATE_USE_CPU) itself; PartialState does not.
     state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
     accumulation = _accumulation(recipe, state.num_processes)
+    if recipe["fsdp"] and state.num_processes < 2:
+        raise MixLNError("fsdp: true shards over several processes, and this run has one; launch it with "
+                         "accelerate launch --config_file \"$(mixln-convert recipes --path fsdp)\" (or torchrun)")
     source = open_checkpoint(recipe["source"])
     check_seq_len("seq_len", recipe["seq_len"], source.config, "allow_longer_seq: true", recipe["allow_longer_seq"])
     if recipe["heal"]["tokens"]:
@@ -99,8 +102,16 @@ def prepare(recipe: dict, arm: str, folder: Path, splits, progress: bool) -> str
         healed = folder / "healed"
         if not (healed / "config.json").is_file():
             heal(converted, recipe["source"], healed, data=splits.train, perplexity=False, seed=recipe["seed"],
-                 progress=progress, seq_len_flag="heal.seq_len", **recipe["heal"])
+                 progress=progress, seq_len_flag="heal.seq_len", dtype=heal_dtype(recipe["precision"]),
+                 **recipe["heal"])
     return str(healed)
+
+
+def heal_dtype(precision: str) -> str:
+    """The heal's dtype for a recipe's ``precision``: a bf16 run heals in bf16 too."""
+    from .training.trainer import mixed_precision
+
+    return "bf16" if mixed_precision(precision) == "bf16" else "fp32"
 
 
 def convert_and_heal(src, dst, *, heal_tokens: int, heal_data=None, force: bool = False, progress: bool = True,

@@ -309,7 +309,7 @@ def test_nonfinite_loss_stops_naming_the_step(cli, tiny_llama_tied, corpus, tmp_
 
 def test_nonfinite_message_names_the_first_block_with_nonfinite_gradients(converted):
     from mixln_convert.model.loading import load_model
-    from mixln_convert.training.trainer import nonfinite_blocks
+    from mixln_convert.training.loop import nonfinite_blocks
 
     layers = load_model(converted).model.layers
     norms = [1.0] * len(layers)
@@ -478,3 +478,85 @@ def test_a_run_with_a_heal_opens_each_checkpoint_once(tiny_llama_tied, corpus, t
     source = tiny_llama_tied.name
     assert sorted(opened) == sorted([source, "converted", "healed"]), opened
     assert sorted(tokenizers) == sorted([source, "converted"]), tokenizers
+
+
+def _launch_two(recipe: str, sets: list[str], out: Path, *extra: str, **popen) -> list[str]:
+    """The command that trains on two CPU processes (gloo): torchrun with accelerate's CPU flag."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+            "-m", "mixln_convert.cli", "train", recipe, *(f"--set={s}" for s in sets), "--out", str(out), *extra]
+
+
+def test_fsdp_on_two_cpu_processes_trains_both_arms_like_one_process(tiny_llama_tied, corpus, tmp_path):
+    """The sharding GPUs use (FSDP2, each arm wrapping its own blocks), over gloo: both arms in one
+    launch (an accelerate FSDP plugin kept from the Mix-LN arm failed the Pre-LN one), the same
+    losses as one unsharded process, sharded checkpoints, a final folder that loads."""
+    recipe = "smollm2-135m-cpu"
+    sets = tiny(tiny_llama_tied, corpus, steps=6, global_batch_size=8, max_tokens=6 * 8 * 32, checkpoint_interval=3)
+    train(load_recipe(recipe, sets), tmp_path / "one", progress=False)
+    done = subprocess.run(_launch_two(recipe, [*sets, "fsdp=true"], tmp_path / "two"),
+                          env={**_env(), "ACCELERATE_USE_CPU": "1"}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for arm in ("mixln", "preln"):
+        assert json.loads((tmp_path / "two" / arm / "summary.json").read_text())["processes"] == 2
+        assert_same_curve(metrics(tmp_path / "two", arm), metrics(tmp_path / "one", arm), tol=1e-4)
+        shards = sorted(p.name for p in (tmp_path / "two" / arm / "checkpoints" / "step-3").glob("*.distcp"))
+        assert shards == ["__0_0.distcp", "__1_0.distcp"]
+        from mixln_convert.model.loading import load_model
+
+        trained, reference = load_model(tmp_path / "two" / arm / "final"), load_model(tmp_path / "one" / arm / "final")
+        for (name, a), (_, b) in zip(trained.state_dict().items(), reference.state_dict().items()):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3, msg=name)
+
+
+def _kill_every_process_of(marker: str) -> None:
+    """SIGKILL every process whose command line holds ``marker``, at once."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if marker in cmdline.read_bytes().decode(errors="replace"):
+                os.kill(int(cmdline.parent.name), signal.SIGKILL)
+        except (OSError, ValueError):  # gone meanwhile
+            pass
+
+
+def test_fsdp_killed_then_resumed_gives_the_uninterrupted_losses(cli, tiny_llama_tied, corpus, tmp_path):
+    recipe = "smollm2-135m-cpu"
+    sets = tiny(tiny_llama_tied, corpus, steps=12, global_batch_size=8, max_tokens=12 * 8 * 32, checkpoint_interval=4,
+                eval_interval=4, keep_checkpoints=0, fsdp="true")
+    env = {**_env(), "ACCELERATE_USE_CPU": "1"}
+    whole = subprocess.run(_launch_two(recipe, sets, tmp_path / "whole", "--arm", "mixln"), env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    out = tmp_path / "killed"
+    log = (tmp_path / "stderr.txt").open("w+")
+    proc = subprocess.Popen(_launch_two(recipe, sets, out, "--arm", "mixln"), env=env, stdout=subprocess.DEVNULL,
+                            stderr=log)
+    deadline, steps = time.time() + 240, []
+    while time.time() < deadline and proc.poll() is None:  # kill every process once a step after a checkpoint is logged
+        steps = [int(p.name[5:]) for p in (out / "mixln" / "checkpoints").glob("step-*")]
+        logged = (out / "mixln" / "metrics.jsonl").read_text().split("\n")[:-1] if steps else []
+        if steps and logged and json.loads(logged[-1])["step"] > max(steps):
+            break
+        time.sleep(0.02)
+    _kill_every_process_of(str(out))  # torchrun starts its workers in sessions of their own
+    proc.wait()
+    assert steps and max(steps) < 12 and not (out / "mixln" / "final").exists(), (log.seek(0), log.read()[-2000:])
+    resumed = subprocess.run(_launch_two(recipe, sets, out, "--arm", "mixln", "--resume"), env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    warnings = [line for line in resumed.stderr.splitlines() if "warning" in line]
+    assert json.loads((out / "mixln" / "summary.json").read_text())["resumed_from_step"] == max(steps), warnings
+    assert_same_curve(metrics(out, "mixln"), metrics(tmp_path / "whole", "mixln"), tol=1e-6)
+
+
+def test_fsdp_needs_several_processes(cli, tiny_llama_tied, corpus, tmp_path):
+    result = cli("train", "smollm2-135m-cpu", *(f"--set={s}" for s in tiny(tiny_llama_tied, corpus, fsdp="true")),
+                 "--out", tmp_path / "out")
+    assert result.exit_code == 1 and "fsdp: true shards over several processes" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_accelerate_fsdp_config_is_refused_for_the_trainers_own(cli, tiny_llama_tied, corpus, tmp_path, monkeypatch):
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    result = cli("train", "smollm2-135m-cpu", *(f"--set={s}" for s in tiny(tiny_llama_tied, corpus)),
+                 "--out", tmp_path / "out")
+    assert result.exit_code == 1 and "the trainer shards the model itself" in result.output, result.output

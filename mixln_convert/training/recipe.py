@@ -45,12 +45,19 @@ DEFAULTS = {
     "global_batch_size": 32,  # sequences per optimizer step, all processes and accumulation together
     "max_tokens": 1_000_000,  # training budget; steps = max_tokens // (global_batch_size * seq_len)
     # lr: the paper's from scratch; a pretrained source usually wants less (3e-4, 1e-4)
-    "optim": {"lr": 1e-3, "betas": [0.9, 0.95], "weight_decay": 0.1, "eps": 1e-8},
+    # post_ln_lr_scale: the Post-LN blocks' lr as a multiple of lr (right after a conversion their
+    # gradients are several times the Pre-LN blocks'; docs/training.md has the rehearsal)
+    "optim": {"lr": 1e-3, "betas": [0.9, 0.95], "weight_decay": 0.1, "eps": 1e-8, "post_ln_lr_scale": 1.0},
     "schedule": {"warmup_steps": 100, "min_lr_ratio": 0.1},  # linear warmup, cosine (paper) down to min_lr_ratio * lr
     "grad_clip": 1.0,  # max global gradient norm; 0 disables clipping
+    # a step whose loss exceeds spike_factor x the mean of the last spike_window steps' is not
+    # applied (training/loop.py), up to max_skips in a row; spike_factor 0 turns the check off
+    "guard": {"spike_factor": 3.0, "spike_window": 20, "max_skips": 5},
     # recompute each block's activations in the backward instead of keeping them (one more forward
     # of the blocks per step, activations no longer growing with depth)
     "activation_checkpointing": False,
+    "fsdp": False,  # shard weights, gradients and AdamW state over the processes (FSDP2; training/sharding.py)
+    "compile": False,  # torch.compile each decoder block (GPU speed; the first steps pay the compilation)
     "precision": "auto",  # bf16 autocast on a GPU with fp32 master weights; fp32 on CPU
     "log_interval": 1,
     "eval_interval": 100,
@@ -179,6 +186,10 @@ def _check(r: dict, where: str, origin: dict) -> None:
     number("optim.weight_decay", lambda v: v >= 0, "a number >= 0")
     number("grad_clip", lambda v: v >= 0, "a number >= 0 (0 disables clipping)")
     number("schedule.min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]")
+    number("optim.post_ln_lr_scale", lambda v: 0 < v <= 10, "in (0, 10]")
+    number("guard.spike_factor", lambda v: v == 0 or 1 < v <= 1000, "0 (off) or in (1, 1000]")
+    number("guard.spike_window", lambda v: 1 <= v <= 10_000, "an integer in [1, 10000]")
+    number("guard.max_skips", lambda v: 0 <= v <= 10_000, "an integer in [0, 10000]")
     number("seed", lambda v: 0 <= v < 2**32, "an integer in [0, 2^32)")
     for i, beta in enumerate(r["optim"]["betas"]):
         need(math.isfinite(beta) and 0 <= beta < 1, f"optim.betas[{i}] must be in [0, 1), got {beta!r}", "optim.betas")

@@ -22,10 +22,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType, is_tensorboard_available, set_seed
+from accelerate.utils import is_tensorboard_available, set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
-from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
 from ..data import PackedBlocks, Splits, blocks
 from ..data.shards import file_sha256
@@ -34,7 +33,10 @@ from ..evaluate import evaluate_perplexity
 from ..io.writer import atomic_output_dir, copy_model_code, write_atomic
 from ..options import EVAL_DATA
 from ..model.loading import load_model
+from ..model.modeling_mixln import enable_checkpointing
+from .loop import StepGuard, adamw, block_grad_norms, nonfinite_blocks, parameter_groups, take_step, warmup_cosine
 from .recipe import optimizer_steps
+from .sharding import is_sharded, load_sharded, save_sharded, shard, sharded_state_dict
 
 
 @dataclass
@@ -51,6 +53,12 @@ class Run:
     step_tokens: int
     accumulation: int
     parameters: int
+    guard: StepGuard
+    global_batch_size: int
+
+    @property
+    def sharded(self) -> bool:
+        return is_sharded(self.model)
 
     @property
     def layers(self):
@@ -59,6 +67,10 @@ class Run:
     @property
     def config(self):
         return self.accelerator.unwrap_model(self.model).config
+
+    def block_norms(self) -> list[float]:
+        """Each block's gradient norm; a sharded gradient's squares are summed over the processes."""
+        return block_grad_norms(self.layers, (lambda x: self.accelerator.reduce(x, "sum")) if self.sharded else None)
 
 
 def train_arm(recipe: dict, arm: str, folder: Path, source: str, splits: Splits, tokenizer, accumulation: int,
@@ -69,7 +81,7 @@ def train_arm(recipe: dict, arm: str, folder: Path, source: str, splits: Splits,
     folder.mkdir(parents=True, exist_ok=True)
     run = setup(recipe, folder, source, splits, accumulation)
     initial = validate(run, recipe["micro_batch_size"])
-    start = _restore(run.accelerator, folder) if resume else 0
+    start = _restore(run, folder) if resume else 0
     record, train_time = fit(run, recipe, arm, folder, start, progress)
     save(run, tokenizer, folder)
     summary = {
@@ -94,10 +106,14 @@ def train_arm(recipe: dict, arm: str, folder: Path, source: str, splits: Splits,
 
 
 def setup(recipe: dict, folder: Path, source: str, splits: Splits, accumulation: int) -> Run:
-    """The accelerator, the model (fp32 master weights; bf16 is autocast), AdamW, the schedule and
-    the seeded data order, all prepared by accelerate."""
+    """The accelerator, the model (fp32 master weights; bf16 is autocast, or FSDP2's parameter
+    dtype), AdamW, the schedule and the seeded data order. Single process and DDP are prepared by
+    accelerate; with ``fsdp: true`` the trainer shards the model itself (:mod:`.sharding`), so the
+    sharding is one code path on GPUs and on CPU (gloo) alike, and each arm wraps its own model's
+    blocks (an accelerate FSDP plugin outlives its first arm and looks for that arm's block class)."""
+    refuse_accelerate_fsdp()
     accelerator = Accelerator(
-        mixed_precision=_mixed_precision(recipe["precision"]),
+        mixed_precision=mixed_precision(recipe["precision"]),
         gradient_accumulation_steps=accumulation,
         # accelerate would step the scheduler once per process; ours counts optimizer steps
         step_scheduler_with_optimizer=False,
@@ -109,15 +125,47 @@ def setup(recipe: dict, folder: Path, source: str, splits: Splits, accumulation:
     steps = optimizer_steps(recipe)
     model = load_model(source, dtype=torch.float32).train()
     parameters = sum(p.numel() for p in model.parameters())
-    optimizer = _adamw(model, recipe["optim"])
-    scheduler = get_cosine_with_min_lr_schedule_with_warmup(
-        optimizer, recipe["schedule"]["warmup_steps"], steps, min_lr_rate=recipe["schedule"]["min_lr_ratio"])
+    if recipe["activation_checkpointing"]:
+        enable_checkpointing(model, {"use_reentrant": False})
+    if recipe["fsdp"]:
+        shard(model.to(accelerator.device), bf16=accelerator.mixed_precision == "bf16")
+    if recipe["compile"]:
+        for layer in model.model.layers:  # per block: the state dict keeps its names, a recompile is per shape
+            layer.compile()
+    optim = recipe["optim"]
+    optimizer = adamw(parameter_groups(model.model.layers, _outside_blocks(model), lr=optim["lr"],
+                                       weight_decay=optim["weight_decay"], post_ln_lr_scale=optim["post_ln_lr_scale"]),
+                      betas=optim["betas"], eps=optim["eps"])
+    scheduler = warmup_cosine(optimizer, recipe["schedule"]["warmup_steps"], steps, recipe["schedule"]["min_lr_ratio"])
     train_blocks, validation = split_blocks(recipe, splits)
     data = PackedBlocks(train_blocks, steps * recipe["global_batch_size"], recipe["seed"])
-    loader = DataLoader(data, batch_size=recipe["micro_batch_size"])
-    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    loader = DataLoader(data, batch_size=recipe["micro_batch_size"], **loader_options(accelerator.device))
+    if recipe["fsdp"]:
+        loader = accelerator.prepare(loader)
+    else:
+        model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    guard = StepGuard(**recipe["guard"])
     return Run(accelerator, model, optimizer, scheduler, loader, validation, steps,
-               recipe["global_batch_size"] * recipe["seq_len"], accumulation, parameters)
+               recipe["global_batch_size"] * recipe["seq_len"], accumulation, parameters, guard,
+               recipe["global_batch_size"])
+
+
+def _outside_blocks(model) -> list[torch.nn.Parameter]:
+    inside = {id(p) for p in model.model.layers.parameters()}
+    return [p for p in model.parameters() if id(p) not in inside]
+
+
+def loader_options(device: torch.device) -> dict:
+    """On a GPU, batches are prepared by two workers into pinned memory while the step runs; on
+    CPU the step itself needs the cores."""
+    return {"pin_memory": True, "num_workers": 2, "persistent_workers": True} if device.type == "cuda" else {}
+
+
+def refuse_accelerate_fsdp() -> None:
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true"):
+        raise MixLNError("the accelerate config asks for FSDP (distributed_type: FSDP); the trainer shards the model "
+                         "itself: launch with the multi-GPU config (mixln-convert recipes --path fsdp) and the "
+                         "recipe key fsdp: true")
 
 
 def split_blocks(recipe: dict, splits: Splits):
@@ -138,48 +186,64 @@ def fit(run: Run, recipe: dict, arm: str, folder: Path, start: int, progress: bo
     for done in bar:  # `done` optimizer steps once this one is taken
         tick = time.perf_counter()
         loss = torch.zeros((), device=accelerator.device)
-        for _ in range(run.accumulation):
-            with accelerator.accumulate(model):  # gradients sync on the last micro-batch only
-                batch = next(batches)
-                micro_loss = model(input_ids=batch, labels=batch).loss
-                accelerator.backward(micro_loss)
-                loss += micro_loss.detach() / run.accumulation
-        record = {"step": done, "tokens": done * run.step_tokens, "loss": accelerator.reduce(loss, "mean").item(),
-                  "lr": run.scheduler.get_last_lr()[0]}
+        for micro in range(run.accumulation):
+            batch = next(batches)
+            micro_loss = _micro_step(run, batch, last=micro == run.accumulation - 1)
+            loss += micro_loss / run.accumulation
+        record = {"step": done, "tokens": done * run.step_tokens}
         if done % recipe["grad_norm_interval"] == 0 or done == run.steps:
-            record["grad_norm_per_layer"] = _layer_grad_norms(accelerator, run.layers)
-        # max norm inf: no clipping, the norm alone
-        record["grad_norm"] = accelerator.clip_grad_norm_(model.parameters(), recipe["grad_clip"] or math.inf).item()
-        _stop_if_nonfinite(run, record, arm, folder)
-        run.optimizer.step()
-        run.scheduler.step()
-        run.optimizer.zero_grad()
+            record["grad_norm_per_layer"] = run.block_norms()
+        samples = range((done - 1) * run.global_batch_size, done * run.global_batch_size)
+        try:
+            record.update(take_step(run.optimizer, run.scheduler, run.guard, step=done,
+                                    loss=accelerator.reduce(loss, "mean").item(),
+                                    clip=lambda: _clip(run, recipe["grad_clip"]),
+                                    block_norms=lambda: (record.get("grad_norm_per_layer") or run.block_norms(),
+                                                         run.layers),
+                                    samples=samples))
+        except MixLNError as e:
+            found = _checkpoints(folder)
+            last = found[-1][1] if found else "none, the run starts from its source"
+            raise MixLNError(f"{arm}: {e}; training stopped (last good checkpoint: {last})") from None
+        if accelerator.device.type == "cuda":
+            torch.cuda.synchronize()  # a step's time is its kernels', not their launches'
         elapsed = time.perf_counter() - tick
         train_time += elapsed
         record["tokens_per_s"] = run.step_tokens / elapsed
         if done % recipe["eval_interval"] == 0 or done == run.steps:
             record.update(validate(run, recipe["micro_batch_size"]))
-        logged = done % recipe["log_interval"] == 0 or "val_loss" in record or "grad_norm_per_layer" in record
+        logged = (done % recipe["log_interval"] == 0 or "val_loss" in record or "grad_norm_per_layer" in record
+                  or record.get("skipped"))
         if main and (logged or done == run.steps):
             with open(folder / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(record) + "\n")
             accelerator.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=done)
         bar.set_postfix(loss=f"{record['loss']:.4f}")
         if done % recipe["checkpoint_interval"] == 0 and done < run.steps:
-            _save_checkpoint(accelerator, folder, done, recipe["keep_checkpoints"])
+            _save_checkpoint(run, folder, done, recipe["keep_checkpoints"])
     return record, train_time
 
 
-def _stop_if_nonfinite(run: Run, record: dict, arm: str, folder: Path) -> None:
-    """Stop before a non-finite update reaches the weights, naming the step and the first bad block."""
-    for name in ("loss", "grad_norm"):
-        if not math.isfinite(record[name]):
-            found = _checkpoints(folder)
-            last = found[-1][1] if found else "none, the run starts from its source"
-            norms = record.get("grad_norm_per_layer") or _layer_grad_norms(run.accelerator, run.layers)
-            where = nonfinite_blocks(norms, run.layers)
-            raise MixLNError(f"{arm}: {name.replace('_', ' ')} is {record[name]} at step {record['step']}{where}; "
-                             f"training stopped (last good checkpoint: {last})")
+def _micro_step(run: Run, batch: torch.Tensor, last: bool) -> torch.Tensor:
+    """Forward (no KV cache: nothing reads it) and backward of one micro-batch; gradients are
+    synchronized on the last one only."""
+    if run.sharded:
+        run.model.set_requires_gradient_sync(last)
+        loss = run.model(input_ids=batch, labels=batch, use_cache=False).loss
+        (loss / run.accumulation).backward()
+        return loss.detach()
+    with run.accelerator.accumulate(run.model):
+        loss = run.model(input_ids=batch, labels=batch, use_cache=False).loss
+        run.accelerator.backward(loss)
+    return loss.detach()
+
+
+def _clip(run: Run, max_norm: float) -> float:
+    """The global gradient norm, the gradients clipped to ``max_norm`` (0: not clipped)."""
+    if run.sharded:
+        norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), max_norm or math.inf)
+        return (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item()
+    return run.accelerator.clip_grad_norm_(run.model.parameters(), max_norm or math.inf).item()
 
 
 def validate(run: Run, batch_size: int) -> dict:
@@ -210,7 +274,8 @@ def validation_source(data: dict) -> str:
 def save(run: Run, tokenizer, folder: Path) -> None:
     """``folder/final``: a from_pretrained folder of the trained model, with its tokenizer."""
     accelerator = run.accelerator
-    state_dict = accelerator.get_state_dict(run.model)  # gathers FSDP shards onto the main process
+    # gathers the shards onto the main process
+    state_dict = sharded_state_dict(run.model) if run.sharded else accelerator.get_state_dict(run.model)
     if accelerator.is_main_process:
         with atomic_output_dir(folder / "final", force=True) as tmp:
             accelerator.unwrap_model(run.model).save_pretrained(tmp, state_dict=state_dict)
@@ -220,42 +285,11 @@ def save(run: Run, tokenizer, folder: Path) -> None:
     accelerator.wait_for_everyone()
 
 
-def _adamw(model, optim: dict) -> torch.optim.AdamW:
-    # No weight decay on the 1-D norm gains: it would pull the calibrated Post-LN gains toward 0.
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": optim["weight_decay"]},
-              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=optim["lr"], betas=tuple(optim["betas"]), eps=optim["eps"])
-
-
-def _mixed_precision(precision: str) -> str:
+def mixed_precision(precision: str) -> str:
+    """accelerate's name for a recipe's ``precision``."""
     if precision == "auto":
         return "bf16" if torch.cuda.is_available() else "no"
     return {"bf16": "bf16", "fp32": "no"}[precision]
-
-
-def _layer_grad_norms(accelerator: Accelerator, layers) -> list[float]:
-    """L2 norm of each decoder block's parameter gradients. Under FSDP a process holds a shard of
-    every gradient (a DTensor with FSDP2), so the squared norms are summed over processes."""
-    zero = torch.zeros((), device=accelerator.device)
-    squares = torch.stack([
-        sum((getattr(p.grad, "to_local", lambda: p.grad)().float().square().sum()
-             for p in layer.parameters() if p.grad is not None), zero)
-        for layer in layers
-    ])
-    if accelerator.distributed_type == DistributedType.FSDP:
-        squares = accelerator.reduce(squares, "sum")
-    return squares.sqrt().tolist()
-
-
-def nonfinite_blocks(norms: list[float], layers) -> str:
-    """Where a non-finite step went wrong first, for its error message: '' if every block's
-    gradient norm is finite (the loss alone overflowed)."""
-    bad = [i for i, norm in enumerate(norms) if not math.isfinite(norm)]
-    if not bad:
-        return ""
-    kind = "Post-LN" if getattr(layers[bad[0]], "is_post_ln", False) else "Pre-LN"
-    return f" (non-finite gradients in {len(bad)} of {len(norms)} blocks, the first block {bad[0]}, {kind})"
 
 
 CHECKSUMS = "mixln-checksums.json"  # in each checkpoint: every file's size and sha256
@@ -287,12 +321,21 @@ def _file_digests(checkpoint: Path) -> dict:
     return {name: {"bytes": f.stat().st_size, "sha256": hashes[name]} for name, f in files.items()}
 
 
-def _save_checkpoint(accelerator: Accelerator, folder: Path, step: int, keep: int) -> None:
+GUARD_STATE = "step_guard.json"  # in each checkpoint: the loss-spike guard's recent losses
+
+
+def _save_checkpoint(run: Run, folder: Path, step: int, keep: int) -> None:
+    accelerator = run.accelerator
     tmp, final = folder / "checkpoints" / f".step-{step}.tmp", folder / "checkpoints" / f"step-{step}"
     if accelerator.is_main_process and tmp.exists():  # left by a run killed while saving
         shutil.rmtree(tmp)
     accelerator.wait_for_everyone()
-    accelerator.save_state(tmp)
+    if run.sharded:
+        save_sharded(run.model, run.optimizer, run.scheduler, tmp, accelerator.is_main_process)
+    else:
+        accelerator.save_state(tmp)
+    if accelerator.is_main_process:
+        write_atomic(tmp / GUARD_STATE, json.dumps(run.guard.state_dict()) + "\n")
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         # a file damaged in place later (same size, other bytes) is then found before it is loaded
@@ -333,12 +376,13 @@ def _damage(checkpoint: Path) -> str | None:
     return None
 
 
-def _restore(accelerator: Accelerator, folder: Path) -> int:
+def _restore(run: Run, folder: Path) -> int:
     """Load the last checkpoint whose files are the ones saved (checksums, checked by the main
     process for all) and that loads; a damaged one is skipped with a warning. Drops the metrics
     logged after it; returns its step (0: none)."""
     from accelerate.utils import broadcast_object_list
 
+    accelerator = run.accelerator
     step = 0
     for found_step, checkpoint in reversed(_checkpoints(folder)):
         damage = [_damage(checkpoint) if accelerator.is_main_process else None]
@@ -347,7 +391,12 @@ def _restore(accelerator: Accelerator, folder: Path) -> int:
         try:
             if damage[0]:
                 raise MixLNError(damage[0])
-            accelerator.load_state(checkpoint)
+            if run.sharded:
+                load_sharded(run.model, run.optimizer, run.scheduler, checkpoint)
+            else:
+                accelerator.load_state(checkpoint)
+            if (checkpoint / GUARD_STATE).is_file():  # saved before the guard was checkpointed: it starts afresh
+                run.guard.load_state_dict(json.loads((checkpoint / GUARD_STATE).read_text()))
         except Exception as e:  # torch, safetensors and pickle each fail their own way on a damaged file
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             print(f"warning: {checkpoint} is damaged ({first[:200]}); trying the checkpoint before it",
