@@ -257,7 +257,7 @@ def heal(
 
         result = {
             "out": str(out), "post_ln_layers": k, "steps": steps, "tokens": record["tokens"], "loss": loss,
-            "sampled": sampled, "lr": lr, "activation_checkpointing": activation_checkpointing,
+            "sampled": sampled, "lr": lr, "dtype": dtype, "activation_checkpointing": activation_checkpointing,
             "relative_error": {"before": before["val_relative_error"], "after": record["val_relative_error"]},
             "perplexity": {"teacher": teacher_ppl, "before": before["val_ppl"], "after": record["val_ppl"]}
             if perplexity else None,

@@ -560,3 +560,35 @@ def test_an_accelerate_fsdp_config_is_refused_for_the_trainers_own(cli, tiny_lla
     result = cli("train", "smollm2-135m-cpu", *(f"--set={s}" for s in tiny(tiny_llama_tied, corpus)),
                  "--out", tmp_path / "out")
     assert result.exit_code == 1 and "the trainer shards the model itself" in result.output, result.output
+
+
+def test_bf16_runs_convert_heal_and_both_arms(tiny_llama_tied, corpus, tmp_path):
+    """precision: bf16 end to end on CPU (autocast, fp32 masters): the heal follows it, every figure is finite."""
+    sets = tiny(tiny_llama_tied, corpus, steps=3, precision="bf16", **{"heal.tokens": 2 * 4 * 32, "heal.seq_len": 32})
+    summaries = train(load_recipe("smollm2-135m-cpu", sets), tmp_path / "run", progress=False)
+    heal_record = json.loads((tmp_path / "run" / "mixln" / "healed" / "config.json").read_text())
+    assert heal_record["mixln_provenance"]["heal"]["dtype"] == "bf16"
+    for arm, summary in summaries.items():
+        assert summary["precision"] == "bf16"
+        assert all(math.isfinite(summary[key]) for key in ("initial_val_loss", "final_val_loss"))
+        assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in metrics(tmp_path / "run", arm))
+        from safetensors.torch import load_file
+
+        masters = load_file(tmp_path / "run" / arm / "checkpoints" / "step-2" / "model.safetensors")
+        assert {t.dtype for t in masters.values()} == {torch.float32}
+    # the next run in this process chooses its own precision (accelerate's state is per process)
+    fp32 = train(load_recipe("smollm2-135m-cpu", tiny(tiny_llama_tied, corpus, steps=1)), tmp_path / "fp32",
+                 arms=("preln",), progress=False)
+    assert fp32["preln"]["precision"] == "no"
+
+
+@pytest.mark.parametrize("key", ["activation_checkpointing", "compile"])
+def test_speed_and_memory_levers_keep_the_losses(tiny_llama_tied, corpus, tmp_path, key):
+    """Recomputing the blocks' activations, or compiling each block, trains the same model."""
+    sets = tiny(tiny_llama_tied, corpus, steps=2, eval_interval=100, checkpoint_interval=100)
+    plain = train(load_recipe("smollm2-135m-cpu", sets), tmp_path / "plain", arms=("mixln",), progress=False)
+    lever = train(load_recipe("smollm2-135m-cpu", [*sets, f"{key}=true"]), tmp_path / "lever", arms=("mixln",),
+                  progress=False)
+    tol = 1e-6 if key == "activation_checkpointing" else 1e-4  # compiled kernels may fuse in another order
+    assert_same_curve(metrics(tmp_path / "lever", "mixln"), metrics(tmp_path / "plain", "mixln"), tol=tol)
+    assert lever["mixln"]["final_val_loss"] == pytest.approx(plain["mixln"]["final_val_loss"], abs=tol)

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 from accelerate.utils import is_tensorboard_available, set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
@@ -112,6 +113,9 @@ def setup(recipe: dict, folder: Path, source: str, splits: Splits, accumulation:
     sharding is one code path on GPUs and on CPU (gloo) alike, and each arm wraps its own model's
     blocks (an accelerate FSDP plugin outlives its first arm and looks for that arm's block class)."""
     refuse_accelerate_fsdp()
+    # accelerate keeps one AcceleratorState per process: without a reset, the next arm (or run)
+    # would inherit this one's precision and plugins. The process group (PartialState) stays.
+    AcceleratorState._reset_state(reset_partial_state=False)
     accelerator = Accelerator(
         mixed_precision=mixed_precision(recipe["precision"]),
         gradient_accumulation_steps=accumulation,
