@@ -697,6 +697,9 @@ def sweep(src, out, alphas, heal_tokens, train_tokens, data, seeds, eval_tokens,
 @click.option("--sampled", type=Finite(0, 1), default=0.0, show_default=True, metavar="SHARE",
               help="Share of the training sequences the teacher writes itself (sampled from its BOS token at "
                    "temperature 1), the rest from --data: the student also learns the teacher's own text.")
+@click.option("--spike-factor", type=Finite(0, 1000), default=0.0, show_default=True, metavar="X",
+              help="Skip the update of a step whose loss exceeds X times the mean of the last 20 steps' (more than 5 "
+                   "in a row stop the heal); 0: no check. Non-finite losses and gradients always stop it.")
 @click.option("--dtype", type=click.Choice(HEAL_DTYPES), default="fp32", show_default=True,
               help="Of the frozen weights (everything but the Post-LN blocks, which train in fp32); bf16 halves "
                    "them and computes under bf16 autocast.")
@@ -715,8 +718,8 @@ def sweep(src, out, alphas, heal_tokens, train_tokens, data, seeds, eval_tokens,
                    "one copy of the layers they share).")
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard, e.g. 5GB, 500MB.")
 @click.option("--force", is_flag=True, help="Replace a non-empty output folder (never an input).")
-def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, sampled, dtype, activation_checkpointing,
-         eval_tokens, eval_data, perplexity, max_shard_size, force):
+def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, sampled, spike_factor, dtype,
+         activation_checkpointing, eval_tokens, eval_data, perplexity, max_shard_size, force):
     """Heal the Mix-LN checkpoint CONVERTED cheaply: distill only its Post-LN blocks from the
     teacher (with --loss residual a step costs about k/L of a training step). Writes a converted
     checkpoint folder with heal_metrics.jsonl."""
@@ -731,7 +734,8 @@ def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, s
     from .healing import heal as run
 
     result = run(converted, teacher, out, data=data, tokens=tokens, seq_len=seq_len, batch_size=batch_size, lr=lr,
-                 loss=loss, sampled=sampled, dtype=dtype, activation_checkpointing=activation_checkpointing,
+                 loss=loss, sampled=sampled, spike_factor=spike_factor, dtype=dtype,
+                 activation_checkpointing=activation_checkpointing,
                  eval_tokens=eval_tokens, eval_data=eval_data, perplexity=perplexity, max_shard_size=max_shard_size,
                  force=force)
     error = result["relative_error"]

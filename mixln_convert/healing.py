@@ -52,7 +52,7 @@ from .io.loader import open_checkpoint
 from .io.paths import check_destination, check_readable
 from .io.writer import atomic_output_dir, parse_size, tool_stamp, write_atomic, write_checkpoint
 from .limits import (check_fraction, check_nonnegative, check_one_step, check_positive, check_positive_float,
-                     check_seed, check_seq_len)
+                     check_spike_factor, check_seed, check_seq_len)
 from .model.prefix import load_prefix, prefix_names, prefix_of
 from .model.modeling_mixln import enable_checkpointing
 from .model.shared_tail import load_pair
@@ -127,6 +127,7 @@ def heal(
         raise MixLNError("--sampled: the teacher writes the samples with its whole model, which only --loss kl "
                          "or --perplexity loads")
     check_nonnegative("grad_clip", grad_clip)
+    check_spike_factor("--spike-factor", spike_factor)
     check_seed(seed)
     check_one_step(tokens, batch_size, seq_len)
     steps = tokens // (batch_size * seq_len)

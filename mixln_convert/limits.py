@@ -43,6 +43,18 @@ def check_one_step(tokens: int, batch_size: int, seq_len: int) -> None:
         raise MixLNError(f"--tokens: {tokens} is less than one step (--batch-size x --seq-len = {batch_size * seq_len})")
 
 
+SPIKE_FACTORS = "0 (off) or in (1, 1000]"  # a loss spike guard's factor (training/loop.py)
+
+
+def spike_factor_ok(value) -> bool:
+    return _is_number(value) and (value == 0 or 1 < value <= 1000)
+
+
+def check_spike_factor(flag: str, value) -> None:
+    if not spike_factor_ok(value):
+        raise MixLNError(f"{flag}: must be {SPIKE_FACTORS}, got {value!r}")
+
+
 def check_seed(value, flag: str = "--seed") -> None:
     if not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < SEED_LIMIT):
         raise MixLNError(f"{flag}: must be an integer in [0, 2^32), got {value!r}")

@@ -10,7 +10,7 @@ PYTHON=${PYTHON:-python3}
 PIP=".venv/bin/python -m pip --disable-pip-version-check -q"
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1; then
-    $PIP install "torch>=2.4"
+    $PIP install "torch>=2.11"
   elif $PIP install "torch==2.13.0+cpu" 2>/dev/null; then
     :
   else

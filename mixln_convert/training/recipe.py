@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import MixLNError
+from ..limits import SPIKE_FACTORS, spike_factor_ok
 from ..options import EVAL_SEQ_LEN, EVAL_TOKENS, HEAL_BATCH_SIZE, HEAL_LR, HEAL_SEQ_LEN, LOSSES, PRECISIONS, STRATEGIES
 
 SMOLLM2 = "smollm2"  # `source: smollm2` names the embedded default model (the cached GGUF)
@@ -30,7 +31,7 @@ DEFAULTS = {
     # Distil the converted Post-LN blocks from the source before training (mixln-convert heal);
     # tokens 0 skips it.
     "heal": {"tokens": 0, "seq_len": HEAL_SEQ_LEN, "batch_size": HEAL_BATCH_SIZE, "lr": HEAL_LR, "loss": "kl", "sampled": 0.0,
-             "activation_checkpointing": False},
+             "activation_checkpointing": False, "spike_factor": 0.0},  # spike_factor: as guard's, for the heal
     "data": {
         # a tokenized folder (`mixln-convert tokenize`), or text: a file, folder or glob (see `read_texts`),
         # tokenized into the user cache first; None: the embedded corpus's train split
@@ -187,7 +188,8 @@ def _check(r: dict, where: str, origin: dict) -> None:
     number("grad_clip", lambda v: v >= 0, "a number >= 0 (0 disables clipping)")
     number("schedule.min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]")
     number("optim.post_ln_lr_scale", lambda v: 0 < v <= 10, "in (0, 10]")
-    number("guard.spike_factor", lambda v: v == 0 or 1 < v <= 1000, "0 (off) or in (1, 1000]")
+    for key in ("guard.spike_factor", "heal.spike_factor"):
+        number(key, spike_factor_ok, SPIKE_FACTORS)
     number("guard.spike_window", lambda v: 1 <= v <= 10_000, "an integer in [1, 10000]")
     number("guard.max_skips", lambda v: 0 <= v <= 10_000, "an integer in [0, 10000]")
     number("seed", lambda v: 0 <= v < 2**32, "an integer in [0, 2^32)")
