@@ -208,6 +208,18 @@ def test_tied_embeddings_stay_tied(tiny_llama_tied, tiny_convert):
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
 
 
+def test_a_tied_head_saved_anyway_converts_to_the_model_transformers_loads(tiny_llama_tied, tiny_convert, tmp_path):
+    """A tied config over weights holding a head equal to the embeddings is unambiguous: it
+    converts, and at alpha 0 the output computes what the source does. (A head that differs is
+    refused: tests/test_bad_inputs.py, tied-config-separate-head.)"""
+    source = tmp_path / "head-saved"
+    shutil.copytree(tiny_llama_tied, source)
+    state = load_file(source / "model.safetensors")
+    save_file({**state, "lm_head.weight": state["model.embed_tokens.weight"].clone()}, source / "model.safetensors")
+    out = tiny_convert(source, alpha=0.0, strategy="move")
+    assert "lm_head.weight" not in tensors(out) and torch.equal(logits(out), logits(source))
+
+
 def test_sharded_and_bin_sources_convert_like_safetensors(tiny_llama_sharded, tiny_llama_bin, tiny_convert, converted):
     from_bin = tensors(tiny_convert(tiny_llama_bin, "from-bin"))
     assert from_bin.keys() == tensors(converted).keys()

@@ -163,6 +163,19 @@ class FolderCheckpoint(Checkpoint):
         self._headers = {}  # safetensors shard -> {tensor name: header entry with the file offset}
         self.shard_of = self._index()  # tensor name -> shard file
         check_tensors({name: self.shape(name) for name in self.shard_of}, self.config, self.arch, str(self.path))
+        if self.config.get("tie_word_embeddings") and self.arch.lm_head in self.shard_of:
+            self._check_tied_head()
+
+    def _check_tied_head(self) -> None:
+        """A config that ties the head to the embeddings, over weights that hold a head of their
+        own: transformers 5 uses that head where it differs from the embeddings, 4.x the
+        embeddings, so the model would be whatever the loading version makes of it. Refused,
+        unless the head equals the embeddings (a tied head saved anyway)."""
+        head, embed = self.arch.lm_head, self.arch.embed
+        if not torch.equal(self.get(head), self.get(embed)):
+            raise MixLNError(f"{self.path / self.shard_of[head]}: tensor {head} differs from {embed}, but "
+                             f"{self.where} declares tie_word_embeddings true; set it to false to use the head, "
+                             f"or remove {head} to tie")
 
     def check_loadable(self) -> None:
         if not self.__dict__.get("_loadable"):

@@ -15,6 +15,8 @@ REQUIRED_SIZES = ("num_hidden_layers", "hidden_size", "num_attention_heads", "in
 OPTIONAL_SIZES = ("num_key_value_heads", "head_dim", "max_position_embeddings")
 # buffers some older checkpoints saved, which the model recomputes
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+ROPE_KEYS = ("rope_parameters", "rope_scaling")  # transformers 5's name, and the one before it
+DEFAULT_ACTIVATION = "silu"  # LLaMA's
 
 
 def _is_int(value) -> bool:
@@ -56,12 +58,14 @@ def check_config(config, where: str) -> None:
     for key in ("dtype", "torch_dtype"):
         if config.get(key) is not None and config[key] not in FLOAT_DTYPES:
             raise MixLNError(f"{where}: {key} must be one of {', '.join(FLOAT_DTYPES)}, got {config[key]!r}")
-    rope = config.get("rope_parameters")
-    if rope is not None and not isinstance(rope, dict):
-        raise MixLNError(f"{where}: rope_parameters must be an object, got {rope!r}")
-    for key, theta in (("rope_theta", config.get("rope_theta")), ("rope_parameters.rope_theta", (rope or {}).get("rope_theta"))):
-        if theta is not None and not (_is_number(theta) and math.isfinite(theta) and theta > 0):
-            raise MixLNError(f"{where}: {key} must be a positive number, got {theta!r}")
+    check_rope(config, where)
+    activation = config.get("hidden_act", DEFAULT_ACTIVATION)
+    if activation != DEFAULT_ACTIVATION:  # transformers is imported only for a checkpoint that needs it
+        from transformers.activations import ACT2FN
+
+        if not isinstance(activation, str) or activation not in ACT2FN:
+            raise MixLNError(f"{where}: hidden_act {activation!r} is not an activation transformers knows "
+                             f"({', '.join(ACT2FN)})")
     if "post_ln_layers" in config:
         k = config["post_ln_layers"]
         if not (_is_int(k) and 0 <= k <= config["num_hidden_layers"]):
@@ -69,15 +73,54 @@ def check_config(config, where: str) -> None:
                              f"{config['num_hidden_layers']}], got {k!r}")
 
 
-def check_config_loads(config: dict, where: str) -> None:
+def check_rope(config: dict, where: str) -> None:
+    """The rotary embedding as the installed transformers will build it: ``rope_parameters`` (and
+    the older ``rope_scaling``) objects whose type transformers knows, with the fields that type
+    needs (transformers' own check), giving finite frequencies. The default type, most
+    checkpoints', needs nothing of transformers, so a streaming conversion does not import it."""
+    for key in ROPE_KEYS:
+        if config.get(key) is not None and not isinstance(config[key], dict):
+            raise MixLNError(f"{where}: {key} must be an object, got {config[key]!r}")
+    for key, theta in (("rope_theta", config.get("rope_theta")),
+                       *((f"{key}.rope_theta", (config.get(key) or {}).get("rope_theta")) for key in ROPE_KEYS)):
+        if theta is not None and not (_is_number(theta) and math.isfinite(theta) and theta > 0):
+            raise MixLNError(f"{where}: {key} must be a positive number, got {theta!r}")
+    for key in ROPE_KEYS:
+        rope = config.get(key)
+        if rope is None:
+            continue
+        field = "rope_type" if "rope_type" in rope else "type"  # "type": the name before transformers 4.45
+        kind = rope.get(field, "default")
+        if kind == "default":
+            continue
+        import torch
+        from transformers import __version__
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        if not isinstance(kind, str) or kind not in ROPE_INIT_FUNCTIONS:
+            raise MixLNError(f"{where}: {key}.{field} {kind!r} is not a rope type transformers {__version__} "
+                             f"knows (default, {', '.join(ROPE_INIT_FUNCTIONS)})")
+        built = check_config_loads(config, where)
+        try:  # what the model's rotary embedding computes when it is built
+            frequencies, scaling = ROPE_INIT_FUNCTIONS[kind](built, "cpu")
+            ok = bool(torch.isfinite(frequencies).all() and (frequencies > 0).all()) and math.isfinite(scaling)
+        except Exception as e:  # a field of the wrong type fails inside transformers in many ways
+            ok, scaling = False, f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+        if not ok:
+            raise MixLNError(f"{where}: {key} {rope}: transformers cannot compute the rotary frequencies of "
+                             f"this {kind} rope ({scaling})")
+
+
+def check_config_loads(config: dict, where: str):
     """What transformers itself checks when it builds the config (rope scaling keys, layer types,
-    initializer range, ...), as a one-line error naming ``where``, before any model is built."""
+    initializer range, ...), as a one-line error naming ``where``, before any model is built;
+    returns transformers' config."""
     from transformers import AutoConfig
 
     from ..model import register  # noqa: F401  (the Mix-LN config class, for a converted checkpoint)
 
     try:
-        AutoConfig.for_model(**config)
+        return AutoConfig.for_model(**config)
     except Exception as e:  # transformers raises KeyError, ValueError and its own validation errors
         detail = " ".join(str(e).strip().split())[:300] or type(e).__name__
         raise MixLNError(f"{where}: transformers refuses this config: {detail}") from None
