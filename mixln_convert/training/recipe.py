@@ -106,8 +106,11 @@ def _assign(recipe: dict, dotted: str, value, where: str) -> None:
         node = node.get(part)
         if not isinstance(node, dict):
             raise MixLNError(f"{where}: unknown key {dotted!r}")
-    if leaf not in node or isinstance(node[leaf], dict):
+    if leaf not in node:
         raise MixLNError(f"{where}: unknown key {dotted!r}")
+    if isinstance(node[leaf], dict):
+        keys = ", ".join(f"{dotted}.{key}" for key in _flatten(node[leaf]))
+        raise MixLNError(f"{where}: {dotted!r} is a section, not a key: set one of {keys}")
     node[leaf] = value
 
 
@@ -221,20 +224,29 @@ def shipped_recipes(folder=RECIPES) -> dict[str, str]:
 
 
 def shipped_file(name: str) -> Path:
-    """Path of a shipped recipe (``smollm2-135m-cpu``) or accelerate config (``accelerate/fsdp``)."""
-    for candidate in (RECIPES / f"{name}.yaml", RECIPES / "accelerate" / f"{name}.yaml"):
-        if candidate.is_file():
-            return Path(str(candidate))
-    names = ", ".join([*shipped_recipes(), *(f"accelerate/{name}" for name in shipped_recipes(RECIPES / "accelerate"))])
-    raise MixLNError(f"{name}: neither a recipe file nor a shipped recipe or config ({names})")
+    """Path of a shipped recipe (``smollm2-135m-cpu``) or accelerate config (``fsdp`` or
+    ``accelerate/fsdp``). Only listed names: a name is never a path (``../tasks/x`` would reach
+    a package file that is neither)."""
+    recipes, configs = shipped_recipes(), shipped_recipes(RECIPES / "accelerate")
+    if name in recipes:
+        return Path(str(RECIPES / f"{name}.yaml"))
+    if name.removeprefix("accelerate/") in configs:
+        return Path(str(RECIPES / "accelerate" / f"{name.removeprefix('accelerate/')}.yaml"))
+    names = ", ".join([*recipes, *(f"accelerate/{config}" for config in configs)])
+    raise MixLNError(f"{name}: not a shipped recipe or config ({names})")
 
 
 def recipe_path(name_or_path) -> Path:
-    """A recipe argument: a YAML file that exists, else the name of a shipped recipe."""
+    """A recipe argument: a file that exists, or a path the user meant as one (named in the
+    error when it cannot be read), else the name of a shipped recipe (accelerate configs are
+    not recipes)."""
     path = Path(os.path.expanduser(str(name_or_path)))
     if path.is_file() or path.suffix in (".yaml", ".yml") or os.sep in str(name_or_path):
         return path
-    return shipped_file(str(name_or_path))
+    recipes = shipped_recipes()
+    if str(name_or_path) not in recipes:
+        raise MixLNError(f"{name_or_path}: neither a recipe file nor a shipped recipe ({', '.join(recipes)})")
+    return Path(str(RECIPES / f"{name_or_path}.yaml"))
 
 
 def load_recipe(path, overrides=()) -> dict:
