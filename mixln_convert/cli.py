@@ -17,7 +17,7 @@ import click
 from . import __version__
 from .errors import MixLNError
 from .io.paths import check_destination, check_not_input, check_readable
-from .limits import MAX_PROCESSES, check_one_step
+from .limits import MAX_PROCESSES, check_one_step, check_processes
 from .options import (DEMO_EVAL_TOKENS, DEMO_TRAIN_TOKENS, DEVICES, DTYPES, EVAL_SEQ_LEN, EVAL_TOKENS, HEAL_BATCH_SIZE,
                       HEAL_DTYPES, HEAL_LR, HEAL_SEQ_LEN, LOSSES, METHODS, STRATEGIES, TRAINING_STRATEGIES, measured_on)
 
@@ -205,6 +205,7 @@ def convert(src, dst, alpha, post_ln_layers, strategy, scaled_init, calibration_
                       calibration_data=calibration_data, calibration_tokens=calibration_tokens,
                       calibration_seq_len=calibration_seq_len, max_shard_size=max_shard_size, dtype=dtype, seed=seed)
     if heal_tokens:
+        _refuse_heal_without_post_ln(src, alpha, post_ln_layers)
         from .pipeline import convert_and_heal
 
         result = convert_and_heal(src, dst, heal_tokens=heal_tokens, heal_data=heal_data, force=force, **conversion)
@@ -222,6 +223,20 @@ def convert(src, dst, alpha, post_ln_layers, strategy, scaled_init, calibration_
     if strategy in ("move", "reinit-post", "scratch"):
         click.echo(f"note: a {strategy} conversion is not usable before training (its perplexity is in the "
                    "thousands); the default calibrated strategy stays close to the original's without training", err=True)
+
+
+def _refuse_heal_without_post_ln(src, alpha, post_ln_layers) -> None:
+    """A heal trains the Post-LN blocks only: a conversion that makes none leaves nothing to heal,
+    which is said before converting, not after."""
+    from .conversion.layout import post_ln_count
+    from .io.loader import open_checkpoint
+
+    layers = open_checkpoint(src).config["num_hidden_layers"]
+    if post_ln_count(layers, alpha, post_ln_layers) == 0:
+        given = (f"--post-ln-layers {post_ln_layers}" if post_ln_layers is not None else
+                 f"--alpha {alpha:g}" if alpha is not None else "the default --alpha")
+        raise MixLNError(f"--heal-tokens: {given} makes no block Post-LN (of {layers}), so there is nothing to "
+                         "heal; convert without --heal-tokens, or make some blocks Post-LN")
 
 
 _TASKS_HELP = ("lm-evaluation-harness tasks (`pip install 'mixln-convert[eval]'`): the shipped offline "
@@ -366,6 +381,8 @@ def tokenize(data, tokenizer_ckpt, out, validation, validation_fraction, num_pro
     _must_exist(data, "DATA")
     _must_exist(tokenizer_ckpt, "--tokenizer")
     _must_exist(validation, "--validation")
+    if num_proc is not None:
+        check_processes("--num-proc", num_proc)
     inputs = {"DATA": data, "--tokenizer": tokenizer_ckpt, "--validation": validation}
     target = check_not_input(out, inputs, "--out")
     from .data.shards import MANIFEST

@@ -14,8 +14,12 @@ import copy
 import importlib.util
 import logging
 from contextlib import contextmanager
+from pathlib import Path
+
+import yaml
 
 from .errors import MixLNError
+from .limits import check_task_count
 
 INSTALL = "pip install 'mixln-convert[eval]'"
 
@@ -31,7 +35,9 @@ def parse_tasks(text: str, flag: str) -> list[str]:
     names = [name.strip() for name in text.split(",")]
     if not all(names):
         raise MixLNError(f"{flag}: {text!r} holds an empty task name (give NAME[,NAME...])")
-    return list(dict.fromkeys(names))
+    names = list(dict.fromkeys(names))
+    check_task_count(flag, names)
+    return names
 
 
 def task_manager(names: list[str], include_path=None, flag: str = "--tasks"):
@@ -47,12 +53,35 @@ def task_manager(names: list[str], include_path=None, flag: str = "--tasks"):
         if not set(names) <= set(manager.all_tasks):
             manager = TaskManager(include_path=paths)
     unknown = [name for name in names if name not in manager.all_tasks]
+    if unknown and include_path:
+        _check_task_files(include_path)
     if unknown:
         from .tasks import SHIPPED_TASKS
 
         raise MixLNError(f"{flag}: unknown task {', '.join(unknown)} (shipped: {', '.join(SHIPPED_TASKS)}; "
                          "lm-eval's own: `lm_eval ls tasks`; your own YAML: --include-path DIR)")
     return manager
+
+
+class _TaskLoader(yaml.SafeLoader):
+    """YAML as lm-eval reads a task file, its tags (``!function``) left unresolved."""
+
+
+_TaskLoader.add_multi_constructor("!", lambda loader, tag, node: None)
+
+
+def _check_task_files(folder) -> None:
+    """lm-eval skips a task file it cannot parse without a word, and its tasks are then merely
+    unknown: name the file instead."""
+    for path in sorted(p for p in Path(folder).rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file()):
+        try:
+            parsed = yaml.load(path.read_text(), Loader=_TaskLoader)  # noqa: S506 (a safe loader)
+            why = None if isinstance(parsed, dict) else f"a {type(parsed).__name__}, not a mapping of keys"
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+            why = " ".join(str(e).split())[:200]
+        if why:
+            raise MixLNError(f"--include-path: {path}: malformed YAML ({why}); lm-eval skips such "
+                             "a file, so the tasks it defines are unknown")
 
 
 @contextmanager

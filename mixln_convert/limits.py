@@ -2,6 +2,7 @@
 naming the flag or key. No torch here: commands check their numbers before any work."""
 
 import math
+import os
 
 from .errors import MixLNError
 
@@ -69,3 +70,44 @@ def check_seq_len(flag: str, seq_len: int, config: dict, opt_in: str | None = No
     if limit and seq_len > limit and not allow_longer:
         hint = f" ({opt_in} to use it anyway)" if opt_in else ""
         raise MixLNError(f"{flag}: {seq_len} exceeds the model's max_position_embeddings {limit}{hint}")
+
+
+# Upper bounds of the counts a user gives, checked where they enter: a count past its bound
+# would run for days, hang building plans, or start processes until the system refuses.
+MAX_SEEDS = 100  # seeds per arm: each trains every arm once more
+MAX_ALPHAS = 100  # sweep alphas: they give at most L + 1 distinct block counts anyway
+MAX_TASKS = 256  # downstream tasks: each is an lm-eval evaluation of its own
+
+
+def check_at_most(flag: str, value: int, limit: int, why: str, counted: str | None = None) -> None:
+    """``value`` (a number given, or with ``counted`` the number of items given, e.g. "tasks")
+    at most ``limit``; ``why`` says what a larger one would cost."""
+    if value > limit:
+        given = f"{value} {counted}, more than {limit}" if counted else f"{value} is more than {limit}"
+        raise MixLNError(f"{flag}: {given} ({why})")
+
+
+def check_seeds(flag: str, seeds: int) -> None:
+    check_positive(flag, seeds)
+    check_at_most(flag, seeds, MAX_SEEDS, "each seed trains every arm once more")
+
+
+def check_alpha_count(flag: str, alphas: list) -> None:
+    check_at_most(flag, len(alphas), MAX_ALPHAS, "they give at most one more block count than the model has "
+                                                 "blocks", "values")
+
+
+def check_task_count(flag: str, names: list) -> None:
+    check_at_most(flag, len(names), MAX_TASKS, "each is an lm-eval evaluation of its own", "tasks")
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its affinity, e.g. a job's share), not the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def check_processes(flag: str, value: int) -> None:
+    """Worker processes of a CPU-bound job: more than the available cores only add memory (each
+    holds a tokenizer) and, past the system's process limit, fail to start."""
+    check_at_most(flag, value, available_cores(), "the cores available to this process; more workers only add "
+                                                   "memory")

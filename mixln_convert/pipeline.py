@@ -7,6 +7,7 @@ demo run it. Each stage is the function its command runs; this module only chain
 - :func:`run_demo`: SmolLM2-135M (or ``source``) through every stage into one report.
 """
 
+import json
 import shutil
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from .limits import check_seq_len
 from .options import DEMO_EVAL_TOKENS, DEMO_TRAIN_TOKENS, EVAL_DATA, HEAL_BATCH_SIZE, HEAL_SEQ_LEN
 
 ARMS = ("mixln", "preln")
+DATA_RECORD = "data.json"  # a run's {data file: sha256}, which --resume must find unchanged
 DEMO_RECIPE = "smollm2-135m-cpu"  # shipped with the package
 
 
@@ -164,6 +166,7 @@ def _claim(out: Path, recipe: dict, resume: bool) -> bool:
             raise MixLNError(f"{saved}: damaged; it holds the recipe --resume must match") from None
         if started_with != recipe:
             raise MixLNError(f"{out}: --resume needs the recipe the run started with, and {saved} differs")
+        _check_data(out, recipe)
         return False
     if out.is_dir() and any(out.iterdir()):
         raise MixLNError(f"{out}: exists, is not empty and holds no training run; choose another --out")
@@ -171,12 +174,39 @@ def _claim(out: Path, recipe: dict, resume: bool) -> bool:
 
 
 def _record_recipe(out: Path, recipe: dict, state) -> None:
-    """The main process writes the resolved recipe that --resume compares with."""
+    """The main process writes the resolved recipe and data fingerprint that --resume compares with."""
+    from .data import data_fingerprint
+
     saved = out / "recipe.yaml"
     state.wait_for_everyone()  # every process has checked before the main one writes
     if state.is_main_process and not saved.is_file():
         out.mkdir(parents=True, exist_ok=True)
         write_atomic(saved, yaml.safe_dump(recipe, sort_keys=False))
+    if state.is_main_process and not (out / DATA_RECORD).is_file():  # also for a run from before the record
+        write_atomic(out / DATA_RECORD, json.dumps(data_fingerprint(recipe["data"]), indent=1) + "\n")
+
+
+def _check_data(out: Path, recipe: dict) -> None:
+    """A resumed run reads the data it started with: the recipe names the same paths, and
+    ``DATA_RECORD`` holds what they held (a run from before the record has none to compare)."""
+    from .data import data_fingerprint
+
+    record = out / DATA_RECORD
+    if not record.is_file():
+        return
+    try:
+        started_with = json.loads(record.read_text())
+    except (OSError, ValueError):
+        raise MixLNError(f"{record}: damaged; it holds the data fingerprint --resume must match") from None
+    now = data_fingerprint(recipe["data"])
+    for file in sorted(set(started_with) | set(now)):
+        if started_with.get(file) != now.get(file):
+            how = ("is gone since the run started" if file not in now
+                   else "was not part of the data when the run started" if file not in started_with
+                   else f"changed since the run started (sha256 {now[file][:12]}, {record.name} says "
+                        f"{started_with[file][:12]})")
+            raise MixLNError(f"{file}: {how}; --resume continues on the data the run started with: restore it, "
+                             "or start a new run with another --out")
 
 
 def _finished(folder: Path, arm: str) -> dict:

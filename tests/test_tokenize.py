@@ -110,7 +110,7 @@ def test_explicit_validation_documents_never_train(corpus, tokenizer, tmp_path):
     rest = [d for d in docs if d not in set(docs[:5])]
     assert manifest["splits"]["validation"]["documents"] == 5 and manifest["splits"]["train"]["documents"] == len(rest)
     assert manifest["sources"][0] == {"role": "validation", "path": str(given), "bytes": given.stat().st_size,
-                                      "mtime_ns": given.stat().st_mtime_ns}
+                                      "sha256": file_sha256(given)}
     assert np.array_equal(stream(out, tokenizer, "train"), token_ids(tokenizer, rest))
     assert np.array_equal(stream(out, tokenizer, "validation"), token_ids(tokenizer, docs[:5]))
 
@@ -329,3 +329,52 @@ def test_the_sampler_holds_nothing_the_size_of_the_corpus():
     data = PackedBlocks(Huge(), 3 * 10**12, seed=0)
     first, later = data[0], data[2 * 10**12 + 5]  # the third pass
     assert first.shape == (4,) and later.shape == (4,) and not np.array_equal(first.numpy(), later.numpy())
+
+
+def test_an_edit_that_keeps_size_and_date_is_other_text(tmp_path, tokenizer):
+    """Sources are recorded by content: text edited in place to the same size, its date put back,
+    is not the tokenization made before (a token cache keyed on size and date reused it)."""
+    from mixln_convert.data.tokenization import settings
+
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox " * 50)
+    before = settings(tokenizer, text)
+    stat = text.stat()
+    text.write_text("the quick brown box " * 50)
+    os.utime(text, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert text.stat().st_size == stat.st_size and settings(tokenizer, text) != before
+
+
+def test_a_run_needing_the_token_cache_another_run_writes_waits_and_shares_it(corpus, tokenizer, tmp_path,
+                                                                            monkeypatch):
+    """Two trains on the same text: the second waits while the first holds the cache folder's
+    lock, then reads what it wrote (it used to fail, calling the cache folder its --out). The
+    `tokenize` command, whose --out is the user's, still refuses at once."""
+    import threading
+
+    from mixln_convert.data.stream import load_splits
+    from mixln_convert.errors import MixLNError
+    from mixln_convert.io.atomic import try_lock
+
+    monkeypatch.setenv("MIXLN_CONVERT_CACHE", str(tmp_path / "cache"))
+    data = {"train": str(corpus), "validation": None, "validation_fraction": 0.1, "eval_tokens": 64, "num_proc": 0}
+    load_splits(data, tokenizer, 512, progress=False)  # where the cache folder of these settings is
+    (folder,) = (tmp_path / "cache" / "tokens").iterdir()
+    written = {p.name: p.read_bytes() for p in folder.iterdir()}
+    os.rename(folder, tmp_path / "aside")
+    partial = folder.with_name(f".{folder.name}.partial")
+    partial.mkdir()
+    lock = try_lock(partial)  # the first run, tokenizing
+    with pytest.raises(MixLNError, match=f"--out {folder}: another run is writing it"):
+        tokenize(corpus, tokenizer, folder, validation_fraction=0.1, progress=False,
+                 max_tokens=512, max_validation_tokens=64)
+    found = []
+    second = threading.Thread(target=lambda: found.append(load_splits(data, tokenizer, 512, progress=False)))
+    second.start()
+    second.join(timeout=2)
+    assert second.is_alive() and not found  # waiting, not failing
+    os.rename(tmp_path / "aside", folder)  # the first run finishes: its folder in place, its lock released
+    partial.rmdir()
+    os.close(lock)
+    second.join(timeout=60)
+    assert len(found) == 1 and {p.name: p.read_bytes() for p in folder.iterdir()} == written

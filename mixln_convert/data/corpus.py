@@ -200,6 +200,13 @@ def source_files(source) -> list[Path]:
     return _files(str(source))
 
 
+def check_text(source, flag: str) -> None:
+    """Every document of ``source`` (a file, folder or glob) read and decoded once, none kept: a
+    command that writes before it reads its text (sweep, study) refuses a bad file first."""
+    if not sum(1 for f in source_files(source) for _ in file_documents(f)):
+        raise MixLNError(f"{flag} {source}: no text found (empty file or all documents empty)")
+
+
 def read_texts(source=None, split: str = "validation") -> list[str]:
     """Documents from `source`: None (the embedded corpus's `split`), a file, a folder or a glob.
 

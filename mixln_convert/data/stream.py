@@ -12,14 +12,17 @@ import os
 import sys
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from ..errors import MixLNError
 from ..fetch import cache_dir
-from .corpus import token_ids
-from .shards import ShardBlocks, TokenShards, check_shards, is_tokens_folder, read_manifest
-from .tokenization import settings, tokenize, tokenizer_fingerprint
+from ..limits import check_processes
+from ..io.paths import resolved
+from .corpus import source_files, token_ids
+from .shards import MANIFEST, ShardBlocks, TokenShards, check_shards, is_tokens_folder, read_manifest
+from .tokenization import settings, source_sha256, tokenize, tokenizer_fingerprint
 
 
 @dataclass
@@ -90,12 +93,28 @@ def load_splits(data: dict, tokenizer, train_tokens: int, progress: bool = True)
         key = hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()
         folder = cache_dir() / "tokens" / key[:32]
         if not is_tokens_folder(folder):
+            if data["num_proc"]:
+                check_processes("data.num_proc", data["num_proc"])
+            # runs on the same text share the folder: a second one waits for the first to finish it
             tokenize(data["train"], tokenizer, folder, validation=data["validation"],
                      validation_fraction=data["validation_fraction"], num_proc=data["num_proc"],
                      max_tokens=train_tokens, max_validation_tokens=data["eval_tokens"], force=True,
-                     progress=progress)
+                     progress=progress, wait=True, named=f"the token cache {folder} of data.train")
     train, validation = open_tokens(folder, tokenizer)
     return Splits(train=train, validation=np.asarray(validation[: data["eval_tokens"]]))
+
+
+def data_fingerprint(data: dict) -> dict[str, str]:
+    """{file: sha256} of every file a recipe's ``data`` section reads: its text files, or a
+    tokenized folder's manifest (which holds each shard's sha256). A resumed run must find them
+    unchanged."""
+    found = {}
+    for key in ("train", "validation"):
+        source = data[key]
+        if source is not None:
+            files = [Path(source) / MANIFEST] if is_tokens_folder(source) else source_files(source)
+            found.update({str(resolved(f)): source_sha256(f) for f in files})
+    return found
 
 
 class PackedBlocks:

@@ -21,6 +21,7 @@ import shutil
 import signal
 import sys
 from collections import deque
+from functools import lru_cache
 from itertools import chain
 from pathlib import Path
 
@@ -28,11 +29,11 @@ import numpy as np
 from tqdm import tqdm
 
 from ..errors import MixLNError
-from ..io.atomic import replace_dir, try_lock, write_atomic, write_failure
+from ..io.atomic import replace_dir, try_lock, wait_for_lock, write_atomic, write_failure
 from ..io.paths import resolved
 from .corpus import embedded_corpus, file_documents, source_files
-from .shards import (FORMAT, MANIFEST, TOKEN_SPLITS, VERSION, ShardWriter, check_shards, read_manifest,
-                     token_dtype)
+from .shards import (FORMAT, MANIFEST, TOKEN_SPLITS, VERSION, ShardWriter, check_shards, file_sha256,
+                     read_manifest, token_dtype)
 
 SHARD_TOKENS = 2**25  # 32M tokens: 64 MiB of uint16 a shard
 CHUNK_CHARS = 2**20  # text per worker task: small enough to bound memory, large enough to amortize a task
@@ -133,7 +134,12 @@ def _results(tasks, workers: int, initargs: tuple):
         _init_worker(*initargs)
         yield from map(_encode_chunk, tasks)
         return
-    with multiprocessing.get_context("spawn").Pool(workers, _init_worker, initargs) as pool:
+    try:
+        pool = multiprocessing.get_context("spawn").Pool(workers, _init_worker, initargs)
+    except OSError as e:  # the system's process or memory limit: the cause is the count, not the disk
+        raise MixLNError(f"cannot start {workers} tokenizing processes ({e.strerror or e}); ask for fewer "
+                         "(--num-proc, data.num_proc)") from None
+    with pool:
         pending = deque()
         for task in tasks:
             pending.append(pool.apply_async(_encode_chunk, (task,)))
@@ -155,13 +161,27 @@ def _inputs(train, validation) -> list[tuple[str, object, dict]]:
             split = "train" if role == "train" else "validation"
             digest = hashlib.sha256("\0".join(embedded_corpus(split)).encode()).hexdigest()
             return [(role, split, {"embedded": split, "sha256": digest})]
-        files = source_files(source)
-        return [(role, f, {"path": str(resolved(f)), "bytes": f.stat().st_size, "mtime_ns": f.stat().st_mtime_ns})
-                for f in files]
+        # the content, not the date: an edit that keeps the date (a copy with -p, rsync -t), or a
+        # resumed training run over a file edited in place, is seen as the other text it is
+        return [(role, f, {"path": str(resolved(f)), "bytes": f.stat().st_size, "sha256": source_sha256(f)})
+                for f in source_files(source)]
 
     explicit = validation is not None or train is None
     return [*(described(validation, "validation") if explicit else []),
             *described(train, "train" if explicit else "held_out")]
+
+
+def source_sha256(path: Path) -> str:
+    """sha256 of a source file's content, read once per process while the file stays as it was (a
+    training run fingerprints its data, then keys the token cache on it). The status change time
+    is in the key: every write changes it, and unlike the modification time no user can set it back."""
+    stat = path.stat()
+    return _sha256_of(str(resolved(path)), stat.st_size, stat.st_ctime_ns, stat.st_ino)
+
+
+@lru_cache(maxsize=4096)
+def _sha256_of(path: str, size: int, ctime_ns: int, inode: int) -> str:
+    return file_sha256(Path(path))
 
 
 def _documents(item) -> object:
@@ -190,8 +210,9 @@ def _chunks(inputs, start: tuple[int, int]):
 def settings(tokenizer, train, validation=None, validation_fraction: float = 0.01, seq_len: int | None = None,
              shard_tokens: int = SHARD_TOKENS, max_tokens: int | None = None,
              max_validation_tokens: int | None = None) -> dict:
-    """What decides a tokenized folder's content: equal settings, equal shards. Reads file sizes and
-    dates, never the text (the embedded corpus aside, which is small)."""
+    """What decides a tokenized folder's content: equal settings, equal shards. Each source file is
+    recorded by its size and the sha256 of its whole content (one read, a fraction of what
+    tokenizing it costs)."""
     if seq_len is not None:
         if seq_len > shard_tokens:
             raise MixLNError(f"--seq-len {seq_len} is more than --shard-tokens {shard_tokens}")
@@ -246,32 +267,44 @@ def _resumed(partial: Path, key: str, writers: dict) -> tuple[tuple[int, int], d
 
 def tokenize(train, tokenizer, out, *, validation=None, validation_fraction: float = 0.01, num_proc: int = 0,
              seq_len: int | None = None, shard_tokens: int = SHARD_TOKENS, max_tokens: int | None = None,
-             max_validation_tokens: int | None = None, force: bool = False, progress: bool = True) -> dict:
+             max_validation_tokens: int | None = None, force: bool = False, progress: bool = True,
+             wait: bool = False, named: str | None = None) -> dict:
     """Tokenize the documents of ``train`` (a file, folder or glob; None: the embedded corpus) into the
     tokenized folder ``out``; returns its manifest. ``validation`` (a source) is the validation split,
     else a ``validation_fraction`` of the training documents held out by content hash; training
     never sees a validation document. ``max_tokens``/``max_validation_tokens`` stop once both splits
     have that many. ``num_proc`` worker processes tokenize (0: one per core for input over 16 MiB,
-    else none). ``out`` is written only when complete; an interrupted run resumes."""
+    else none). ``out`` is written only when complete; an interrupted run resumes. Another run
+    writing ``out`` is an error, or with ``wait`` (a shared cache) waited for, and its folder
+    used. Messages call ``out`` ``named`` (default: ``--out OUT``)."""
     out = resolved(out)
+    named = named or f"--out {out}"
     wanted = settings(tokenizer, train, validation, validation_fraction, seq_len, shard_tokens, max_tokens,
                       max_validation_tokens)
-    try:
-        if up_to_date(out, wanted):
-            return read_manifest(out)
-    except MixLNError:
-        if not force:  # a damaged folder: --force rebuilds it
-            raise
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
-        raise MixLNError(f"--out {out}: exists and is not empty (use --force to replace it)")
     partial = out.with_name(f".{out.name}.partial")
-    try:
-        partial.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise MixLNError(f"--out {out}: cannot write the output folder ({e.strerror})") from None
-    lock = try_lock(partial)
-    if lock is None:
-        raise MixLNError(f"--out {out}: another run is writing it ({partial} is locked)")
+    while True:  # until the folder is there, made by another run, or this run holds the lock to write it
+        try:
+            if up_to_date(out, wanted):
+                return read_manifest(out)
+        except MixLNError:
+            if not force:  # a damaged folder: --force rebuilds it
+                raise
+        if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+            raise MixLNError(f"{named}: exists and is not empty (use --force to replace it)")
+        try:
+            partial.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise MixLNError(f"{named}: cannot write the output folder ({e.strerror})") from None
+        lock = try_lock(partial)
+        if lock is not None and _same_folder(lock, partial):
+            break
+        if lock is not None:  # the folder locked was renamed into place or removed meanwhile: look again
+            os.close(lock)
+            continue
+        if not wait:
+            raise MixLNError(f"{named}: another run is writing it ({partial} is locked)")
+        print(f"waiting for another run to finish tokenizing the same text ({partial})", file=sys.stderr)
+        wait_for_lock(partial)
     try:
         return _build(wanted, out, partial, Encoder(tokenizer), train, validation, num_proc, progress)
     except MixLNError:  # bad input: a rerun needs other input, so nothing of this run can resume
@@ -281,6 +314,14 @@ def tokenize(train, tokenizer, out, *, validation=None, validation_fraction: flo
         raise MixLNError(write_failure(out, e, partial, kept=True)) from None
     finally:
         os.close(lock)
+
+
+def _same_folder(fd: int, path: Path) -> bool:
+    """Whether the open folder ``fd`` is still the one at ``path``."""
+    try:
+        return os.fstat(fd).st_ino == os.stat(path).st_ino
+    except OSError:
+        return False
 
 
 def _build(wanted, out: Path, partial: Path, encoder: Encoder, train, validation, num_proc: int,

@@ -41,6 +41,21 @@ def try_lock(folder: Path) -> int | None:
         return None
 
 
+def wait_for_lock(folder: Path) -> None:
+    """Block until no process holds ``folder``'s lock (:func:`try_lock`), or return at once where
+    the folder is gone or this system has no such locks."""
+    if fcntl is None:
+        return
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    finally:
+        os.close(fd)
+
+
 def _remove_stale_temporaries(dst: Path) -> None:
     """Remove the temporary folders of ``dst`` whose run is gone (their lock died with it); a
     run to the same DST that is still going holds its lock and is left alone."""
