@@ -21,11 +21,12 @@ import statistics
 import time
 from pathlib import Path
 
+from .data.corpus import check_text
 from .data.shards import is_tokens_folder
 from .errors import MixLNError
-from .io.paths import check_destination
+from .io.runs import claim_run, record_run
 from .io.writer import write_atomic
-from .limits import check_positive
+from .limits import check_positive, check_seeds
 
 SCHEMES = {"scaled": True, "plain": False}  # scheme name -> conversion.scaled_init
 CLAIMS = {  # claim -> (figure, the direction the paper claims for Mix-LN against Pre-LN)
@@ -53,12 +54,13 @@ def study(source, out, *, recipe: str = RECIPE, overrides=(), alpha: float = 0.2
     max_tokens, lr, intervals); ``source`` gives the model's shape and tokenizer, its weights are
     not used."""
     from .analysis.analyze import analyze
+    from .io.loader import open_checkpoint
     from .pipeline import train
     from .report.inputs import read_analysis
     from .report.study import write_study_report
     from .training import load_recipe
 
-    check_positive("--seeds", seeds)
+    check_seeds("--seeds", seeds)
     check_positive("--eval-tokens", eval_tokens)
     if not 0 < alpha < 1:
         raise MixLNError(f"--alpha: {alpha} is not in (0, 1): the Mix-LN arm needs Post-LN and Pre-LN blocks")
@@ -66,15 +68,26 @@ def study(source, out, *, recipe: str = RECIPE, overrides=(), alpha: float = 0.2
     if unknown or not schemes:
         raise MixLNError(f"--init: unknown scheme {unknown[0] if unknown else '(none)'!r} (choose from "
                          f"{', '.join(SCHEMES)})")
+    twice = [s for i, s in enumerate(schemes) if s in schemes[:i]]
+    if twice:  # its runs would share one folder
+        raise MixLNError(f"--init: {twice[0]!r} is given twice")
     out = Path(out).absolute()
-    if not resume:
-        check_destination(out, {"SRC": source}, force=False, flag="--out")
     plans = [  # every run's recipe first: a bad override is refused before any training
         (scheme, seed, name, engine_arm, out / scheme / f"seed-{seed}" / _slug(name),
          load_recipe(recipe, [*overrides, f"source={source}", "conversion.strategy=scratch",
                               f"conversion.alpha={arm_alpha}", f"conversion.scaled_init={SCHEMES[scheme]}",
                               f"seed={seed}"]))
         for scheme in schemes for seed in range(seeds) for name, (engine_arm, arm_alpha) in arms_for(alpha, post_ln).items()]
+    data = plans[0][5]["data"]
+    for key in ("train", "validation"):  # the runs read it only at their turn, after earlier runs wrote theirs
+        if data[key] is not None and not is_tokens_folder(data[key]):
+            check_text(data[key], f"data.{key}")
+    settings = {"SRC": str(Path(source).absolute()), "SRC's files": open_checkpoint(source).fingerprint(),
+                "--recipe and --set": plans[0][5], "--alpha": alpha, "--seeds": seeds, "--init": list(schemes),
+                "--post-ln": post_ln, "--eval-tokens": eval_tokens}
+    claim_run(out, "study", settings, {"SRC": source}, resume, force_hint=False)
+    out.mkdir(parents=True, exist_ok=True)
+    record_run(out, "study", settings)
     started = time.time()
     runs = []
     for scheme, seed, name, engine_arm, folder, run_recipe in plans:
@@ -87,7 +100,6 @@ def study(source, out, *, recipe: str = RECIPE, overrides=(), alpha: float = 0.2
                                seq_len=run_recipe["seq_len"], max_tokens=eval_tokens, progress=progress)
         runs.append({"scheme": scheme, "seed": seed, "arm": name, "folder": str(folder),
                      **measure(folder / engine_arm, summary, analysis)})
-    data = plans[0][5]["data"]
     result = {"source": str(source), "recipe": recipe, "overrides": list(overrides), "alpha": alpha, "seeds": seeds,
               "train_data": data["train"] or "the embedded corpus's train split",
               "validation_data": data["validation"] or (

@@ -17,10 +17,15 @@ from pathlib import Path
 
 import numpy as np
 
+from .data import data_fingerprint
+from .data.corpus import check_text
+from .data.shards import is_tokens_folder
 from .errors import MixLNError
 from .io.loader import open_checkpoint
-from .io.paths import check_destination, check_readable
+from .io.paths import check_readable
+from .io.runs import claim_run, record_run
 from .io.writer import atomic_output_dir, write_atomic
+from .limits import check_alpha_count, check_positive, check_seeds
 from .options import EVAL_TOKENS, HEAL_BATCH_SIZE, HEAL_SEQ_LEN
 
 DEFAULT_ALPHAS = (0.0, 0.0625, 0.125, 0.25, 0.5)
@@ -103,22 +108,24 @@ def sweep(src, out, *, alphas=DEFAULT_ALPHAS, heal_tokens: int = 0, train_tokens
 
     if not alphas:
         raise MixLNError("--alphas: give at least one alpha")
+    check_alpha_count("--alphas", alphas)
     if force and resume:
         raise MixLNError("--force and --resume: give one (--force starts afresh, --resume continues)")
-    for flag, value in (("--seeds", seeds), ("--eval-tokens", eval_tokens)):
-        if value < 1:
-            raise MixLNError(f"{flag}: {value} must be at least 1")
+    check_seeds("--seeds", seeds)
+    check_positive("--eval-tokens", eval_tokens)
     if heal_tokens and heal_tokens < HEAL_BATCH_SIZE * HEAL_SEQ_LEN:
         raise MixLNError(f"--heal-tokens: {heal_tokens} is less than one heal step "
                          f"({HEAL_BATCH_SIZE} x {HEAL_SEQ_LEN} = {HEAL_BATCH_SIZE * HEAL_SEQ_LEN} tokens)")
     if data is not None:
         check_readable(data, "--data")
     out = Path(out)
-    if not (force or resume) and out.is_dir() and any(out.iterdir()):
-        raise MixLNError(f"--out {out}: exists and is not empty; --resume continues the sweep it holds, --force "
-                         "starts afresh")
-    check_destination(out, {"SRC": src, "--data": data}, force or resume, flag="--out")
     source = open_checkpoint(src)
+    # what every stage's result depends on (not the alphas: each block count is a stage of its own,
+    # so a resume may add some; not the rule: it only reads the results)
+    settings = {"SRC": str(Path(src).absolute()), "SRC's files": source.fingerprint(), "--heal-tokens": heal_tokens,
+                "--train-tokens": train_tokens, "--data": data_fingerprint({"train": data, "validation": None}),
+                "--seeds": seeds, "--eval-tokens": eval_tokens}
+    claim_run(out, "sweep", settings, {"SRC": src, "--data": data}, resume, force)
     num_layers = source.config["num_hidden_layers"]
     counts: dict[int, list[float]] = {}
     for alpha in alphas:  # equal counts run once
@@ -133,9 +140,12 @@ def sweep(src, out, *, alphas=DEFAULT_ALPHAS, heal_tokens: int = 0, train_tokens
             raise MixLNError(f"--train-tokens: {train_tokens} is less than one training step ({step_tokens} tokens)")
         # validate at the end only: the report compares final perplexities
         recipe_overrides += [f"max_tokens={train_tokens}", f"eval_interval={train_tokens // step_tokens}"]
+    if data is not None and not is_tokens_folder(data):  # read by the heal and training only after the original's stage
+        check_text(data, "--data")
     if force and out.exists() and any(out.iterdir()):
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
+    record_run(out, "sweep", settings)
     times: dict = {}
 
     original = _stage(out / "original", resume, lambda tmp: {
