@@ -307,6 +307,58 @@ def tokenize_row(inputs, out, *extra):
     return ["tokenize", corpus(inputs), "--tokenizer", inputs.src, "--out", out, *extra]
 
 
+def binary(inputs) -> Path:
+    """A file named .txt that is not UTF-8 text."""
+    return inputs.file("bin.txt", b"\xff\xfe\x00\x01")
+
+
+def mine(inputs) -> Path:
+    """A folder of the user's own that holds no run: only their notes."""
+    folder = inputs.root / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("my notes\n")
+    return folder
+
+
+def finished_sweep(inputs) -> Path:
+    """A finished one-alpha sweep of the source, in the inputs (a row must leave it as it is)."""
+    from mixln_convert.sweep import sweep
+
+    folder = inputs.root / "sweep"
+    sweep(inputs.src, folder, alphas=[0.0], eval_tokens=256, progress=False)
+    return folder
+
+
+def resumed_over_changed_data(inputs) -> list:
+    """A finished Pre-LN `train` run, then its data.train edited in place to text of the same size."""
+    from click.testing import CliRunner
+
+    from mixln_convert.cli import main
+
+    argv = [*recipe(inputs, validation(inputs)), "--arm", "preln", "--out", inputs.root / "run"]
+    done = CliRunner().invoke(main, [str(a) for a in argv])
+    assert done.exit_code == 0, done.output
+    inputs.text.write_text(inputs.text.read_text().replace("short", "sharp"))
+    return [*argv, "--resume"]
+
+
+def malformed_task(inputs) -> Path:
+    folder = inputs.root / "tasks"
+    folder.mkdir()
+    (folder / "mine.yaml").write_text("task: mine\ndataset_path: [json\n")
+    return folder
+
+
+def rope(**parameters):
+    return _set("rope_parameters", {"rope_theta": 10000.0, **parameters})
+
+
+# study rows: a budget of a few steps, so that a row the old code accepted ends quickly
+STUDY = ["--seeds", "1", "--no-post-ln", "--eval-tokens", "64",
+         *(f"--set={s}" for s in ("seq_len=32", "micro_batch_size=2", "global_batch_size=2", "max_tokens=128",
+                                  "data.eval_tokens=64"))]
+
+
 # Each row: (id, builder(inputs, out) -> argv, fragment of the one error line). ``out`` is the
 # output path the row's command is given; it must not exist afterwards.
 ROWS = [
@@ -445,7 +497,7 @@ ROWS = [
     ("sweep-force-and-resume", lambda i, o: ["sweep", i.src, "--out", o, "--force", "--resume"], "give one"),
     ("sweep-data-missing", lambda i, o: ["sweep", i.src, "--out", o, "--data", i.root / "gone.txt"], "--data"),
     ("sweep-out-inside-src", lambda i, o: ["sweep", i.src, "--out", i.src / "sweep"], "lies inside the input SRC"),
-    ("recipes-path-unknown", lambda i, o: ["recipes", "--path", "no-such-config"], "neither a recipe file nor a shipped recipe"),
+    ("recipes-path-unknown", lambda i, o: ["recipes", "--path", "no-such-config"], "no-such-config: not a shipped recipe or config"),
     ("convert-unknown-dtype", lambda i, o: ["convert", i.src, o, "--dtype", "int8"], "'--dtype'"),
     ("train-heal-seq-len-0", lambda i, o: [*recipe(i, "heal.seq_len=0"), "--out", o], "heal.seq_len must be a positive integer"),
     ("train-betas-out-of-range", lambda i, o: [*recipe(i, "optim.betas=[2, 3]"), "--out", o], "optim.betas[0] must be in [0, 1)"),
@@ -545,6 +597,37 @@ ROWS = [
     ("compare-metrics-string-loss", lambda i, o: ["compare", i.run("r", '{"step": 1, "tokens": 8, "loss": "x"}\n'), "--out", o], "loss must be a number"),
     ("compare-summary-string", lambda i, o: ["compare", i.run("r", '{"step": 1, "tokens": 8, "loss": 2.0}\n', summary={"final_val_ppl": "x"}), "--out", o], "final_val_ppl must be a number"),
     ("compare-metrics-not-utf8", lambda i, o: ["compare", i.run("r", b"\xff\xfe"), "--out", o], "not UTF-8"),
+    # ---- a checkpoint's declared tying and rope against its tensors and transformers ----
+    ("convert-tied-config-separate-head", lambda i, o: ["convert", i.variant("v", config=_set("tie_word_embeddings", True)), o, "--alpha", "0", "--strategy", "move"], "lm_head.weight differs from model.embed_tokens.weight, but"),
+    ("eval-tied-config-separate-head", lambda i, o: ["eval", i.variant("v", config=_set("tie_word_embeddings", True)), "--seq-len", "32"], "config.json declares tie_word_embeddings true"),
+    ("convert-rope-type-unknown-move", lambda i, o: ["convert", i.variant("v", config=rope(rope_type="bogus")), o, "--strategy", "move"], "rope_parameters.rope_type 'bogus' is not a rope type"),
+    ("convert-rope-type-unknown", lambda i, o: ["convert", i.variant("v", config=rope(rope_type="bogus")), o], "rope_parameters.rope_type 'bogus' is not a rope type"),
+    ("convert-rope-scaling-type-unknown", lambda i, o: ["convert", i.variant("v", config=lambda c: {**_without("rope_parameters")(c), "rope_scaling": {"type": "bogus", "factor": 2.0}}), o, "--strategy", "move"], "rope_scaling.type 'bogus' is not a rope type"),
+    ("convert-rope-yarn-without-factor", lambda i, o: ["convert", i.variant("v", config=rope(rope_type="yarn", original_max_position_embeddings=256)), o, "--strategy", "move"], "'factor'"),
+    ("convert-rope-factor-a-string", lambda i, o: ["convert", i.variant("v", config=rope(rope_type="linear", factor="x")), o, "--strategy", "move"], "rope_parameters"),
+    ("convert-hidden-act-unknown", lambda i, o: ["convert", i.variant("v", config=_set("hidden_act", "bogus")), o, "--strategy", "move"], "hidden_act 'bogus' is not an activation"),
+    # ---- sweep and study: every input checked before anything is written; --resume only their own run ----
+    ("sweep-data-not-text", lambda i, o: ["sweep", i.src, "--out", o, "--data", binary(i)], "bin.txt: cannot read"),
+    ("sweep-resume-a-users-folder", lambda i, o: ["sweep", i.src, "--out", mine(i), "--resume"], "holds no sweep"),
+    ("sweep-resume-other-source", lambda i, o: ["sweep", shallower(i), "--out", finished_sweep(i), "--resume", "--alphas", "0", "--eval-tokens", "256"], "--resume: the sweep in"),
+    ("sweep-seeds-huge", lambda i, o: ["sweep", i.src, "--out", o, "--seeds", "99999999999", "--train-tokens", "1024"], "--seeds: 99999999999 is more than"),
+    ("sweep-alphas-too-many", lambda i, o: ["sweep", i.src, "--out", o, "--alphas", ",".join(str(k / 1000) for k in range(1001))], "--alphas: 1001 values"),
+    ("study-init-twice", lambda i, o: ["study", i.src, "--out", o, "--init", "scaled,scaled", *STUDY], "--init: 'scaled' is given twice"),
+    ("study-seeds-huge", lambda i, o: ["study", i.src, "--out", o, "--seeds", "99999999999"], "--seeds: 99999999999 is more than"),
+    ("study-data-not-text", lambda i, o: ["study", i.src, "--out", o, "--set", f"data.train={binary(i)}", *STUDY], "bin.txt: cannot read"),
+    ("study-resume-a-users-folder", lambda i, o: ["study", i.src, "--out", mine(i), "--resume", *STUDY], "holds no study"),
+    # ---- a resumed train over changed data; counts with an upper bound ----
+    ("train-resume-data-changed", lambda i, o: resumed_over_changed_data(i), "text.txt: changed since the run started"),
+    ("tokenize-num-proc-huge", lambda i, o: tokenize_row(i, o, "--num-proc", "10000"), "--num-proc: 10000 is more than"),
+    ("train-num-proc-huge", lambda i, o: [*recipe(i, validation(i), "data.num_proc=10000"), "--out", o], "data.num_proc: 10000 is more than"),
+    ("eval-tasks-too-many", lambda i, o: ["eval", i.src, "--tasks", ",".join(f"t{k}" for k in range(1000))], "--tasks: 1000 tasks, more than 256"),
+    # ---- recipes by name: shipped recipes or real files only; messages that name the right thing ----
+    ("recipes-path-outside-the-recipes", lambda i, o: ["recipes", "--path", "../tasks/langref_next"], "../tasks/langref_next: not a shipped recipe or config"),
+    ("train-accelerate-config-as-recipe", lambda i, o: ["train", "multi_gpu_ddp", "--out", o], "multi_gpu_ddp: neither a recipe file nor a shipped recipe"),
+    ("eval-include-path-malformed-yaml", lambda i, o: ["eval", i.src, "--tasks", "mine", "--include-path", malformed_task(i)], "mine.yaml: malformed YAML"),
+    ("convert-heal-tokens-alpha-0", lambda i, o: ["convert", i.src, o, "--heal-tokens", "1024", "--alpha", "0"], "--heal-tokens: --alpha 0 makes no block Post-LN"),
+    ("convert-heal-tokens-no-post-ln-layers", lambda i, o: ["convert", i.src, o, "--heal-tokens", "1024", "--post-ln-layers", "0"], "--heal-tokens: --post-ln-layers 0 makes no block Post-LN"),
+    ("train-set-a-section", lambda i, o: [*recipe(i, "optim=1"), "--out", o], "'optim' is a section, not a key: set one of optim.lr, "),
 ]
 
 
