@@ -27,9 +27,9 @@ def test_the_first_step_learns_and_the_schedule_ends_at_its_floor():
     lrs = _lrs(warmup=10, total=40, min_ratio=0.1)
     assert lrs[0] == pytest.approx(0.1)  # 1/10 of the peak, not 0
     assert lrs[9] == pytest.approx(1.0) and max(lrs) == pytest.approx(1.0)
-    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))  # cosine down after the warmup
-    assert lrs[-1] == pytest.approx(0.1)
-    assert _lrs(warmup=0, total=5, min_ratio=0.0)[0] == pytest.approx(math.cos(math.pi / 5) * 0.5 + 0.5)
+    assert all(a > b for a, b in zip(lrs[10:], lrs[11:]))  # cosine down after the warmup
+    assert lrs[-1] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 29 / 30)))  # near the floor of 0.1
+    assert _lrs(warmup=0, total=5, min_ratio=0.0)[0] == 1.0 and _lrs(warmup=0, total=1, min_ratio=0.0) == [1.0]
 
 
 def test_post_ln_blocks_get_their_own_learning_rate_and_norms_no_decay(converted):

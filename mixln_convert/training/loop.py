@@ -54,11 +54,12 @@ def adamw(groups: list[dict], *, betas=(0.9, 0.999), eps: float = 1e-8) -> torch
 def warmup_cosine(optimizer, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.0) -> LambdaLR:
     """Each group's lr times: (s + 1) / warmup_steps over the first ``warmup_steps`` steps (the
     first step already learns: a step at lr 0 is wasted and hides where a first-step failure comes
-    from), then a cosine from 1 down to ``min_lr_ratio`` at the last step."""
+    from), then a cosine from 1 toward ``min_lr_ratio``, which the step after the last would reach
+    (a run of one step, or without warmup, starts at the peak)."""
     def factor(s: int) -> float:  # s: optimizer steps taken before this one
         if s < warmup_steps:
             return (s + 1) / warmup_steps
-        progress = min(1.0, (s + 1 - warmup_steps) / max(1, total_steps - warmup_steps))
+        progress = min(1.0, (s - warmup_steps) / max(1, total_steps - warmup_steps))
         return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return LambdaLR(optimizer, factor)
