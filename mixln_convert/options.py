@@ -11,6 +11,9 @@ HEAL_DTYPES = ("fp32", "bf16")  # healing.py: of the frozen weights (the trained
 HEAL_LR = 3e-5
 HEAL_SEQ_LEN, HEAL_BATCH_SIZE = 256, 4  # healing.py: a step of 4 x 256 tokens
 PRECISIONS = ("auto", "bf16", "fp32")  # training: auto is bf16 autocast on GPU, fp32 on CPU
+# training: transformers' attention implementations; eager is the plain matmul-softmax one, the
+# reference to rerun a non-finite bf16 step against (benchmarks/gpu_mission.py)
+ATTENTIONS = ("sdpa", "eager")
 TRAINING_STRATEGIES = ("single", "ddp", "fsdp")  # training/memory.py: one process, replicated, sharded
 DEVICES = ("gpu", "cpu")  # training/memory.py: what a recipe's hardware is
 DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")  # conversion output dtypes

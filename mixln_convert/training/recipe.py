@@ -17,7 +17,7 @@ import yaml
 
 from ..errors import MixLNError
 from ..limits import SPIKE_FACTORS, spike_factor_ok
-from ..options import EVAL_SEQ_LEN, EVAL_TOKENS, HEAL_BATCH_SIZE, HEAL_LR, HEAL_SEQ_LEN, LOSSES, PRECISIONS, STRATEGIES
+from ..options import ATTENTIONS, EVAL_SEQ_LEN, EVAL_TOKENS, HEAL_BATCH_SIZE, HEAL_LR, HEAL_SEQ_LEN, LOSSES, PRECISIONS, STRATEGIES
 
 SMOLLM2 = "smollm2"  # `source: smollm2` names the embedded default model (the cached GGUF)
 
@@ -60,6 +60,7 @@ DEFAULTS = {
     "fsdp": False,  # shard weights, gradients and AdamW state over the processes (FSDP2; training/sharding.py)
     "compile": False,  # torch.compile each decoder block (GPU speed; the first steps pay the compilation)
     "precision": "auto",  # bf16 autocast on a GPU with fp32 master weights; fp32 on CPU
+    "attention": "sdpa",  # transformers' attention kernel: sdpa (flash/efficient on GPUs) or eager (plain matmuls)
     "log_interval": 1,
     "eval_interval": 100,
     "checkpoint_interval": 500,
@@ -175,6 +176,7 @@ def _check(r: dict, where: str, origin: dict) -> None:
     need(r["conversion"]["strategy"] in STRATEGIES, f"conversion.strategy must be one of {', '.join(STRATEGIES)}")
     need(r["heal"]["loss"] in LOSSES, f"heal.loss must be one of {', '.join(LOSSES)}")
     need(r["precision"] in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}")
+    need(r["attention"] in ATTENTIONS, f"attention must be one of {', '.join(ATTENTIONS)}", "attention")
     for key in ("seq_len", "micro_batch_size", "global_batch_size", "max_tokens", "data.eval_tokens",
                 "log_interval", "eval_interval", "checkpoint_interval", "grad_norm_interval", "heal.seq_len",
                 "heal.batch_size"):

@@ -80,6 +80,8 @@ def train_arm(recipe: dict, arm: str, folder: Path, source: str, splits: Splits,
     it continues from the last checkpoint that loads."""
     started = time.time()
     folder.mkdir(parents=True, exist_ok=True)
+    if torch.cuda.is_available():  # the arm's own peak, not an earlier arm's or the heal's
+        torch.cuda.reset_peak_memory_stats()
     run = setup(recipe, folder, source, splits, accumulation)
     initial = validate(run, recipe["micro_batch_size"])
     start = _restore(run, folder) if resume else 0
@@ -97,6 +99,8 @@ def train_arm(recipe: dict, arm: str, folder: Path, source: str, splits: Splits,
         "tokens_per_s": (run.steps - start) * run.step_tokens / train_time, "parameters": run.parameters,
         "num_layers": run.config.num_hidden_layers, "post_ln_layers": getattr(run.config, "post_ln_layers", 0),
         "processes": run.accelerator.num_processes, "precision": run.accelerator.mixed_precision,
+        "attention": recipe["attention"],
+        "peak_gpu_memory_bytes": torch.cuda.max_memory_allocated() if run.accelerator.device.type == "cuda" else None,
     }
     if run.accelerator.is_main_process:
         write_atomic(folder / "summary.json", json.dumps(summary, indent=2) + "\n")
@@ -128,6 +132,7 @@ def setup(recipe: dict, folder: Path, source: str, splits: Splits, accumulation:
     set_seed(recipe["seed"])
     steps = optimizer_steps(recipe)
     model = load_model(source, dtype=torch.float32).train()
+    model.set_attn_implementation(recipe["attention"])
     parameters = sum(p.numel() for p in model.parameters())
     if recipe["activation_checkpointing"]:
         enable_checkpointing(model, {"use_reentrant": False})
