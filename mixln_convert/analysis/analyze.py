@@ -61,7 +61,9 @@ def analyze(ckpt, out, *, data=None, span: int = 1, seq_len: int = 256, max_toke
         tokenizer = source.tokenizer
         texts = read_texts(data, split="validation")
         blocks = token_blocks(tokenizer, texts, seq_len, max_tokens, source=data or EVAL_DATA)
-        model = source.model(dtype=torch.float32)  # angles and small perplexity differences need float32
+        # angles and small perplexity differences need float32; a GPU where there is one, as heal and
+        # calibration use (every sweep is L forwards: minutes on CPU for a model a GPU runs in seconds)
+        model = source.model(dtype=torch.float32, device="cuda" if torch.cuda.is_available() else "cpu")
         n_post = getattr(model.config, "post_ln_layers", 0)
         result = {
             "checkpoint": str(ckpt),
