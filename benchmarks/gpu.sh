@@ -1,56 +1,36 @@
 #!/usr/bin/env bash
-# Training throughput of both arms on one GPU in bf16, for the device tool's H200:
-#   here, once:  .venv/bin/python benchmarks/gpu_sources.py tokenizer .gpu/tokenizer    (.gpu/ is git-ignored)
+# The whole mission at small scale in one device call on one H200 (benchmarks/gpu_mission.py does it):
+#   here, once:  .venv/bin/python benchmarks/gpu_sources.py tokenizer .gpu/tokenizer   (.gpu/ is git-ignored, ~3.5 MB)
 #   there:       run(command="bash benchmarks/gpu.sh", carry=[".gpu"], timeout_s=560)
-# Builds random-init sources of two shapes (benchmarks/gpu_sources.py: SmolLM2-135M and a 1B-class
-# LLaMA), converts each to Mix-LN (calibrated, alpha 0.25) and trains each arm STEPS steps of
-# the shipped recipe smollm2-135m (64 x 2048 tokens a step, micro-batch 16, bf16 autocast, fp32 masters)
-# on the embedded corpus. SmolLM2 keeps the recipe's heal (64k tokens, where the first GPU run hit a
-# NaN at step 2); the 1B skips it. Each arm runs on its own, so one failing leaves the others' figures.
-# Prints, per shape and arm, the median tokens/s after 3 warm-up steps and MFU = 6 x parameters x
-# tokens/s / 790e12 (a measured H200 dense bf16 matmul rate; 6N counts every parameter, embeddings
-# too, and leaves out attention's own FLOPs: the usual rough figure, not a profile); or the error.
+#   CPU smoke:   bash benchmarks/gpu.sh --smoke --tokenizer DIR    (tiny scale; tests/test_gpu_script.py)
+# No pip, no network: the machine's own torch/transformers/accelerate and the carried tokenizer.
+# Phases, each a child process (estimates for the paper's LLaMA-130M shape, 160M parameters with
+# SmolLM2's 49152-word vocabulary, 123M in matmuls, bf16 autocast, seq 1024, 64 x 1024 tokens a
+# step, at an assumed ~150k tokens/s):
+#   prepare   ~40 s  random-init source; ~80 MB of the machine's own Python source files as text
+#                    (every 25th file held out for validation), tokenized with the carried tokenizer
+#   pretrain ~120 s  `train --arm preln` from random weights, 12M tokens (192 steps), lr 1e-3:
+#                    its final/ is the "pretrained" model
+#   preln     ~75 s  the Pre-LN control: up to 12M tokens, capped at 60 s at the pre-training's
+#                    measured rate, lr 3e-4
+#   mixln     ~90 s  convert (calibrated, alpha 0.25: 3 of 12 blocks Post-LN), heal (1M tokens), then
+#                    train on the same data, order and budget
+#   analyze   ~60 s  layer drop, angular distance, gradient norms, pruning curve of the pretrained,
+#                    converted, healed and both trained models (on the GPU, fp32, 32k tokens); compare
+# ~6.5 min in all; children still running at 500 s are stopped, and optional phases (analysis, reruns)
+# that would not end by then are skipped. On a non-finite loss or gradient (one line naming the
+# step, first non-finite block and samples), that arm runs again to 5 steps past it in fp32 and
+# with eager attention: which passes names the cause. Every failure keeps its full traceback in log.txt.
+# $OUT (8 files at most): summary.txt and summary.json (every figure: tokens/s, the median of the
+# trainer's CUDA-synchronized per-step rates; MFU as 6N/790 TFLOP/s measured and as (6N +
+# attention)/989 TFLOP/s datasheet; peak GPU memory per arm against `estimate`; validation
+# perplexity curves; layer drop and gradient norms per stage; the report's summary; phase times),
+# log.txt, report.md, and the metrics.jsonl of up to 4 runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
-STEPS=${STEPS:-15}
-SOURCES=${SOURCES:-smollm2-135m llama-1b}
-# SETS="--set k=v ..." adds recipe overrides: a CPU smoke run is
-#   SOURCES=smollm2-135m STEPS=4 SETS="--set seq_len=64 --set micro_batch_size=1 --set global_batch_size=2 --set max_tokens=512 --set heal.tokens=1024 --set data.eval_tokens=512" bash benchmarks/gpu.sh
-WORK=$(mktemp -d)
-OUT=${OUT:-$WORK}  # the device tool sets OUT: what is written there comes back
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-"$PYTHON" -c 'import torch, transformers, accelerate; print("torch", torch.__version__, "transformers",
-    transformers.__version__, "accelerate", accelerate.__version__)'
-"$PYTHON" benchmarks/gpu_sources.py build .gpu/tokenizer "$WORK/sources" $SOURCES || exit 1
-
-for shape in $SOURCES; do
-    heal=65536; [ "$shape" = llama-1b ] && heal=0
-    for arm in preln mixln; do
-        start=$(date +%s)
-        "$PYTHON" -m mixln_convert.cli train smollm2-135m --arm "$arm" --out "$WORK/$shape-$arm" \
-            --set source="$WORK/sources/$shape" --set heal.tokens=$heal \
-            --set data.train=null --set data.validation=null --set data.eval_tokens=65536 \
-            --set max_tokens=$((STEPS * 64 * 2048)) --set schedule.warmup_steps=5 --set log_interval=1 \
-            --set eval_interval=1000000 --set checkpoint_interval=1000000 --set grad_norm_interval=1 ${SETS:-} \
-            2> "$OUT/$shape-$arm.log" || echo "$shape $arm failed: $(grep -a '^Error' "$OUT/$shape-$arm.log" | tail -1)"
-        echo "$shape $arm: $(( $(date +%s) - start )) s wall"
-        cp "$WORK/$shape-$arm/$arm/metrics.jsonl" "$OUT/$shape-$arm.metrics.jsonl" 2>/dev/null
-    done
-done
-
-"$PYTHON" - "$WORK" <<'PY'
-import json, statistics, sys
-from pathlib import Path
-
-for run in sorted(Path(sys.argv[1]).glob("*-*n/*n/summary.json")):
-    summary = json.loads(run.read_text())
-    records = [json.loads(line) for line in (run.parent / "metrics.jsonl").read_text().splitlines()]
-    rate = statistics.median(r["tokens_per_s"] for r in records[3:])
-    mfu = 6 * summary["parameters"] * rate / 790e12
-    print(f"{run.parent.parent.name}: {rate:,.0f} tokens/s, MFU {mfu:.1%} ({summary['parameters'] / 1e6:.0f}M "
-          f"parameters, {summary['precision']}, {summary['steps']} steps, loss {records[0]['loss']:.3f} -> "
-          f"{records[-1]['loss']:.3f}, val ppl {summary['initial_val_ppl']:.1f} -> {summary['final_val_ppl']:.1f})")
-PY
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TQDM_DISABLE=1 HF_HUB_OFFLINE=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
+"$PYTHON" -c 'import sys, torch, transformers, accelerate; print("python", sys.version.split()[0], "torch", torch.__version__,
+    "transformers", transformers.__version__, "accelerate", accelerate.__version__)'
+exec "$PYTHON" benchmarks/gpu_mission.py "$@"

@@ -16,6 +16,11 @@ SHAPES = {
                          num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True,
                          rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
                          max_position_embeddings=8192),
+    # the Mix-LN paper's LLaMA-130M (GaLore's llama_130m config), 32000 words
+    "llama-130m": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
+                       num_key_value_heads=12, vocab_size=32000, max_position_embeddings=1024),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=320, max_position_embeddings=256),  # CPU smoke runs
     "tinyllama-1.1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
                            num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048),
     "llama2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
