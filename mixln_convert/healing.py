@@ -56,7 +56,8 @@ from .limits import (check_fraction, check_nonnegative, check_one_step, check_po
 from .model.prefix import load_prefix, prefix_names, prefix_of
 from .model.modeling_mixln import enable_checkpointing
 from .model.shared_tail import load_pair
-from .training.loop import NonFiniteStep, StepGuard, adamw, block_grad_norms, parameter_groups, take_step, warmup_cosine
+from .training.loop import (NonFiniteStep, StepGuard, adamw, block_grad_norms, clip_gradients, parameter_groups,
+                            take_step, warmup_cosine)
 
 
 
@@ -238,7 +239,7 @@ def heal(
                 value.backward()  # a checkpointed block's recompute restores the forward's autocast state
                 try:
                     taken = take_step(optimizer, scheduler, guard, step=step, loss=value.item(),
-                                      clip=lambda: torch.nn.utils.clip_grad_norm_(parameters, grad_clip or math.inf).item(),
+                                      clip=lambda: clip_gradients(parameters, grad_clip),
                                       block_norms=lambda: (block_grad_norms(student.layers), student.layers),
                                       samples=range((step - 1) * batch_size, step * batch_size))
                 except NonFiniteStep as e:

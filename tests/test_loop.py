@@ -7,8 +7,8 @@ import torch
 
 from mixln_convert.errors import MixLNError
 from mixln_convert.model.loading import load_model
-from mixln_convert.training.loop import (NonFiniteStep, StepGuard, adamw, block_grad_norms, parameter_groups,
-                                         take_step, warmup_cosine)
+from mixln_convert.training.loop import (NonFiniteStep, StepGuard, adamw, block_grad_norms, clip_gradients,
+                                         parameter_groups, take_step, warmup_cosine)
 from mixln_convert.training.trainer import loader_options
 
 
@@ -52,26 +52,29 @@ def test_post_ln_blocks_get_their_own_learning_rate_and_norms_no_decay(converted
     assert scheduler.get_last_lr() == pytest.approx([peak / 4 for peak in peaks])  # first of 4 warmup steps
 
 
-def _one_backward(model, corrupt: bool):
+def _one_backward(model, corrupt: float | None):
     batch = torch.arange(16).view(2, 8) % model.config.vocab_size
     model(input_ids=batch, labels=batch).loss.backward()
-    if corrupt:  # a finite loss whose gradient overflowed in one Post-LN block
-        model.model.layers[1].mlp.down_proj.weight.grad[0, 0] = math.inf
+    if corrupt is not None:  # a finite loss whose gradient overflowed in one Post-LN block
+        model.model.layers[1].mlp.down_proj.weight.grad[0, 0] = corrupt
 
 
-def test_a_nonfinite_gradient_with_a_finite_loss_never_reaches_the_weights(converted):
+@pytest.mark.parametrize("bad", [math.inf, math.nan])
+def test_a_nonfinite_gradient_with_a_finite_loss_never_reaches_the_weights(converted, bad):
+    """Nothing is updated, and the block to blame is the one that overflowed: a NaN norm must not be
+    clipped into every gradient first (torch's clip_grad_norm_ scales them all by NaN)."""
     model = load_model(converted).train()
     layers = model.model.layers
     assert layers[1].is_post_ln
     optimizer = adamw(parameter_groups(layers, [], lr=1e-3, weight_decay=0.0))
     scheduler = warmup_cosine(optimizer, 0, 10)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    _one_backward(model, corrupt=True)
+    _one_backward(model, corrupt=bad)
     with pytest.raises(NonFiniteStep) as error:
         take_step(optimizer, scheduler, StepGuard(), step=7, loss=3.0,
-                  clip=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item(),
+                  clip=lambda: clip_gradients(model.parameters(), 1.0),
                   block_norms=lambda: (block_grad_norms(layers), layers), samples=range(24, 28))
-    assert str(error.value) == (f"gradient norm is inf at step 7 (non-finite gradients in 1 of {len(layers)} blocks, "
+    assert str(error.value) == (f"gradient norm is {bad} at step 7 (non-finite gradients in 1 of {len(layers)} blocks, "
                                 "the first block 1, Post-LN); its samples are 24..27 of the seeded order")
     for name, p in model.named_parameters():
         assert torch.equal(p, before[name]), name
@@ -86,9 +89,9 @@ def test_a_loss_spike_is_skipped_and_a_run_of_them_stops(converted):
     scheduler = warmup_cosine(optimizer, 0, 100)
 
     def step(n: int, loss: float) -> dict:
-        _one_backward(model, corrupt=False)
+        _one_backward(model, corrupt=None)
         return take_step(optimizer, scheduler, guard, step=n, loss=loss,
-                         clip=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item(),
+                         clip=lambda: clip_gradients(model.parameters(), 1.0),
                          block_norms=lambda: (block_grad_norms(layers), layers), samples=range(n, n + 1))
 
     for n, loss in enumerate([4.0, 4.2, 3.9], 1):

@@ -110,6 +110,19 @@ class StepGuard:
         self.recent, self.skips_in_a_row = deque(state["recent"]), state["skips_in_a_row"]
 
 
+def clip_gradients(parameters, max_norm: float) -> float:
+    """The global L2 norm of the gradients of ``parameters``, which are then clipped to
+    ``max_norm`` (0: not clipped). A non-finite norm leaves every gradient as it is: clipping
+    would scale them all by NaN, and the message would blame the first block instead of the
+    one that overflowed. Sharded gradients (DTensors) give the norm over all shards."""
+    parameters = [p for p in parameters if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm([p.grad for p in parameters])
+    value = (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item()
+    if max_norm and math.isfinite(value):
+        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm)
+    return value
+
+
 def take_step(optimizer, scheduler, guard: StepGuard, *, step: int, loss: float, clip, block_norms,
               samples: range) -> dict:
     """The update after a backward: ``clip()`` (the global gradient norm, gradients clipped),

@@ -35,7 +35,7 @@ from ..io.writer import atomic_output_dir, copy_model_code, write_atomic
 from ..options import EVAL_DATA
 from ..model.loading import load_model
 from ..model.modeling_mixln import enable_checkpointing
-from .loop import StepGuard, adamw, block_grad_norms, nonfinite_blocks, parameter_groups, take_step, warmup_cosine
+from .loop import StepGuard, adamw, block_grad_norms, clip_gradients, parameter_groups, take_step, warmup_cosine
 from .recipe import optimizer_steps
 from .sharding import is_sharded, load_sharded, save_sharded, shard, sharded_state_dict
 
@@ -206,7 +206,7 @@ def fit(run: Run, recipe: dict, arm: str, folder: Path, start: int, progress: bo
         try:
             record.update(take_step(run.optimizer, run.scheduler, run.guard, step=done,
                                     loss=accelerator.reduce(loss, "mean").item(),
-                                    clip=lambda: _clip(run, recipe["grad_clip"]),
+                                    clip=lambda: clip_gradients(run.model.parameters(), recipe["grad_clip"]),
                                     block_norms=lambda: (record.get("grad_norm_per_layer") or run.block_norms(),
                                                          run.layers),
                                     samples=samples))
@@ -245,14 +245,6 @@ def _micro_step(run: Run, batch: torch.Tensor, last: bool) -> torch.Tensor:
         loss = run.model(input_ids=batch, labels=batch, use_cache=False).loss
         run.accelerator.backward(loss)
     return loss.detach()
-
-
-def _clip(run: Run, max_norm: float) -> float:
-    """The global gradient norm, the gradients clipped to ``max_norm`` (0: not clipped)."""
-    if run.sharded:
-        norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), max_norm or math.inf)
-        return (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item()
-    return run.accelerator.clip_grad_norm_(run.model.parameters(), max_norm or math.inf).item()
 
 
 def validate(run: Run, batch_size: int) -> dict:
