@@ -47,7 +47,7 @@ DEFAULTS = {
     "max_tokens": 1_000_000,  # training budget; steps = max_tokens // (global_batch_size * seq_len)
     # lr: the paper's from scratch; a pretrained source usually wants less (3e-4, 1e-4)
     # post_ln_lr_scale: the Post-LN blocks' lr as a multiple of lr (right after a conversion their
-    # gradients are 10-60x the Pre-LN blocks'; 0.25 recovered more than 1 in the CPU rehearsal of
+    # gradients are ~15x the Pre-LN blocks'; 0.25 recovered more than 1 in the CPU rehearsal of
     # docs/training.md, one run: a default to revisit on GPUs, not a finding)
     "optim": {"lr": 1e-3, "betas": [0.9, 0.95], "weight_decay": 0.1, "eps": 1e-8, "post_ln_lr_scale": 0.25},
     "schedule": {"warmup_steps": 100, "min_lr_ratio": 0.1},  # linear warmup, cosine (paper) down to min_lr_ratio * lr
