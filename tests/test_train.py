@@ -124,6 +124,14 @@ def test_a_recipe_may_alias_single_values(tiny_llama_tied, corpus, tmp_path):
 
 @pytest.mark.parametrize("content, extra, message", [
     ({"optim": {"lrr": 1}}, [], "unknown key 'optim.lrr'"),
+    ({}, ["--set=optim.post_ln_lr_scale=0"], "optim.post_ln_lr_scale must be in (0, 10]"),
+    ({}, ["--set=optim.post_ln_lr_scale=11"], "optim.post_ln_lr_scale must be in (0, 10]"),
+    ({}, ["--set=guard.spike_factor=0.5"], "guard.spike_factor must be 0 (off) or in (1, 1000]"),
+    ({}, ["--set=heal.spike_factor=1e9"], "heal.spike_factor must be 0 (off) or in (1, 1000]"),
+    ({}, ["--set=guard.spike_window=100001"], "guard.spike_window must be an integer in [1, 10000]"),
+    ({}, ["--set=guard.max_skips=-1"], "guard.max_skips must be an integer in [0, 10000]"),
+    ({}, ["--set=fsdp=maybe"], "fsdp must be true or false"),
+    ({}, ["--set=compile=2"], "compile must be true or false"),
     ({}, ["--set=warmup=3"], "unknown key 'warmup'"),
     ({}, ["--set=optim.lr=fast"], "optim.lr must be float"),
     ({}, ["--set=source=/no/such/model"], "source: /no/such/model does not exist"),
