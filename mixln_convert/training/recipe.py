@@ -2,8 +2,9 @@
 ``--set dotted.key=value``, type-checked and validated before any work starts.
 
 Every key a recipe may hold is in ``DEFAULTS``; a key that is not there is an error, so a typo
-never silently trains with a default. The shipped recipes and accelerate configs are package
-data (``mixln_convert/recipes/``): ``train NAME`` takes one by name, or any YAML file by path.
+never silently trains with a default. The shipped recipes and accelerate configs live in the
+repository's top-level ``recipes/`` (linked as ``mixln_convert/recipes``, so the wheel carries them
+as package data): ``train NAME`` takes one by name, or any YAML file by path.
 """
 
 import copy
