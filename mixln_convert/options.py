@@ -3,6 +3,11 @@ place: the CLI offers the choices as ``click.Choice`` and the modules that act o
 against the same tuples."""
 
 STRATEGIES = ("calibrated", "move", "reinit-post", "scratch")  # conversion/plan.py
+# conversion/converter.py: Mix-LN (the first blocks Post-LN) or LayerNorm Scaling (conversion/lns.py)
+LAYOUTS = ("mixln", "lns")
+# pipeline.py's training arms: the converted Mix-LN model, the Pre-LN control, the LNS retrofit
+ARMS = ("mixln", "preln", "lns")
+DEFAULT_ARMS = ("mixln", "preln")
 METHODS = ("angular", "drop", "last")  # analysis/prune.py: how N blocks to remove are chosen
 LOSSES = ("kl", "residual")  # healing.py
 HEAL_DTYPES = ("fp32", "bf16")  # healing.py: of the frozen weights (the trained blocks stay float32)
@@ -31,7 +36,10 @@ def measured_on(where: dict) -> str:
     """'DATA, N tokens in blocks of S' from a result's {data, tokens, seq_len}: what it was measured on."""
     return f"{where['data']}, {where['tokens']:,} tokens in blocks of {where['seq_len']}"
 
-# The demo's budget (2 CPU cores, minutes): 8 optimizer steps of the CPU recipe per arm, and every
-# stage (training validation and analysis alike) measured on the same 8 blocks of EVAL_SEQ_LEN.
+# The demo's budget (2 CPU cores, minutes): the tool's recommended path at its smallest useful size:
+# a heal of 16 steps (the heal curve in the README: most of the conversion's gap closes in the first
+# 16,384 tokens), 8 optimizer steps of the CPU recipe per arm, and every stage (training validation
+# and analysis alike) measured on the same 8 blocks of EVAL_SEQ_LEN.
+DEMO_HEAL_TOKENS = 16 * HEAL_BATCH_SIZE * HEAL_SEQ_LEN
 DEMO_TRAIN_TOKENS = 8 * 4 * 256
 DEMO_EVAL_TOKENS = 8 * EVAL_SEQ_LEN

@@ -1,9 +1,10 @@
-"""The pipeline, convert -> heal -> train -> analyze -> report, as ``train --arm both`` and the
-demo run it. Each stage is the function its command runs; this module only chains them:
+"""The pipeline, convert -> heal -> train -> analyze -> report, as ``train`` and the demo run it.
+Each stage is the function its command runs; this module only chains them:
 
 - :func:`train`: a run folder for a recipe; the Mix-LN arm's source converted (and healed) from
-  the recipe's source, the Pre-LN arm the source itself (from scratch: initialized by the same
-  plan); both trained on the same token stream.
+  the recipe's source, the Pre-LN arm the source itself, the LNS arm the source retrofitted to
+  LayerNorm Scaling (exact; from scratch every arm is initialized by the same plan); all trained
+  on the same token stream.
 - :func:`run_demo`: SmolLM2-135M (or ``source``) through every stage into one report.
 """
 
@@ -19,15 +20,15 @@ from .io.loader import open_checkpoint
 from .io.paths import check_destination, check_not_input
 from .io.writer import scratch_dir, write_atomic
 from .limits import check_seq_len
-from .options import DEMO_EVAL_TOKENS, DEMO_TRAIN_TOKENS, EVAL_DATA, HEAL_BATCH_SIZE, HEAL_SEQ_LEN
+from .options import DEMO_EVAL_TOKENS, DEMO_HEAL_TOKENS, DEMO_TRAIN_TOKENS, EVAL_DATA, HEAL_BATCH_SIZE, HEAL_SEQ_LEN
 
-ARMS = ("mixln", "preln")
 DATA_RECORD = "data.json"  # a run's {data file: sha256}, which --resume must find unchanged
 DEMO_RECIPE = "smollm2-135m-cpu"  # shipped with the package
 
 
-def train(recipe: dict, out, arms=ARMS, resume: bool = False, progress: bool = True) -> dict:
-    """Train each arm of ``arms`` in turn into ``out``; returns {arm: summary}.
+def train(recipe: dict, out, arms=None, resume: bool = False, progress: bool = True) -> dict:
+    """Train each arm of ``arms`` (default: the recipe's ``arms``) in turn into ``out``; returns
+    {arm: summary}.
 
     With ``resume`` an interrupted run continues from each arm's last checkpoint (finished arms
     are kept as they are); the recipe must be the one the run started with.
@@ -40,6 +41,7 @@ def train(recipe: dict, out, arms=ARMS, resume: bool = False, progress: bool = T
     from .training.trainer import split_blocks, train_arm
 
     out = Path(out).absolute()
+    arms = recipe["arms"] if arms is None else arms
     # Accelerator reads `accelerate launch --cpu` (ACCELERATE_USE_CPU) itself; PartialState does not.
     state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
     accumulation = _accumulation(recipe, state.num_processes)
@@ -77,11 +79,13 @@ def train(recipe: dict, out, arms=ARMS, resume: bool = False, progress: bool = T
 def prepare(recipe: dict, arm: str, folder: Path, splits, progress: bool) -> str:
     """The checkpoint an arm trains from: the source for the Pre-LN arm; for the Mix-LN arm the
     recipe's converted model, else the source converted into ``folder/converted`` and, with
-    ``heal.tokens``, healed into ``folder/healed`` on the run's own training stream.
+    ``heal.tokens``, healed into ``folder/healed`` on the run's own training stream; for the LNS
+    arm the source converted exactly into ``folder/converted`` (nothing to heal).
 
     With ``conversion.strategy: scratch`` the Pre-LN arm is initialized too, into
-    ``folder/initialized``, by the same seeded plan at alpha 0: every tensor the two layouts share
-    starts equal, so a gap between the arms is the layout's, not the initialization's."""
+    ``folder/initialized``, by the same seeded plan at alpha 0, and the LNS arm by that plan with
+    its gains left at 1 (the LNS paper's setting): every tensor the layouts share starts equal, so
+    a gap between the arms is the layout's, not the initialization's."""
     from accelerate import PartialState
 
     from .conversion.converter import convert
@@ -91,15 +95,17 @@ def prepare(recipe: dict, arm: str, folder: Path, splits, progress: bool) -> str
     from_scratch = conversion["strategy"] == "scratch"
     if arm == "preln" and not from_scratch:
         return recipe["source"]
-    converted = folder / "initialized" if arm == "preln" else recipe["converted"] or folder / "converted"
+    if arm == "lns":  # convert()'s default strategy is the exact retrofit for this layout
+        converted = folder / "converted"
+        layout = {"layout": "lns", "strategy": "scratch" if from_scratch else "calibrated"}
+    else:
+        converted = folder / "initialized" if arm == "preln" else recipe["converted"] or folder / "converted"
+        layout = {"alpha": 0.0 if arm == "preln" else conversion["alpha"], "strategy": conversion["strategy"]}
     with PartialState().main_process_first():  # the main process converts, the others then find the folder
         if not (Path(converted) / "config.json").is_file():
-            convert(recipe["source"], converted, alpha=0.0 if arm == "preln" else conversion["alpha"],
-                    strategy=conversion["strategy"], scaled_init=conversion["scaled_init"], seed=recipe["seed"],
+            convert(recipe["source"], converted, **layout, scaled_init=conversion["scaled_init"], seed=recipe["seed"],
                     progress=progress)
-        if arm == "preln":
-            return str(converted)
-        if not recipe["heal"]["tokens"]:
+        if arm != "mixln" or not recipe["heal"]["tokens"]:
             return str(converted)
         healed = folder / "healed"
         if not (healed / "config.json").is_file():
@@ -223,13 +229,14 @@ def _finished(folder: Path, arm: str) -> dict:
     return summary
 
 
-def run_demo(out, *, source=None, alpha: float = 0.25, train_tokens: int = DEMO_TRAIN_TOKENS,
-             eval_tokens: int = DEMO_EVAL_TOKENS, prune_curve: bool = True, force: bool = False,
-             resume: bool = False) -> dict:
+def run_demo(out, *, source=None, alpha: float = 0.25, heal_tokens: int = DEMO_HEAL_TOKENS,
+             train_tokens: int = DEMO_TRAIN_TOKENS, eval_tokens: int = DEMO_EVAL_TOKENS, prune_curve: bool = True,
+             force: bool = False, resume: bool = False) -> dict:
     """Every stage on ``source`` (default: SmolLM2-135M-Instruct from PyPI) into ``out``, with the
-    CPU recipe's settings: convert, train both arms, analyze each stage, compare; returns the
-    comparison (its ``summary`` sentences, ...). ``resume`` keeps what an earlier run with the same
-    settings finished (trained arms, analyses) and continues from there; ``force`` starts afresh."""
+    CPU recipe's settings: convert, heal (``heal_tokens``; 0 skips it), train both arms, analyze
+    each stage, compare; returns the comparison (its ``summary`` sentences, ...). ``resume`` keeps
+    what an earlier run with the same settings finished (trained arms, analyses) and continues from
+    there; ``force`` starts afresh."""
     from .analysis.analyze import analyze
     from .report import compare
     from .training import load_recipe
@@ -240,8 +247,8 @@ def run_demo(out, *, source=None, alpha: float = 0.25, train_tokens: int = DEMO_
     check_destination(out, {"the model cache": cache_dir(), "--source": source}, force or resume, flag="--out")
     if force and out.exists() and any(out.iterdir()):
         shutil.rmtree(out)
-    overrides = [f"conversion.alpha={alpha}", f"max_tokens={train_tokens}", f"eval_interval={max(1, train_tokens // 1024)}",
-                 f"data.eval_tokens={eval_tokens}"]
+    overrides = [f"conversion.alpha={alpha}", f"heal.tokens={heal_tokens}", f"max_tokens={train_tokens}",
+                 f"eval_interval={max(1, train_tokens // 1024)}", f"data.eval_tokens={eval_tokens}"]
     if source is not None:
         overrides.append(f"source={Path(source).absolute()}")
     recipe = load_recipe(DEMO_RECIPE, overrides)
@@ -249,13 +256,16 @@ def run_demo(out, *, source=None, alpha: float = 0.25, train_tokens: int = DEMO_
     # training validation and every analysis score the same blocks, so their perplexities agree
     measured_on = f"{EVAL_DATA}, {eval_tokens:,} tokens in blocks of {recipe['seq_len']}"
     print(f"[1/4] source model: {original}")
-    print(f"[2/4] convert + recovery training of both arms ({recipe['max_tokens']} tokens each) -> {out / 'train'}")
+    healing = f"heal ({heal_tokens:,} tokens) + " if heal_tokens else ""
+    print(f"[2/4] convert + {healing}recovery training of both arms ({recipe['max_tokens']:,} tokens each) "
+          f"-> {out / 'train'}")
     for summary in train(recipe, out / "train", resume=resume).values():
         print(f"      {summary['arm']}: validation perplexity {summary['initial_val_ppl']:.2f} -> "
               f"{summary['final_val_ppl']:.2f} ({measured_on})")
     stages = {
         "original": original,
         "converted": out / "train" / "mixln" / "converted",
+        **({"healed": out / "train" / "mixln" / "healed"} if heal_tokens else {}),
         "mixln-trained": out / "train" / "mixln" / "final",
         "preln-trained": out / "train" / "preln" / "final",
     }

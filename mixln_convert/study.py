@@ -1,13 +1,15 @@
 """``study()``: the Mix-LN paper's from-scratch comparison, run through the engine.
 
 For each initialization scheme (scaled init on, off) and seed, a Pre-LN, a Mix-LN and a Post-LN
-arm are trained by :func:`~mixln_convert.pipeline.train` with ``conversion.strategy: scratch``:
-every arm is initialized by the same seeded plan, so tensors the layouts share start equal, and
-all arms of a seed read the same tokens in the same order. Each final model goes through
+arm (and, if asked, a LayerNorm Scaling one: its successor, arXiv 2502.05795) are trained by
+:func:`~mixln_convert.pipeline.train` with ``conversion.strategy: scratch``: every arm is
+initialized by the same seeded plan, so tensors the layouts share start equal, and all arms of a
+seed read the same tokens in the same order. Each final model goes through
 :func:`~mixln_convert.analysis.analyze.analyze`. The paper's three claims (Mix-LN reaches a lower
 perplexity, its deep blocks matter more, its per-block gradient norms are more uniform) then each
-get a verdict per scheme, decided against the spread between seeds (:func:`verdict`); the report
-is ``report/study.py``'s.
+get a verdict per scheme, decided against the spread between seeds (:func:`verdict`), and so do the
+LNS paper's two (lower perplexity, deep blocks matter more) for the LNS arm; the report is
+``report/study.py``'s.
 
 Layout of ``out``: ``<scheme>/seed-<s>/<arm>/`` is one training run folder (``train --out``) with
 the arm's analysis in ``analysis/``; ``study.json`` at the top, ``report/`` (report.md,
@@ -34,20 +36,24 @@ CLAIMS = {  # claim -> (figure, the direction the paper claims for Mix-LN agains
     "deep blocks matter more": ("deep_layer_drop", "higher"),
     "more uniform gradient norms": ("grad_norm_cv", "lower"),
 }
+LNS_CLAIMS = ("perplexity", "deep blocks matter more")  # the LNS paper's, of CLAIMS, for LNS against Pre-LN
+LNS_ARM = "LNS"
 RECIPE = "smollm2-135m-cpu"  # shipped; a study overrides source, conversion and seed
 
 
-def arms_for(alpha: float, post_ln: bool) -> dict:
+def arms_for(alpha: float, post_ln: bool, lns: bool = False) -> dict:
     """Study arm -> (engine arm, conversion alpha)."""
     arms = {"Pre-LN": ("preln", 0.0), f"Mix-LN (alpha {alpha:g})": ("mixln", alpha)}
     if post_ln:
         arms["Post-LN"] = ("mixln", 1.0)
+    if lns:  # every block Pre-LN: the alpha is not read
+        arms[LNS_ARM] = ("lns", 0.0)
     return arms
 
 
 def study(source, out, *, recipe: str = RECIPE, overrides=(), alpha: float = 0.25, seeds: int = 2,
-          schemes=tuple(SCHEMES), post_ln: bool = True, eval_tokens: int = 2048, resume: bool = False,
-          progress: bool = True) -> dict:
+          schemes=tuple(SCHEMES), post_ln: bool = True, lns: bool = False, eval_tokens: int = 2048,
+          resume: bool = False, progress: bool = True) -> dict:
     """Train and analyze every (scheme, seed, arm) into ``out``; returns the study (``study.json``).
 
     ``overrides`` are the recipe's ``--set`` values (shape of the budget: seq_len, batch sizes,
@@ -77,7 +83,8 @@ def study(source, out, *, recipe: str = RECIPE, overrides=(), alpha: float = 0.2
          load_recipe(recipe, [*overrides, f"source={source}", "conversion.strategy=scratch",
                               f"conversion.alpha={arm_alpha}", f"conversion.scaled_init={SCHEMES[scheme]}",
                               f"seed={seed}"]))
-        for scheme in schemes for seed in range(seeds) for name, (engine_arm, arm_alpha) in arms_for(alpha, post_ln).items()]
+        for scheme in schemes for seed in range(seeds)
+        for name, (engine_arm, arm_alpha) in arms_for(alpha, post_ln, lns).items()]
     data = plans[0][5]["data"]
     for key in ("train", "validation"):  # the runs read it only at their turn, after earlier runs wrote theirs
         if data[key] is not None and not is_tokens_folder(data[key]):
@@ -85,6 +92,8 @@ def study(source, out, *, recipe: str = RECIPE, overrides=(), alpha: float = 0.2
     settings = {"SRC": str(Path(source).absolute()), "SRC's files": open_checkpoint(source).fingerprint(),
                 "--recipe and --set": plans[0][5], "--alpha": alpha, "--seeds": seeds, "--init": list(schemes),
                 "--post-ln": post_ln, "--eval-tokens": eval_tokens}
+    if lns:  # recorded only when given: a study begun before the LNS arm existed still resumes
+        settings["--lns"] = True
     claim_run(out, "study", settings, {"SRC": source}, resume, force_hint=False)
     out.mkdir(parents=True, exist_ok=True)
     record_run(out, "study", settings)
@@ -106,9 +115,11 @@ def study(source, out, *, recipe: str = RECIPE, overrides=(), alpha: float = 0.2
                   f"a held-out {data['validation_fraction']:.0%} of data.train's documents" if data["train"]
                   else "the embedded validation split"),
               "analysis_data": analysis_text(plans[0][5]) or "the embedded validation split",
-              "schemes": list(schemes), "arms": list(arms_for(alpha, post_ln)), "eval_tokens": eval_tokens,
+              "schemes": list(schemes), "arms": list(arms_for(alpha, post_ln, lns)), "eval_tokens": eval_tokens,
               "runs": runs, "wall_time_s": round(time.time() - started, 1)}
     result["verdicts"] = verdicts(result)
+    if lns:
+        result["lns_verdicts"] = lns_verdicts(result)
     write_atomic(out / "study.json", json.dumps(result, indent=2) + "\n")
     (out / "report").mkdir(exist_ok=True)
     write_study_report(out / "report", result)
@@ -161,18 +172,31 @@ def verdict(tested: list[float], baseline: list[float], direction: str) -> dict:
             "baseline": statistics.mean(baseline), "direction": direction}
 
 
+def _values(result: dict, scheme: str, arm: str, figure: str) -> list[float]:
+    return [r[figure] for r in result["runs"] if r["scheme"] == scheme and r["arm"] == arm]
+
+
+def _claims(result: dict, tested: str, claims) -> dict:
+    """{scheme: {claim: verdict}} for the arm ``tested`` against Pre-LN, on ``claims`` (of CLAIMS)."""
+    pre_arm = result["arms"][0]
+    return {scheme: {claim: verdict(_values(result, scheme, tested, CLAIMS[claim][0]),
+                                    _values(result, scheme, pre_arm, CLAIMS[claim][0]), CLAIMS[claim][1])
+                     for claim in claims} for scheme in result["schemes"]}
+
+
 def verdicts(result: dict) -> dict:
     """{scheme: {claim: verdict}} for Mix-LN against Pre-LN, and {"scaled init helps Pre-LN": ...}
-    when both schemes ran (its perplexity, scaled against plain)."""
-    mix_arm, pre_arm = result["arms"][1], result["arms"][0]
-
-    def values(scheme, arm, figure):
-        return [r[figure] for r in result["runs"] if r["scheme"] == scheme and r["arm"] == arm]
-
-    found = {scheme: {claim: verdict(values(scheme, mix_arm, figure), values(scheme, pre_arm, figure), direction)
-                      for claim, (figure, direction) in CLAIMS.items()} for scheme in result["schemes"]}
+    for Pre-LN, Mix-LN and an LNS arm when both schemes ran (its perplexity, scaled against plain)."""
+    pre_arm, mix_arm = result["arms"][:2]
+    found = _claims(result, mix_arm, CLAIMS)
     if set(SCHEMES) <= set(result["schemes"]):
-        for arm in (pre_arm, mix_arm):
+        for arm in (pre_arm, mix_arm, *(a for a in result["arms"] if a == LNS_ARM)):
             found[f"scaled init helps {arm.split(' ')[0]}"] = verdict(
-                values("scaled", arm, "final_val_ppl"), values("plain", arm, "final_val_ppl"), "lower")
+                _values(result, "scaled", arm, "final_val_ppl"), _values(result, "plain", arm, "final_val_ppl"),
+                "lower")
     return found
+
+
+def lns_verdicts(result: dict) -> dict:
+    """{scheme: {claim: verdict}} for the LNS arm against Pre-LN, on the LNS paper's claims."""
+    return _claims(result, LNS_ARM, LNS_CLAIMS)

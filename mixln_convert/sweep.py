@@ -1,7 +1,8 @@
 """``sweep()``: which Post-LN ratio suits this model? Each alpha's calibrated conversion (one
 calibration pass serves them all: block i's statistics depend only on blocks before it), an
 optional heal and short continued pre-training beside a Pre-LN control trained once per seed on
-the same data and order, the analysis of each, one report and a recommendation by a stated rule.
+the same data and order (and, if asked, the LayerNorm Scaling retrofit trained alike), the
+analysis of each, one report and a recommendation by a stated rule.
 
 Every stage is the function its own command runs (convert, heal, train, analyze, eval); each
 alpha's outputs appear atomically in ``OUT/post-ln-NN``, so a killed sweep resumes where it stopped.
@@ -97,11 +98,12 @@ def parse_alphas(text: str) -> list[float]:
 
 
 def sweep(src, out, *, alphas=DEFAULT_ALPHAS, heal_tokens: int = 0, train_tokens: int = 0, data=None,
-          seeds: int = 1, eval_tokens: int = EVAL_TOKENS, rule: Rule = Rule(), resume: bool = False,
-          force: bool = False, progress: bool = True) -> dict:
+          seeds: int = 1, eval_tokens: int = EVAL_TOKENS, rule: Rule = Rule(), lns: bool = False,
+          resume: bool = False, force: bool = False, progress: bool = True) -> dict:
     """Sweep the Post-LN ratio of ``src`` (HF folder or .gguf) into ``out``; returns the result
     written to ``out/sweep.json`` (rows per Post-LN count, the original's and the control's
-    figures, the recommendation, the time split) beside ``out/report``."""
+    figures, with ``lns`` the LNS retrofit's trained like the control, the recommendation, the
+    time split) beside ``out/report``."""
     from .conversion.converter import CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, calibration_statistics
     from .conversion.layout import post_ln_count
     from .training import load_recipe
@@ -113,6 +115,9 @@ def sweep(src, out, *, alphas=DEFAULT_ALPHAS, heal_tokens: int = 0, train_tokens
         raise MixLNError("--force and --resume: give one (--force starts afresh, --resume continues)")
     check_seeds("--seeds", seeds)
     check_positive("--eval-tokens", eval_tokens)
+    if lns and not train_tokens:
+        raise MixLNError("--lns: the LNS retrofit computes the original's function, so only training tells them "
+                         "apart; add --train-tokens N")
     if heal_tokens and heal_tokens < HEAL_BATCH_SIZE * HEAL_SEQ_LEN:
         raise MixLNError(f"--heal-tokens: {heal_tokens} is less than one heal step "
                          f"({HEAL_BATCH_SIZE} x {HEAL_SEQ_LEN} = {HEAL_BATCH_SIZE * HEAL_SEQ_LEN} tokens)")
@@ -125,6 +130,8 @@ def sweep(src, out, *, alphas=DEFAULT_ALPHAS, heal_tokens: int = 0, train_tokens
     settings = {"SRC": str(Path(src).absolute()), "SRC's files": source.fingerprint(), "--heal-tokens": heal_tokens,
                 "--train-tokens": train_tokens, "--data": data_fingerprint({"train": data, "validation": None}),
                 "--seeds": seeds, "--eval-tokens": eval_tokens}
+    if lns:  # recorded only when given: a sweep begun before the LNS arm existed still resumes
+        settings["--lns"] = True
     claim_run(out, "sweep", settings, {"SRC": src, "--data": data}, resume, force)
     num_layers = source.config["num_hidden_layers"]
     counts: dict[int, list[float]] = {}
@@ -151,13 +158,16 @@ def sweep(src, out, *, alphas=DEFAULT_ALPHAS, heal_tokens: int = 0, train_tokens
     original = _stage(out / "original", resume, lambda tmp: {
         "scores": _scores(src, eval_tokens, progress), "analysis": _analysis(src, tmp, eval_tokens, progress)},
         times, "original")
-    controls = []
-    if train_tokens:
-        for seed in range(seeds):
-            recipe = load_recipe(TRAIN_RECIPE, [*recipe_overrides, f"seed={seed}"])
-            controls.append(_stage(out / f"control-seed{seed}", resume,
-                                   lambda tmp, recipe=recipe: _train(recipe, tmp / "train", "preln", progress),
-                                   times, f"control (seed {seed})"))
+
+    def seeded(arm: str, name: str) -> list[dict]:
+        """``arm`` trained once per seed from the source, on the data and order of the alphas' seeds."""
+        return [_stage(out / f"{name}-seed{seed}", resume,
+                       lambda tmp, recipe=load_recipe(TRAIN_RECIPE, [*recipe_overrides, f"seed={seed}"]):
+                       _train(recipe, tmp / "train", arm, progress), times, f"{name} (seed {seed})")
+                for seed in range(seeds)]
+
+    controls = seeded("preln", "control") if train_tokens else []
+    lns_runs = seeded("lns", "lns") if lns else []
 
     pending = [n for n in counts if not (resume and (_folder(out, n) / "result.json").is_file())]
     stats = None
@@ -184,7 +194,7 @@ def sweep(src, out, *, alphas=DEFAULT_ALPHAS, heal_tokens: int = 0, train_tokens
     result = {
         "source": str(src), "num_layers": num_layers, "eval_tokens": eval_tokens, "heal_tokens": heal_tokens,
         "train_tokens": train_tokens, "seeds": seeds, "data": str(data) if data else None,
-        "original": original, "control": controls, "rows": rows,
+        "original": original, "control": controls, "lns": lns_runs, "rows": rows,
         "recommendation": recommend(rows, original["scores"]["perplexity"], rule, stage),
         "times": {**times, **{f"post-ln-{row['post_ln_layers']}": row["times"] for row in rows}},
     }

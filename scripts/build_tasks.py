@@ -1,10 +1,10 @@
 """Build the offline lm-evaluation-harness tasks that ship in mixln_convert/tasks/ (their JSONL).
 
 Source: the Python Language Reference as it ships with Python itself (``pydoc_data.topics``,
-the text ``help("assert")`` prints). It is not in the embedded corpus, which is the standard
-library's *docstrings* (mixln_convert/data/corpus.py) -- the text the demo calibrates, trains and
-heals on -- so these documents are held out from all of it; paragraphs that also occur in a
-docstring are dropped all the same.
+the text ``help("assert")`` prints). It is not in the embedded corpus, which is general English
+and the standard library's *docstrings* (mixln_convert/data/corpus.py) -- the text the demo
+calibrates, trains and heals on -- so these documents are held out from all of it; paragraphs that
+also occur in it are dropped all the same.
 
     python scripts/build_tasks.py     # rewrites mixln_convert/tasks/langref_{ppl,next}.jsonl
 

@@ -68,6 +68,14 @@ def converted(tiny_llama, tmp_path_factory) -> Path:
     return convert(tiny_llama, tmp_path_factory.mktemp("converted") / "calibrated", alpha=0.25, **FAST)
 
 
+@pytest.fixture(scope="session")
+def converted_lns(tiny_llama, tmp_path_factory) -> Path:
+    """``tiny_llama`` retrofitted to LayerNorm Scaling (``--layout lns``): the same function."""
+    from mixln_convert.conversion.converter import convert
+
+    return convert(tiny_llama, tmp_path_factory.mktemp("converted") / "lns", layout="lns", progress=False)
+
+
 @pytest.fixture
 def tiny_convert(tmp_path):
     """``convert(src, tmp_path / name, ...)`` with the small calibration budget and no progress bars."""

@@ -22,7 +22,7 @@ def token_ids(n=4, seq_len=32, seed=0):
     return torch.randint(3, 320, (n, seq_len), generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("which", ["tiny_llama", "tiny_llama_tied", "converted"])
+@pytest.mark.parametrize("which", ["tiny_llama", "tiny_llama_tied", "converted", "converted_lns"])
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])  # eager gets an explicit mask from create_causal_mask
 def test_block_runner_reproduces_model_logits(which, attention, request):
     model = load_model(request.getfixturevalue(which))

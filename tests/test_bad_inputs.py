@@ -17,6 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from hub_cache import offline_hub, place_dataset, place_model
 from tiny import TINY_CONFIG
 
 L = TINY_CONFIG["num_hidden_layers"]
@@ -187,6 +188,29 @@ def biased(inputs):
     return make_tiny_llama(inputs.root / "biased", attention_bias=True)
 
 
+def qwen(inputs, family: str = "qwen2", without: str | None = None, **config):
+    """A tiny Qwen checkpoint of ``family`` (its q/k/v biases or per-head q/k norms random), lacking
+    tensor ``without`` if given."""
+    from tiny import make_tiny_llama
+
+    folder = make_tiny_llama(inputs.root / family, family=family, **config)
+    if without is not None:
+        state = load_file(folder / "model.safetensors")
+        del state[without]
+        save_file(state, folder / "model.safetensors")
+    return folder
+
+
+def qwen3_gguf(inputs, head_dim: int):
+    """A Qwen3 GGUF whose heads are ``head_dim`` wide (transformers reads none from the file: 128)."""
+    from tiny import write_tiny_gguf
+
+    from mixln_convert.io.loader import open_checkpoint
+
+    folder = qwen(inputs, "qwen3", head_dim=head_dim)
+    return write_tiny_gguf(folder, open_checkpoint(folder).arch, inputs.root / "qwen3.gguf")
+
+
 def broken_config(inputs):
     folder = inputs.variant("v")
     (folder / "config.json").write_text("{not json")
@@ -349,6 +373,36 @@ def malformed_task(inputs) -> Path:
     return folder
 
 
+def hub_caches(inputs) -> tuple[Path, Path]:
+    """A row's offline Hugging Face caches: models among the inputs (resolving a name writes
+    nothing), datasets beside them (datasets leaves lock files where it reads)."""
+    return inputs.root / "hf-hub", inputs.root.parent / "hf-datasets"
+
+
+def hub_model(inputs, fixture: str = "tiny_llama", skip=()) -> tuple[str, Path]:
+    """A session fixture (but the files ``skip``) as a Hub model in the row's cache: (its name, its snapshot)."""
+    name = f"org/{fixture.replace('_', '-')}"
+    return name, place_model(inputs.fixtures(fixture), hub_caches(inputs)[0], name, skip=skip)
+
+
+def into_snapshot(inputs) -> list:
+    """`convert` of a cached Hub model into its own snapshot folder."""
+    name, snapshot = hub_model(inputs)
+    return ["convert", name, snapshot / "out", "--force"]
+
+
+def partial_snapshot(inputs) -> str:
+    """A sharded model cached without the last shard its index names."""
+    index = inputs.fixtures("tiny_llama_sharded") / "model.safetensors.index.json"
+    return hub_model(inputs, "tiny_llama_sharded", skip=(max(json.loads(index.read_text())["weight_map"].values()),))[0]
+
+
+def hub_dataset(inputs) -> str:
+    """The row's text, a sentence a row, as the train split of a Hub dataset in the row's cache."""
+    place_dataset(inputs.text.read_text().split(". "), hub_caches(inputs)[1], "org/text")
+    return "org/text"
+
+
 def rope(**parameters):
     return _set("rope_parameters", {"rope_theta": 10000.0, **parameters})
 
@@ -407,6 +461,11 @@ ROWS = [
     ("without-final-norm", lambda i, o: ["convert", i.variant("v", tensors=_without("model.norm.weight")), o], "tensor model.norm.weight is missing"),
     ("attention-bias-without-biases", lambda i, o: ["eval", i.variant("v", config=_set("attention_bias", True), base="converted")], "q_proj.bias is missing"),
     ("convert-attention-bias", lambda i, o: ["convert", biased(i), o], "attention_bias true: projections with biases are not supported"),
+    ("convert-qwen-sliding-window", lambda i, o: ["convert", qwen(i, use_sliding_window=True, sliding_window=16, max_window_layers=4), o], "use_sliding_window True: the Mix-LN model has no sliding-window attention"),
+    ("convert-qwen2-without-a-bias", lambda i, o: ["convert", qwen(i, without=layer(3, "self_attn.k_proj.bias")), o], "tensor model.layers.3.self_attn.k_proj.bias is missing"),
+    ("convert-qwen3-without-a-head-norm", lambda i, o: ["convert", qwen(i, "qwen3", without=layer(0, "self_attn.q_norm.weight")), o], "tensor model.layers.0.self_attn.q_norm.weight is missing"),
+    ("convert-qwen3-gguf-head-dim-misread", lambda i, o: ["convert", qwen3_gguf(i, head_dim=32), o], "reads head_dim 128 from this GGUF, whose metadata and tensors say 32"),
+    ("heal-teacher-other-family", lambda i, o: ["heal", i.converted, "--teacher", qwen(i), "--out", o], "a Qwen2ForCausalLM checkpoint, but"),
     ("unexpected-tensor", lambda i, o: ["convert", i.variant("v", tensors=lambda s: {**s, "model.extra.weight": torch.ones(2)}), o], "unexpected tensor model.extra.weight"),
     ("wrong-shape-pre-ln", lambda i, o: ["convert", i.variant("v", tensors=_tensor(layer(6, "mlp.down_proj.weight"), lambda t: t[:, :-1].contiguous())), o], "has shape [64, 127]"),
     ("wrong-shape-post-ln", lambda i, o: ["convert", i.variant("v", tensors=_tensor(layer(0, "self_attn.q_proj.weight"), lambda t: t[:-1].contiguous())), o], "self_attn.q_proj.weight has shape"),
@@ -526,6 +585,11 @@ ROWS = [
     ("train-recipe-bad-yaml", lambda i, o: ["train", i.file("broken.yaml", "a: [1\n"), "--out", o], "invalid YAML"),
     ("train-unknown-recipe", lambda i, o: ["train", "no-such-recipe", "--out", o], "no-such-recipe: neither a recipe file nor a shipped recipe"),
     ("train-source-missing", lambda i, o: [*recipe(i, f"source={i.root / 'gone'}"), "--out", o], "does not exist"),
+    ("train-arms-unknown", lambda i, o: [*recipe(i, "arms=[mixln, postln]"), "--out", o], "arms must list distinct arms of mixln, preln, lns"),
+    ("train-arm-unknown", lambda i, o: [*recipe(i), "--arm", "postln", "--out", o], "'--arm'"),
+    ("convert-lns-with-alpha", lambda i, o: ["convert", i.src, o, "--layout", "lns", "--alpha", "0.25"], "--alpha: --layout lns makes no block Post-LN"),
+    ("sweep-lns-without-training", lambda i, o: ["sweep", i.src, "--out", o, "--lns"], "--lns: the LNS retrofit computes the original's function"),
+    ("compare-layernorm-scaling-not-bool", lambda i, o: ["compare", i.analysis("a", layernorm_scaling="yes"), "--out", o], "layernorm_scaling must be true or false"),
     # ---- downstream tasks (lm-eval) ----
     ("eval-empty-task-name", lambda i, o: ["eval", i.src, "--tasks", "mixln_langref_next,"], "--tasks: 'mixln_langref_next,' holds an empty task name"),
     ("eval-limit-0", lambda i, o: ["eval", i.src, "--tasks", "mixln_langref_next", "--limit", "0"], "'--limit': 0 is not in the range"),
@@ -628,6 +692,17 @@ ROWS = [
     ("convert-heal-tokens-alpha-0", lambda i, o: ["convert", i.src, o, "--heal-tokens", "1024", "--alpha", "0"], "--heal-tokens: --alpha 0 makes no block Post-LN"),
     ("convert-heal-tokens-no-post-ln-layers", lambda i, o: ["convert", i.src, o, "--heal-tokens", "1024", "--post-ln-layers", "0"], "--heal-tokens: --post-ln-layers 0 makes no block Post-LN"),
     ("train-set-a-section", lambda i, o: [*recipe(i, "optim=1"), "--out", o], "'optim' is a section, not a key: set one of optim.lr, "),
+    # ---- Hugging Face Hub names, offline: what the caches lack is one line; a snapshot is an input ----
+    ("convert-hub-model-not-cached", lambda i, o: ["convert", "org/absent", o], "SRC org/absent: no such file or folder, and the Hugging Face cache"),
+    ("convert-hub-revision-not-cached", lambda i, o: ["convert", hub_model(i)[0] + "@v9", o], "holds no model org/tiny-llama at revision v9 (offline mode"),
+    ("convert-dst-inside-hub-snapshot", lambda i, o: into_snapshot(i), "lies inside the input SRC"),
+    ("heal-teacher-hub-model-not-cached", lambda i, o: ["heal", i.converted, "--teacher", "org/absent", "--out", o], "--teacher org/absent: no such file or folder"),
+    ("train-source-hub-model-not-cached", lambda i, o: [*recipe(i, "source=org/absent"), "--out", o], "source org/absent: no such file or folder"),
+    ("eval-hub-snapshot-lacks-a-shard", lambda i, o: ["eval", partial_snapshot(i)], "lacks model-"),
+    ("eval-data-hub-dataset-not-cached", lambda i, o: ["eval", i.src, "--data", "org/absent"], "--data org/absent: no such file or folder, and datasets cannot load it"),
+    ("eval-data-hub-dataset-other-revision", lambda i, o: ["eval", i.src, "--data", f"{hub_dataset(i)}@{'3' * 40}"], "is not in the datasets cache"),
+    ("tokenize-hub-dataset-no-such-split", lambda i, o: ["tokenize", hub_dataset(i) + "::test", "--tokenizer", i.src, "--out", o], "no split test (splits: train)"),
+    ("train-data-hub-dataset-not-cached", lambda i, o: [*recipe(i, "data.train=org/absent"), "--out", o], "data.train org/absent: no such file or folder"),
 ]
 
 
@@ -636,6 +711,7 @@ def test_bad_input_is_refused_cleanly(row, tmp_path, request, cli, monkeypatch):
     monkeypatch.setenv("MIXLN_CONVERT_CACHE", str(tmp_path / "cache"))
     _, build, fragment = row
     inputs = Inputs(tmp_path / "inputs", request.getfixturevalue)
+    offline_hub(monkeypatch, *hub_caches(inputs))
     out = tmp_path / "out"
     argv = [str(a) for a in build(inputs, out)]
     before = digests(inputs.root)
@@ -765,6 +841,7 @@ def test_a_signal_during_heal_leaves_no_temporary_folder(converted, tiny_llama, 
 
 FAST_REFUSALS = {
     "alpha": (["convert", "{src}", "{tmp}/dst", "--alpha", "1.5"], "'--alpha'"),
+    "lns-with-alpha": (["convert", "{src}", "{tmp}/dst", "--layout", "lns", "--alpha", "0.25"], "--layout lns makes no"),
     "existing-dst": (["convert", "{src}", "{tmp}/full"], "exists and is not empty"),
     "no-such-checkpoint": (["eval", "{tmp}/no/such/folder"], "no such file or folder"),
     "out-is-input": (["analyze", "{src}", "--out", "{src}", "--force"], "is the input CKPT"),

@@ -166,9 +166,11 @@ LOAD_WITHOUT_PACKAGE = textwrap.dedent("""
 """)
 
 
-def test_round_trip_with_and_without_the_package(converted, tmp_path):
+@pytest.mark.parametrize("layout", ["converted", "converted_lns"])
+def test_round_trip_with_and_without_the_package(layout, request, tmp_path):
     from transformers import AutoModelForCausalLM
 
+    converted = request.getfixturevalue(layout)
     reference = logits(converted)
     model = AutoModelForCausalLM.from_pretrained(converted).eval()  # registered by the package: no remote code
     assert type(model) is MixLNForCausalLM
@@ -363,6 +365,12 @@ BAD_INPUTS = {
                                                   str(tmp / "nope.txt")),
     "gguf-gpt2": gguf_of_gpt2,
     "mistral-sliding-window": mistral_sliding_window,
+    "unknown-layout": flag("--layout", "postln", named="--layout"),
+    "lns-with-alpha": flag("--layout", "lns", "--alpha", "0.25", named="--alpha: --layout lns makes no block Post-LN"),
+    "lns-with-post-ln-layers": flag("--layout", "lns", "--post-ln-layers", "2", named="--post-ln-layers: --layout lns"),
+    "lns-with-move": flag("--layout", "lns", "--strategy", "move", named="--strategy move: --layout lns"),
+    "lns-with-heal": flag("--layout", "lns", "--heal-tokens", "1024", named="--heal-tokens: --layout lns"),
+    "lns-with-calibration": flag("--layout", "lns", "--calibration-tokens", "64", named="--calibration-tokens"),
 }
 
 

@@ -1,12 +1,17 @@
 import gzip
+import hashlib
 import json
+import shutil
 import sys
+from collections import Counter
 
 import pytest
 import torch
 
 from mixln_convert.data import SPLITS, embedded_corpus, read_texts, token_blocks
-from mixln_convert.data.corpus import TOKENIZE_BATCH, _split_of
+from mixln_convert.data import corpus
+from mixln_convert.data.corpus import (ENGLISH, ENGLISH_DOCUMENTS, ENGLISH_MANIFEST, SHARES, TOKENIZE_BATCH,
+                                       _shipped_english, _split_of, _stdlib_docstrings)
 from mixln_convert.errors import MixLNError
 
 
@@ -58,6 +63,71 @@ def test_split_assignment_is_a_stable_hash():
 def test_unknown_split():
     with pytest.raises(MixLNError, match="split"):
         embedded_corpus("test")
+
+
+def corpus_sources() -> dict[str, str]:
+    """{text: source} of every document the embedded corpus draws from."""
+    found = {doc: "docstrings" for _, doc in _stdlib_docstrings()}
+    found.update({text: source for source, _, text in _shipped_english()})
+    return found
+
+
+def test_embedded_corpus_mixes_general_english_and_docstrings_at_its_shares_in_every_prefix():
+    # calibration, evaluation and heal read only the first tokens of their split: each prefix must be the mix
+    sources = corpus_sources()
+    for split in SPLITS:
+        docs = embedded_corpus(split)
+        assert len({sources[d] for d in docs[:len(SHARES)]}) == len(SHARES)  # one of each source first
+        left = {s: sum(len(d) for d in docs if sources[d] == s) for s in SHARES}
+        # the greedy merge keeps every source within one longest document (scaled by the shares' spread) of its share
+        slack = max(map(len, docs)) * max(SHARES.values()) / min(SHARES.values())
+        taken = dict.fromkeys(SHARES, 0)
+        for doc in docs:
+            if any(taken[s] == left[s] for s in SHARES):
+                break  # a source ran out: from here on the others fill the split
+            taken[sources[doc]] += len(doc)
+            total = sum(taken.values())
+            assert all(abs(taken[s] - SHARES[s] * total) <= slack for s in SHARES), (split, taken)
+        assert total > 100_000  # the balanced prefix covers what calibration, evaluation and heal read
+
+
+def test_every_piece_of_a_chapter_or_article_lies_in_one_split():
+    split_of = {doc: split for split in SPLITS for doc in embedded_corpus(split)}
+    splits_of_document = {}
+    for source, document, text in _shipped_english():
+        splits_of_document.setdefault((source, document), set()).add(split_of[text])
+    assert all(len(splits) == 1 for splits in splits_of_document.values())
+    pieces = Counter(document for _, document, _ in _shipped_english())
+    assert sum(n > 1 for n in pieces.values()) > 100  # most chapters and articles are cut into pieces
+    for source in SHARES.keys() - {"docstrings"}:
+        held = Counter(splits.pop() for (s, _), splits in splits_of_document.items() if s == source)
+        assert set(held) == set(SPLITS), (source, held)
+
+
+def test_the_shipped_english_is_what_its_manifest_pins_with_sources_and_licences():
+    manifest = json.loads((ENGLISH / ENGLISH_MANIFEST).read_text(encoding="utf-8"))
+    assert hashlib.sha256((ENGLISH / manifest["file"]).read_bytes()).hexdigest() == manifest["sha256"]
+    assert set(manifest["sources"]) == SHARES.keys() - {"docstrings"}
+    for source in manifest["sources"].values():
+        assert source["registry"] in ("PyPI", "Debian") and source["version"] and source["licence"]
+        assert len(source["sha256"]) == 64 and int(source["sha256"], 16) >= 0
+    found = Counter(source for source, _, _ in _shipped_english())
+    assert found == {name: source["pieces"] for name, source in manifest["sources"].items()}
+
+
+def test_a_damaged_shipped_corpus_is_refused_in_one_line(tmp_path, monkeypatch):
+    shutil.copytree(ENGLISH, tmp_path / "english")
+    monkeypatch.setattr(corpus, "ENGLISH", tmp_path / "english")
+    data = bytearray((tmp_path / "english" / ENGLISH_DOCUMENTS).read_bytes())
+    data[len(data) // 2] ^= 1
+    (tmp_path / "english" / ENGLISH_DOCUMENTS).write_bytes(data)
+    with pytest.raises(MixLNError) as error:
+        list(_shipped_english())
+    assert str(tmp_path / "english" / ENGLISH_DOCUMENTS) in str(error.value) and "damaged" in str(error.value)
+    (tmp_path / "english" / ENGLISH_MANIFEST).unlink()
+    with pytest.raises(MixLNError) as error:
+        list(_shipped_english())
+    assert "reinstall" in str(error.value) and "\n" not in str(error.value)
 
 
 # ---- user files ---------------------------------------------------------------------------

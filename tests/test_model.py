@@ -155,6 +155,8 @@ IMPORT_ORDERS = (
     "from mixln_convert import MixLNForCausalLM",  # the Mix-LN modeling module before transformers' auto classes
     "import mixln_convert; from transformers import LlamaForCausalLM",  # LLaMA's model file runs the auto module
     "import mixln_convert; from transformers import MistralForCausalLM",  # so does every model file's import
+    "import mixln_convert; from transformers import Qwen2ForCausalLM",  # a file the Mix-LN modeling module imports
+    "import mixln_convert; from transformers import Qwen3ForCausalLM",
     "import mixln_convert; import transformers.modeling_layers",
     "import mixln_convert; from transformers import AutoModelForCausalLM",
 )

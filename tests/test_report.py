@@ -139,6 +139,19 @@ def test_summary_names_the_winner(mixln_final, preln_final, verdict, cli, tmp_pa
     assert {p.name for p in (tmp_path / "report").glob("*.png")} == {"training_curves.png", "grad_norm_per_layer.png"}
 
 
+
+@pytest.mark.parametrize("heal_tokens, start", [
+    (0, "Conversion took validation perplexity from 25.00 (original) to 31.20 (1.25x)"),
+    (16384, "Conversion and a heal on 16,384 tokens took validation perplexity from 25.00 (original) to 31.20"),
+])
+def test_a_healed_arm_says_its_start_is_after_the_heal(heal_tokens, start, cli, tmp_path):
+    run = write_run(tmp_path / "run")
+    summary_file = run / "mixln" / "summary.json"
+    summary_file.write_text(json.dumps({**json.loads(summary_file.read_text()), "heal_tokens": heal_tokens}))
+    result = cli("compare", run, "--out", tmp_path / "report")
+    assert result.exit_code == 0, result.output
+    assert start in summary_of((tmp_path / "report" / "report.md").read_text())
+
 def test_missing_data_is_said(cli, tmp_path):
     write_analysis(tmp_path / "a", perplexity=20.0, deep_drop=0.2)
     write_analysis(tmp_path / "b", perplexity=20.0, post_ln_layers=2, deep_drop=0.2)
@@ -332,3 +345,37 @@ def test_what_the_models_write(cli, tmp_path):
     md = (tmp_path / "report" / "report.md").read_text()
     assert "original 0.0%, converted 50.0% of their 4-grams repeat" in summary_of(md)
     assert "| The capital of France is | Paris, the city of light. | a file a file a file |" in md
+
+
+@pytest.mark.parametrize("gap, verdict", [
+    (0.0, re.escape("too close to call: 1,000,000 training tokens per arm")),
+    (-0.05, r"LNS wins by [3-7]\.\d%"),
+])
+def test_three_arms_each_pair_gets_a_verdict_only_outside_its_interval(gap, verdict, cli, tmp_path):
+    run = write_run(tmp_path / "run")
+    write_arm(run, "lns", initial=25.0, final=24.0)  # the LNS retrofit starts where Pre-LN does
+    rng = np.random.default_rng(0)
+    preln = 3.2 + 0.3 * rng.standard_normal(BLOCKS)
+    losses = {"preln": preln, "mixln": preln + 0.05 + 0.05 * rng.standard_normal(BLOCKS),
+              "lns": preln + gap + 0.05 * rng.standard_normal(BLOCKS)}  # the same blocks, scored by every arm
+    for arm, arm_losses in losses.items():
+        file = run / arm / "summary.json"
+        summary = json.loads(file.read_text())
+        summary.update(final_val_block_losses=arm_losses.tolist(), final_val_ppl=float(np.exp(arm_losses.mean())),
+                       validation={"data": "embedded:validation", "tokens": BLOCKS * 255, "seq_len": 256},
+                       layernorm_scaling=arm == "lns")
+        file.write_text(json.dumps(summary))
+    result = cli("compare", run, "--out", tmp_path / "report")
+    assert result.exit_code == 0, result.output
+    md = (tmp_path / "report" / "report.md").read_text()
+    rows = {tuple(c.strip() for c in line.strip("|").split("|")) for line in md.splitlines() if line.startswith("| ")}
+    layout = "LNS (Pre-LN, block l's norm outputs x 1/sqrt(l))"
+    measured = "embedded:validation, 8,160 tokens in blocks of 256"
+    assert ("run/lns", layout, "before training (converted)", "25.00", measured, "—", "—", "0", "—") in rows
+    summary = summary_of(md)
+    interval = r" [\d.]+ \([+-][\d.]+%, 95% bootstrap interval \[[+-][\d.]+%, [+-][\d.]+%\] over the validation blocks\): "
+    assert re.search(r"LNS \(run/lns\) [\d.]+ vs Pre-LN \(run/preln\)" + interval + verdict, summary), summary
+    assert re.search(r"LNS \(run/lns\) [\d.]+ vs Mix-LN \(run/mixln\)" + interval, summary), summary
+    assert re.search(r"Mix-LN \(run/mixln\) [\d.]+ vs Pre-LN \(run/preln\)" + interval + "Pre-LN wins", summary)
+    assert "Before training LNS scored 25.00 and Pre-LN 25.00 (1.0000x" in summary
+    assert f"run/lns, {layout}: validation perplexity 25.00 before training" in summary

@@ -3,6 +3,8 @@
 import json
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from mixln_convert.study import verdict, verdicts
 
@@ -41,14 +43,14 @@ def finished(tiny_llama_tied, tmp_path_factory):
     from mixln_convert.study import study
 
     out = tmp_path_factory.mktemp("study") / "run"
-    return out, study(tiny_llama_tied, out, overrides=TINY, seeds=2, schemes=("scaled",), post_ln=False,
+    return out, study(tiny_llama_tied, out, overrides=TINY, seeds=2, schemes=("scaled",), post_ln=False, lns=True,
                       eval_tokens=256, progress=False)
 
 
 def test_study_trains_every_arm_and_seed_and_writes_its_report(finished):
     out, result = finished
     assert [(r["arm"], r["seed"]) for r in result["runs"]] == [
-        ("Pre-LN", 0), ("Mix-LN (alpha 0.25)", 0), ("Pre-LN", 1), ("Mix-LN (alpha 0.25)", 1)]
+        ("Pre-LN", 0), ("Mix-LN (alpha 0.25)", 0), ("LNS", 0), ("Pre-LN", 1), ("Mix-LN (alpha 0.25)", 1), ("LNS", 1)]
     for run in result["runs"]:
         assert run["tokens"] == 4 * 4 * 32 and len(run["validation_curve"]) >= 2
         assert len(run["relative_layer_drop"]) == len(run["grad_norm_per_layer"]) == 8
@@ -57,10 +59,19 @@ def test_study_trains_every_arm_and_seed_and_writes_its_report(finished):
                                                  "more uniform gradient norms"}
     report = (out / "report" / "report.md").read_text()
     assert all(f["outcome"] in report for f in result["verdicts"]["scaled"].values())
+    assert set(result["lns_verdicts"]["scaled"]) == {"perplexity", "deep blocks matter more"}
+    assert "(LNS, scaled init)" in report and "the LNS paper" in report and "| scaled | LNS |" in report
     assert (out / "report" / "study_curves.png").stat().st_size > 0
     # the arms of one seed trained on the same tokens from the same initialization; seeds differ
     config = json.loads((out / "scaled" / "seed-0" / "preln" / "preln" / "initialized" / "config.json").read_text())
     assert config["post_ln_layers"] == 0 and config["mixln_provenance"]["scaled_init"] is True
+    # the LNS arm: the same plan (its gains 1, as Pre-LN's), the scaling on
+    seed = out / "scaled" / "seed-0"
+    pre, lns = (load_file(seed / arm / arm / folder / "model.safetensors")
+                for arm, folder in (("preln", "initialized"), ("lns", "converted")))
+    assert pre.keys() == lns.keys() and all(torch.equal(pre[n], lns[n]) for n in pre)
+    assert json.loads((seed / "lns" / "lns" / "final" / "config.json").read_text())["layernorm_scaling"] is True
+    assert json.loads((out / "run.json").read_text())["settings"]["--lns"] is True
     first = [r["final_val_ppl"] for r in result["runs"] if r["seed"] == 0]
     second = [r["final_val_ppl"] for r in result["runs"] if r["seed"] == 1]
     assert first != second
@@ -71,7 +82,7 @@ def test_a_rerun_with_resume_trains_nothing_again(finished, tiny_llama_tied):
 
     out, result = finished
     stamps = {p: p.stat().st_mtime_ns for p in out.rglob("summary.json")}
-    again = study(tiny_llama_tied, out, overrides=TINY, seeds=2, schemes=("scaled",), post_ln=False,
+    again = study(tiny_llama_tied, out, overrides=TINY, seeds=2, schemes=("scaled",), post_ln=False, lns=True,
                   eval_tokens=256, resume=True, progress=False)
     assert {p: p.stat().st_mtime_ns for p in out.rglob("summary.json")} == stamps
     assert [r["final_val_ppl"] for r in again["runs"]] == [r["final_val_ppl"] for r in result["runs"]]

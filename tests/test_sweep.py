@@ -13,7 +13,7 @@ from mixln_convert.sweep import Rule, gradient_figures, recommend
 
 # 8 blocks: alphas 0, 0.25 and 0.3 (both 2 blocks: run once), 0.5
 ALPHAS = "0,0.25,0.3,0.5"
-BUDGET = ["--heal-tokens", 1024, "--train-tokens", 1024, "--eval-tokens", 512]
+BUDGET = ["--heal-tokens", 1024, "--train-tokens", 1024, "--eval-tokens", 512, "--lns"]
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +43,15 @@ def test_sweep_writes_one_row_per_block_count_and_a_report(swept):
         assert (row["post_pre_grad_ratio"] is None) == (row["post_ln_layers"] == 0)
     assert rows[0]["converted"]["perplexity"] == pytest.approx(result["original"]["scores"]["perplexity"], rel=1e-6)
     assert rows[0]["trained"] == result["control"]  # alpha 0 is the original's weights: the control
+    # --lns: the LNS retrofit trained like the control, from the original's function
+    assert [run["tokens"] for run in result["lns"]] == [1024]
+    assert result["lns"][0]["initial_val_ppl"] == pytest.approx(result["control"][0]["initial_val_ppl"], rel=1e-5)
+    assert result["lns"][0]["final_val_ppl"] != result["control"][0]["final_val_ppl"]
     report = (out / "report" / "report.md").read_text()
     assert report.count("\n| 0") + report.count("\n| 0.25, 0.3") >= 2 and "| 0.5 | 4 / 8 |" in report
     assert "Rule: the largest alpha whose healed perplexity is at most 10% above" in report
     assert ("No alpha beats the Pre-LN control" in report) != ("beat the Pre-LN control" in report)
+    assert "The LNS retrofit" in report and "too close to call" in report  # one seed: no spread to judge by
     for name in ("sweep_perplexity.png", "sweep_layer_drop.png", "sweep_gradients.png"):
         assert imread(out / "report" / name).ndim == 3
     assert "calibration_s" in result["times"] and "time: calibration" in stdout

@@ -356,6 +356,46 @@ def test_heal_section_heals_the_converted_model_before_training(tiny_llama_tied,
     assert heal_record["tokens"] == 2 * 4 * 32
 
 
+def test_three_arms_train_from_one_source_on_identical_data(tiny_llama_tied, corpus, tmp_path, monkeypatch, cli):
+    """--arm both --arm lns: Mix-LN, Pre-LN and the LNS retrofit read the same batches in the same
+    order; LNS starts where Pre-LN does (the retrofit is exact) and trains differently; analyze and
+    compare name the three arms and compare each pair."""
+    from mixln_convert.training import trainer
+
+    seen, micro_step = [], trainer._micro_step
+    monkeypatch.setattr(trainer, "_micro_step", lambda run, batch, last: seen.append(batch.clone()) or micro_step(
+        run, batch, last))
+    out = tmp_path / "run"
+    result = cli("train", "smollm2-135m-cpu", *(f"--set={s}" for s in tiny(tiny_llama_tied, corpus)),
+                 "--arm", "both", "--arm", "lns", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert [line.split(":")[0] for line in result.stdout.strip().splitlines()] == ["mixln", "preln", "lns"]
+    per_arm = len(seen) // 3
+    assert len(seen) == 3 * per_arm == 3 * 4 * 2  # 4 steps of 2 micro-batches each
+    for arm in (1, 2):
+        assert all(torch.equal(a, b) for a, b in zip(seen[:per_arm], seen[arm * per_arm:(arm + 1) * per_arm]))
+    summaries = {arm: json.loads((out / arm / "summary.json").read_text()) for arm in ("mixln", "preln", "lns")}
+    assert [summaries[arm]["layernorm_scaling"] for arm in ("mixln", "preln", "lns")] == [False, False, True]
+    assert summaries["lns"]["source"] == str(out / "lns" / "converted")
+    assert summaries["lns"]["initial_val_loss"] == pytest.approx(summaries["preln"]["initial_val_loss"], abs=1e-5)
+    assert abs(summaries["lns"]["final_val_loss"] - summaries["preln"]["final_val_loss"]) > 1e-6
+    assert json.loads((out / "lns" / "final" / "config.json").read_text())["layernorm_scaling"] is True
+    for arm in ("preln", "lns"):
+        analyzed = cli("analyze", out / arm / "final", "--out", out / arm / "analysis", "--seq-len", 32,
+                       "--max-tokens", 256)
+        assert analyzed.exit_code == 0, analyzed.output
+    assert json.loads((out / "lns" / "analysis" / "analysis.json").read_text())["layernorm_scaling"] is True
+    compared = cli("compare", out, "--out", tmp_path / "report")
+    assert compared.exit_code == 0, compared.output
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "run/lns, LNS (Pre-LN, block l's norm outputs x 1/sqrt(l)):" in report
+    for pair in ("LNS (run/lns)", "Mix-LN (run/mixln)"), ("LNS (run/lns)", "Pre-LN (run/preln)"):
+        assert re.search(re.escape(pair[0]) + r" [\d.]+ vs " + re.escape(pair[1]), report), pair
+    assert re.search(r"Before training LNS scored ([\d.]+) and Pre-LN \1 \(1\.0000x", report)
+    deep_blocks = next(line for line in report.splitlines() if line.startswith("- Removing one block of the deeper"))
+    assert "run/lns " in deep_blocks and "run/preln " in deep_blocks
+
+
 @pytest.mark.parametrize("scaled", [True, False])
 def test_from_scratch_both_arms_start_from_the_same_initialization(tiny_llama_tied, corpus, tmp_path, scaled):
     """strategy scratch: the Pre-LN arm is not the source as transformers initialized it but the

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from mixln_convert.data.corpus import SHARES
+
 REPO = Path(__file__).parent.parent
 
 
@@ -54,12 +56,13 @@ def test_a_minimal_demo_runs_from_an_empty_folder(venv, tiny_llama, tmp_path):
     work = tmp_path / "empty"
     work.mkdir()
     env = {**os.environ, "MIXLN_CONVERT_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    done = run([venv / "bin" / "mixln-convert", "demo", "--source", tiny_llama, "--train-tokens", 1024,
-                "--eval-tokens", 256, "--no-prune-curve"], cwd=work, env=env)
+    done = run([venv / "bin" / "mixln-convert", "demo", "--source", tiny_llama, "--heal-tokens", 1024,
+                "--train-tokens", 1024, "--eval-tokens", 256, "--no-prune-curve"], cwd=work, env=env)
     report = work / "mixln-demo" / "report"
     assert (report / "report.md").is_file() and (report / "report.html").is_file()
     comparison = json.loads((report / "comparison.json").read_text())
-    assert {m["label"] for m in comparison["models"]} >= {"original", "converted", "mixln-trained", "preln-trained"}
+    assert [m["label"] for m in comparison["models"]] == ["original", "converted", "healed", "mixln-trained",
+                                                           "preln-trained"]
     assert "report:" in done.stdout
 
 
@@ -72,3 +75,15 @@ def test_the_wheel_ships_its_offline_tasks(venv, tmp_path):
             "print(shipped_tasks_dir(), *(len(tasks[name].test_docs()) for name in SHIPPED_TASKS))")
     where, *counts = run([venv / "bin" / "python", "-c", code], cwd=tmp_path).stdout.split()
     assert Path(where).is_relative_to(venv) and counts == ["60", "300"]
+
+
+def test_the_wheel_ships_the_embedded_corpus_general_english_and_all(venv, tmp_path):
+    """The default text is read from the installed wheel, its shipped English checked against the manifest."""
+    code = ("import json\n"
+            "from mixln_convert.data.corpus import ENGLISH, SPLITS, _shipped_english, embedded_corpus\n"
+            "english = {text: source for source, _, text in _shipped_english()}\n"
+            "print(json.dumps({'where': str(ENGLISH), 'splits': {s: sorted({english.get(d, 'docstrings')\n"
+            "                  for d in embedded_corpus(s)}) for s in SPLITS}}))")
+    shown = json.loads(run([venv / "bin" / "python", "-c", code], cwd=tmp_path).stdout)
+    assert Path(shown["where"]).is_relative_to(venv)
+    assert all(sources == sorted(SHARES) for sources in shown["splits"].values())

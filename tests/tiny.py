@@ -1,10 +1,14 @@
-"""Tiny random LLaMA (and Mistral) checkpoints with a real (byte-level BPE) tokenizer, built offline."""
+"""Tiny random LLaMA (and Mistral, Qwen2, Qwen3) checkpoints with a real (byte-level BPE) tokenizer, built
+offline, and Qwen GGUF files of them."""
 
+import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, MistralForCausalLM, PreTrainedTokenizerFast
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralForCausalLM, PreTrainedTokenizerFast, Qwen2ForCausalLM,
+                          Qwen3ForCausalLM)
 
 VOCAB = 320
 TRAINING_TEXT = [
@@ -34,20 +38,72 @@ def tiny_config(**overrides) -> LlamaConfig:
     return LlamaConfig(**{**TINY_CONFIG, **overrides})
 
 
-FAMILIES = {"llama": LlamaForCausalLM, "mistral": MistralForCausalLM}  # name -> model class
+FAMILIES = {"llama": LlamaForCausalLM, "mistral": MistralForCausalLM, "qwen2": Qwen2ForCausalLM,
+            "qwen3": Qwen3ForCausalLM}  # name -> model class
+# Qwen's tokenizer class adds <|endoftext|> to the tiny vocabulary: a Qwen model holds more
+# embedding rows than its tokenizer has tokens, as Qwen's own checkpoints do.
+QWEN_VOCAB = VOCAB + 16
 
 
 def make_tiny_llama(folder: Path, seed: int = 0, norm_noise: float = 0.5, max_shard_size: str = "1GB",
                     family: str = "llama", **config_overrides) -> Path:
-    """Save a random LLaMA (or another ``family``) whose norm gains are not all ones (so
-    moving/folding them matters)."""
+    """Save a random LLaMA (or another ``family``) whose norm gains (Qwen3's per-head q/k norms'
+    too) are not all ones and whose biases (Qwen2's q/k/v) not zeros, so moving/folding them matters."""
     torch.manual_seed(seed)
     model_class = FAMILIES[family]
-    model = model_class(model_class.config_class(**{**TINY_CONFIG, **config_overrides}))
+    qwen = family.startswith("qwen")
+    vocab = {"vocab_size": QWEN_VOCAB} if qwen else {}
+    model = model_class(model_class.config_class(**{**TINY_CONFIG, **vocab, **config_overrides}))
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("layernorm.weight") or name == "model.norm.weight":
+            if name.endswith("norm.weight"):
                 p.copy_(1 + norm_noise * torch.rand_like(p))
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn_like(p))
     model.save_pretrained(folder, max_shard_size=max_shard_size)
     tiny_tokenizer().save_pretrained(folder)
+    if qwen:  # the class Qwen's checkpoints name; transformers would read a generic one as
+        # Qwen2Tokenizer for a qwen2 config but as itself for a converted one
+        path = Path(folder) / "tokenizer_config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "tokenizer_class": "Qwen2Tokenizer"}))
     return Path(folder)
+
+
+def write_tiny_gguf(folder: Path, arch, path: Path, head_dim: int | None = None) -> Path:
+    """The float32 single-shard checkpoint at ``folder`` (of :func:`make_tiny_llama`) as llama.cpp
+    writes a Qwen GGUF: tensors by the GGUF names of ``arch`` (an architectures/*.json description),
+    q/k rows in HF's order (Qwen's rope is llama.cpp's "neox"; LLaMA's would need permuting), the
+    byte-level BPE tokenizer as a "gpt2" vocabulary; ``head_dim`` overrides attention.key_length."""
+    from gguf import GGUFWriter, TokenType
+
+    config = json.loads((Path(folder) / "config.json").read_text())
+    state = load_file(Path(folder) / "model.safetensors")
+    writer = GGUFWriter(path, arch.gguf_architecture)
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_key_length(head_dim or config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
+    writer.add_vocab_size(config["vocab_size"])
+    vocabulary = json.loads(tiny_tokenizer().backend_tokenizer.to_str())["model"]
+    tokens = sorted(vocabulary["vocab"], key=vocabulary["vocab"].get)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([TokenType.CONTROL if t.startswith("<") and t.endswith(">") else TokenType.NORMAL
+                            for t in tokens])
+    writer.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in vocabulary["merges"]])
+    writer.add_bos_token_id(config["bos_token_id"])
+    writer.add_eos_token_id(config["eos_token_id"])
+    for gguf_name, name in arch.gguf_names(config["num_hidden_layers"]).items():
+        if name in state:
+            writer.add_tensor(gguf_name, state[name].numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -71,6 +71,8 @@ def analyze(ckpt, out, *, data=None, span: int = 1, seq_len: int = 256, max_toke
             "seq_len": seq_len,
             "num_layers": num_layers,
             "post_ln_layers": n_post,
+            # LayerNorm Scaling: every block Pre-LN, its norm outputs scaled by 1/sqrt(l)
+            "layernorm_scaling": getattr(model.config, "layernorm_scaling", False),
             "layout": ["Post-LN" if i < n_post else "Pre-LN" for i in range(num_layers)],
             **layer_metrics(model, blocks, span, batch_size, progress),
             "tokenizer_vocab_size": len(tokenizer),

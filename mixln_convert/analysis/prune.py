@@ -152,25 +152,34 @@ def select_layers(source, num_layers, layers, remove, method, data, seq_len, max
 
 
 def kept_tensors(source, arch, removed: list[int]):
-    """Every tensor but those of the ``removed`` blocks, the kept blocks renumbered."""
+    """Every tensor but those of the ``removed`` blocks, the kept blocks renumbered. In a LayerNorm
+    Scaling model a block's norm outputs are scaled by its depth, which renumbering changes: its
+    gains are rescaled so that each kept block computes what it did (as ``analyze`` skips blocks)."""
+    from ..conversion.lns import NORM_ROLES, gain_factor
+
     kept = [i for i in range(source.config["num_hidden_layers"]) if i not in removed]
     new_index = {old: new for new, old in enumerate(kept)}
     tied = source.config.get("tie_word_embeddings", False)
+    scaled_norms = {arch.layer[role] for role in NORM_ROLES} if source.config.get("layernorm_scaling") else set()
     for name in source.names():
         i = arch.layer_of(name)
         if i in removed or (tied and name == arch.lm_head):  # a tied head is the embeddings: not saved twice
             continue
-        new_name = name
+        new_name, tensor = name, source.get(name)
         if i is not None:
             prefix = arch.layer_prefix.format(i=i)
             new_name = arch.layer_prefix.format(i=new_index[i]) + name.removeprefix(prefix)
-        yield new_name, source.get(name)
+            if name.removeprefix(prefix) in scaled_norms and new_index[i] != i:
+                tensor = (tensor.double() * (gain_factor(new_index[i]) / gain_factor(i))).to(tensor.dtype)
+        yield new_name, tensor
 
 
 def pruned_config(config: dict, arch, removed: list[int], record: dict) -> dict:
     """config.json of the pruned model: depth, Mix-LN layout, and ``record`` in its provenance."""
     config = dict(config)
     config["num_hidden_layers"] -= len(removed)
+    if config.get("layer_types"):  # the attention kind of each block (Qwen's): the kept blocks' only
+        config["layer_types"] = [kind for i, kind in enumerate(config["layer_types"]) if i not in removed]
     if config.get("model_type") == arch.converted["model_type"]:
         n_post = config["post_ln_layers"]
         # Post-LN blocks are the leading ones, so the kept ones still are: the layout stays one count.

@@ -2,10 +2,13 @@
 
 Each file names the source architecture, the tensor names of the embeddings, final norm,
 LM head and of one decoder layer, and what a converted checkpoint is called; a family that
-shares another's names says ``"extends": "llama.json"`` and lists only what differs. Supporting a new
-LLaMA-shaped family means adding a JSON file, not code: the converter only asks an
-:class:`Architecture` for names (``mistral.json`` is one; Qwen2's q/k/v biases without an o_proj
-bias are not a LLaMA block, so it would need model code too).
+shares another's names says ``"extends": "llama.json"`` and lists only what differs (tables
+merge key by key). The converter only asks an :class:`Architecture` for names, so a family
+whose blocks are LLaMA's under another name is a JSON file alone (``mistral.json``); one whose
+blocks hold more tensors lists them as roles of its own (``qwen2.json``'s q/k/v biases,
+``qwen3.json``'s per-head q/k norms, which every strategy carries over as the source has them)
+and needs its Mix-LN block and config classes in ``model/`` (built on transformers' classes of
+the family), which the ``converted`` table names.
 """
 
 import json
@@ -30,7 +33,7 @@ class Architecture:
     layer_prefix: str
     layer: dict
     # config keys the Mix-LN model does not implement -> what they are; a source converts only
-    # where they are null or absent (Mistral's sliding_window)
+    # where they are null, false or absent (Mistral's sliding_window, Qwen's use_sliding_window)
     unsupported_config: dict = field(default_factory=dict)
     # the same tensors' names in a GGUF file, and the GGUF metadata keys (after "<arch>.") of the config
     gguf: dict = field(default_factory=dict)
@@ -70,7 +73,16 @@ def _read(name: str) -> dict:
     """A description's fields; ``"extends": "other.json"`` takes that file's and overrides some."""
     fields = json.loads(resources.files(__package__).joinpath(name).read_text())
     base = fields.pop("extends", None)
-    return {**_read(base), **fields} if base else fields
+    return _merged(_read(base), fields) if base else fields
+
+
+def _merged(base: dict, override: dict) -> dict:
+    """``base`` with ``override``'s values, tables merged key by key (a list or a name replaces)."""
+    merged = dict(base)
+    for key, value in override.items():
+        both_tables = isinstance(value, dict) and isinstance(base.get(key), dict)
+        merged[key] = _merged(base[key], value) if both_tables else value
+    return merged
 
 
 @cache
@@ -92,9 +104,9 @@ def architecture_for(config: dict, where: str) -> Architecture:
     for arch in all_architectures():
         if model_type == arch.model_type and (not declared or set(declared) & set(arch.architectures)):
             for key, feature in arch.unsupported_config.items():
-                if config.get(key) is not None:
+                if config.get(key) is not None and config[key] is not False:
                     raise MixLNError(f"{where}: {key} {config[key]}: the Mix-LN model has no {feature}; "
-                                     f"only {arch.name} checkpoints with {key} null convert")
+                                     f"only {arch.name} checkpoints with {key} null or false convert")
             for key in ("attention_bias", "mlp_bias"):  # the conversion plan folds and fits bias-free weights
                 if config.get(key):
                     raise MixLNError(f"{where}: {key} true: projections with biases are not supported "

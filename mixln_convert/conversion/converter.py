@@ -1,4 +1,4 @@
-"""``convert()``: a Pre-LN LLaMA checkpoint in, a Mix-LN checkpoint folder out."""
+"""``convert()``: a Pre-LN LLaMA checkpoint in, a Mix-LN (or LayerNorm Scaling) checkpoint folder out."""
 
 import time
 from pathlib import Path
@@ -12,7 +12,7 @@ from ..io.paths import check_destination, check_readable
 from ..io.writer import atomic_output_dir, parse_size, tool_stamp, write_checkpoint
 from ..limits import check_positive, check_seed, check_seq_len
 from ..options import STRATEGIES
-from .layout import post_ln_count
+from .layout import check_layout, post_ln_count
 from .plan import ConversionPlan
 
 # Short calibration blocks fit the Post-LN gains better (down to a point; docs/measurements.md):
@@ -37,6 +37,7 @@ def convert(
     *,
     alpha: float | None = None,
     post_ln_layers: int | None = None,
+    layout: str = "mixln",
     strategy: str = "calibrated",
     scaled_init: bool = True,
     calibration_data=None,
@@ -52,8 +53,11 @@ def convert(
     """Convert the Pre-LN checkpoint ``src`` (HF folder or .gguf) into a Mix-LN folder ``dst``.
 
     The first ``floor(alpha * L)`` blocks (or ``post_ln_layers``; default alpha 0.25) become
-    Post-LN; ``strategy`` says what their weights become (see :mod:`.plan`). ``src`` is never
-    written; ``dst`` appears only when the whole conversion succeeded. Returns ``dst``.
+    Post-LN; ``strategy`` says what their weights become (see :mod:`.plan`). ``layout="lns"``
+    makes a LayerNorm Scaling model instead (:mod:`.lns`): no block Post-LN, every block's norm
+    outputs scaled by 1/sqrt(l), its gains multiplied by sqrt(l) so that it computes the source's
+    function (``strategy="scratch"``: freshly initialized, gains 1, as in the LNS paper). ``src``
+    is never written; ``dst`` appears only when the whole conversion succeeded. Returns ``dst``.
 
     Tensors stream from the source's shards to the output's, so memory stays within one shard
     plus ~1 GiB: output shards default to the source's largest shard, at most 5GB (a larger
@@ -65,6 +69,7 @@ def convert(
     """
     if strategy not in STRATEGIES:
         raise MixLNError(f"--strategy: unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
+    lns = check_layout(layout, alpha, post_ln_layers, strategy)
     for flag, value in (("--calibration-seq-len", calibration_seq_len), ("--calibration-tokens", calibration_tokens)):
         check_positive(flag, value)
     check_seed(seed)
@@ -77,7 +82,7 @@ def convert(
     source = open_checkpoint(src)
     arch = architecture_for(source.config, source.where)
     config = dict(source.config)
-    n_post = post_ln_count(config["num_hidden_layers"], alpha, post_ln_layers)
+    n_post = 0 if lns else post_ln_count(config["num_hidden_layers"], alpha, post_ln_layers)
     if strategy == "calibrated" and n_post > 0:
         check_seq_len("--calibration-seq-len", calibration_seq_len, config)
     if max_shard_bytes is None:  # the writer buffers one output shard of computed tensors
@@ -90,15 +95,17 @@ def convert(
         if strategy == "calibrated" and n_post > 0:
             stats = first_blocks(statistics, n_post) if statistics else calibration_statistics(
                 source, arch, n_post, calibration_data, calibration_tokens, calibration_seq_len, progress)
-        plan = ConversionPlan(arch, config, n_post, strategy, scaled_init, seed, stats, out_dtype)
-        provenance = tool_stamp(source=str(Path(src).absolute()), strategy=strategy, seed=seed,
-                                calibration=_provenance_of(stats))
+        plan = ConversionPlan(arch, config, n_post, strategy, scaled_init, seed, stats, out_dtype,
+                              lns_gains=lns and strategy != "scratch")
+        # an LNS retrofit calibrates nothing: "exact" says what it is
+        provenance = tool_stamp(source=str(Path(src).absolute()), strategy="exact" if plan.lns_gains else strategy,
+                                seed=seed, calibration=_provenance_of(stats))
         if strategy in ("reinit-post", "scratch"):
             provenance["scaled_init"] = scaled_init
 
         def finished_config() -> dict:
             return converted_config(config, arch, n_post, alpha, out_dtype,
-                                    {**provenance, "seconds": round(time.time() - started, 2)})
+                                    {**provenance, "seconds": round(time.time() - started, 2)}, lns)
 
         write_checkpoint(tmp, plan.tensors(source), finished_config, source, max_shard_bytes, desc="converting",
                          total=len(source.names()), progress=progress)
@@ -138,7 +145,8 @@ def _provenance_of(stats: dict | None) -> dict | None:
     return {k: [v.mean().item() for v in vs] if k.endswith("_gain") else vs for k, vs in stats.items()}
 
 
-def converted_config(source_config: dict, arch, n_post: int, alpha, dtype, provenance: dict) -> dict:
+def converted_config(source_config: dict, arch, n_post: int, alpha, dtype, provenance: dict,
+                     layernorm_scaling: bool) -> dict:
     """config.json of the converted model: the source's, with the Mix-LN model type and layout."""
     config = dict(source_config)
     config.update(
@@ -146,6 +154,7 @@ def converted_config(source_config: dict, arch, n_post: int, alpha, dtype, prove
         architectures=[arch.converted["architecture"]],
         auto_map=arch.converted["auto_map"],
         post_ln_layers=n_post,
+        layernorm_scaling=layernorm_scaling,
         alpha=alpha,
         dtype=str(dtype).removeprefix("torch."),
         mixln_provenance=provenance,

@@ -12,9 +12,16 @@ reinit-post     dropped               ones                   ones (layer re-init
 scratch         every tensor of the model is freshly initialized
 ==============  ====================  =====================  ====================
 
+``lns_gains`` (the LNS retrofit, :mod:`.lns`; no Post-LN block) multiplies every block's norm
+gains by sqrt(layer index + 1) and carries every other tensor over.
+
 ``calibrated`` folds ``gain / typical_rms`` into the input columns of the projections that
 read a norm's output, because a Post-LN block feeds them a residual stream normalized to a
-constant RMS instead of the Pre-LN norm's output (docs/mixln.md).
+constant RMS instead of the Pre-LN norm's output (docs/mixln.md). A family's own tensors stay
+as the source has them (fresh where the layer is re-initialized): Qwen2's q/k/v biases are
+added after the product with the scaled columns, which computes W (gain * x / rms) + b, the
+Pre-LN projection of a token at the typical RMS, bias included; Qwen3's per-head q/k norms act
+on the projections' outputs.
 """
 
 from dataclasses import dataclass, field
@@ -24,6 +31,7 @@ import torch
 
 from ..architectures import Architecture
 from .initialization import fresh_tensor, init_std
+from .lns import NORM_ROLES, gain_factor
 
 
 
@@ -37,6 +45,7 @@ class ConversionPlan:
     seed: int = 0
     stats: dict | None = None  # calibrate() of the source, for "calibrated"
     dtype: torch.dtype = torch.float32
+    lns_gains: bool = False  # each block's norm gains x sqrt(l): the exact LNS retrofit
     roles: dict = field(init=False)  # per-layer tensor suffix -> role ("attention_inputs", ...)
 
     def __post_init__(self):
@@ -46,7 +55,9 @@ class ConversionPlan:
                 self.roles[n] = role
 
     def _fresh(self, name: str, role: str | None, shape) -> torch.Tensor:
-        is_norm = name == self.arch.final_norm or (role or "").endswith("norm")
+        if (role or "").endswith("biases"):  # Qwen2's q/k/v biases: zeros, as transformers initializes them
+            return torch.zeros(shape)
+        is_norm = name == self.arch.final_norm or (role or "").endswith(("norm", "norms"))  # norms: Qwen3's q/k
         std = None if is_norm else init_std(role or "", self.config.get("initializer_range", 0.02),
                                              self.config["num_hidden_layers"], self.scaled_init)
         return fresh_tensor(name, shape, std, self.seed)
@@ -60,7 +71,7 @@ class ConversionPlan:
             if self.strategy == "scratch":
                 yield from self._scratch(source, name, i)
             elif i is None or i >= self.n_post:
-                yield name, source.get(name).to(self.dtype)
+                yield name, self._carried(source, name, i)
             else:
                 yield from self._post_ln(source, name, i)
 
@@ -69,7 +80,7 @@ class ConversionPlan:
         if i is None:
             yield name, self._fresh(name, None, shape).to(self.dtype)
             return
-        role = self.roles[name.removeprefix(self.arch.layer_prefix.format(i=i))]
+        role = self._role(name, i)
         if i < self.n_post and role == "input_norm":
             return
         yield name, self._fresh(name, role, shape).to(self.dtype)
@@ -77,8 +88,20 @@ class ConversionPlan:
             pf = self.arch.layer_tensor(i, "post_feedforward_norm")
             yield pf, self._fresh(pf, "post_feedforward_norm", shape).to(self.dtype)
 
+    def _role(self, name: str, i: int) -> str:
+        return self.roles[name.removeprefix(self.arch.layer_prefix.format(i=i))]
+
+    def _carried(self, source, name: str, i: int | None) -> torch.Tensor:
+        """A tensor as the source holds it (streamed through uncopied), an LNS retrofit's norm gains
+        scaled (in float64, so the cast to ``dtype`` is the only rounding)."""
+        tensor = source.get(name)
+        suffix = None if i is None else name.removeprefix(self.arch.layer_prefix.format(i=i))
+        if self.lns_gains and self.roles.get(suffix) in NORM_ROLES:
+            tensor = tensor.double() * gain_factor(i)
+        return tensor.to(self.dtype)
+
     def _post_ln(self, source, name: str, i: int):
-        role = self.roles[name.removeprefix(self.arch.layer_prefix.format(i=i))]
+        role = self._role(name, i)
         if role == "input_norm":
             return
         if self.strategy == "reinit-post":

@@ -1,8 +1,11 @@
 """Where calibration, evaluation and training text comes from, and its token ids.
 
-With no data given we use the docstrings of the Python standard library: English prose that ships
-with every Python, so conversion and evaluation work offline. The corpus depends on the Python
-version but is deterministic for a given installation.
+With no data given we use the embedded corpus: general English that ships with this package (Jane
+Austen's novels and Wikipedia articles, built by scripts/build_corpus.py from pinned registry files;
+sources and licences in english/manifest.json) mixed with the docstrings of the Python standard
+library, so conversion, heal and evaluation work offline. A heal on docstrings alone tuned a
+general model toward code documentation (docs/corpus.md). The docstrings depend on the Python
+version; for a given installation the corpus is deterministic.
 """
 
 import ast
@@ -12,6 +15,7 @@ import hashlib
 import inspect
 import itertools
 import json
+import lzma
 import os
 import sysconfig
 import zlib
@@ -23,6 +27,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..errors import MixLNError
+from ..io.hub import HubDataset, hub_name
 
 SPLITS = ("calibration", "train", "validation")
 MIN_DOC_CHARS = 200  # shorter docstrings are mostly one-liners ("Return self."), not prose
@@ -31,6 +36,11 @@ SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__
 TOKENIZE_BATCH = 256  # documents per tokenizer call
 PARQUET_BATCH = 1024  # rows read from a parquet file at a time
 FORMATS = (".txt", ".jsonl", ".json", ".jsonl.gz", ".json.gz", ".parquet")
+ENGLISH = Path(__file__).parent / "english"  # the shipped general English (scripts/build_corpus.py)
+ENGLISH_DOCUMENTS, ENGLISH_MANIFEST = "documents.jsonl.xz", "manifest.json"
+# The embedded corpus's sources and their shares of its characters (in every split, and in every
+# prefix of one: calibration, evaluation and heal read only the first tokens of theirs).
+SHARES = {"docstrings": 1 / 3, "austen": 1 / 3, "wikipedia": 1 / 3}
 
 # ---------------------------------------------------------------------------------------------
 # the embedded corpus
@@ -58,10 +68,9 @@ def _docstrings(tree: ast.Module):
     yield from visit(tree, "")
 
 
-@lru_cache(maxsize=1)
-def _split_corpus() -> dict[str, tuple[str, ...]]:
+def _stdlib_docstrings():
+    """Yield (key, docstring) for every docstring of the standard library worth reading as prose."""
     root = sysconfig.get_paths()["stdlib"]
-    splits, seen = {s: [] for s in SPLITS}, set()
     for folder, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)  # sorted: walk order is the doc order
         for file in sorted(f for f in files if f.endswith(".py")):
@@ -74,18 +83,59 @@ def _split_corpus() -> dict[str, tuple[str, ...]]:
             rel = os.path.relpath(path, root).replace(os.sep, "/")
             for name, doc in _docstrings(tree):
                 doc = inspect.cleandoc(doc).strip() if doc else ""
-                # identical docstrings (e.g. _pyio vs io wrappers) would leak across splits
-                if len(doc) >= MIN_DOC_CHARS and doc not in seen:
-                    seen.add(doc)
-                    splits[_split_of(f"{rel}:{name}")].append(doc)
-    return {s: tuple(docs) for s, docs in splits.items()}
+                if len(doc) >= MIN_DOC_CHARS:
+                    yield f"{rel}:{name}", doc
+
+
+def _shipped_english():
+    """Yield (source, key, text) of the shipped general English, its file checked against the
+    manifest first: a damaged installation is refused, not read."""
+    path = ENGLISH / ENGLISH_DOCUMENTS
+    try:
+        manifest = json.loads((ENGLISH / ENGLISH_MANIFEST).read_text(encoding="utf-8"))
+        data = path.read_bytes()
+        if hashlib.sha256(data).hexdigest() != manifest["sha256"]:
+            raise MixLNError(f"{path}: sha256 differs from {ENGLISH_MANIFEST}'s: the installed package is damaged; "
+                             "reinstall mixln-convert")
+        records = [json.loads(line) for line in lzma.decompress(data).decode("utf-8").splitlines()]
+    except (OSError, KeyError, ValueError, lzma.LZMAError) as e:  # JSONDecodeError and UnicodeDecodeError too
+        raise MixLNError(f"{path}: cannot read the embedded corpus: {e}; reinstall mixln-convert") from None
+    for record in records:
+        yield record["source"], record["document"], record["text"]
+
+
+def _interleave(by_source: dict[str, list[str]]) -> list[str]:
+    """The sources' documents, each source's in its own order, merged so that every prefix holds
+    each source at about its SHARES share of the characters (until one runs out)."""
+    merged, taken, at = [], dict.fromkeys(by_source, 0), dict.fromkeys(by_source, 0)
+    while left := [source for source in by_source if at[source] < len(by_source[source])]:
+        source = min(left, key=lambda s: taken[s] / SHARES[s])  # ties: the first in SHARES's order
+        document = by_source[source][at[source]]
+        merged.append(document)
+        at[source] += 1
+        taken[source] += len(document)
+    return merged
+
+
+@lru_cache(maxsize=1)
+def _split_corpus() -> dict[str, tuple[str, ...]]:
+    splits, seen = {s: {source: [] for source in SHARES} for s in SPLITS}, set()
+    documents = itertools.chain((("docstrings", key, doc) for key, doc in _stdlib_docstrings()), _shipped_english())
+    for source, key, text in documents:
+        # a split is drawn per document (a docstring, a chapter, an article), so no text is both
+        # trained on and measured; identical texts (e.g. _pyio vs io wrappers) would leak across splits
+        if text not in seen:
+            seen.add(text)
+            splits[_split_of(key)][source].append(text)
+    return {s: tuple(_interleave(by_source)) for s, by_source in splits.items()}
 
 
 def embedded_corpus(split: str) -> list[str]:
-    """Standard-library docstrings of one split: ~10% calibration, ~25% validation, the rest train.
+    """The embedded corpus's documents of one split: ~10% calibration, ~25% validation, the rest
+    train, of each source's documents; the sources interleaved at their SHARES.
 
-    The whole corpus is only ~1.3M characters, hence the large held-out shares: validation needs
-    ~300k characters for a stable perplexity, calibration ~100k.
+    The docstrings are only ~1.3M characters, hence the large held-out shares: validation needs
+    ~300k characters of them for a stable perplexity, calibration ~100k.
     """
     if split not in SPLITS:
         raise MixLNError(f"unknown split {split!r}: expected one of {', '.join(SPLITS)}")
@@ -176,12 +226,15 @@ def _parquet_documents(path: Path) -> Iterator[str]:
         raise MixLNError(f"{path}: cannot read parquet: {e}".replace("\n", " ")) from None
 
 
-def file_documents(path: Path) -> Iterator[str]:
-    """The non-blank documents of one file, streamed: a .txt file is one document, a JSON line,
-    JSON record or parquet row another."""
-    fmt = _format(path)
+def file_documents(path: Path | HubDataset, streaming: bool = False) -> Iterator[str]:
+    """The non-blank documents of one file or Hub dataset, streamed: a .txt file is one document, a
+    JSON line, JSON record, parquet row or dataset row another. ``streaming``: a Hub dataset's rows
+    as they come (else from its copy prepared in the datasets cache, which stays for offline use)."""
+    fmt = None if isinstance(path, HubDataset) else _format(path)
     try:
-        if fmt == ".parquet":
+        if fmt is None:
+            documents = (_text_of(record, path, f"row {i}") for i, record in enumerate(path.records(streaming)))
+        elif fmt == ".parquet":
             documents = _parquet_documents(path)
         elif fmt == ".txt":
             text = path.read_bytes().decode("utf-8")
@@ -195,22 +248,31 @@ def file_documents(path: Path) -> Iterator[str]:
         raise MixLNError(f"{path}: cannot read: {e}") from None
 
 
-def source_files(source) -> list[Path]:
-    """The files a user-given source names: a file, a folder (recursively, sorted) or a glob."""
-    return _files(str(source))
+def source_files(source) -> list[Path | HubDataset]:
+    """The files a user-given source names: a file, a folder (recursively, sorted) or a glob; or the
+    Hub dataset it names (:mod:`mixln_convert.io.hub`)."""
+    dataset = hub_name(source, "dataset")
+    return [HubDataset(dataset)] if dataset is not None else _files(str(source))
 
 
 def check_text(source, flag: str) -> None:
     """Every document of ``source`` (a file, folder or glob) read and decoded once, none kept: a
-    command that writes before it reads its text (sweep, study) refuses a bad file first."""
+    command that writes before it reads its text (sweep, study) refuses a bad file first. A Hub
+    dataset is checked as its builder knows it (split, column): reading it all would fetch it all."""
+    dataset = hub_name(source, "dataset")
+    if dataset is not None:
+        HubDataset(dataset).builder(flag)
+        return
     if not sum(1 for f in source_files(source) for _ in file_documents(f)):
         raise MixLNError(f"{flag} {source}: no text found (empty file or all documents empty)")
 
 
 def read_texts(source=None, split: str = "validation") -> list[str]:
-    """Documents from `source`: None (the embedded corpus's `split`), a file, a folder or a glob.
+    """Documents from `source`: None (the embedded corpus's `split`), a file, a folder, a glob or a
+    Hub dataset (its split prepared in the datasets cache, then read).
 
-    For a user-given source `split` is ignored: the user chose the text.
+    For a user-given source `split` is ignored: the user chose the text (a Hub dataset's split is in
+    its name, train unless named).
     """
     if source is None:
         return embedded_corpus(split)

@@ -19,6 +19,7 @@ import numpy as np
 from ..errors import MixLNError
 from ..fetch import cache_dir
 from ..limits import check_processes
+from ..io.hub import HubDataset
 from ..io.paths import resolved
 from .corpus import source_files, token_ids
 from .shards import MANIFEST, ShardBlocks, TokenShards, check_shards, is_tokens_folder, read_manifest
@@ -106,14 +107,17 @@ def load_splits(data: dict, tokenizer, train_tokens: int, progress: bool = True)
 
 def data_fingerprint(data: dict) -> dict[str, str]:
     """{file: sha256} of every file a recipe's ``data`` section reads: its text files, or a
-    tokenized folder's manifest (which holds each shard's sha256). A resumed run must find them
-    unchanged."""
+    tokenized folder's manifest (which holds each shard's sha256); {name: commit} of a Hub dataset.
+    A resumed run must find them unchanged."""
     found = {}
     for key in ("train", "validation"):
         source = data[key]
         if source is not None:
-            files = [Path(source) / MANIFEST] if is_tokens_folder(source) else source_files(source)
-            found.update({str(resolved(f)): source_sha256(f) for f in files})
+            for f in [Path(source) / MANIFEST] if is_tokens_folder(source) else source_files(source):
+                if isinstance(f, HubDataset):
+                    found[str(f)] = f.record()["revision"]
+                else:
+                    found[str(resolved(f))] = source_sha256(f)
     return found
 
 

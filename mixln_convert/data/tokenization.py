@@ -31,6 +31,7 @@ from tqdm import tqdm
 from ..errors import MixLNError
 from ..io.atomic import replace_dir, try_lock, wait_for_lock, write_atomic, write_failure
 from ..io.paths import resolved
+from ..io.hub import HubDataset
 from .corpus import embedded_corpus, file_documents, source_files
 from .shards import (FORMAT, MANIFEST, TOKEN_SPLITS, VERSION, ShardWriter, check_shards, file_sha256,
                      read_manifest, token_dtype)
@@ -154,7 +155,7 @@ def _results(tasks, workers: int, initargs: tuple):
 
 
 def _inputs(train, validation) -> list[tuple[str, object, dict]]:
-    """(role, file or embedded split, manifest record) of each input, validation first: a
+    """(role, file, Hub dataset or embedded split, manifest record) of each input, validation first: a
     document's split is decided as soon as it is read."""
     def described(source, role):
         if source is None:  # the embedded corpus: its texts are small, so they are the record
@@ -162,8 +163,10 @@ def _inputs(train, validation) -> list[tuple[str, object, dict]]:
             digest = hashlib.sha256("\0".join(embedded_corpus(split)).encode()).hexdigest()
             return [(role, split, {"embedded": split, "sha256": digest})]
         # the content, not the date: an edit that keeps the date (a copy with -p, rsync -t), or a
-        # resumed training run over a file edited in place, is seen as the other text it is
-        return [(role, f, {"path": str(resolved(f)), "bytes": f.stat().st_size, "sha256": source_sha256(f)})
+        # resumed training run over a file edited in place, is seen as the other text it is; a Hub
+        # dataset by the commit it is read at
+        return [(role, f, f.record() if isinstance(f, HubDataset) else
+                 {"path": str(resolved(f)), "bytes": f.stat().st_size, "sha256": source_sha256(f)})
                 for f in source_files(source)]
 
     explicit = validation is not None or train is None
@@ -185,7 +188,7 @@ def _sha256_of(path: str, size: int, ctime_ns: int, inode: int) -> str:
 
 
 def _documents(item) -> object:
-    return iter(embedded_corpus(item)) if isinstance(item, str) else file_documents(item)
+    return iter(embedded_corpus(item)) if isinstance(item, str) else file_documents(item, streaming=True)
 
 
 def _chunks(inputs, start: tuple[int, int]):
@@ -334,7 +337,9 @@ def _build(wanted, out: Path, partial: Path, encoder: Encoder, train, validation
     excluded = frozenset(_digest(text) for role, item, _ in inputs if role == "validation" for text in _documents(item))
     fraction = wanted["validation"].get("fraction")
     if not num_proc:  # auto: a worker per available core, for input worth it
-        big = sum(record.get("bytes", 0) for _, _, record in inputs) >= PARALLEL_BYTES
+        # a Hub dataset's size is known only once it is streamed, and rarely small
+        big = (sum(record.get("bytes", 0) for _, _, record in inputs) >= PARALLEL_BYTES
+               or any("dataset" in record for _, _, record in inputs))
         num_proc = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()) if big else 1
     # None: no bar when stderr is not a terminal
     with tqdm(initial=sum(w.tokens for w in writers.values()), unit="tok", unit_scale=True, desc="tokenizing",

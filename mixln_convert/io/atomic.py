@@ -139,11 +139,12 @@ def write_failure(dst: Path, error: OSError, tmp: Path | None = None, kept: bool
     return message
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Replace the file ``path`` with ``text`` in one step: a reader sees the old or the new file."""
+def write_atomic(path: Path, text: str | bytes) -> None:
+    """Replace the file ``path`` with ``text`` (or bytes) in one step: a reader sees the old or the new file."""
     path = Path(path)
+    mode = "wb" if isinstance(text, bytes) else "w"
     try:
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
+        with tempfile.NamedTemporaryFile(mode, dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
             try:
                 tmp.write(text)
                 tmp.flush()  # a full disk fails here, inside the try, not in a close the caller cannot place

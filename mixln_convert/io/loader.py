@@ -30,13 +30,8 @@ import torch
 
 from ..architectures import architecture_of_any, architecture_of_gguf
 from ..errors import MixLNError
+from .checkpoint_files import EXTRA_FILE_PATTERNS, WEIGHT_FILES
 from .validate import check_config, check_config_loads, check_finite, check_tensors
-
-# Files beside the weights that a converted checkpoint needs too (tokenizer, generation defaults).
-EXTRA_FILE_PATTERNS = (
-    "tokenizer*", "special_tokens_map.json", "added_tokens.json", "generation_config.json",
-    "vocab.*", "merges.txt", "chat_template*", "*.model", "LICENSE*",
-)
 
 
 def read_json(path: Path):
@@ -183,8 +178,7 @@ class FolderCheckpoint(Checkpoint):
             self._loadable = True
 
     def _index(self) -> dict[str, str]:
-        for index_name, single in (("model.safetensors.index.json", "model.safetensors"),
-                                   ("pytorch_model.bin.index.json", "pytorch_model.bin")):
+        for index_name, single in WEIGHT_FILES:
             if (self.path / index_name).is_file():
                 return self._read_index(self.path / index_name)
             if (self.path / single).is_file():
@@ -374,7 +368,22 @@ class GGUFCheckpoint(Checkpoint):
         if hasattr(config, "quantization_config"):  # the dequantized weights are plain tensors
             del config.quantization_config
         config.architectures = [self.arch.name]
+        self._check_read_alike(config)
         return config
+
+    def _check_read_alike(self, config) -> None:
+        """transformers' reading of the sizes against the file's own: it reads some families' metadata
+        in part (Qwen3's head_dim: never, its default 128 instead of attention.key_length), and a
+        model of a config that differs would not hold the file's tensors."""
+        from transformers import __version__
+
+        for key, value in self._layout.items():
+            read = getattr(config, key, None)
+            if key == "head_dim" and read is None:  # Qwen2's config has none: hidden_size / heads
+                read = config.hidden_size // config.num_attention_heads
+            if key != "max_position_embeddings" and value is not None and read != value:
+                raise MixLNError(f"{self.path}: transformers {__version__} reads {key} {read!r} from this GGUF, "
+                                 f"whose metadata and tensors say {value!r}; it cannot load the file")
 
     @cached_property
     def config(self) -> dict:
@@ -385,7 +394,9 @@ class GGUFCheckpoint(Checkpoint):
 
     def get(self, name: str) -> torch.Tensor:
         """The tensor dequantized to float32, a fresh copy (the file stays memory-mapped read-only).
-        llama.cpp stores q_proj and k_proj with each head's rotary halves interleaved; undone here."""
+        llama.cpp stores LLaMA's q_proj and k_proj with each head's rotary halves interleaved (its
+        "norm" rope; ``interleaved_rotary`` in architectures/*.json); undone here. Qwen's rope is
+        llama.cpp's "neox" one, HF's own order: stored as it is."""
         import numpy as np
         from gguf import dequantize
 
@@ -397,7 +408,7 @@ class GGUFCheckpoint(Checkpoint):
             raise MixLNError(f"{self.path}: cannot dequantize {stored.name} ({stored.tensor_type.name}: {e})") from None
         heads = {"attn_q": self._layout["num_attention_heads"], "attn_k": self._layout["num_key_value_heads"]}
         role = stored.name.split(".")[-2]
-        if role in heads:
+        if self.arch.gguf["interleaved_rotary"] and role in heads:
             n = heads[role]
             weights = weights.reshape(n, shape[0] // n // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
         tensor = torch.from_numpy(np.array(weights, dtype=np.float32))

@@ -1,8 +1,10 @@
 """Where a command may write: its inputs are never written, whatever the spelling of the paths.
 
 Paths are compared resolved (``..``, symlinks, relative spellings), so ``x/../src`` and a link
-to ``src`` are ``src``. An output may not be an input, lie inside one or contain one. This module
-imports neither torch nor transformers: every command runs these checks before any weights are read.
+to ``src`` are ``src``. An output may not be an input, lie inside one or contain one. A Hub model
+name enters as its snapshot folder in the Hugging Face cache (:func:`checkpoint_path`), which is
+then an input like any folder. This module imports neither torch nor transformers: every command
+runs these checks before any weights are read.
 """
 
 import glob
@@ -10,6 +12,7 @@ import os
 from pathlib import Path
 
 from ..errors import MixLNError
+from .hub import HubDataset, hub_name, model_snapshot
 
 
 def resolved(path) -> Path:
@@ -74,7 +77,27 @@ def check_destination(dst, inputs: dict, force: bool = False, flag: str = "DST")
 
 
 def check_readable(path, flag: str) -> None:
-    """A data or checkpoint argument that must exist now (a glob must match)."""
+    """A data argument that must exist now: a path (a glob must match), or a Hub dataset name that
+    ``datasets`` can load (:mod:`.hub`)."""
+    dataset = hub_name(path, "dataset")
+    if dataset is not None:
+        HubDataset(dataset).builder(flag)
+        return
+    _check_paths(path, flag)
+
+
+def checkpoint_path(path, flag: str) -> str:
+    """A checkpoint argument as a local path: a path that exists, as given, or a Hub model name's
+    snapshot folder, fetched into the Hugging Face cache (:mod:`.hub`)."""
+    model = hub_name(path, "model")
+    if model is not None:
+        return model_snapshot(model, flag)
+    _check_paths(path, flag)
+    return path
+
+
+def _check_paths(path, flag: str) -> None:
+    """The path, or each match of its glob pattern, exists and is a regular file or folder."""
     named = _named(path)
     if not named or not all(os.path.exists(p) for p in named):
         raise MixLNError(f"{flag} {path}: no such file or folder" if not any(c in str(path) for c in "*?[")

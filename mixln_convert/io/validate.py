@@ -71,6 +71,12 @@ def check_config(config, where: str) -> None:
         if not (_is_int(k) and 0 <= k <= config["num_hidden_layers"]):
             raise MixLNError(f"{where}: post_ln_layers must be an integer in [0, num_hidden_layers "
                              f"{config['num_hidden_layers']}], got {k!r}")
+    if config.get("layernorm_scaling") is not None:
+        if not isinstance(config["layernorm_scaling"], bool):
+            raise MixLNError(f"{where}: layernorm_scaling must be true or false, got {config['layernorm_scaling']!r}")
+        if config["layernorm_scaling"] and config.get("post_ln_layers"):
+            raise MixLNError(f"{where}: layernorm_scaling scales the norms of Pre-LN blocks; post_ln_layers must be "
+                             f"0 with it, got {config['post_ln_layers']}")
 
 
 def check_rope(config: dict, where: str) -> None:
@@ -141,6 +147,9 @@ def expected_shapes(config: dict, arch, post_ln_layers: int) -> dict[str, tuple[
     weights[arch.layer["attention_output"]] = (hidden, q)
     weights.update({name: (inter, hidden) for name in arch.layer["mlp_inputs"]})
     weights[arch.layer["mlp_output"]] = (hidden, inter)
+    # the roles of one family only (architectures/*.json): Qwen2's q/k/v biases, Qwen3's per-head q/k norms
+    weights.update(zip(arch.layer.get("attention_input_biases", []), [(q,), (kv,), (kv,)]))
+    weights.update({name: (head_dim,) for name in arch.layer.get("attention_head_norms", [])})
     biases = {}
     if config.get("attention_bias"):
         biases.update({name: shape[:1] for name, shape in weights.items()

@@ -1,12 +1,13 @@
 """Register the Mix-LN classes when transformers' auto classes are first imported.
 
-Registering needs torch and transformers' LLaMA code (seconds to import), while
+Registering needs torch and transformers' LLaMA and Qwen code (seconds to import), while
 ``import mixln_convert`` must stay instant for the CLI. So the registration runs right after
 ``transformers.models.auto.modeling_auto`` is executed -- the module every
 ``AutoModelForCausalLM`` comes from -- or at once if it is already imported. But that module is
 executed in the middle of ``transformers.modeling_layers``, which every model file imports, and
-registering imports the Mix-LN modeling module, which imports LLaMA's model file and that one:
-while any of those three is still being executed, registering waits until the last is complete.
+registering imports the Mix-LN modeling module, which imports the model files of its families
+(LLaMA's, Qwen2's, Qwen3's) and that one: while any of those is still being executed,
+registering waits until the last is complete.
 """
 
 import importlib
@@ -16,7 +17,9 @@ import sys
 
 AUTO_MODULE = "transformers.models.auto.modeling_auto"
 # half-executed, these would make registering's imports circular
-HOSTS = {"transformers.modeling_layers", "transformers.models.llama.modeling_llama", "mixln_convert.model.modeling_mixln"}
+HOSTS = {"transformers.modeling_layers", "transformers.models.llama.modeling_llama",
+         "transformers.models.qwen2.modeling_qwen2", "transformers.models.qwen3.modeling_qwen3",
+         "mixln_convert.model.modeling_mixln"}
 REGISTER_MODULE = "mixln_convert.model.register"
 
 

@@ -1,14 +1,21 @@
-"""Mix-LN LLaMA: Post-LN in the first ``config.post_ln_layers`` blocks, Pre-LN in the rest.
+"""Mix-LN models: Post-LN in the first ``config.post_ln_layers`` blocks, Pre-LN in the rest.
 
-Built on transformers' LLaMA classes: attention, rotary embeddings, KV cache and the
-SDPA/eager/flash dispatch are LLaMA's own; only the block's normalization order differs.
+One set of classes per family of ``architectures/`` (LLaMA, Qwen2, Qwen3), each built on that
+family's transformers classes: attention (Qwen2's q/k/v biases, Qwen3's per-head q/k norms),
+MLP, rotary embeddings, KV cache and the SDPA/eager/flash dispatch are the family's own; only the
+block's normalization order differs (:class:`MixLNBlock`, shared by every family).
 
     Pre-LN  (LLaMA):  h = x + A(N_in(x));       out = h + M(N_pa(h))
     Post-LN:          h = N_pa(x + A(x));        out = N_pf(h + M(h))
+    LNS (block l):    h = x + A(N_in(x) / sqrt(l));  out = h + M(N_pa(h) / sqrt(l)),  l = layer index + 1
+
+(LNS: LayerNorm Scaling, arXiv 2502.05795, with ``config.layernorm_scaling``; every block Pre-LN.)
 
 This file is copied beside every converted checkpoint (``trust_remote_code=True`` loading),
 so it imports only torch, transformers and its sibling configuration file.
 """
+
+import math
 
 import torch
 from torch import nn
@@ -18,29 +25,55 @@ from transformers.models.llama.modeling_llama import (
     LlamaForCausalLM,
     LlamaModel,
     LlamaPreTrainedModel,
-    LlamaRMSNorm,
+)
+from transformers.models.qwen2.modeling_qwen2 import (
+    Qwen2DecoderLayer,
+    Qwen2ForCausalLM,
+    Qwen2Model,
+    Qwen2PreTrainedModel,
+)
+from transformers.models.qwen3.modeling_qwen3 import (
+    Qwen3DecoderLayer,
+    Qwen3ForCausalLM,
+    Qwen3Model,
+    Qwen3PreTrainedModel,
 )
 
-from .configuration_mixln import MixLNConfig
+from .configuration_mixln import MixLNConfig, MixLNLayout, MixLNQwen2Config, MixLNQwen3Config
 
 
-class MixLNDecoderLayer(LlamaDecoderLayer):
-    """A LLaMA decoder layer that is Post-LN when ``layer_idx < config.post_ln_layers``."""
+class MixLNBlock:
+    """A family's Pre-LN decoder layer, the class after this one among a block's bases, made
+    Post-LN when ``layer_idx < config.post_ln_layers``, and with its norms' outputs scaled by
+    ``1 / sqrt(layer_idx + 1)`` with ``config.layernorm_scaling``."""
 
-    def __init__(self, config: MixLNConfig, layer_idx: int):
+    def __init__(self, config: MixLNLayout, layer_idx: int):
         super().__init__(config, layer_idx)
         self.is_post_ln = layer_idx < config.post_ln_layers
         if self.is_post_ln:
-            # A Post-LN block normalizes after each residual add: no input norm, one more output norm.
+            # A Post-LN block normalizes after each residual add: no input norm, one more output norm
+            # (of the family's own RMSNorm class).
             del self.input_layernorm
-            self.post_feedforward_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+            norm_class = type(self.post_attention_layernorm)
+            self.post_feedforward_layernorm = norm_class(config.hidden_size, eps=config.rms_norm_eps)
+        # applied here, not in a norm subclass: transformers may swap a norm's forward for a hub kernel
+        self.norm_scale = 1 / math.sqrt(layer_idx + 1) if config.layernorm_scaling else None
 
     def forward(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
+        if self.norm_scale is not None:  # LNS: the family's Pre-LN block, each norm's output scaled
+            attn_output, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states) * self.norm_scale,
+                                            **kwargs)
+            hidden_states = hidden_states + attn_output
+            return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states) * self.norm_scale)
         if not self.is_post_ln:
             return super().forward(hidden_states, **kwargs)
         attn_output, _ = self.self_attn(hidden_states=hidden_states, **kwargs)
         hidden_states = self.post_attention_layernorm(hidden_states + attn_output)
         return self.post_feedforward_layernorm(hidden_states + self.mlp(hidden_states))
+
+
+class MixLNDecoderLayer(MixLNBlock, LlamaDecoderLayer):
+    """A LLaMA decoder layer with the Mix-LN layout (:class:`MixLNBlock`)."""
 
 
 class MixLNPreTrainedModel(LlamaPreTrainedModel):
@@ -52,7 +85,7 @@ class MixLNPreTrainedModel(LlamaPreTrainedModel):
 
 def _legacy_checkpointing(config) -> bool:
     """A config's legacy ``gradient_checkpointing: true``. transformers applies it in the first
-    post_init() and deletes it from the config; here that is the throwaway LLaMA layers built by
+    post_init() and deletes it from the config; here that is the family's throwaway layers built by
     super().__init__, so it is read first and applied to the Mix-LN layers afterwards."""
     return bool(getattr(config, "gradient_checkpointing", False))
 
@@ -63,28 +96,91 @@ def enable_checkpointing(model, kwargs: dict | None = None) -> None:
     (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)(kwargs)
 
 
-class MixLNModel(MixLNPreTrainedModel, LlamaModel):
-    def __init__(self, config: MixLNConfig):
+class MixLNDecoder:
+    """A family's decoder, the model class after this one among the bases, made of ``block_class`` blocks."""
+
+    block_class: type
+
+    def __init__(self, config: MixLNLayout):
         checkpointing = _legacy_checkpointing(config)
         super().__init__(config)
-        self.layers = nn.ModuleList(MixLNDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(self.block_class(config, i) for i in range(config.num_hidden_layers))
         self.post_init()
         if checkpointing:
             enable_checkpointing(self)
 
 
-class MixLNForCausalLM(MixLNPreTrainedModel, LlamaForCausalLM, GenerationMixin):
-    def __init__(self, config: MixLNConfig):
+class MixLNCausalLM:
+    """A family's causal LM, the class after this one among the bases, over a ``decoder_class`` decoder."""
+
+    decoder_class: type
+
+    def __init__(self, config: MixLNLayout):
         checkpointing = _legacy_checkpointing(config)
         super().__init__(config)
-        self.model = MixLNModel(config)
-        # post_init() adds the children's block classes to _no_split_modules; the LlamaModel that
-        # super() built (replaced above) left LlamaDecoderLayer there, which FSDP's auto-wrap then
+        self.model = self.decoder_class(config)
+        # post_init() adds the children's block classes to _no_split_modules; the family's model that
+        # super() built (replaced above) left its own decoder layer there, which FSDP's auto-wrap then
         # looks for in vain.
-        self._no_split_modules = set(MixLNPreTrainedModel._no_split_modules)
+        self._no_split_modules = set(type(self)._no_split_modules)
         self.post_init()
         if checkpointing:
             enable_checkpointing(self)
 
 
-__all__ = ["MixLNDecoderLayer", "MixLNForCausalLM", "MixLNModel", "MixLNPreTrainedModel"]
+class MixLNModel(MixLNDecoder, MixLNPreTrainedModel, LlamaModel):
+    block_class = MixLNDecoderLayer
+
+
+class MixLNForCausalLM(MixLNCausalLM, MixLNPreTrainedModel, LlamaForCausalLM, GenerationMixin):
+    decoder_class = MixLNModel
+
+
+class MixLNQwen2DecoderLayer(MixLNBlock, Qwen2DecoderLayer):
+    """A Qwen2 decoder layer (q/k/v biases) with the Mix-LN layout (:class:`MixLNBlock`)."""
+
+
+class MixLNQwen2PreTrainedModel(Qwen2PreTrainedModel):
+    config_class = MixLNQwen2Config
+    config: MixLNQwen2Config
+    _no_split_modules = ["MixLNQwen2DecoderLayer"]
+    _can_record_outputs = {**Qwen2PreTrainedModel._can_record_outputs, "hidden_states": MixLNQwen2DecoderLayer}
+
+
+class MixLNQwen2Model(MixLNDecoder, MixLNQwen2PreTrainedModel, Qwen2Model):
+    block_class = MixLNQwen2DecoderLayer
+
+
+class MixLNQwen2ForCausalLM(MixLNCausalLM, MixLNQwen2PreTrainedModel, Qwen2ForCausalLM, GenerationMixin):
+    decoder_class = MixLNQwen2Model
+
+
+class MixLNQwen3DecoderLayer(MixLNBlock, Qwen3DecoderLayer):
+    """A Qwen3 decoder layer (per-head q/k norms in the attention) with the Mix-LN layout (:class:`MixLNBlock`)."""
+
+
+class MixLNQwen3PreTrainedModel(Qwen3PreTrainedModel):
+    config_class = MixLNQwen3Config
+    config: MixLNQwen3Config
+    _no_split_modules = ["MixLNQwen3DecoderLayer"]
+    _can_record_outputs = {**Qwen3PreTrainedModel._can_record_outputs, "hidden_states": MixLNQwen3DecoderLayer}
+
+
+class MixLNQwen3Model(MixLNDecoder, MixLNQwen3PreTrainedModel, Qwen3Model):
+    block_class = MixLNQwen3DecoderLayer
+
+
+class MixLNQwen3ForCausalLM(MixLNCausalLM, MixLNQwen3PreTrainedModel, Qwen3ForCausalLM, GenerationMixin):
+    decoder_class = MixLNQwen3Model
+
+
+# (config, base model, causal LM) of each family: what register.py registers with the Auto classes
+FAMILIES = (
+    (MixLNConfig, MixLNModel, MixLNForCausalLM),
+    (MixLNQwen2Config, MixLNQwen2Model, MixLNQwen2ForCausalLM),
+    (MixLNQwen3Config, MixLNQwen3Model, MixLNQwen3ForCausalLM),
+)
+
+__all__ = ["MixLNBlock", "MixLNDecoderLayer", "MixLNForCausalLM", "MixLNModel", "MixLNPreTrainedModel",
+           "MixLNQwen2DecoderLayer", "MixLNQwen2ForCausalLM", "MixLNQwen2Model", "MixLNQwen2PreTrainedModel",
+           "MixLNQwen3DecoderLayer", "MixLNQwen3ForCausalLM", "MixLNQwen3Model", "MixLNQwen3PreTrainedModel"]

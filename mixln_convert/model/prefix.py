@@ -13,31 +13,34 @@ def prefix_names(source, arch, num_layers: int) -> list[str]:
     return [arch.embed] + [n for n in source.names() if arch.layer_of(n) is not None and arch.layer_of(n) < num_layers]
 
 
-def _prefix_model(source, arch, num_layers: int):
-    """An empty (meta) ``LlamaModel``, or ``MixLNModel`` for a converted source, of ``num_layers``
-    blocks whose final norm is the identity, so that it returns the residual stream."""
-    if source.config.get("model_type") == arch.converted["model_type"]:
-        from .configuration_mixln import MixLNConfig as Config
-        from .modeling_mixln import MixLNModel as Model
-    else:
-        from transformers import LlamaConfig as Config
-        from transformers.models.llama.modeling_llama import LlamaModel as Model
+def _prefix_model(source, num_layers: int):
+    """An empty (meta) base model of the source's family (``LlamaModel``, ``Qwen2Model``...; the
+    family's Mix-LN model for a converted source) of ``num_layers`` blocks whose final norm is the
+    identity, so that it returns the residual stream."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+    from . import register  # noqa: F401  (the Mix-LN classes, for a converted source)
 
     source.check_loadable()
-    config = Config.from_dict({**source.config, "num_hidden_layers": num_layers, "use_cache": False})
+    fields = {**source.config, "num_hidden_layers": num_layers, "use_cache": False}
+    if fields.get("layer_types"):  # the attention kind of each block (Qwen's): the first blocks' only
+        fields["layer_types"] = fields["layer_types"][:num_layers]
+    config = AutoConfig.for_model(**fields)
     config._attn_implementation = "sdpa"
     with torch.device("meta"):  # no time spent initializing weights that are loaded next
-        model = Model(config)
+        model = MODEL_MAPPING[type(config)](config)
     model.norm = torch.nn.Identity()
     return model
 
 
 def load_prefix(source, arch, num_layers: int, dtype=torch.float32, device="cpu"):
-    """transformers' ``LlamaModel`` (or ``MixLNModel`` for a converted source) holding the source's
-    embeddings and first ``num_layers`` blocks; its final norm is the identity, so it returns the
-    residual stream. Attention is SDPA: causal without an explicit mask, also in manual block calls.
+    """transformers' base model of the source's family (its Mix-LN model for a converted source)
+    holding the source's embeddings and first ``num_layers`` blocks; its final norm is the
+    identity, so it returns the residual stream. Attention is SDPA: causal without an explicit
+    mask, also in manual block calls.
     """
-    model = _prefix_model(source, arch, num_layers)
+    model = _prefix_model(source, num_layers)
     state = {name.removeprefix("model."): source.get(name).to(dtype) for name in prefix_names(source, arch, num_layers)}
     model.load_state_dict(state, strict=True, assign=True)
     model.rotary_emb = type(model.rotary_emb)(config=model.config)  # rebuild its buffers off the meta device
@@ -47,7 +50,7 @@ def load_prefix(source, arch, num_layers: int, dtype=torch.float32, device="cpu"
 def prefix_of(whole, source, arch, num_layers: int):
     """The embeddings and first ``num_layers`` blocks of ``whole`` (the causal LM of ``source``) as
     :func:`load_prefix` returns them, made of the very same modules: training one trains the other."""
-    model = _prefix_model(source, arch, num_layers)
+    model = _prefix_model(source, num_layers)
     model.embed_tokens = whole.model.embed_tokens
     model.layers = whole.model.layers[:num_layers]
     model.rotary_emb = whole.model.rotary_emb

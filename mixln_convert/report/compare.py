@@ -4,7 +4,8 @@ Per model (:func:`model_numbers`): validation perplexity before and after traini
 removing one block of the deeper half costs, the angular distance the deeper blocks make,
 how uniform gradient norms are across blocks, and perplexity under pruning. The Mix-LN paper
 (arXiv 2412.13795) expects Mix-LN's deep blocks to matter more and its gradients to be more
-uniform than Pre-LN's; the summary says whether these models show it.
+uniform than Pre-LN's, its successor LayerNorm Scaling (LNS, arXiv 2502.05795) the deep blocks to
+matter more and a lower perplexity; the summary says whether these models show it.
 """
 
 import json
@@ -14,7 +15,7 @@ import numpy as np
 from ..errors import MixLNError
 from ..options import measured_on
 from . import uncertainty
-from .inputs import PRUNE_FRACTIONS, Model, analysis_evaluation, load_inputs
+from .inputs import ARM_KINDS, PRUNE_FRACTIONS, Model, analysis_evaluation, load_inputs
 from .downstream import downstream_numbers
 from .uncertainty import LEVEL, Estimate, differs, estimate
 
@@ -177,50 +178,80 @@ def _ranking(what: str, shown: dict, values: dict, verdict: str, highest: bool, 
     return f"{what}: {listed}; {verdict.format(best)}."
 
 
+# (tested arm, baseline arm) compared after training, when a run holds both
+ARM_PAIRS = (("mixln", "preln"), ("lns", "preln"), ("lns", "mixln"))
+
+
 def _training_sentences(models: list[Model], numbers: dict, estimates: dict) -> list[str]:
     trained = [m for m in models if m.arm]
     if not trained:
         return ["No trained arms given (pass a `mixln-convert train` output folder to compare training)."]
     sentences = [_arm_sentence(numbers[m.label]) for m in trained]
-    mixln, preln = ([m for m in trained if m.arm == arm] for arm in ("mixln", "preln"))
-    # arms of one run share data, order and budget; across runs every pairing is shown
-    pairs = [(m, p) for m in mixln for p in preln if m.source == p.source] or [(m, p) for m in mixln for p in preln]
-    if not pairs:
-        missing = "Pre-LN" if mixln else "Mix-LN"
+    by_arm = {arm: [m for m in trained if m.arm == arm] for arm in ARM_KINDS}
+    pairs = []
+    for tested, baseline in ARM_PAIRS:
+        every = [(m, p) for m in by_arm[tested] for p in by_arm[baseline]]
+        # arms of one run share data, order and budget; across runs every pairing is shown
+        pairs += [(m, p) for m, p in every if m.source == p.source] or every
+    if not pairs:  # every pair of kinds is compared: one kind of arm only
+        missing = "Mix-LN" if by_arm["preln"] else "Pre-LN"
         sentences.append(f"No {missing} arm was trained, so there is no winner to name.")
     for m, p in pairs:
-        mix, pre = numbers[m.label], numbers[p.label]
-        if mix["final_val_ppl"] is None or pre["final_val_ppl"] is None:
-            sentences.append(f"{m.label} and {p.label}: no validation perplexity for both yet, no winner to name.")
-            continue
-        change = mix["final_val_ppl"] / pre["final_val_ppl"] - 1
-        a, b = estimates[m.label].get("final_val_ppl"), estimates[p.label].get("final_val_ppl")
-        sentence = (f"Validation perplexity after training: Mix-LN ({m.label}) {mix['final_val_ppl']:.2f} vs "
-                    f"Pre-LN ({p.label}) {pre['final_val_ppl']:.2f} ({change:+.1%}")
-        if a is not None and b is not None:
-            low, high = np.quantile(a.draws / b.draws - 1, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
-            sentence += f", {LEVEL:.0%} bootstrap interval [{low:+.1%}, {high:+.1%}] over the validation blocks)"
-            verdict = (f"too close to call: {mix['tokens_trained']:,} training tokens per arm and "
-                       f"{mix['validation']['tokens']:,} validation tokens cannot decide between them"
-                       if low <= 0 <= high else f"Mix-LN wins by {-change:.1%}" if change < 0 else
-                       f"Pre-LN wins by {change:.1%}")
-        else:
-            sentence += ")"
-            verdict = (f"a tie (within {TIE:.1%}; no per-block values to bootstrap an interval from)"
-                       if abs(change) < TIE else f"Mix-LN wins by {-change:.1%}" if change < 0 else
-                       f"Pre-LN wins by {change:.1%}")
-        sentence += f": {verdict}."
-        if mix["tokens_trained"] != pre["tokens_trained"]:
-            sentence += (f" They trained on different token counts ({mix['tokens_trained']:,} vs "
-                         f"{pre['tokens_trained']:,}), so this is not like for like.")
-        sentences.append(sentence)
-        if m.source == p.source and None not in (mix["initial_val_ppl"], pre["initial_val_ppl"]):
-            original, converted = pre["initial_val_ppl"], mix["initial_val_ppl"]  # Pre-LN starts from the original
-            sentences.append(
-                f"Conversion took validation perplexity from {original:.2f} (original) to {converted:.2f} "
-                f"({converted / original:.2f}x); after training Mix-LN is at {mix['final_val_ppl'] / original:.2f}x "
-                f"the original and Pre-LN at {pre['final_val_ppl'] / original:.2f}x.")
+        sentences += _pair_sentences(m, p, numbers, estimates)
     return sentences
+
+
+def _pair_sentences(m: Model, p: Model, numbers: dict, estimates: dict) -> list[str]:
+    """The trained arm ``m`` against the baseline arm ``p``: their final validation perplexities and
+    a verdict only where the bootstrap interval of the ratio excludes 1; where ``m`` and ``p`` are
+    the arms of one run, where each started."""
+    tested, base = numbers[m.label], numbers[p.label]
+    name, base_name = ARM_KINDS[m.arm], ARM_KINDS[p.arm]
+    if tested["final_val_ppl"] is None or base["final_val_ppl"] is None:
+        return [f"{m.label} and {p.label}: no validation perplexity for both yet, no winner to name."]
+    change = tested["final_val_ppl"] / base["final_val_ppl"] - 1
+    a, b = estimates[m.label].get("final_val_ppl"), estimates[p.label].get("final_val_ppl")
+    sentence = (f"Validation perplexity after training: {name} ({m.label}) {tested['final_val_ppl']:.2f} vs "
+                f"{base_name} ({p.label}) {base['final_val_ppl']:.2f} ({_percent(change)}")
+    wins = f"{name if change < 0 else base_name} wins by {_percent(abs(change)).lstrip('+')}"
+    if a is not None and b is not None:
+        low, high = np.quantile(a.draws / b.draws - 1, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
+        sentence += (f", {LEVEL:.0%} bootstrap interval [{_percent(low)}, {_percent(high)}] over the validation "
+                     "blocks)")
+        verdict = (f"too close to call: {tested['tokens_trained']:,} training tokens per arm and "
+                   f"{tested['validation']['tokens']:,} validation tokens cannot decide between them"
+                   if low <= 0 <= high else wins)
+    else:
+        sentence += ")"
+        verdict = (f"a tie (within {TIE:.1%}; no per-block values to bootstrap an interval from)"
+                   if abs(change) < TIE else wins)
+    sentence += f": {verdict}."
+    if tested["tokens_trained"] != base["tokens_trained"]:
+        sentence += (f" They trained on different token counts ({tested['tokens_trained']:,} vs "
+                     f"{base['tokens_trained']:,}), so this is not like for like.")
+    sentences = [sentence]
+    if m.source != p.source or p.arm != "preln" or None in (tested["initial_val_ppl"], base["initial_val_ppl"]):
+        return sentences
+    original, converted = base["initial_val_ppl"], tested["initial_val_ppl"]  # Pre-LN starts from the original
+    after = (f"after training {name} is at {tested['final_val_ppl'] / original:.2f}x the original and Pre-LN at "
+             f"{base['final_val_ppl'] / original:.2f}x.")
+    if m.arm == "lns":  # the retrofit is exact: a start away from Pre-LN's says the conversion is not
+        sentences.append(f"Before training LNS scored {converted:.2f} and Pre-LN {original:.2f} "
+                         f"({converted / original:.4f}x: from a pretrained source the LNS retrofit computes its "
+                         f"function, so 1.0000x up to rounding; from scratch they differ); {after}")
+    else:
+        # with a heal the arm starts from the healed model, so its first figure is the healed one
+        heal_tokens = m.summary.get("heal_tokens", 0)  # absent from summaries written before it was recorded
+        healed = f" and a heal on {heal_tokens:,} tokens" if heal_tokens else ""
+        sentences.append(f"Conversion{healed} took validation perplexity from {original:.2f} (original) to "
+                         f"{converted:.2f} ({converted / original:.2f}x); {after}")
+    return sentences
+
+
+def _percent(x: float) -> str:
+    """``x`` as a signed percentage to a tenth of a percent, or below that to two significant digits:
+    two arms of nearly one function (the LNS retrofit and Pre-LN) differ by 0.002%, which is not 0.0%."""
+    return f"{x:+.1%}" if x == 0 or abs(x) >= 0.0005 else f"{100 * x:+.2g}%"
 
 
 def _arm_sentence(arm: dict) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import MixLNError
 
-ARM_KINDS = {"mixln": "Mix-LN", "preln": "Pre-LN"}  # the train command's arm folders
+ARM_KINDS = {"mixln": "Mix-LN", "preln": "Pre-LN", "lns": "LNS"}  # the train command's arm folders
 ANALYSIS_KEYS = ("checkpoint", "num_layers", "post_ln_layers", "perplexity", "layer_drop",
                  "angular_distance_matrix", "grad_norm_per_layer")
 PER_LAYER_KEYS = ("layer_drop", "angular_distance_matrix", "grad_norm_per_layer")
@@ -23,7 +23,7 @@ class Model:
     label: str
     source: Path  # the argument it was read from
     analysis: dict | None = None
-    arm: str | None = None  # "mixln" or "preln" when ``source`` is a train output folder
+    arm: str | None = None  # "mixln", "preln" or "lns" when ``source`` is a train output folder
     summary: dict = field(default_factory=dict)  # the arm's summary.json; {} while the run is unfinished
     metrics: list[dict] = field(default_factory=list)  # the arm's metrics.jsonl records
 
@@ -34,15 +34,19 @@ class Model:
 
     @property
     def kind(self) -> str:
-        """'Pre-LN', 'Mix-LN' or 'Post-LN', from the block layout."""
+        """'Pre-LN', 'Mix-LN', 'Post-LN' or 'LNS' (LayerNorm Scaling), from the block layout."""
         if self.post_ln_layers is None:
             return ARM_KINDS[self.arm]
+        if (self.analysis or self.summary).get("layernorm_scaling"):
+            return "LNS"
         num_layers = (self.analysis or self.summary)["num_layers"]
         return "Pre-LN" if self.post_ln_layers == 0 else "Post-LN" if self.post_ln_layers == num_layers else "Mix-LN"
 
     @property
     def layout(self) -> str:
-        """The kind with its Post-LN block count, e.g. 'Mix-LN (3 of 12 blocks Post-LN)'."""
+        """The kind with its Post-LN block count, e.g. 'Mix-LN (3 of 12 blocks Post-LN)', or the scaling of LNS."""
+        if self.kind == "LNS":
+            return "LNS (Pre-LN, block l's norm outputs x 1/sqrt(l))"
         if self.kind != "Mix-LN" or self.post_ln_layers is None:
             return self.kind
         return f"Mix-LN ({self.post_ln_layers} of {(self.analysis or self.summary)['num_layers']} blocks Post-LN)"
@@ -164,6 +168,7 @@ ANALYSIS_FIELDS = {
     "checkpoint": (lambda v: isinstance(v, str), "a string"),
     "num_layers": (lambda v: _count(v) and v > 0, "a positive integer"),
     "post_ln_layers": (_count, "an integer >= 0"),
+    "layernorm_scaling": (lambda v: isinstance(v, bool), "true or false"),
     "perplexity": (lambda v: _number(v) and v > 0, "a positive number"),
     "layer_drop": (_numbers, "a list of numbers"),
     "angular_distance_matrix": (lambda v: isinstance(v, list) and all(_numbers(row) for row in v),
@@ -199,6 +204,8 @@ SUMMARY_FIELDS = {
     **{key: (_number, "a number") for key in (
         "tokens", "steps", "wall_time_s", "final_val_loss", "final_val_ppl", "initial_val_loss", "initial_val_ppl",
         "tokens_per_s", "num_layers", "post_ln_layers")},
+    "layernorm_scaling": (lambda v: isinstance(v, bool), "true or false"),
+    "heal_tokens": (_count, "a whole number >= 0"),
     "validation": (_evaluation, "an object with data (a string), tokens and seq_len (integers)"),
     "initial_val_block_losses": (lambda v: _numbers(v) and len(v) > 0, "a non-empty list of numbers"),
     "final_val_block_losses": (lambda v: _numbers(v) and len(v) > 0, "a non-empty list of numbers"),

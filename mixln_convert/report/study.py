@@ -41,16 +41,25 @@ def table_rows(result: dict) -> list[list[str]]:
     return rows
 
 
-def verdict_sentences(result: dict) -> list[str]:
-    sentences = []
+def _claim_sentences(result: dict, found_by_scheme: dict, tested: str, paper: str) -> list[str]:
+    """One sentence per scheme and claim of ``found_by_scheme`` ({scheme: {claim: verdict}}) for
+    the arm kind ``tested`` against Pre-LN, as ``paper`` claims it."""
     forms = {claim: FIGURES[figure][1] for claim, (figure, _) in CLAIMS.items()}
+    sentences = []
     for scheme in result["schemes"]:
-        for claim, found in result["verdicts"][scheme].items():
+        for claim, found in found_by_scheme[scheme].items():
             form = forms[claim]
             sentences.append(
-                f"**{claim}** ({scheme} init): {found['outcome']}. Mix-LN {form.format(found['tested'])} vs Pre-LN "
-                f"{form.format(found['baseline'])} (the paper: {found['direction']} for Mix-LN); gap "
+                f"**{claim}** ({tested}, {scheme} init): {found['outcome']}. {tested} {form.format(found['tested'])} "
+                f"vs Pre-LN {form.format(found['baseline'])} ({paper}: {found['direction']} for {tested}); gap "
                 f"{form.format(found['gap'])}, spread between seeds {form.format(found['spread'])}.")
+    return sentences
+
+
+def verdict_sentences(result: dict) -> list[str]:
+    sentences = _claim_sentences(result, result["verdicts"], "Mix-LN", "the paper")
+    if "lns_verdicts" in result:
+        sentences += _claim_sentences(result, result["lns_verdicts"], "LNS", "the LNS paper")
     for key, found in result["verdicts"].items():
         if key.startswith("scaled init helps"):
             sentences.append(f"**{key}**: {found['outcome']}. Final validation perplexity {found['tested']:.2f} "
@@ -112,7 +121,10 @@ def write_study_report(folder: Path, result: dict) -> None:
         ("h1", "Mix-LN from scratch: a like-for-like study"),
         ("p", f"Shape and tokenizer of `{result['source']}`; every arm initialized by the same seeded plan "
               f"(`conversion.strategy=scratch`), scaled init on (\"scaled\") or off (\"plain\") for all arms alike; "
-              f"{budget}. Wall time {result['wall_time_s'] / 60:.1f} min."),
+              f"{budget}. Wall time {result['wall_time_s'] / 60:.1f} min."
+              + (" The LNS arm (LayerNorm Scaling, arXiv 2502.05795: every block Pre-LN, the norm outputs of "
+                 "block l scaled by 1/sqrt(l)) has the same initialization, its norm gains 1 as in its paper."
+                 if "lns_verdicts" in result else "")),
         ("h2", "Verdicts"),
         ("p", "A claim is decided only when the gap between the arms' means exceeds the spread between seeds "
               "(the larger range of the two arms); otherwise it is too close to call."),

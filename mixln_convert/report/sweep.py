@@ -1,6 +1,7 @@
 """The report of ``mixln-convert sweep``: one row per Post-LN count, perplexity against alpha,
 the layer-drop profiles overlaid, gradient-norm spread against alpha, and the recommendation
-with its rule; rendered by the same code as the compare report (:mod:`.render`)."""
+with its rule (and, with ``--lns``, the LNS retrofit against the control); rendered by the same
+code as the compare report (:mod:`.render`)."""
 
 from pathlib import Path
 
@@ -9,6 +10,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from ..analysis.plots import scale_layer_drop_axis
+from ..study import verdict
 from .render import MISSING, to_html, to_markdown
 
 
@@ -71,6 +73,8 @@ def verdict_sentences(result: dict) -> list[str]:
             sentences.append(f"No alpha beats the Pre-LN control after {result['train_tokens']:,} training tokens "
                              f"(control {control:.2f}" + (f", seeds {min(spread):.2f}-{max(spread):.2f}"
                                                          if len(spread) > 1 else "") + ").")
+        if result["lns"]:
+            sentences.append(_lns_sentence(result))
     else:
         best = min((row["healed"] or row["converted"])["perplexity"] for row in result["rows"]
                    if row["post_ln_layers"] > 0) if any(row["post_ln_layers"] for row in result["rows"]) else None
@@ -79,6 +83,19 @@ def verdict_sentences(result: dict) -> list[str]:
                              "conversion and heal only limit the loss (`--train-tokens` compares against a trained "
                              "Pre-LN control).")
     return sentences
+
+
+def _lns_sentence(result: dict) -> str:
+    """The LNS retrofit against the Pre-LN control, both trained on each seed's data and order: a
+    difference is called only beyond the spread between seeds (one seed has none: too close to call)."""
+    found = verdict([run["final_val_ppl"] for run in result["lns"]],
+                    [run["final_val_ppl"] for run in result["control"]], "lower")
+    outcome = {"reproduced": "LNS is lower", "not reproduced": "LNS is higher"}.get(found["outcome"],
+                                                                                    found["outcome"])
+    return (f"The LNS retrofit (every block's norm gains x sqrt(l): the original's function until trained), "
+            f"trained like the control: validation perplexity {found['tested']:.2f} vs Pre-LN control "
+            f"{found['baseline']:.2f} ({len(result['lns'])} seed(s)); {outcome} (gap {found['gap']:+.2f}, spread "
+            f"between seeds {found['spread']:.2f}).")
 
 
 def plot_perplexity(result: dict, path: Path) -> None:
@@ -97,6 +114,9 @@ def plot_perplexity(result: dict, path: Path) -> None:
     if result["control"]:
         control = np.mean([run["final_val_ppl"] for run in result["control"]])
         ax.axhline(control, color="black", linestyle=":", label="Pre-LN control, trained (validation)")
+    if result["lns"]:
+        ax.axhline(np.mean([run["final_val_ppl"] for run in result["lns"]]), color="tab:green", linestyle="-.",
+                   label="LNS retrofit, trained (validation)")
     scores = result["original"]["scores"]
     ax.set(title=f"Perplexity by Post-LN ratio\n{scores['data']}, {scores['tokens']:,} tokens in blocks of "
                  f"{scores['seq_len']}", xlabel="Post-LN blocks / L", ylabel="perplexity")

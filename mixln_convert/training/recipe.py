@@ -17,14 +17,21 @@ from pathlib import Path
 import yaml
 
 from ..errors import MixLNError
+from ..io.hub import hub_name
+from ..io.paths import check_readable, checkpoint_path
 from ..limits import SPIKE_FACTORS, spike_factor_ok
-from ..options import ATTENTIONS, EVAL_SEQ_LEN, EVAL_TOKENS, HEAL_BATCH_SIZE, HEAL_LR, HEAL_SEQ_LEN, LOSSES, PRECISIONS, STRATEGIES
+from ..options import (ARMS, ATTENTIONS, DEFAULT_ARMS, EVAL_SEQ_LEN, EVAL_TOKENS, HEAL_BATCH_SIZE, HEAL_LR, HEAL_SEQ_LEN,
+                       LOSSES, PRECISIONS, STRATEGIES)
 
 SMOLLM2 = "smollm2"  # `source: smollm2` names the embedded default model (the cached GGUF)
 
 DEFAULTS = {
-    "source": None,  # the Pre-LN model: HF folder, .gguf, or "smollm2"
+    "source": None,  # the Pre-LN model: HF folder, .gguf, Hugging Face Hub name ORG/NAME[@REVISION], or "smollm2"
     "converted": None,  # an already converted Mix-LN checkpoint; None: convert `source` into OUT/mixln/converted
+    # what `train` runs (its --arm overrides it), one arm after the other on the same data, order and
+    # budget: mixln (the source converted), preln (the source itself, the control), lns (the source
+    # retrofitted to LayerNorm Scaling, exactly: conversion/lns.py)
+    "arms": list(DEFAULT_ARMS),
     # alpha: the paper's, for 71M-1B models. scaled_init: o_proj/down_proj std / sqrt(2L) for the
     # freshly initialized weights of reinit-post and scratch; with scratch the Pre-LN arm is
     # initialized by the same plan (alpha 0, same seed), so both arms start alike
@@ -34,8 +41,8 @@ DEFAULTS = {
     "heal": {"tokens": 0, "seq_len": HEAL_SEQ_LEN, "batch_size": HEAL_BATCH_SIZE, "lr": HEAL_LR, "loss": "kl", "sampled": 0.0,
              "activation_checkpointing": False, "spike_factor": 0.0},  # spike_factor: as guard's, for the heal
     "data": {
-        # a tokenized folder (`mixln-convert tokenize`), or text: a file, folder or glob (see `read_texts`),
-        # tokenized into the user cache first; None: the embedded corpus's train split
+        # a tokenized folder (`mixln-convert tokenize`), or text: a file, folder, glob or Hugging Face Hub
+        # dataset (see `read_texts`), tokenized into the user cache first; None: the embedded corpus's train split
         "train": None,
         "validation": None,  # None: embedded validation split, or a held-out fraction of data.train's documents
         "validation_fraction": 0.01,
@@ -72,6 +79,7 @@ DEFAULTS = {
     "allow_longer_seq": False,  # true: seq_len may exceed the source's max_position_embeddings
 }
 PATH_KEYS = ("source", "converted", "data.train", "data.validation")  # strings or None; others typed by default
+CHECKPOINT_KEYS = ("source", "converted")  # the other path keys name text
 
 
 class _RecipeLoader(yaml.SafeLoader):
@@ -123,6 +131,10 @@ def _typed(key: str, value, default, where: str):
     if key in PATH_KEYS:
         return None if value is None else str(value)
     try:
+        if isinstance(default, list) and all(isinstance(v, str) for v in default):  # names, any number of them
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ValueError
+            return list(value)
         if isinstance(default, list):
             if not isinstance(value, list) or len(value) != len(default):
                 raise ValueError
@@ -144,7 +156,8 @@ def _typed(key: str, value, default, where: str):
             raise ValueError
         return value
     except (ValueError, TypeError, OverflowError):
-        kind = (f"a list of {len(default)} numbers" if isinstance(default, list) else "true or false"
+        kind = ("a list of names" if isinstance(default, list) and isinstance(default[0], str) else
+                f"a list of {len(default)} numbers" if isinstance(default, list) else "true or false"
                 if isinstance(default, bool) else type(default).__name__)
         raise MixLNError(f"{where}: {key} must be {kind}, got {value!r}") from None
 
@@ -156,6 +169,12 @@ def _resolve_path(key: str, value: str | None, where: str) -> str | None:
         from ..fetch import smollm2_gguf
 
         return str(smollm2_gguf())
+    if hub_name(value, "model" if key in CHECKPOINT_KEYS else "dataset") is not None:
+        flag = f"{where}: {key}"
+        if key in CHECKPOINT_KEYS:
+            return checkpoint_path(value, flag)  # its snapshot folder: an input like any folder
+        check_readable(value, flag)
+        return value  # datasets reads it by name
     path = os.path.abspath(os.path.expanduser(value))
     if not (os.path.exists(path) or (any(c in path for c in "*?[") and glob.glob(path, recursive=True))):
         raise MixLNError(f"{where}: {key}: {value} does not exist")
@@ -176,6 +195,8 @@ def _check(r: dict, where: str, origin: dict) -> None:
     flat = _flatten(r)
     need(r["source"] is not None, "source is required (a Pre-LN checkpoint folder, a .gguf, or smollm2)")
     need(r["conversion"]["strategy"] in STRATEGIES, f"conversion.strategy must be one of {', '.join(STRATEGIES)}")
+    need(bool(r["arms"]) and set(r["arms"]) <= set(ARMS) and len(set(r["arms"])) == len(r["arms"]),
+         f"arms must list distinct arms of {', '.join(ARMS)}, got {r['arms']!r}", "arms")
     need(r["heal"]["loss"] in LOSSES, f"heal.loss must be one of {', '.join(LOSSES)}")
     need(r["precision"] in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}")
     need(r["attention"] in ATTENTIONS, f"attention must be one of {', '.join(ATTENTIONS)}", "attention")
@@ -256,8 +277,9 @@ def recipe_path(name_or_path) -> Path:
 def load_recipe(path, overrides=()) -> dict:
     """The fully resolved recipe of the YAML file ``path`` with ``overrides`` ("dotted.key=value").
 
-    Paths become absolute (``source: smollm2`` the cached SmolLM2 GGUF, fetched if missing); any
-    unknown key, wrong type, missing file or impossible budget raises a one-line MixLNError.
+    Paths become absolute (``source: smollm2`` the cached SmolLM2 GGUF, fetched if missing; a Hub
+    model name its snapshot folder; a Hub dataset name stays a name, checked); any unknown key,
+    wrong type, missing file or impossible budget raises a one-line MixLNError.
     """
     path = recipe_path(path)
     try:

@@ -98,6 +98,8 @@ def train_arm(recipe: dict, arm: str, folder: Path, source: str, splits: Splits,
         "initial_val_block_losses": initial["val_block_losses"], "final_val_block_losses": record["val_block_losses"],
         "tokens_per_s": (run.steps - start) * run.step_tokens / train_time, "parameters": run.parameters,
         "num_layers": run.config.num_hidden_layers, "post_ln_layers": getattr(run.config, "post_ln_layers", 0),
+        "layernorm_scaling": getattr(run.config, "layernorm_scaling", False),
+        "heal_tokens": recipe["heal"]["tokens"] if arm == "mixln" else 0,  # prepare() heals only that arm
         "processes": run.accelerator.num_processes, "precision": run.accelerator.mixed_precision,
         "attention": recipe["attention"],
         "peak_gpu_memory_bytes": torch.cuda.max_memory_allocated() if run.accelerator.device.type == "cuda" else None,

@@ -1,0 +1,12 @@
+"""The files of an HF checkpoint folder: what :mod:`.loader` reads and what a Hub snapshot
+(:mod:`.hub`) fetches, named once for both. No imports: a Hub name is resolved before torch is.
+"""
+
+# (index, single file) of each weight format, in the order the loader prefers them
+WEIGHT_FILES = (("model.safetensors.index.json", "model.safetensors"),
+                ("pytorch_model.bin.index.json", "pytorch_model.bin"))
+# Files beside the weights that a converted checkpoint needs too (tokenizer, generation defaults).
+EXTRA_FILE_PATTERNS = (
+    "tokenizer*", "special_tokens_map.json", "added_tokens.json", "generation_config.json",
+    "vocab.*", "merges.txt", "chat_template*", "*.model", "LICENSE*",
+)

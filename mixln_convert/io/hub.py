@@ -1,0 +1,240 @@
+"""Hugging Face Hub names where a checkpoint or a text is taken: judged and resolved here only.
+
+A model, ``ORG/NAME[@REVISION]`` (SRC, CKPT, CONVERTED, --teacher, --tokenizer, --source, a
+recipe's ``source`` and ``converted``), becomes its snapshot folder in the Hugging Face cache,
+holding only what a checkpoint is read from (:mod:`.checkpoint_files`: config.json, the weights in
+one format -- safetensors where the repo has them, else .bin -- with their index, the tokenizer
+and generation files); the folder is then validated and read like any other. A dataset,
+``ORG/NAME[:CONFIG[:SPLIT]][@REVISION]`` (--data and the other text options, tokenize's DATA, a
+recipe's ``data.train`` and ``data.validation``), is read through the ``datasets`` library: its
+``text`` column, split ``train`` unless one is named, streamed by ``tokenize``.
+
+REVISION (a branch, tag or commit) pins what is read; without it, ``main``. Both libraries keep
+their own settings: ``HF_HUB_OFFLINE`` (``HF_DATASETS_OFFLINE``), ``HF_HOME``, ``HF_HUB_CACHE``,
+``HF_DATASETS_CACHE``, ``HF_ENDPOINT``, the login token. Offline or with the Hub out of reach,
+what the caches hold is used, as transformers does; a name they do not hold is one error line.
+
+Path or name: a path that exists always wins, and a ``Path`` object is always a path; a string
+that does not exist is a name when it has the shape above (one '/' between names the Hub
+allows); anything else stays "no such file or folder". Nothing here imports torch or
+transformers, so a bad name is refused at once.
+"""
+
+import fnmatch
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from ..errors import MixLNError
+from .checkpoint_files import EXTRA_FILE_PATTERNS, WEIGHT_FILES
+
+_PART = r"[\w.-]+"
+_REVISION = r"(?:@(?P<revision>[^\s@:]+))?"  # git forbids ':' in ref names, so none is taken for a dataset's parts
+GRAMMARS = {
+    "model": re.compile(rf"(?P<repo>{_PART}/{_PART}){_REVISION}", re.ASCII),
+    "dataset": re.compile(rf"(?P<repo>{_PART}/{_PART})(?::(?P<config>{_PART})?(?::(?P<split>{_PART}))?)?{_REVISION}",
+                          re.ASCII),
+}
+DEFAULT_SPLIT = "train"
+
+
+@dataclass(frozen=True)
+class HubName:
+    """A Hub name as given (``text``) and its parts."""
+
+    text: str
+    repo: str
+    revision: str | None = None
+    config: str | None = None  # None: the dataset's default
+    split: str = DEFAULT_SPLIT
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def hub_name(value, kind: str) -> HubName | None:
+    """``value`` as a Hub name of ``kind`` ("model" or "dataset"), or None where it is a path."""
+    if not isinstance(value, str) or os.path.exists(os.path.expanduser(value)):
+        return None
+    match = GRAMMARS[kind].fullmatch(value)
+    if match is None or not _allowed(match["repo"]):
+        return None
+    parts = match.groupdict()
+    return HubName(value, parts["repo"], parts["revision"], parts.get("config"), parts.get("split") or DEFAULT_SPLIT)
+
+
+def _allowed(repo: str) -> bool:
+    """The Hub's own rule for a repo id (no '--' or '..', no '-' or '.' at either end, 96 characters)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo)
+    except HFValidationError:
+        return False
+    return True
+
+
+def _reason(error: Exception) -> str:
+    first = (str(error).strip().splitlines() or [""])[0][:300]
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
+# ---------------------------------------------------------------------------------------------
+# models
+
+
+def model_snapshot(name: HubName, flag: str) -> str:
+    """The snapshot folder of the Hub model ``name`` with the files a checkpoint is read from,
+    fetched into the Hugging Face cache (files it holds already are not fetched again); offline or
+    with the Hub out of reach, as the cache holds it. Errors name ``flag`` and ``name``."""
+    from huggingface_hub import HfApi, hf_hub_download, snapshot_download
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    where = f"{flag} {name}"
+    try:
+        info = HfApi().model_info(name.repo, revision=name.revision)
+    except GatedRepoError:
+        raise MixLNError(f"{where}: a gated model; ask for access on its Hub page, then log in (hf auth login)") from None
+    except RepositoryNotFoundError:
+        raise MixLNError(f"{where}: no such file or folder, nor a model on the Hugging Face Hub (a private one needs "
+                         "a login: hf auth login)") from None
+    except RevisionNotFoundError:
+        raise MixLNError(f"{where}: the Hugging Face Hub has no revision {name.revision} of {name.repo}") from None
+    except Exception as e:  # offline, or the Hub out of reach (requests', httpx's or the Hub's own types, by version)
+        return _cached_snapshot(name, where, e)
+    listing = [file.rfilename for file in info.siblings or []]
+    files = _checkpoint_files(listing, lambda index: Path(_fetching(
+        where, hf_hub_download, name.repo, index, revision=name.revision)), where)
+    return _fetching(where, snapshot_download, name.repo, revision=name.revision, allow_patterns=files)
+
+
+def _fetching(where: str, fetch, *args, **kwargs):
+    """``fetch(*args, **kwargs)``; a failure (the network, the disk, the Hub) is one line naming ``where``."""
+    try:
+        return fetch(*args, **kwargs)
+    except Exception as e:  # requests', httpx's, the Hub's and the file system's types, by version
+        raise MixLNError(f"{where}: fetching it from the Hugging Face Hub failed ({_reason(e)})") from None
+
+
+def _cached_snapshot(name: HubName, where: str, error: Exception) -> str:
+    """The snapshot of ``name`` the Hugging Face cache holds, when the Hub could not be asked (``error``)."""
+    from huggingface_hub import constants, try_to_load_from_cache
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
+    offline = isinstance(error, OfflineModeIsEnabled)
+    why = "offline mode: HF_HUB_OFFLINE" if offline else f"the Hub is out of reach: {_reason(error)}"
+    config = try_to_load_from_cache(name.repo, "config.json", revision=name.revision)
+    if not isinstance(config, str):
+        at = f" at revision {name.revision}" if name.revision else ""
+        raise MixLNError(f"{where}: no such file or folder, and the Hugging Face cache {constants.HF_HUB_CACHE} holds "
+                         f"no model {name.repo}{at} ({why})")
+    folder = Path(config).parent
+    files = _checkpoint_files([p.name for p in folder.iterdir()], lambda index: folder / index, where)
+    missing = [file for file in files if not (folder / file).is_file()]
+    if missing:
+        raise MixLNError(f"{where}: the cached snapshot {folder} lacks {missing[0]} ({why})")
+    if not offline:  # said: a branch may have moved on the Hub since the cache was filled
+        print(f"warning: {where}: {why}; using the cached snapshot {folder}", file=sys.stderr)
+    return str(folder)
+
+
+def _checkpoint_files(listing: list[str], index_file, where: str) -> list[str]:
+    """The files of a repo's ``listing`` a checkpoint folder is read from: config.json, the weights
+    in the first format of WEIGHT_FILES the repo has (its index and the shards the index names,
+    or its single file), and the files beside them; ``index_file(name)`` is a local copy of an index."""
+    top = {file for file in listing if "/" not in file}  # subfolders hold other formats (onnx/, original/)
+    if "config.json" not in top:
+        raise MixLNError(f"{where}: holds no config.json; expected a transformers checkpoint")
+    for index, single in WEIGHT_FILES:
+        if index in top:
+            weights = [index, *_shards(index_file(index), where)]
+            break
+        if single in top:
+            weights = [single]
+            break
+    else:
+        raise MixLNError(f"{where}: holds none of {', '.join(name for pair in WEIGHT_FILES for name in pair)}")
+    extras = sorted(file for file in top if any(fnmatch.fnmatch(file, p) for p in EXTRA_FILE_PATTERNS))
+    return ["config.json", *weights, *extras]
+
+
+def _shards(index: Path, where: str) -> list[str]:
+    """The shard files an index names (the loader then checks each against the tensors it holds)."""
+    try:
+        return sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise MixLNError(f"{where}: {index.name} is not a weight index ({_reason(e)})") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# datasets
+
+
+class HubDataset:
+    """One split of a Hub dataset, read through ``datasets`` (imported on first use); its builder
+    is loaded once per process."""
+
+    def __init__(self, name: HubName):
+        self.name = name
+
+    def __str__(self) -> str:
+        return str(self.name)
+
+    def builder(self, flag: str | None = None):
+        """The dataset's builder, its split and 'text' column checked where its info knows them;
+        errors name ``flag`` (else the name alone, as a file's name its errors)."""
+        import datasets
+
+        where = f"{flag} {self.name}" if flag else str(self.name)
+        try:
+            builder = _dataset_builder(self.name.repo, self.name.config, self.name.revision,
+                                       str(datasets.config.HF_DATASETS_CACHE))
+        except Exception as e:  # the Hub, the network, the cache or the dataset's layout: many types in datasets
+            raise MixLNError(f"{where}: no such file or folder, and datasets cannot load it from the Hugging Face Hub "
+                             f"or its cache ({_reason(e)})") from None
+        if builder.name == "cache" and self.name.revision not in (None, builder.hash):
+            # what datasets reads offline: the newest version cached, whatever revision was asked for
+            raise MixLNError(f"{where}: revision {self.name.revision} of {self.name.repo} is not in the datasets cache "
+                             f"(it holds commit {builder.hash}) and the Hub is out of reach")
+        splits = builder.info.splits
+        if splits and self.name.split not in splits:
+            raise MixLNError(f"{where}: no split {self.name.split} (splits: {', '.join(splits)})")
+        features = builder.info.features
+        if features is not None and "text" not in features:
+            raise MixLNError(f"{where}: no 'text' column (columns: {', '.join(features)})")
+        return builder
+
+    def record(self) -> dict:
+        """What names the text read, for a manifest: the dataset, config, split and commit."""
+        builder = self.builder()
+        return {"dataset": self.name.repo, "config": builder.config.name, "split": self.name.split,
+                "revision": builder.hash}
+
+    def records(self, streaming: bool):
+        """The split's rows; ``streaming``: read as they come from the Hub (or the cache), never all
+        held or prepared on disk; else prepared in the datasets cache first, as ``load_dataset`` does."""
+        builder = self.builder()
+        try:
+            if streaming:
+                dataset = builder.as_streaming_dataset(split=self.name.split)
+            else:
+                builder.download_and_prepare()
+                dataset = builder.as_dataset(split=self.name.split)
+            if builder.info.features is not None:
+                dataset = dataset.select_columns(["text"])
+            yield from dataset
+        except MixLNError:
+            raise
+        except Exception as e:  # as in builder(): datasets, pyarrow, the network
+            raise MixLNError(f"{self.name}: cannot read it through datasets ({_reason(e)})") from None
+
+
+@lru_cache(maxsize=16)
+def _dataset_builder(repo: str, config: str | None, revision: str | None, cache_dir: str):
+    from datasets import load_dataset_builder
+
+    return load_dataset_builder(repo, config, revision=revision, cache_dir=cache_dir)
