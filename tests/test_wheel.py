@@ -61,8 +61,9 @@ def test_a_minimal_demo_runs_from_an_empty_folder(venv, tiny_llama, tmp_path):
     report = work / "mixln-demo" / "report"
     assert (report / "report.md").is_file() and (report / "report.html").is_file()
     comparison = json.loads((report / "comparison.json").read_text())
+    # the five stages' analyses, then the train folder's arms with their training curves
     assert [m["label"] for m in comparison["models"]] == ["original", "converted", "healed", "mixln-trained",
-                                                           "preln-trained"]
+                                                           "preln-trained", "train/mixln", "train/preln"]
     assert "report:" in done.stdout
 
 
