@@ -51,18 +51,27 @@ def repeated_ngram_share(ids: list[int], n: int = NGRAM) -> float:
 
 @torch.no_grad()
 def greedy_continuations(model, tokenizer, prompts=PROMPTS, new_tokens: int = NEW_TOKENS,
-                         progress: bool = True) -> dict:
-    """Each prompt's greedy continuation of ``new_tokens`` tokens (stopping early only at EOS) and
-    its repeated-4-gram share; returns ``continuations`` ([{prompt, text, repeated_4gram_share}])
-    and ``repeated_4gram_share`` (their mean)."""
+                         progress: bool = True, batch_size: int = 8) -> dict:
+    """Each prompt's greedy continuation of ``new_tokens`` tokens (ending early only at EOS, which
+    it keeps) and its repeated-4-gram share; returns ``continuations`` ([{prompt, text,
+    repeated_4gram_share}]) and ``repeated_4gram_share`` (their mean). Prompts go ``batch_size`` at
+    a time, left-padded: a decoding step costs about the same for 1 or 8 sequences on a CPU."""
     device = next(model.parameters()).device
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     results = []
-    for prompt in tqdm(prompts, desc="generating", disable=not progress, leave=False):
-        ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(device)
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
-                             pad_token_id=tokenizer.eos_token_id)
-        continuation = out[0, ids.shape[1]:].tolist()
-        results.append({"prompt": prompt, "text": tokenizer.decode(continuation, skip_special_tokens=True),
-                        "repeated_4gram_share": repeated_ngram_share(continuation)})
+    with tqdm(total=len(prompts), desc="generating", disable=not progress, leave=False) as bar:
+        for start in range(0, len(prompts), batch_size):
+            batch = [tokenizer(prompt)["input_ids"] for prompt in prompts[start:start + batch_size]]
+            width = max(map(len, batch))
+            ids = torch.tensor([[pad] * (width - len(row)) + row for row in batch], device=device)
+            mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in batch], device=device)
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
+                                 pad_token_id=pad)
+            for prompt, row in zip(prompts[start:], out[:, width:].tolist()):
+                if tokenizer.eos_token_id in row:  # what follows a finished row's EOS is padding
+                    row = row[:row.index(tokenizer.eos_token_id) + 1]
+                results.append({"prompt": prompt, "text": tokenizer.decode(row, skip_special_tokens=True),
+                                "repeated_4gram_share": repeated_ngram_share(row)})
+            bar.update(len(batch))
     return {"continuations": results, "new_tokens": new_tokens,
             "repeated_4gram_share": sum(r["repeated_4gram_share"] for r in results) / len(results)}

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mixln_convert.generation import PROMPTS, greedy_continuations, repeated_ngram_share
-from mixln_convert.model.loading import load_model, load_tokenizer
+from mixln_convert.surgery.loading import load_model, load_tokenizer
 
 
 @pytest.mark.parametrize("ids, share", [
@@ -40,3 +40,11 @@ def test_eval_generate_json(cli, converted):
     generation = json.loads(result.stdout.splitlines()[-1])["generation"]
     assert len(generation["continuations"]) == len(PROMPTS) == 24
     assert 0 <= generation["repeated_4gram_share"] <= 1
+
+
+def test_left_padded_batches_write_what_one_prompt_at_a_time_writes(converted):
+    model, tokenizer = load_model(converted), load_tokenizer(converted)
+    alone = greedy_continuations(model, tokenizer, new_tokens=16, progress=False, batch_size=1)
+    batched = greedy_continuations(model, tokenizer, new_tokens=16, progress=False)
+    assert len({len(tokenizer(p)["input_ids"]) for p in PROMPTS[:8]}) > 1  # the first batch is padded
+    assert batched == alone

@@ -1,0 +1,151 @@
+"""Does a refactor change what the tool writes? Runs a conversion (calibrated, from a sharded
+source), a heal and a short three-arm train on a tiny random LLaMA with this checkout and with a
+checkout of ``--base`` (a git worktree), each into the same absolute folder, and compares every
+file they wrote: tensors bitwise (dtype, shape, bytes), JSON and JSON lines field by field less the
+fields that hold times, YAML and text byte for byte.
+
+    python benchmarks/same_outputs.py --base REV [--head REV] [--keep DIR]
+
+``--head`` compares two revisions instead (``--base R --head R`` shows the run is deterministic).
+
+Prints one line per differing file and exits 1 if any differs (or a file is only on one side).
+"""
+
+import argparse
+import json
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+from tiny import make_tiny_llama  # noqa: E402
+
+# fields whose values are clocks or durations: they differ between any two runs
+TIMED = ("time", "wall", "_s", "seconds", "date", "elapsed", "per_s")
+WORDS = "the model reads a block of text and writes the next word with care over many steps".split()
+
+
+def run_pipeline(tree: Path, source: Path, corpus: Path, out: Path) -> None:
+    """convert -> heal -> train with the code of ``tree``, into ``out`` (emptied first)."""
+    for folder in (out, out.parent / "cache"):  # a token cache left by the other side would skip tokenizing
+        shutil.rmtree(folder, ignore_errors=True)
+    out.mkdir(parents=True)
+    env = {"PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1", "MIXLN_CONVERT_CACHE": str(out.parent / "cache"),
+           "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cli = [sys.executable, str(tree / "mixln-convert.py")]
+    steps = [
+        ["convert", source, out / "converted", "--alpha", "0.25", "--calibration-data", corpus,
+         "--calibration-tokens", "512"],
+        ["heal", out / "converted", "--teacher", source, "--data", corpus, "--tokens", "1024", "--seq-len", "32",
+         "--batch-size", "4", "--out", out / "healed"],
+        ["train", "smollm2-135m-cpu", "--arm", "both", "--arm", "lns", "--out", out / "train",
+         *(f"--set={setting}" for setting in (
+             f"source={source}", f"data.train={corpus}", "data.validation=null", "seq_len=32", "micro_batch_size=2",
+             "global_batch_size=4", "max_tokens=512", "data.eval_tokens=256", "precision=fp32",
+             "schedule.warmup_steps=1", "eval_interval=2", "checkpoint_interval=2", "grad_norm_interval=2",
+             "heal.tokens=512", "heal.seq_len=32", "heal.batch_size=4"))],
+    ]
+    for step in steps:
+        done = subprocess.run([*cli, *map(str, step)], cwd=tree, env=env, capture_output=True, text=True)
+        if done.returncode:
+            raise SystemExit(f"{tree}: `{step[0]}` failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+
+
+def untimed(value):
+    if isinstance(value, dict):
+        return {k: untimed(v) for k, v in value.items() if not any(t in k for t in TIMED)}
+    if isinstance(value, list):
+        return [untimed(v) for v in value]
+    return value
+
+
+def same_file(a: Path, b: Path) -> bool:
+    if a.suffix == ".safetensors":
+        with safe_open(a, "pt") as fa, safe_open(b, "pt") as fb:
+            if sorted(fa.keys()) != sorted(fb.keys()) or untimed(fa.metadata() or {}) != untimed(fb.metadata() or {}):
+                return False
+            for name in fa.keys():
+                ta, tb = fa.get_tensor(name), fb.get_tensor(name)
+                if ta.dtype != tb.dtype or ta.shape != tb.shape or not torch.equal(ta.view(torch.uint8),
+                                                                                   tb.view(torch.uint8)):
+                    return False
+        return True
+    if a.suffix == ".json":
+        return untimed(json.loads(a.read_text())) == untimed(json.loads(b.read_text()))
+    if a.suffix == ".jsonl":
+        lines = [[untimed(json.loads(line)) for line in p.read_text().splitlines() if line] for p in (a, b)]
+        return lines[0] == lines[1]
+    return a.read_bytes() == b.read_bytes()
+
+
+def compare(base: Path, head: Path) -> list[str]:
+    files = {p.relative_to(base) for p in base.rglob("*") if p.is_file()}
+    files |= {p.relative_to(head) for p in head.rglob("*") if p.is_file()}
+    differences = []
+    for name in sorted(files):
+        a, b = base / name, head / name
+        if not (a.is_file() and b.is_file()):
+            differences.append(f"{name}: only in {'base' if a.is_file() else 'this checkout'}")
+        elif name.suffix not in (".pt", ".bin", ".pyc") and not same_file(a, b):
+            differences.append(f"{name}: differs")
+        elif name.suffix in (".pt", ".bin"):  # optimizer and RNG states: tensors inside pickles
+            sa, sb = (torch.load(p, weights_only=False) for p in (a, b))
+            if not _same_state(sa, sb):
+                differences.append(f"{name}: differs")
+    return differences
+
+
+def _same_state(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(map(_same_state, a, b))
+    return a == b
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", required=True, help="git revision to compare this checkout with")
+    parser.add_argument("--head", help="git revision to compare with instead of this checkout")
+    parser.add_argument("--keep", type=Path, help="keep both outputs under this folder")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="same-outputs-"))
+    trees = {"base": work / "base-tree", "head": work / "head-tree" if args.head else REPO}
+    for side, revision in (("base", args.base), ("head", args.head)):
+        if revision:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q", str(trees[side]), revision],
+                           check=True)
+    try:
+        source = make_tiny_llama(work / "source", max_shard_size="100KB")
+        rng = random.Random(0)
+        corpus = work / "corpus.jsonl"
+        corpus.write_text("".join(json.dumps({"text": " ".join(rng.choices(WORDS, k=rng.randint(30, 80)))}) + "\n"
+                                  for _ in range(300)))
+        outputs = {}
+        for side, tree in trees.items():
+            run_pipeline(tree, source, corpus, work / "out")
+            outputs[side] = (work / "out").rename(work / side)
+        differences = compare(outputs["base"], outputs["head"])
+        count = sum(1 for p in outputs["head"].rglob("*") if p.is_file())
+        print("\n".join(differences) or f"{count} files, all the same at {args.base} and {args.head or 'this checkout'}")
+        if args.keep:
+            shutil.copytree(work, args.keep, ignore=shutil.ignore_patterns("*-tree"), dirs_exist_ok=True)
+    finally:
+        for tree in trees.values():
+            if tree != REPO:
+                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False)
+        shutil.rmtree(work, ignore_errors=True)
+    sys.exit(1 if differences else 0)
+
+
+if __name__ == "__main__":
+    main()
