@@ -51,24 +51,32 @@ def transformers_conversion(src: str, dst: str) -> None:
     from mixln_convert.architectures import architecture_for
     from mixln_convert.conversion.layout import post_ln_count
     from mixln_convert.conversion.plan import ConversionPlan
+    from mixln_convert.io.loader import StoredTensor
     from mixln_convert.model.configuration_mixln import MixLNConfig
     from mixln_convert.model.modeling_mixln import MixLNForCausalLM
 
-    class InMemory:  # the plan's view of a source: names() and get(name)
+    class InMemory:  # the plan's view of a source: names(), shape(name), get(name), stored(name)
         def __init__(self, state):
             self.state = state
 
         def names(self):
             return list(self.state)
 
+        def shape(self, name):
+            return tuple(self.state[name].shape)
+
         def get(self, name):
             return self.state[name]
+
+        def stored(self, name):
+            return StoredTensor(self.state[name])
 
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
     config = model.config.to_dict()
     n_post = post_ln_count(config["num_hidden_layers"], 0.25)
     plan = ConversionPlan(architecture_for(config, src), config, n_post, "move", dtype=torch.bfloat16)
-    state = dict(plan.tensors(InMemory(model.state_dict())))
+    tensors = plan.tensors(InMemory(model.state_dict()))
+    state = {name: t.tensor if isinstance(t, StoredTensor) else t for name, t in tensors}
     del model
     with torch.device("meta"):
         mixln = MixLNForCausalLM(MixLNConfig.from_dict({**config, "post_ln_layers": n_post, "alpha": 0.25}))

@@ -18,7 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from mixln_convert.fetch import smollm2_gguf
-from mixln_convert.io.loader import GGUFCheckpoint
+from mixln_convert.io.gguf import GGUFCheckpoint
 
 
 def ours(path: Path):

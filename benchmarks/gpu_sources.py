@@ -19,7 +19,7 @@ def main(command: str, *paths: str) -> None:
 
     if command == "tokenizer":
         from mixln_convert.fetch import smollm2_gguf
-        from mixln_convert.model.loading import load_tokenizer
+        from mixln_convert.surgery.loading import load_tokenizer
 
         load_tokenizer(smollm2_gguf()).save_pretrained(paths[0])
         return

@@ -5,7 +5,7 @@ for the original, the calibrated conversion and the healed model.
     python benchmarks/heal_quality.py [--packed FILE ...]
         --paragraphs '<python3.11-doc>/usr/share/doc/python3.11/html/_sources/**/*.txt'
         [--lines <gensim-4.4.0 wheel>/gensim/test/test_data/lee_background.cor]
-        [--tokens 65536] [--lr 3e-5] [--heal-seq-len 256] [--heal-batch-size 4] [--loss kl] [--sampled 0] [--heal-data FILE ...] [--checkpoints 16384,32768] [--curve-on A|B|C]
+        [--tokens 65536] [--lr 3e-5] [--heal-seq-len 256] [--heal-batch-size 4] [--loss kl] [--heal-data FILE ...] [--checkpoints 16384,32768] [--curve-on A|B|C]
         [--json OUT.json]
 
 Text A (``--packed``, files; default Debian's GPL-3 and Apache-2.0 licence texts),
@@ -99,7 +99,6 @@ def main():
     parser.add_argument("--heal-seq-len", type=int, default=HEAL_SEQ_LEN, help="heal's training block length")
     parser.add_argument("--heal-batch-size", type=int, default=HEAL_BATCH_SIZE, help="heal's blocks per step")
     parser.add_argument("--loss", default="kl")
-    parser.add_argument("--sampled", type=float, default=0.0, help="share of heal sequences the teacher writes")
     parser.add_argument("--heal-data", nargs="+", default=None,
                         help="files the heal trains on, each one document (default: heal's, the embedded corpus)")
     parser.add_argument("--checkpoints", default="16384,32768", help="heal token counts to evaluate the curve's text at")
@@ -129,7 +128,7 @@ def main():
         healed = tmp / "healed"
         heal_data = [Path(f).read_text(encoding="utf-8") for f in args.heal_data] if args.heal_data else None
         heal_result = heal(converted, source, healed, data=heal_data, tokens=args.tokens, lr=args.lr,
-                           seq_len=args.heal_seq_len, batch_size=args.heal_batch_size, loss=args.loss, sampled=args.sampled,
+                           seq_len=args.heal_seq_len, batch_size=args.heal_batch_size, loss=args.loss,
                            eval_data=texts[args.curve_on], eval_tokens=args.eval_tokens,
                            eval_at=[int(t) for t in args.checkpoints.split(",") if t], progress=False)
         curve = [json.loads(line) for line in (healed / "heal_metrics.jsonl").read_text().splitlines()]
@@ -140,7 +139,7 @@ def main():
     rep0 = original["generation"]["repeated_4gram_share"]
     mix = ", ".join(f"{name} {share:.0%}" for name, share in SHARES.items())
     text_c = f", C: {args.lines} ({len(documents['C'])} documents)" if args.lines else ""
-    print(f"\n{Path(source).name}, alpha {args.alpha} calibrated, heal {args.loss} lr {args.lr} sampled {args.sampled} on "
+    print(f"\n{Path(source).name}, alpha {args.alpha} calibrated, heal {args.loss} lr {args.lr} on "
           f"{', '.join(args.heal_data) if args.heal_data else f'the embedded corpus ({mix} of its characters)'}, "
           f"{heal_result['tokens']:,} tokens in steps of {args.heal_batch_size} x {args.heal_seq_len} ({heal_result['seconds']:.0f} s); A: {', '.join(args.packed)} "
           f"({len(documents['A'])} documents), B: 300 paragraphs of {args.paragraphs}"

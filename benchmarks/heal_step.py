@@ -29,9 +29,10 @@ import numpy as np
 import torch
 
 from mixln_convert import convert
-from mixln_convert.healing import distribution_kl, heal
+from mixln_convert.healing import heal
+from mixln_convert.healing.losses import distribution_kl
 from mixln_convert.io.loader import open_checkpoint
-from mixln_convert.model.shared_tail import load_pair
+from mixln_convert.surgery.shared_tail import load_pair
 from shapes import SHAPES, docstring_tokenizer, random_model  # benchmarks/shapes.py, beside this script
 
 LIMIT = 1.1

@@ -28,7 +28,7 @@ import torch
 
 from mixln_convert.analysis.layers import BlockRunner
 from mixln_convert.data import read_texts, token_blocks
-from mixln_convert.model.loading import load_model, load_tokenizer
+from mixln_convert.surgery.loading import load_model, load_tokenizer
 from shapes import SHAPES, random_model  # benchmarks/shapes.py, beside this script
 
 

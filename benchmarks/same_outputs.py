@@ -4,9 +4,10 @@ checkout of ``--base`` (a git worktree), each into the same absolute folder, and
 file they wrote: tensors bitwise (dtype, shape, bytes), JSON and JSON lines field by field less the
 fields that hold times, YAML and text byte for byte.
 
-    python benchmarks/same_outputs.py --base REV [--head REV] [--keep DIR]
+    python benchmarks/same_outputs.py --base REV [--head REV] [--ignore NAME ...] [--keep DIR]
 
-``--head`` compares two revisions instead (``--base R --head R`` shows the run is deterministic).
+``--ignore`` leaves out JSON fields, YAML keys and files of that name (a field removed on purpose,
+the model code saved beside a checkpoint); ``--head`` compares two revisions instead (``--base R --head R`` shows the run is deterministic).
 
 Prints one line per differing file and exits 1 if any differs (or a file is only on one side).
 """
@@ -21,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+import yaml
 from safetensors import safe_open
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,7 +30,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from tiny import make_tiny_llama  # noqa: E402
 
 # fields whose values are clocks or durations: they differ between any two runs
-TIMED = ("time", "wall", "_s", "seconds", "date", "elapsed", "per_s")
+TIMED = ["seconds", "wall_time_s", "tokens_per_s"]
 WORDS = "the model reads a block of text and writes the next word with care over many steps".split()
 
 
@@ -60,7 +62,7 @@ def run_pipeline(tree: Path, source: Path, corpus: Path, out: Path) -> None:
 
 def untimed(value):
     if isinstance(value, dict):
-        return {k: untimed(v) for k, v in value.items() if not any(t in k for t in TIMED)}
+        return {k: untimed(v) for k, v in value.items() if k not in TIMED}
     if isinstance(value, list):
         return [untimed(v) for v in value]
     return value
@@ -79,18 +81,22 @@ def same_file(a: Path, b: Path) -> bool:
         return True
     if a.suffix == ".json":
         return untimed(json.loads(a.read_text())) == untimed(json.loads(b.read_text()))
+    if a.suffix == ".yaml":
+        return untimed(yaml.safe_load(a.read_text())) == untimed(yaml.safe_load(b.read_text()))
     if a.suffix == ".jsonl":
         lines = [[untimed(json.loads(line)) for line in p.read_text().splitlines() if line] for p in (a, b)]
         return lines[0] == lines[1]
     return a.read_bytes() == b.read_bytes()
 
 
-def compare(base: Path, head: Path) -> list[str]:
+def compare(base: Path, head: Path, ignored=()) -> list[str]:
     files = {p.relative_to(base) for p in base.rglob("*") if p.is_file()}
     files |= {p.relative_to(head) for p in head.rglob("*") if p.is_file()}
     differences = []
     for name in sorted(files):
         a, b = base / name, head / name
+        if name.name in ignored:
+            continue
         if not (a.is_file() and b.is_file()):
             differences.append(f"{name}: only in {'base' if a.is_file() else 'this checkout'}")
         elif name.suffix not in (".pt", ".bin", ".pyc") and not same_file(a, b):
@@ -116,8 +122,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", required=True, help="git revision to compare this checkout with")
     parser.add_argument("--head", help="git revision to compare with instead of this checkout")
+    parser.add_argument("--ignore", action="append", default=[], metavar="NAME",
+                        help="a JSON field, YAML key or file name to leave out (repeatable)")
     parser.add_argument("--keep", type=Path, help="keep both outputs under this folder")
     args = parser.parse_args()
+    TIMED.extend(args.ignore)  # fields left out as the clocks are
     work = Path(tempfile.mkdtemp(prefix="same-outputs-"))
     trees = {"base": work / "base-tree", "head": work / "head-tree" if args.head else REPO}
     for side, revision in (("base", args.base), ("head", args.head)):
@@ -134,9 +143,10 @@ def main() -> None:
         for side, tree in trees.items():
             run_pipeline(tree, source, corpus, work / "out")
             outputs[side] = (work / "out").rename(work / side)
-        differences = compare(outputs["base"], outputs["head"])
+        differences = compare(outputs["base"], outputs["head"], args.ignore)
         count = sum(1 for p in outputs["head"].rglob("*") if p.is_file())
-        print("\n".join(differences) or f"{count} files, all the same at {args.base} and {args.head or 'this checkout'}")
+        print("\n".join(differences) or f"{count} files, all the same at {args.base} and {args.head or 'this checkout'}"
+              + (f" (left out: {', '.join(args.ignore)})" if args.ignore else ""))
         if args.keep:
             shutil.copytree(work, args.keep, ignore=shutil.ignore_patterns("*-tree"), dirs_exist_ok=True)
     finally:

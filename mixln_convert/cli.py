@@ -20,7 +20,7 @@ from .io.paths import check_destination, check_not_input, check_readable, checkp
 from .limits import MAX_PROCESSES, check_one_step, check_processes
 from .options import (ARMS, DEFAULT_ARMS, DEMO_EVAL_TOKENS, DEMO_HEAL_TOKENS, DEMO_TRAIN_TOKENS, DEVICES, DTYPES,
                       EVAL_SEQ_LEN, EVAL_TOKENS, HEAL_BATCH_SIZE, HEAL_DTYPES, HEAL_LR, HEAL_SEQ_LEN, LAYOUTS, LOSSES, METHODS, STRATEGIES,
-                      TRAINING_STRATEGIES, measured_on)
+                      STUDY_EVAL_TOKENS, TRAINING_STRATEGIES, measured_on)
 
 
 class Group(click.Group):
@@ -507,7 +507,7 @@ def prune(ckpt, out, layers, remove, method, data, seq_len, max_tokens, batch_si
     check_destination(out, {"CKPT": ckpt, "--data": data}, force, flag="OUT")
     if (layers is None) == (remove is None):
         raise MixLNError("--layers and --remove: give exactly one of them")
-    from .analysis.prune import prune as run
+    from .surgery.prune import prune as run
 
     run(ckpt, out, layers=layers, remove=remove, method=method, data=data, seq_len=seq_len, max_tokens=max_tokens,
         batch_size=batch_size, max_shard_size=max_shard_size, force=force)
@@ -536,7 +536,7 @@ def prune(ckpt, out, layers, remove, method, data, seq_len, max_tokens, batch_si
 @click.option("--lns/--no-lns", default=False, show_default=True,
               help="Train a LayerNorm Scaling arm too (arXiv 2502.05795: every block Pre-LN, the norm outputs of block "
                    "l scaled by 1/sqrt(l); the same initialization, norm gains 1 as in its paper).")
-@click.option("--eval-tokens", type=POSITIVE, default=2048, show_default=True, metavar="N",
+@click.option("--eval-tokens", type=POSITIVE, default=STUDY_EVAL_TOKENS, show_default=True, metavar="N",
               help="Held-out tokens each final model is analyzed on (layer drop, gradient norms).")
 @click.option("--resume", is_flag=True, help="Keep finished runs, continue interrupted ones.")
 def study(src, out, recipe_file, overrides, alpha, seeds, schemes, post_ln, lns, eval_tokens, resume):
@@ -753,9 +753,6 @@ def sweep(src, out, alphas, heal_tokens, train_tokens, data, seeds, eval_tokens,
               help="kl (KL divergence of the final logits; runs both whole models, ~3.5x the FLOPs of a residual "
                    "step, but recovers far more per token) or residual (relative error of the stream entering the "
                    "first Pre-LN block; runs the Post-LN blocks only).")
-@click.option("--sampled", type=Finite(0, 1), default=0.0, show_default=True, metavar="SHARE",
-              help="Share of the training sequences the teacher writes itself (sampled from its BOS token at "
-                   "temperature 1), the rest from --data: the student also learns the teacher's own text.")
 @click.option("--spike-factor", type=Finite(0, 1000), default=0.0, show_default=True, metavar="X",
               help="Skip the update of a step whose loss exceeds X times the mean of the last 20 steps' (more than 5 "
                    "in a row stop the heal); 0: no check. Non-finite losses and gradients always stop it.")
@@ -777,7 +774,7 @@ def sweep(src, out, alphas, heal_tokens, train_tokens, data, seeds, eval_tokens,
                    "one copy of the layers they share).")
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard, e.g. 5GB, 500MB.")
 @click.option("--force", is_flag=True, help="Replace a non-empty output folder (never an input).")
-def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, sampled, spike_factor, dtype,
+def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, spike_factor, dtype,
          activation_checkpointing, eval_tokens, eval_data, perplexity, max_shard_size, force):
     """Heal the Mix-LN checkpoint CONVERTED cheaply: distill only its Post-LN blocks from the
     teacher (with --loss residual a step costs about k/L of a training step). Writes a converted
@@ -793,8 +790,7 @@ def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, s
     from .healing import heal as run
 
     result = run(converted, teacher, out, data=data, tokens=tokens, seq_len=seq_len, batch_size=batch_size, lr=lr,
-                 loss=loss, sampled=sampled, spike_factor=spike_factor, dtype=dtype,
-                 activation_checkpointing=activation_checkpointing,
+                 loss=loss, spike_factor=spike_factor, dtype=dtype, activation_checkpointing=activation_checkpointing,
                  eval_tokens=eval_tokens, eval_data=eval_data, perplexity=perplexity, max_shard_size=max_shard_size,
                  force=force)
     error = result["relative_error"]

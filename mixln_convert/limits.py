@@ -38,10 +38,24 @@ def check_fraction(flag: str, value, *, low_open: bool = False, high_open: bool 
         raise MixLNError(f"{flag}: must be in {interval}, got {value!r}")
 
 
-def check_one_step(tokens: int, batch_size: int, seq_len: int) -> None:
-    """A heal budget of at least one step of ``batch_size`` x ``seq_len`` tokens."""
-    if tokens < batch_size * seq_len:
-        raise MixLNError(f"--tokens: {tokens} is less than one step (--batch-size x --seq-len = {batch_size * seq_len})")
+def below_one_step(tokens: int, batch_size: int, seq_len: int, factors: str | None, step: str) -> str | None:
+    """Why a heal budget of ``tokens`` is short of one ``step`` of ``batch_size`` x ``seq_len`` tokens, else
+    None; ``factors`` names the two sizes (the flags or keys that set them), None gives their values."""
+    size = batch_size * seq_len
+    shown = f"{factors} = {size}" if factors else f"{batch_size} x {seq_len} = {size} tokens"
+    return f"{tokens} is less than {step} ({shown})" if tokens < size else None
+
+
+def check_one_step(tokens: int, batch_size: int, seq_len: int, flag: str = "--tokens",
+                   factors: str | None = "--batch-size x --seq-len", step: str = "one step") -> None:
+    """A heal budget ``flag`` of at least one step (:func:`below_one_step`); the defaults are the heal command's."""
+    if why := below_one_step(tokens, batch_size, seq_len, factors, step):
+        raise MixLNError(f"{flag}: {why}")
+
+
+def check_force_or_resume(force: bool, resume: bool) -> None:
+    if force and resume:
+        raise MixLNError("--force and --resume: give one (--force starts afresh, --resume continues)")
 
 
 SPIKE_FACTORS = "0 (off) or in (1, 1000]"  # a loss spike guard's factor (training/loop.py)

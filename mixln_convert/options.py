@@ -8,13 +8,13 @@ LAYOUTS = ("mixln", "lns")
 # pipeline.py's training arms: the converted Mix-LN model, the Pre-LN control, the LNS retrofit
 ARMS = ("mixln", "preln", "lns")
 DEFAULT_ARMS = ("mixln", "preln")
-METHODS = ("angular", "drop", "last")  # analysis/prune.py: how N blocks to remove are chosen
-LOSSES = ("kl", "residual")  # healing.py
-HEAL_DTYPES = ("fp32", "bf16")  # healing.py: of the frozen weights (the trained blocks stay float32)
-# healing.py's peak learning rate. 1e-4 diverged on SmolLM2-135M's calibrated conversion (the KL
+METHODS = ("angular", "drop", "last")  # surgery/prune.py: how N blocks to remove are chosen
+LOSSES = ("kl", "residual")  # healing/losses.py
+HEAL_DTYPES = ("fp32", "bf16")  # healing/: of the frozen weights (the trained blocks stay float32)
+# The heal's peak learning rate. 1e-4 diverged on SmolLM2-135M's calibrated conversion (the KL
 # loss jumped 3x once warmup passed ~8e-5 and the heal ended worse than it started); 3e-5 heals it.
 HEAL_LR = 3e-5
-HEAL_SEQ_LEN, HEAL_BATCH_SIZE = 256, 4  # healing.py: a step of 4 x 256 tokens
+HEAL_SEQ_LEN, HEAL_BATCH_SIZE = 256, 4  # healing/: a step of 4 x 256 tokens
 PRECISIONS = ("auto", "bf16", "fp32")  # training: auto is bf16 autocast on GPU, fp32 on CPU
 # training: transformers' attention implementations; eager is the plain matmul-softmax one, the
 # reference to rerun a non-finite bf16 step against (benchmarks/gpu_mission.py)
@@ -30,6 +30,7 @@ DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")  # conversio
 EVAL_DATA = "embedded:validation"
 EVAL_SEQ_LEN = 256  # the paper's sequence length; short enough for 2 CPU cores
 EVAL_TOKENS = 8192  # 32 blocks: enough for a bootstrap interval, seconds per pass for a 135M model on CPU
+STUDY_EVAL_TOKENS = 8 * EVAL_SEQ_LEN  # study's analyses: one per arm, scheme and seed, so fewer tokens each
 
 
 def measured_on(where: dict) -> str:

@@ -16,11 +16,13 @@ import yaml
 
 from .errors import MixLNError
 from .fetch import cache_dir
+from .io.atomic import scratch_dir, write_atomic
 from .io.loader import open_checkpoint
 from .io.paths import check_destination, check_not_input
-from .io.writer import scratch_dir, write_atomic
-from .limits import check_seq_len
-from .options import DEMO_EVAL_TOKENS, DEMO_HEAL_TOKENS, DEMO_TRAIN_TOKENS, EVAL_DATA, HEAL_BATCH_SIZE, HEAL_SEQ_LEN
+from .io.runs import ANALYSIS, SUMMARY, read_summary, write_json
+from .limits import check_force_or_resume, check_one_step, check_seq_len
+from .options import (DEMO_EVAL_TOKENS, DEMO_HEAL_TOKENS, DEMO_TRAIN_TOKENS, EVAL_DATA, HEAL_BATCH_SIZE, HEAL_SEQ_LEN,
+                      measured_on)
 
 DATA_RECORD = "data.json"  # a run's {data file: sha256}, which --resume must find unchanged
 DEMO_RECIPE = "smollm2-135m-cpu"  # shipped with the package
@@ -56,7 +58,7 @@ def train(recipe: dict, out, arms=None, resume: bool = False, progress: bool = T
     existed, fresh = out.is_dir(), _claim(out, recipe, resume)
     train_tokens = max(optimizer_steps(recipe) * recipe["global_batch_size"] * recipe["seq_len"],
                        recipe["heal"]["tokens"])
-    finished = {arm: _finished(out / arm, arm) for arm in arms if resume and (out / arm / "summary.json").is_file()}
+    finished = {arm: _finished(out / arm, arm) for arm in arms if resume and (out / arm / SUMMARY).is_file()}
     try:  # everything that can refuse the run's inputs, before the first training step
         with state.main_process_first():  # the main process tokenizes into the cache, the others read it
             splits = load_splits(recipe["data"], source.tokenizer, train_tokens, progress)
@@ -132,10 +134,7 @@ def convert_and_heal(src, dst, *, heal_tokens: int, heal_data=None, force: bool 
     from .data import blocks, read_texts, token_stream
     from .healing import heal
 
-    step = HEAL_BATCH_SIZE * HEAL_SEQ_LEN
-    if heal_tokens < step:
-        raise MixLNError(f"--heal-tokens: {heal_tokens} is less than one heal step "
-                         f"({HEAL_BATCH_SIZE} x {HEAL_SEQ_LEN} = {step} tokens)")
+    check_one_step(heal_tokens, HEAL_BATCH_SIZE, HEAL_SEQ_LEN, "--heal-tokens", None, "one heal step")
     target = check_destination(dst, {"SRC": src, "--heal-data": heal_data}, force)
     # the heal's text is read and tokenized (into the cache heal reads it from) before the long conversion
     what = str(heal_data) if heal_data else "embedded:train"
@@ -189,7 +188,7 @@ def _record_recipe(out: Path, recipe: dict, state) -> None:
         out.mkdir(parents=True, exist_ok=True)
         write_atomic(saved, yaml.safe_dump(recipe, sort_keys=False))
     if state.is_main_process and not (out / DATA_RECORD).is_file():  # also for a run from before the record
-        write_atomic(out / DATA_RECORD, json.dumps(data_fingerprint(recipe["data"]), indent=1) + "\n")
+        write_json(out / DATA_RECORD, data_fingerprint(recipe["data"]), indent=1)
 
 
 def _check_data(out: Path, recipe: dict) -> None:
@@ -217,9 +216,7 @@ def _check_data(out: Path, recipe: dict) -> None:
 
 def _finished(folder: Path, arm: str) -> dict:
     """The summary of an arm finished before the interruption."""
-    from .report.inputs import read_summary
-
-    file = folder / "summary.json"
+    file = folder / SUMMARY
     try:
         summary = read_summary(file)
         if summary["arm"] != arm:
@@ -241,8 +238,7 @@ def run_demo(out, *, source=None, alpha: float = 0.25, heal_tokens: int = DEMO_H
     from .report import compare
     from .training import load_recipe
 
-    if force and resume:
-        raise MixLNError("--force and --resume: give one (--force starts afresh, --resume continues)")
+    check_force_or_resume(force, resume)
     out = Path(out)
     check_destination(out, {"the model cache": cache_dir(), "--source": source}, force or resume, flag="--out")
     if force and out.exists() and any(out.iterdir()):
@@ -254,14 +250,14 @@ def run_demo(out, *, source=None, alpha: float = 0.25, heal_tokens: int = DEMO_H
     recipe = load_recipe(DEMO_RECIPE, overrides)
     original = recipe["source"]
     # training validation and every analysis score the same blocks, so their perplexities agree
-    measured_on = f"{EVAL_DATA}, {eval_tokens:,} tokens in blocks of {recipe['seq_len']}"
+    where = measured_on({"data": EVAL_DATA, "tokens": eval_tokens, "seq_len": recipe["seq_len"]})
     print(f"[1/4] source model: {original}")
     healing = f"heal ({heal_tokens:,} tokens) + " if heal_tokens else ""
     print(f"[2/4] convert + {healing}recovery training of both arms ({recipe['max_tokens']:,} tokens each) "
           f"-> {out / 'train'}")
     for summary in train(recipe, out / "train", resume=resume).values():
         print(f"      {summary['arm']}: validation perplexity {summary['initial_val_ppl']:.2f} -> "
-              f"{summary['final_val_ppl']:.2f} ({measured_on})")
+              f"{summary['final_val_ppl']:.2f} ({where})")
     stages = {
         "original": original,
         "converted": out / "train" / "mixln" / "converted",
@@ -269,9 +265,9 @@ def run_demo(out, *, source=None, alpha: float = 0.25, heal_tokens: int = DEMO_H
         "mixln-trained": out / "train" / "mixln" / "final",
         "preln-trained": out / "train" / "preln" / "final",
     }
-    print(f"[3/4] layer analysis of {', '.join(stages)} ({measured_on})")
+    print(f"[3/4] layer analysis of {', '.join(stages)} ({where})")
     for name, ckpt in stages.items():
-        if not (resume and (out / "analysis" / name / "analysis.json").is_file()):
+        if not (resume and (out / "analysis" / name / ANALYSIS).is_file()):
             result = analyze(ckpt, out / "analysis" / name, seq_len=recipe["seq_len"], max_tokens=eval_tokens,
                              prune_curve=prune_curve, generate=True, force=resume)
             print(f"      {name}: perplexity {result['perplexity']:.2f}; greedy continuations repeat "

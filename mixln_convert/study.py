@@ -7,7 +7,8 @@ initialized by the same seeded plan, so tensors the layouts share start equal, a
 seed read the same tokens in the same order. Each final model goes through
 :func:`~mixln_convert.analysis.analyze.analyze`. The paper's three claims (Mix-LN reaches a lower
 perplexity, its deep blocks matter more, its per-block gradient norms are more uniform) then each
-get a verdict per scheme, decided against the spread between seeds (:func:`verdict`), and so do the
+get a verdict per scheme, decided against the spread between seeds
+(:func:`~mixln_convert.analysis.measures.verdict`), and so do the
 LNS paper's two (lower perplexity, deep blocks matter more) for the LNS arm; the report is
 ``report/study.py``'s.
 
@@ -17,26 +18,20 @@ report.html, the figures) beside it. ``resume`` continues an interrupted study: 
 interrupted ones resume from their last checkpoint.
 """
 
-import json
-import math
 import statistics
 import time
 from pathlib import Path
 
+from .analysis.measures import deep_half, verdict
 from .data.corpus import check_text
 from .data.shards import is_tokens_folder
 from .errors import MixLNError
-from .io.runs import claim_run, record_run
-from .io.writer import write_atomic
+from .io.runs import ANALYSIS, METRICS, claim_run, read_analysis, read_metrics, record_run, write_json
 from .limits import check_positive, check_seeds
+from .options import STUDY_EVAL_TOKENS
+from .report.study import CLAIMS, LNS_CLAIMS, write_study_report
 
 SCHEMES = {"scaled": True, "plain": False}  # scheme name -> conversion.scaled_init
-CLAIMS = {  # claim -> (figure, the direction the paper claims for Mix-LN against Pre-LN)
-    "perplexity": ("final_val_ppl", "lower"),
-    "deep blocks matter more": ("deep_layer_drop", "higher"),
-    "more uniform gradient norms": ("grad_norm_cv", "lower"),
-}
-LNS_CLAIMS = ("perplexity", "deep blocks matter more")  # the LNS paper's, of CLAIMS, for LNS against Pre-LN
 LNS_ARM = "LNS"
 RECIPE = "smollm2-135m-cpu"  # shipped; a study overrides source, conversion and seed
 
@@ -52,31 +47,17 @@ def arms_for(alpha: float, post_ln: bool, lns: bool = False) -> dict:
 
 
 def study(source, out, *, recipe: str = RECIPE, overrides=(), alpha: float = 0.25, seeds: int = 2,
-          schemes=tuple(SCHEMES), post_ln: bool = True, lns: bool = False, eval_tokens: int = 2048,
+          schemes=tuple(SCHEMES), post_ln: bool = True, lns: bool = False, eval_tokens: int = STUDY_EVAL_TOKENS,
           resume: bool = False, progress: bool = True) -> dict:
     """Train and analyze every (scheme, seed, arm) into ``out``; returns the study (``study.json``).
 
     ``overrides`` are the recipe's ``--set`` values (shape of the budget: seq_len, batch sizes,
     max_tokens, lr, intervals); ``source`` gives the model's shape and tokenizer, its weights are
     not used."""
-    from .analysis.analyze import analyze
     from .io.loader import open_checkpoint
-    from .pipeline import train
-    from .report.inputs import read_analysis
-    from .report.study import write_study_report
     from .training import load_recipe
 
-    check_seeds("--seeds", seeds)
-    check_positive("--eval-tokens", eval_tokens)
-    if not 0 < alpha < 1:
-        raise MixLNError(f"--alpha: {alpha} is not in (0, 1): the Mix-LN arm needs Post-LN and Pre-LN blocks")
-    unknown = [s for s in schemes if s not in SCHEMES]
-    if unknown or not schemes:
-        raise MixLNError(f"--init: unknown scheme {unknown[0] if unknown else '(none)'!r} (choose from "
-                         f"{', '.join(SCHEMES)})")
-    twice = [s for i, s in enumerate(schemes) if s in schemes[:i]]
-    if twice:  # its runs would share one folder
-        raise MixLNError(f"--init: {twice[0]!r} is given twice")
+    _check(alpha, seeds, schemes, eval_tokens)
     out = Path(out).absolute()
     plans = [  # every run's recipe first: a bad override is refused before any training
         (scheme, seed, name, engine_arm, out / scheme / f"seed-{seed}" / _slug(name),
@@ -98,17 +79,7 @@ def study(source, out, *, recipe: str = RECIPE, overrides=(), alpha: float = 0.2
     out.mkdir(parents=True, exist_ok=True)
     record_run(out, "study", settings)
     started = time.time()
-    runs = []
-    for scheme, seed, name, engine_arm, folder, run_recipe in plans:
-        summary = train(run_recipe, folder, arms=(engine_arm,), resume=resume, progress=progress)[engine_arm]
-        analysis_dir = folder / "analysis"
-        if (analysis_dir / "analysis.json").is_file():  # finished before an interruption
-            analysis = read_analysis(analysis_dir / "analysis.json")
-        else:
-            analysis = analyze(folder / engine_arm / "final", analysis_dir, data=analysis_text(run_recipe),
-                               seq_len=run_recipe["seq_len"], max_tokens=eval_tokens, progress=progress)
-        runs.append({"scheme": scheme, "seed": seed, "arm": name, "folder": str(folder),
-                     **measure(folder / engine_arm, summary, analysis)})
+    runs = [_run(plan, eval_tokens, resume, progress) for plan in plans]
     result = {"source": str(source), "recipe": recipe, "overrides": list(overrides), "alpha": alpha, "seeds": seeds,
               "train_data": data["train"] or "the embedded corpus's train split",
               "validation_data": data["validation"] or (
@@ -120,10 +91,41 @@ def study(source, out, *, recipe: str = RECIPE, overrides=(), alpha: float = 0.2
     result["verdicts"] = verdicts(result)
     if lns:
         result["lns_verdicts"] = lns_verdicts(result)
-    write_atomic(out / "study.json", json.dumps(result, indent=2) + "\n")
+    write_json(out / "study.json", result)
     (out / "report").mkdir(exist_ok=True)
     write_study_report(out / "report", result)
     return result
+
+
+def _check(alpha: float, seeds: int, schemes, eval_tokens: int) -> None:
+    check_seeds("--seeds", seeds)
+    check_positive("--eval-tokens", eval_tokens)
+    if not 0 < alpha < 1:
+        raise MixLNError(f"--alpha: {alpha} is not in (0, 1): the Mix-LN arm needs Post-LN and Pre-LN blocks")
+    unknown = [s for s in schemes if s not in SCHEMES]
+    if unknown or not schemes:
+        raise MixLNError(f"--init: unknown scheme {unknown[0] if unknown else '(none)'!r} (choose from "
+                         f"{', '.join(SCHEMES)})")
+    twice = [s for i, s in enumerate(schemes) if s in schemes[:i]]
+    if twice:  # its runs would share one folder
+        raise MixLNError(f"--init: {twice[0]!r} is given twice")
+
+
+def _run(plan: tuple, eval_tokens: int, resume: bool, progress: bool) -> dict:
+    """One planned run trained and analyzed (what an interrupted study finished is kept), and its figures."""
+    from .analysis.analyze import analyze
+    from .pipeline import train
+
+    scheme, seed, name, engine_arm, folder, run_recipe = plan
+    summary = train(run_recipe, folder, arms=(engine_arm,), resume=resume, progress=progress)[engine_arm]
+    analysis_dir = folder / "analysis"
+    if (analysis_dir / ANALYSIS).is_file():  # finished before an interruption
+        analysis = read_analysis(analysis_dir / ANALYSIS)
+    else:
+        analysis = analyze(folder / engine_arm / "final", analysis_dir, data=analysis_text(run_recipe),
+                           seq_len=run_recipe["seq_len"], max_tokens=eval_tokens, progress=progress)
+    return {"scheme": scheme, "seed": seed, "arm": name, "folder": str(folder),
+            **measure(folder / engine_arm, summary, analysis)}
 
 
 def analysis_text(recipe: dict):
@@ -141,8 +143,7 @@ def measure(arm_dir: Path, summary: dict, analysis: dict) -> dict:
     """The figures the claims are judged on: final validation perplexity and the curve that led to
     it, the mean relative perplexity increase from dropping one block of the deep half, and the
     coefficient of variation across blocks of the per-block gradient norms (analysis batches)."""
-    records = [json.loads(line) for line in (arm_dir / "metrics.jsonl").read_text().splitlines() if line]
-    curve = [(r["tokens"], r["val_ppl"]) for r in records if "val_ppl" in r]
+    curve = [(r["tokens"], r["val_ppl"]) for r in read_metrics(arm_dir / METRICS) if "val_ppl" in r]
     drop = [d / analysis["perplexity"] for d in analysis["layer_drop"]]
     grads = analysis["grad_norm_per_layer"]
     return {
@@ -150,26 +151,10 @@ def measure(arm_dir: Path, summary: dict, analysis: dict) -> dict:
         "wall_time_s": summary["wall_time_s"], "validation_curve": curve,
         # how much the last evaluation interval still moved the curve: ~0 once it has flattened
         "last_interval_change": (curve[-1][1] / curve[-2][1] - 1) if len(curve) >= 2 else None,
-        "relative_layer_drop": drop, "deep_layer_drop": statistics.mean(drop[len(drop) // 2:]),
+        "relative_layer_drop": drop, "deep_layer_drop": statistics.mean(drop[deep_half(len(drop))]),
+        # statistics' exactly rounded arithmetic, as study.json has always had it (numpy's differs in the last bits)
         "grad_norm_per_layer": grads, "grad_norm_cv": statistics.pstdev(grads) / statistics.mean(grads),
     }
-
-
-def verdict(tested: list[float], baseline: list[float], direction: str) -> dict:
-    """``tested``'s values against ``baseline``'s (one per seed). The gap (difference of the
-    means) decides only when it exceeds the spread between seeds (the larger of the two ranges):
-    then the claim is reproduced when the gap points the claimed ``direction``, else not
-    reproduced; otherwise it is too close to call. One seed has no spread: too close to call."""
-    gap = statistics.mean(tested) - statistics.mean(baseline)
-    spread = max(max(tested) - min(tested), max(baseline) - min(baseline))
-    if len(tested) < 2 or len(baseline) < 2 or not math.isfinite(gap) or abs(gap) <= spread:
-        outcome = "too close to call"
-    elif (gap < 0) == (direction == "lower"):
-        outcome = "reproduced"
-    else:
-        outcome = "not reproduced"
-    return {"outcome": outcome, "gap": gap, "spread": spread, "tested": statistics.mean(tested),
-            "baseline": statistics.mean(baseline), "direction": direction}
 
 
 def _values(result: dict, scheme: str, arm: str, figure: str) -> list[float]:

@@ -8,8 +8,6 @@ Every stage is the function its own command runs (convert, heal, train, analyze,
 alpha's outputs appear atomically in ``OUT/post-ln-NN``, so a killed sweep resumes where it stopped.
 """
 
-import hashlib
-import json
 import math
 import shutil
 import time
@@ -18,19 +16,21 @@ from pathlib import Path
 
 import numpy as np
 
+from .analysis.measures import coefficient_of_variation
 from .data import data_fingerprint
 from .data.corpus import check_text
 from .data.shards import is_tokens_folder
 from .errors import MixLNError
+from .io.atomic import atomic_output_dir
 from .io.loader import open_checkpoint
 from .io.paths import check_readable
-from .io.runs import claim_run, record_run
-from .io.writer import atomic_output_dir, write_atomic
-from .limits import check_alpha_count, check_positive, check_seeds
+from .io.runs import METRICS, claim_run, read_checked, read_metrics, record_run, write_checked, write_json
+from .limits import check_alpha_count, check_force_or_resume, check_one_step, check_positive, check_seeds
 from .options import EVAL_TOKENS, HEAL_BATCH_SIZE, HEAL_SEQ_LEN
 
 DEFAULT_ALPHAS = (0.0, 0.0625, 0.125, 0.25, 0.5)
 TRAIN_RECIPE = "smollm2-135m-cpu"  # settings of the short continued pre-training (CPU-sized steps)
+STAGE_RESULT = "result.json"  # in each stage's folder: what a resume reads instead of running it again
 FIRST_STEPS = 4  # gradient norms "over the first steps": this many training steps (or analysis batches)
 
 
@@ -76,7 +76,7 @@ def gradient_figures(steps: list[list[float]], post_ln_layers: int) -> dict:
     of their coefficient of variation, and the largest ratio of a Post-LN block's norm to the
     Pre-LN blocks' mean (None without both kinds of block)."""
     norms = np.asarray(steps[:FIRST_STEPS], dtype=float)
-    cv = float((norms.std(axis=1) / norms.mean(axis=1)).mean())
+    cv = float(coefficient_of_variation(norms, axis=1).mean())
     ratio = None
     if 0 < post_ln_layers < norms.shape[1]:
         ratio = float((norms[:, :post_ln_layers].max(axis=1) / norms[:, post_ln_layers:].mean(axis=1)).max())
@@ -104,25 +104,10 @@ def sweep(src, out, *, alphas=DEFAULT_ALPHAS, heal_tokens: int = 0, train_tokens
     written to ``out/sweep.json`` (rows per Post-LN count, the original's and the control's
     figures, with ``lns`` the LNS retrofit's trained like the control, the recommendation, the
     time split) beside ``out/report``."""
-    from .conversion.converter import CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, calibration_statistics
     from .conversion.layout import post_ln_count
     from .training import load_recipe
 
-    if not alphas:
-        raise MixLNError("--alphas: give at least one alpha")
-    check_alpha_count("--alphas", alphas)
-    if force and resume:
-        raise MixLNError("--force and --resume: give one (--force starts afresh, --resume continues)")
-    check_seeds("--seeds", seeds)
-    check_positive("--eval-tokens", eval_tokens)
-    if lns and not train_tokens:
-        raise MixLNError("--lns: the LNS retrofit computes the original's function, so only training tells them "
-                         "apart; add --train-tokens N")
-    if heal_tokens and heal_tokens < HEAL_BATCH_SIZE * HEAL_SEQ_LEN:
-        raise MixLNError(f"--heal-tokens: {heal_tokens} is less than one heal step "
-                         f"({HEAL_BATCH_SIZE} x {HEAL_SEQ_LEN} = {HEAL_BATCH_SIZE * HEAL_SEQ_LEN} tokens)")
-    if data is not None:
-        check_readable(data, "--data")
+    _check(alphas, heal_tokens, train_tokens, data, seeds, eval_tokens, lns, resume, force)
     out = Path(out)
     source = open_checkpoint(src)
     # what every stage's result depends on (not the alphas: each block count is a stage of its own,
@@ -137,16 +122,7 @@ def sweep(src, out, *, alphas=DEFAULT_ALPHAS, heal_tokens: int = 0, train_tokens
     counts: dict[int, list[float]] = {}
     for alpha in alphas:  # equal counts run once
         counts.setdefault(post_ln_count(num_layers, alpha, None), []).append(alpha)
-    recipe_overrides = [f"source={Path(src).absolute()}", "grad_norm_interval=1"]
-    if data is not None:
-        recipe_overrides.append(f"data.train={Path(data).absolute()}")
-    if train_tokens:
-        defaults = load_recipe(TRAIN_RECIPE, recipe_overrides)
-        step_tokens = defaults["global_batch_size"] * defaults["seq_len"]
-        if train_tokens < step_tokens:
-            raise MixLNError(f"--train-tokens: {train_tokens} is less than one training step ({step_tokens} tokens)")
-        # validate at the end only: the report compares final perplexities
-        recipe_overrides += [f"max_tokens={train_tokens}", f"eval_interval={train_tokens // step_tokens}"]
+    recipe_overrides = _training_overrides(src, data, train_tokens)
     if data is not None and not is_tokens_folder(data):  # read by the heal and training only after the original's stage
         check_text(data, "--data")
     if force and out.exists() and any(out.iterdir()):
@@ -169,14 +145,8 @@ def sweep(src, out, *, alphas=DEFAULT_ALPHAS, heal_tokens: int = 0, train_tokens
     controls = seeded("preln", "control") if train_tokens else []
     lns_runs = seeded("lns", "lns") if lns else []
 
-    pending = [n for n in counts if not (resume and (_folder(out, n) / "result.json").is_file())]
-    stats = None
-    if any(n > 0 for n in pending):
-        started = time.perf_counter()
-        print(f"calibrating the first {max(pending)} blocks once for every alpha")
-        stats = calibration_statistics(source, source.arch, max(pending), None, CALIBRATION_TOKENS,
-                                       CALIBRATION_SEQ_LEN, progress)
-        times["calibration_s"] = round(time.perf_counter() - started, 2)
+    pending = [n for n in counts if not (resume and (_folder(out, n) / STAGE_RESULT).is_file())]
+    stats = _calibrate(source, max(pending), times, progress) if any(n > 0 for n in pending) else None
 
     rows = []
     for i, (n, given) in enumerate(sorted(counts.items()), 1):
@@ -202,8 +172,53 @@ def sweep(src, out, *, alphas=DEFAULT_ALPHAS, heal_tokens: int = 0, train_tokens
 
     with atomic_output_dir(out / "report", force=True) as tmp:
         write_sweep_report(tmp, result)
-    write_atomic(out / "sweep.json", json.dumps(result, indent=2) + "\n")
+    write_json(out / "sweep.json", result)
     return result
+
+
+def _check(alphas, heal_tokens: int, train_tokens: int, data, seeds: int, eval_tokens: int, lns: bool, resume: bool,
+           force: bool) -> None:
+    if not alphas:
+        raise MixLNError("--alphas: give at least one alpha")
+    check_alpha_count("--alphas", alphas)
+    check_force_or_resume(force, resume)
+    check_seeds("--seeds", seeds)
+    check_positive("--eval-tokens", eval_tokens)
+    if lns and not train_tokens:
+        raise MixLNError("--lns: the LNS retrofit computes the original's function, so only training tells them "
+                         "apart; add --train-tokens N")
+    if heal_tokens:
+        check_one_step(heal_tokens, HEAL_BATCH_SIZE, HEAL_SEQ_LEN, "--heal-tokens", None, "one heal step")
+    if data is not None:
+        check_readable(data, "--data")
+
+
+def _training_overrides(src, data, train_tokens: int) -> list[str]:
+    """The ``--set`` items of every training run of the sweep (arms of each alpha and the controls)."""
+    from .training import load_recipe
+
+    overrides = [f"source={Path(src).absolute()}", "grad_norm_interval=1"]
+    if data is not None:
+        overrides.append(f"data.train={Path(data).absolute()}")
+    if train_tokens:
+        defaults = load_recipe(TRAIN_RECIPE, overrides)
+        step_tokens = defaults["global_batch_size"] * defaults["seq_len"]
+        if train_tokens < step_tokens:
+            raise MixLNError(f"--train-tokens: {train_tokens} is less than one training step ({step_tokens} tokens)")
+        # validate at the end only: the report compares final perplexities
+        overrides += [f"max_tokens={train_tokens}", f"eval_interval={train_tokens // step_tokens}"]
+    return overrides
+
+
+def _calibrate(source, blocks: int, times: dict, progress: bool):
+    """The calibration statistics of the first ``blocks`` blocks, which every alpha's conversion reuses."""
+    from .conversion.converter import CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, calibration_statistics
+
+    started = time.perf_counter()
+    print(f"calibrating the first {blocks} blocks once for every alpha")
+    stats = calibration_statistics(source, source.arch, blocks, None, CALIBRATION_TOKENS, CALIBRATION_SEQ_LEN, progress)
+    times["calibration_s"] = round(time.perf_counter() - started, 2)
+    return stats
 
 
 def _folder(out: Path, n: int) -> Path:
@@ -214,27 +229,15 @@ def _stage(folder: Path, resume: bool, work, times: dict, name: str) -> dict:
     """``work(tmp)``'s result, written with what it made into ``folder`` atomically; with ``resume``
     the result a finished earlier run left there. The file carries its result's sha256, so an
     edited or damaged result is refused rather than half read."""
-    done = folder / "result.json"
+    done = folder / STAGE_RESULT
     if resume and done.is_file():
-        try:
-            stored = json.loads(done.read_text())
-            if stored["sha256"] != _result_digest(stored["result"]):
-                raise ValueError("sha256 mismatch")
-            return stored["result"]
-        except (OSError, ValueError, KeyError, TypeError):
-            raise MixLNError(f"{done}: damaged; remove {folder} to run this stage again") from None
+        return read_checked(done, f"remove {folder} to run this stage again")
     started = time.perf_counter()
     with atomic_output_dir(folder, force=True) as tmp:  # a leftover without result.json is unfinished
         result = work(tmp)
-        stored = {"sha256": _result_digest(result), "result": result}
-        (tmp / "result.json").write_text(json.dumps(stored, indent=2) + "\n")
+        write_checked(tmp / STAGE_RESULT, result)
     times.setdefault("stages_s", {})[name] = round(time.perf_counter() - started, 2)
     return result
-
-
-def _result_digest(result) -> str:
-    as_read = json.loads(json.dumps(result))  # the digest of what a resume reads back (int keys become strings)
-    return hashlib.sha256(json.dumps(as_read, sort_keys=True).encode()).hexdigest()
 
 
 def _scores(ckpt, eval_tokens: int, progress: bool) -> dict:
@@ -257,7 +260,7 @@ def _train(recipe: dict, folder: Path, arm: str, progress: bool) -> dict:
     from .pipeline import train
 
     summary = train(recipe, folder, arms=(arm,), progress=progress)[arm]
-    records = [json.loads(line) for line in (folder / arm / "metrics.jsonl").read_text().splitlines() if line]
+    records = read_metrics(folder / arm / METRICS)
     return {"final_val_ppl": summary["final_val_ppl"], "initial_val_ppl": summary["initial_val_ppl"],
             "tokens": summary["tokens"], "seed": recipe["seed"],
             "grad_norm_steps": [r["grad_norm_per_layer"] for r in records if "grad_norm_per_layer" in r][:FIRST_STEPS]}

@@ -9,7 +9,7 @@ import torch
 
 from mixln_convert.analysis.layers import BlockRunner, RepresentationStatistics, removal_sweep
 from mixln_convert.evaluate import evaluate_perplexity
-from mixln_convert.model.loading import load_model
+from mixln_convert.surgery.loading import load_model
 
 L = 8  # layers of the tiny models
 CONTRACT_KEYS = {"checkpoint", "num_layers", "post_ln_layers", "layout", "tokens", "perplexity", "layer_drop",

@@ -86,7 +86,7 @@ def test_per_document_scoring_equals_a_plain_reference_loop(cli, converted):
 
     from mixln_convert.data import read_texts
     from mixln_convert.evaluate import evaluate_documents
-    from mixln_convert.model.loading import load_model, load_tokenizer
+    from mixln_convert.surgery.loading import load_model, load_tokenizer
 
     model, tokenizer = load_model(converted), load_tokenizer(converted)
     # the first 200 characters of each (over a 48-token window): the reference loop runs the model once per token
@@ -117,7 +117,7 @@ def test_per_document_scoring_equals_a_plain_reference_loop(cli, converted):
 def test_per_document_scoring_stops_at_its_budget_inside_one_huge_document(converted):
     """A document past the budget is cut there, and scored as the same text cut beforehand."""
     from mixln_convert.evaluate import evaluate_documents
-    from mixln_convert.model.loading import load_model, load_tokenizer
+    from mixln_convert.surgery.loading import load_model, load_tokenizer
 
     model, tokenizer = load_model(converted), load_tokenizer(converted)
     huge = "words about the residual stream " * 20_000

@@ -3,23 +3,19 @@
 import hashlib
 import json
 import math
-import os
 import shutil
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from tiny import TINY_CONFIG, make_tiny_llama
+from tiny import TINY_CONFIG, make_tiny_llama, run_without_package
 
 from mixln_convert.data import read_texts, token_blocks
 from mixln_convert.evaluate import evaluate_perplexity
-from mixln_convert.model.loading import load_model, load_tokenizer
 from mixln_convert.model.modeling_mixln import MixLNForCausalLM
+from mixln_convert.surgery.loading import load_model, load_tokenizer
 
 L = TINY_CONFIG["num_hidden_layers"]
 N_POST = 2  # floor(0.25 * 8)
@@ -149,23 +145,6 @@ def test_initialized_weights_have_the_paper_std(tiny_llama, tmp_path, cli, strat
 # ---- loading -------------------------------------------------------------------------------
 
 
-LOAD_WITHOUT_PACKAGE = textwrap.dedent("""
-    import sys, torch
-    from transformers import AutoModelForCausalLM
-    folder, ids, out = sys.argv[1:]
-    try:
-        AutoModelForCausalLM.from_pretrained(folder)
-        print("LOADED WITHOUT trust_remote_code")
-    except Exception as e:
-        print("refused:", type(e).__name__)
-    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
-    assert "mixln_convert" not in sys.modules, "the package was imported"
-    with torch.no_grad():
-        torch.save(model(input_ids=torch.load(ids)).logits, out)
-    print(type(model).__name__, type(model).__module__)
-""")
-
-
 @pytest.mark.parametrize("layout", ["converted", "converted_lns"])
 def test_round_trip_with_and_without_the_package(layout, request, tmp_path):
     from transformers import AutoModelForCausalLM
@@ -177,16 +156,10 @@ def test_round_trip_with_and_without_the_package(layout, request, tmp_path):
     with torch.no_grad():
         assert torch.equal(model(input_ids=IDS).logits, reference)
 
-    torch.save(IDS, tmp_path / "ids.pt")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
-    run = subprocess.run([sys.executable, "-c", LOAD_WITHOUT_PACKAGE, str(converted), str(tmp_path / "ids.pt"),
-                          str(tmp_path / "logits.pt")], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         stdin=subprocess.DEVNULL, timeout=300)  # no stdin: transformers' y/N prompt refuses
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "refused:" in run.stdout, run.stdout  # never silently a plain LLaMA
-    assert "MixLNForCausalLM transformers_modules." in run.stdout, run.stdout
-    assert torch.equal(torch.load(tmp_path / "logits.pt"), reference)
+    stdout, logits_of = run_without_package("logits", IDS, [converted], tmp_path)
+    assert "refused:" in stdout, stdout  # never silently a plain LLaMA
+    assert "MixLNForCausalLM transformers_modules." in stdout, stdout
+    assert torch.equal(logits_of[str(converted)], reference)
 
 
 def test_sharded_output_loads_like_a_single_file(tiny_llama, tiny_convert):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from mixln_convert.downstream import evaluate_tasks, task_manager
-from mixln_convert.model.loading import load_model, load_tokenizer
+from mixln_convert.surgery.loading import load_model, load_tokenizer
 from mixln_convert.tasks import SHIPPED_TASKS, shipped_tasks_dir
 
 pytest.importorskip("lm_eval")

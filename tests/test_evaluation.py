@@ -9,8 +9,8 @@ import torch
 
 from mixln_convert.analysis.layers import grad_norm_per_layer
 from mixln_convert.data import read_texts, token_blocks
-from mixln_convert.model.loading import load_model, load_tokenizer
 from mixln_convert.options import EVAL_DATA, EVAL_SEQ_LEN, EVAL_TOKENS
+from mixln_convert.surgery.loading import load_model, load_tokenizer
 
 
 @pytest.fixture(scope="module")

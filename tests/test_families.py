@@ -4,22 +4,18 @@ transformers reads them; a Llama-3.2-style source (tied head, llama3 rope) conve
 
 import json
 import math
-import os
 import random
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from tiny import TINY_CONFIG, make_tiny_llama, write_tiny_gguf
+from tiny import TINY_CONFIG, make_tiny_llama, run_without_package, write_tiny_gguf
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from mixln_convert.conversion.converter import convert
-from mixln_convert.model.loading import load_model
 from mixln_convert.model.modeling_mixln import MixLNForCausalLM, MixLNQwen2ForCausalLM, MixLNQwen3ForCausalLM
+from mixln_convert.surgery.loading import load_model
 
 L, N_POST = TINY_CONFIG["num_hidden_layers"], 2  # floor(0.25 * 8)
 FAST = dict(calibration_tokens=1024, calibration_seq_len=64, progress=False)
@@ -210,39 +206,12 @@ def test_reinitialized_blocks_get_zero_biases_and_unit_head_norms(family, source
 # ---- loading in plain transformers -------------------------------------------------------------
 
 
-GENERATE_WITHOUT_PACKAGE = textwrap.dedent("""
-    import sys, torch
-    from transformers import AutoModelForCausalLM
-    ids, out, *folders = sys.argv[1:]
-    tokens = {}
-    for folder in folders:
-        try:
-            AutoModelForCausalLM.from_pretrained(folder)
-            print("LOADED WITHOUT trust_remote_code")
-        except Exception as e:
-            print("refused:", type(e).__name__)
-        model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
-        tokens[folder] = model.generate(torch.load(ids), max_new_tokens=8, do_sample=False)
-        print(type(model).__name__, type(model).__module__)
-    assert "mixln_convert" not in sys.modules, "the package was imported"
-    torch.save(tokens, out)
-""")
-
-
 def test_the_output_loads_with_remote_code_in_a_fresh_process_and_generates(conversions, tmp_path):
     prompt = IDS[:1, :6]
-    torch.save(prompt, tmp_path / "ids.pt")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
-    folders = [str(f) for f in conversions.values()]
-    run = subprocess.run([sys.executable, "-c", GENERATE_WITHOUT_PACKAGE, str(tmp_path / "ids.pt"),
-                          str(tmp_path / "tokens.pt"), *folders], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, stdin=subprocess.DEVNULL, timeout=600)  # no stdin: transformers' y/N prompt refuses
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.count("refused:") == len(folders), run.stdout  # never silently the plain family
-    generated = torch.load(tmp_path / "tokens.pt")
+    stdout, generated = run_without_package("generate", prompt, list(conversions.values()), tmp_path)
+    assert stdout.count("refused:") == len(conversions), stdout  # never silently the plain family
     for name, folder in conversions.items():
-        assert f"{FAMILIES[name][2].__name__} transformers_modules." in run.stdout, run.stdout
+        assert f"{FAMILIES[name][2].__name__} transformers_modules." in stdout, stdout
         model = load_model(folder)
         expected = model.generate(prompt, max_new_tokens=8, do_sample=False)
         assert expected.shape[1] == prompt.shape[1] + 8 and torch.equal(generated[str(folder)], expected), name
@@ -296,7 +265,7 @@ def test_analysis_runs_the_blocks_as_the_model_does(converted):
 
 def test_pruned_checkpoint_equals_skipping_the_blocks(family, converted, tmp_path):
     from mixln_convert.analysis.layers import BlockRunner
-    from mixln_convert.analysis.prune import prune
+    from mixln_convert.surgery.prune import prune
 
     assert len(config_of(converted)["layer_types"]) == L  # one attention kind per block, which pruning must cut
     out = prune(converted, tmp_path / "pruned", layers="1,5", progress=False)

@@ -92,7 +92,7 @@ def test_a_nonfinite_arm_is_rerun_in_fp32_and_with_eager_attention(tmp_path, mon
 def test_attention_is_a_recipe_key_the_mixln_model_honours(converted):
     import torch
 
-    from mixln_convert.model.loading import load_model
+    from mixln_convert.surgery.loading import load_model
     from mixln_convert.training import load_recipe
 
     with pytest.raises(MixLNError, match="attention must be one of sdpa, eager"):

@@ -7,10 +7,11 @@ import torch
 from safetensors.torch import load_file
 
 import mixln_convert.healing as healing
+from mixln_convert.healing import pair as heal_pair
 from mixln_convert.conversion.converter import convert
 from mixln_convert.errors import MixLNError
 from mixln_convert.io.loader import open_checkpoint
-from mixln_convert.model.shared_tail import load_pair
+from mixln_convert.surgery.shared_tail import load_pair
 
 SEQ_LEN, BATCH, EVAL_TOKENS = 32, 4, 256
 FAST = dict(seq_len=SEQ_LEN, batch_size=BATCH, eval_tokens=EVAL_TOKENS, lr=0.1, progress=False)
@@ -52,7 +53,7 @@ def captured(monkeypatch):
         models.append(load_pair(*args))
         return models[-1]
 
-    monkeypatch.setattr(healing, "load_pair", capture)
+    monkeypatch.setattr(heal_pair, "load_pair", capture)
     return models
 
 
@@ -101,7 +102,7 @@ def test_the_shared_tail_heal_measures_what_the_old_one_did(tiny_llama, dtype, m
                         progress=False)
     new = healing.heal(converted, tiny_llama, tmp_path / "new", tokens=STEPS * BATCH * SEQ_LEN, **FAST)
     warned = capsys.readouterr().err
-    monkeypatch.setattr(healing, "load_pair", old_pair)
+    monkeypatch.setattr(heal_pair, "load_pair", old_pair)
     old = healing.heal(converted, tiny_llama, tmp_path / "old", tokens=STEPS * BATCH * SEQ_LEN, **FAST)
     assert ("the teacher keeps its own copies" in warned) == (dtype == "bf16")
     rows = {run: [json.loads(line) for line in (tmp_path / run / "heal_metrics.jsonl").read_text().splitlines()]

@@ -16,8 +16,8 @@ from tiny import TINY_CONFIG, make_tiny_llama
 
 from mixln_convert.errors import MixLNError
 from mixln_convert.model.configuration_mixln import MixLNConfig
-from mixln_convert.model.loading import load_model
 from mixln_convert.model.modeling_mixln import MixLNForCausalLM
+from mixln_convert.surgery.loading import load_model
 
 L = TINY_CONFIG["num_hidden_layers"]
 IDS = torch.randint(3, TINY_CONFIG["vocab_size"], (2, 24), generator=torch.Generator().manual_seed(0))
@@ -109,7 +109,7 @@ def test_from_scratch_it_is_the_pre_ln_plan_with_the_scaling_on(tiny_llama, tiny
 @torch.no_grad()
 def test_pruning_keeps_what_each_kept_block_computes(converted_lns, tmp_path):
     from mixln_convert.analysis.layers import BlockRunner
-    from mixln_convert.analysis.prune import prune
+    from mixln_convert.surgery.prune import prune
 
     pruned = prune(converted_lns, tmp_path / "pruned", layers="2,4", progress=False)
     config = json.loads((pruned / "config.json").read_text())
@@ -163,7 +163,8 @@ def test_the_recipe_lists_the_arms(arms, fragment, tiny_llama):
 
 
 def test_lns_is_judged_against_pre_ln_on_its_papers_claims():
-    from mixln_convert.study import LNS_CLAIMS, lns_verdicts, verdicts
+    from mixln_convert.report.study import LNS_CLAIMS
+    from mixln_convert.study import lns_verdicts, verdicts
 
     figures = {"Pre-LN": (20.0, 20.2, 0.10), "Mix-LN (alpha 0.25)": (21.0, 21.1, 0.12), "LNS": (18.0, 18.3, 0.10)}
     runs = [{"scheme": scheme, "seed": seed, "arm": arm, "final_val_ppl": ppls[seed] + (scheme == "plain"),

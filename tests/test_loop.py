@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mixln_convert.errors import MixLNError
-from mixln_convert.model.loading import load_model
+from mixln_convert.surgery.loading import load_model
 from mixln_convert.training.loop import (NonFiniteStep, StepGuard, adamw, block_grad_norms, clip_gradients,
                                          parameter_groups, take_step, warmup_cosine)
 from mixln_convert.training.trainer import loader_options

@@ -88,7 +88,7 @@ def test_the_source_is_resolved_as_train_resolves_it(cli, tmp_path):
 @pytest.mark.parametrize("name", sorted(shipped_recipes()))
 def test_shipped_recipes_fit_the_hardware_they_state(name, tmp_path, monkeypatch):
     """The GGUF of the smollm2 recipes gives its metadata and tensor table, never its tensors."""
-    from mixln_convert.io.loader import GGUFCheckpoint
+    from mixln_convert.io.gguf import GGUFCheckpoint
 
     monkeypatch.setattr(GGUFCheckpoint, "get", lambda self, tensor: pytest.fail(f"read {tensor}"))
     hardware = sized_for(shipped_file(name))

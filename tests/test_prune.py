@@ -8,9 +8,9 @@ import torch
 from safetensors import safe_open
 
 from mixln_convert.analysis.layers import BlockRunner
-from mixln_convert.analysis.prune import prune
 from mixln_convert.data import read_texts, token_blocks
-from mixln_convert.model.loading import load_model, load_tokenizer
+from mixln_convert.surgery.loading import load_model, load_tokenizer
+from mixln_convert.surgery.prune import prune
 
 L = 8
 FAST = dict(seq_len=32, max_tokens=256, progress=False)

@@ -9,7 +9,7 @@ from mixln_convert.conversion.converter import convert
 from mixln_convert.data import read_texts, token_blocks
 from mixln_convert.evaluate import evaluate_perplexity
 from mixln_convert.fetch import smollm2_gguf
-from mixln_convert.model.loading import load_model, load_tokenizer
+from mixln_convert.surgery.loading import load_model, load_tokenizer
 
 
 @pytest.mark.real_model
@@ -42,12 +42,12 @@ def test_a_gguf_is_read_once_per_process_and_as_transformers_reads_it(tmp_path, 
     from transformers import AutoModelForCausalLM
 
     from mixln_convert.healing import heal
-    from mixln_convert.io import loader
+    from mixln_convert.io import gguf as gguf_checkpoint, loader
 
     loader._open.cache_clear()
     headers, transformers_weights = [], []
-    read_header, load_gguf = loader._read_gguf_header, gguf_utils.load_gguf_checkpoint
-    monkeypatch.setattr(loader, "_read_gguf_header", lambda path: headers.append(path) or read_header(path))
+    read_header, load_gguf = gguf_checkpoint._read_header, gguf_utils.load_gguf_checkpoint
+    monkeypatch.setattr(gguf_checkpoint, "_read_header", lambda path: headers.append(path) or read_header(path))
     monkeypatch.setattr(gguf_utils, "load_gguf_checkpoint", lambda path, return_tensors=False, **kwargs: (
         transformers_weights.append(path) if return_tensors else None) or load_gguf(path, return_tensors, **kwargs))
     gguf = smollm2_gguf()

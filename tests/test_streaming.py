@@ -114,8 +114,8 @@ def test_source_tensors_are_copied_file_to_file_unless_changed(tiny_llama, tmp_p
     source = open_checkpoint(tiny_llama)
     kept, changed = "model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.down_proj.weight"
     writer = ShardedWriter(tmp_path, 10**9)
-    writer.add(kept, source.get(kept))
-    writer.add(changed, source.get(changed).mul_(2))  # in place: the file's bytes are stale
+    writer.add(kept, source.stored(kept))
+    writer.add(changed, source.get(changed).mul_(2))  # a tensor, not a StoredTensor: written from memory
     writer.close()
     written = load_file(tmp_path / "model.safetensors")
     assert torch.equal(written[kept], source.get(kept))
@@ -138,7 +138,7 @@ def test_killed_conversion_leaves_no_output_and_the_next_run_cleans_up(tiny_llam
 
 def test_a_running_conversions_temporary_folder_is_left_alone(tmp_path):
     pytest.importorskip("fcntl")
-    from mixln_convert.io.writer import atomic_output_dir
+    from mixln_convert.io.atomic import atomic_output_dir
 
     with atomic_output_dir(tmp_path / "dst") as running:
         with atomic_output_dir(tmp_path / "dst"):

@@ -6,7 +6,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mixln_convert.study import verdict, verdicts
+from mixln_convert.analysis.measures import verdict
+from mixln_convert.study import verdicts
 
 TINY = ["seq_len=32", "micro_batch_size=2", "global_batch_size=4", f"max_tokens={4 * 4 * 32}",
         "data.eval_tokens=256", "precision=fp32", "schedule.warmup_steps=1", "eval_interval=2",

@@ -159,13 +159,13 @@ sys.path.insert(0, sys.argv[3])
 from tiny import tiny_tokenizer
 
 tokenization.CHUNK_CHARS = 2000
-calls, append = [], shards.ShardWriter.append
+calls, append = [], shards.TokenShardWriter.append
 def append_then_die(self, ids):
     append(self, ids)
     calls.append(1)
     if len(calls) == 10:  # two writers a chunk: after the 5th chunk
         os.kill(os.getpid(), signal.SIGKILL)
-shards.ShardWriter.append = append_then_die
+shards.TokenShardWriter.append = append_then_die
 tokenization.tokenize(sys.argv[1], tiny_tokenizer(), sys.argv[2], validation_fraction=0.1, num_proc=1,
                   shard_tokens=1000, progress=False)
 """
@@ -234,7 +234,7 @@ def test_a_full_disk_keeps_the_partial_folder_and_says_so_and_a_rerun_resumes(co
 
     whole = tmp_path / "whole"
     tokenize(corpus, tokenizer, whole, validation_fraction=0.1, num_proc=1, shard_tokens=1000, progress=False)
-    append, calls = shards.ShardWriter.append, []
+    append, calls = shards.TokenShardWriter.append, []
 
     def fills_up(self, ids):  # the disk fills after a few chunks' ids
         calls.append(1)
@@ -243,7 +243,7 @@ def test_a_full_disk_keeps_the_partial_folder_and_says_so_and_a_rerun_resumes(co
         return append(self, ids)
 
     monkeypatch.setattr(module, "CHUNK_CHARS", 2000)
-    monkeypatch.setattr(shards.ShardWriter, "append", fills_up)
+    monkeypatch.setattr(shards.TokenShardWriter, "append", fills_up)
     out, partial = tmp_path / "out", tmp_path / ".out.partial"
     with pytest.raises(MixLNError) as refused:
         tokenize(corpus, tokenizer, out, validation_fraction=0.1, num_proc=1, shard_tokens=1000, progress=False)
@@ -252,7 +252,7 @@ def test_a_full_disk_keeps_the_partial_folder_and_says_so_and_a_rerun_resumes(co
     assert f"are kept in {partial}: free space and run again to resume" in message
     assert partial.is_dir() and not out.exists()
 
-    monkeypatch.setattr(shards.ShardWriter, "append", append)
+    monkeypatch.setattr(shards.TokenShardWriter, "append", append)
     tokenize(corpus, tokenizer, out, validation_fraction=0.1, num_proc=1, shard_tokens=1000, progress=False)
     assert "resuming .out.partial" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in out.iterdir()} == {p.name: p.read_bytes() for p in whole.iterdir()}

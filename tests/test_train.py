@@ -210,7 +210,7 @@ def test_final_folder_is_the_trained_model(finished):
     from transformers import AutoModelForCausalLM
 
     from mixln_convert.evaluate import evaluate_perplexity
-    from mixln_convert.model.loading import load_tokenizer
+    from mixln_convert.surgery.loading import load_tokenizer
     from mixln_convert.data import blocks, load_splits
 
     out, sets, _ = finished
@@ -317,7 +317,7 @@ def test_nonfinite_loss_stops_naming_the_step(cli, tiny_llama_tied, corpus, tmp_
 
 
 def test_nonfinite_message_names_the_first_block_with_nonfinite_gradients(converted):
-    from mixln_convert.model.loading import load_model
+    from mixln_convert.surgery.loading import load_model
     from mixln_convert.training.loop import nonfinite_blocks
 
     layers = load_model(converted).model.layers
@@ -550,7 +550,7 @@ def test_fsdp_on_two_cpu_processes_trains_both_arms_like_one_process(tiny_llama_
         assert_same_curve(metrics(tmp_path / "two", arm), metrics(tmp_path / "one", arm), tol=1e-4)
         shards = sorted(p.name for p in (tmp_path / "two" / arm / "checkpoints" / "step-3").glob("*.distcp"))
         assert shards == ["__0_0.distcp", "__1_0.distcp"]
-        from mixln_convert.model.loading import load_model
+        from mixln_convert.surgery.loading import load_model
 
         trained, reference = load_model(tmp_path / "two" / arm / "final"), load_model(tmp_path / "one" / arm / "final")
         for (name, a), (_, b) in zip(trained.state_dict().items(), reference.state_dict().items()):

@@ -1,7 +1,11 @@
 """Tiny random LLaMA (and Mistral, Qwen2, Qwen3) checkpoints with a real (byte-level BPE) tokenizer, built
-offline, and Qwen GGUF files of them."""
+offline, Qwen GGUF files of them, and outputs run in plain transformers without this package."""
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import torch
@@ -107,3 +111,42 @@ def write_tiny_gguf(folder: Path, arch, path: Path, head_dim: int | None = None)
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+# Each folder loaded by plain transformers in a fresh process: refused without trust_remote_code,
+# then loaded with it; {folder: its logits on the ids, or its 8 greedy tokens after them} saved.
+WITHOUT_PACKAGE = textwrap.dedent("""
+    import sys, torch
+    from transformers import AutoModelForCausalLM
+    what, ids, out, *folders = sys.argv[1:]
+    ids, results = torch.load(ids), {}
+    for folder in folders:
+        try:
+            AutoModelForCausalLM.from_pretrained(folder)
+            print("LOADED WITHOUT trust_remote_code")
+        except Exception as e:
+            print("refused:", type(e).__name__)
+        model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+        with torch.no_grad():
+            if what == "generate":
+                results[folder] = model.generate(ids, max_new_tokens=8, do_sample=False)
+            else:
+                results[folder] = model(input_ids=ids).logits
+        print(type(model).__name__, type(model).__module__)
+    assert "mixln_convert" not in sys.modules, "the package was imported"
+    torch.save(results, out)
+""")
+
+
+def run_without_package(what: str, ids: torch.Tensor, folders: list, tmp_path: Path) -> tuple[str, dict]:
+    """``what`` ("logits" or "generate") of each of ``folders`` on ``ids``, computed by plain
+    transformers in a process that never imports this package: (its stdout, {folder: result})."""
+    torch.save(ids, tmp_path / "ids.pt")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    # no stdin: transformers' y/N prompt (run remote code?) refuses
+    run = subprocess.run([sys.executable, "-c", WITHOUT_PACKAGE, what, str(tmp_path / "ids.pt"),
+                          str(tmp_path / "results.pt"), *map(str, folders)], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout, torch.load(tmp_path / "results.pt")

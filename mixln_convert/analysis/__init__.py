@@ -1,1 +1,2 @@
-"""Layer analysis (layer drop, angular distance, block influence, gradient norms) and pruning."""
+"""Layer analysis (layer drop, angular distance, block influence, gradient norms, pruning curves)
+and the measures the reports compute from it."""

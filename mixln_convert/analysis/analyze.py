@@ -5,25 +5,24 @@ perplexity increase when a block is skipped, angular distance between block inpu
 et al. 2024), block influence (ShortGPT) and gradient norms per block.
 """
 
-import json
-
 import torch
 
 from ..data import read_texts, token_blocks
 from ..errors import MixLNError
 from ..generation import greedy_continuations
-from ..options import EVAL_DATA
+from ..options import EVAL_DATA, EVAL_SEQ_LEN, EVAL_TOKENS
 from ..evaluate import check_finite_score, evaluate_documents
+from ..io.atomic import atomic_output_dir
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable
-from ..io.writer import atomic_output_dir
+from ..io.runs import ANALYSIS, write_json
 from ..limits import check_positive, check_seq_len
+from ..surgery.prune import check_method, choose_layers
 from .layers import BlockRunner, RepresentationStatistics, grad_norm_per_layer, removal_sweep
 from .plots import plot_analysis
-from .prune import check_method, choose_layers
 
 
-def analyze(ckpt, out, *, data=None, span: int = 1, seq_len: int = 256, max_tokens: int = 8 * 256,
+def analyze(ckpt, out, *, data=None, span: int = 1, seq_len: int = EVAL_SEQ_LEN, max_tokens: int = EVAL_TOKENS,
             batch_size: int = 4, prune_curve: bool = False, method: str = "angular", generate: bool = False,
             force: bool = False, allow_longer: bool = False, per_document: bool = False, tasks=(), include_path=None,
             task_manager=None, limit: int | None = None, progress: bool = True) -> dict:
@@ -90,7 +89,7 @@ def analyze(ckpt, out, *, data=None, span: int = 1, seq_len: int = 256, max_toke
 
             result["task_drop"] = {task: task_layer_drop(model, tokenizer, task, task_manager, limit=limit,
                                                          batch_size=batch_size, progress=progress) for task in tasks}
-        (tmp / "analysis.json").write_text(json.dumps(result, indent=2) + "\n")
+        write_json(tmp / ANALYSIS, result)
         plot_analysis(result, tmp)
     return result
 

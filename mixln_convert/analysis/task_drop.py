@@ -4,7 +4,7 @@ full model's (the Mix-LN paper's per-layer figure), all in memory, with the pref
 lm-eval turns a task into loglikelihood requests and its answers into metrics. Here the model
 scores every request once for all L+1 variants (full, block 0 skipped, ...): each batch runs
 through the full model once, keeping the residual stream at every block input (the
-:class:`~.layers.BlockRunner` of today's perplexity sweep), and skipping block l continues from
+:class:`~.layers.BlockRunner` of the perplexity sweep), and skipping block l continues from
 the input of block l. lm-eval's metric pass is then replayed per variant from those scores, so
 the figures are lm-eval's metrics of lm-eval's requests; no model copy is ever saved.
 """

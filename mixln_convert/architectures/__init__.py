@@ -91,15 +91,21 @@ def all_architectures() -> tuple[Architecture, ...]:
     return tuple(Architecture(**_read(name)) for name in files)
 
 
+def converted_architecture(config: dict) -> Architecture | None:
+    """The family of an already converted (Mix-LN or LNS) checkpoint's ``config.json`` contents;
+    None for a source checkpoint."""
+    return next((arch for arch in all_architectures() if config.get("model_type") == arch.converted["model_type"]),
+                None)
+
+
 def architecture_for(config: dict, where: str) -> Architecture:
     """The architecture of a source checkpoint's ``config.json`` contents; ``where`` names the file.
 
     Refuses checkpoints that are already converted and families no JSON file describes.
     """
     model_type = config.get("model_type")
-    for arch in all_architectures():
-        if model_type == arch.converted["model_type"]:
-            raise MixLNError(f"{where}: already a Mix-LN checkpoint (model_type {model_type!r}); convert its Pre-LN source instead")
+    if converted_architecture(config):
+        raise MixLNError(f"{where}: already a Mix-LN checkpoint (model_type {model_type!r}); convert its Pre-LN source instead")
     declared = config.get("architectures") or []
     for arch in all_architectures():
         if model_type == arch.model_type and (not declared or set(declared) & set(arch.architectures)):
@@ -129,7 +135,4 @@ def architecture_of_gguf(gguf_arch: str, where: str) -> Architecture:
 
 def architecture_of_any(config: dict, where: str) -> Architecture:
     """The architecture of a source or an already converted checkpoint."""
-    for arch in all_architectures():
-        if config.get("model_type") == arch.converted["model_type"]:
-            return arch
-    return architecture_for(config, where)
+    return converted_architecture(config) or architecture_for(config, where)

@@ -7,9 +7,10 @@ import torch
 
 from ..architectures import architecture_for
 from ..errors import MixLNError
+from ..io.atomic import atomic_output_dir
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable
-from ..io.writer import atomic_output_dir, parse_size, tool_stamp, write_checkpoint
+from ..io.writer import parse_size, tool_stamp, write_checkpoint
 from ..limits import check_positive, check_seed, check_seq_len
 from ..options import STRATEGIES
 from .layout import check_layout, post_ln_count
@@ -114,7 +115,7 @@ def convert(
 
 def calibration_statistics(source, arch, n_post, data, tokens, seq_len, progress) -> dict:
     from ..data import read_texts, token_blocks
-    from ..model.prefix import load_prefix
+    from ..surgery.prefix import load_prefix
     from .calibrate import calibrate
 
     blocks = token_blocks(source.tokenizer, read_texts(data, split="calibration"), seq_len, tokens,

@@ -1,7 +1,8 @@
 """What each output tensor of a conversion is: the logic, kept apart from reading and writing.
 
 A plan walks the source's tensor names once and yields ``(name, tensor)`` for the output, one
-tensor at a time (so a conversion can stream). Per strategy, a Post-LN layer i (i < n_post):
+tensor at a time (so a conversion can stream; one carried over as stored is a ``StoredTensor``,
+which the writer copies file to file). Per strategy, a Post-LN layer i (i < n_post):
 
 ==============  ====================  =====================  ====================
 strategy        input_layernorm       post_attention gain    post_feedforward gain
@@ -30,9 +31,12 @@ from typing import Iterator
 import torch
 
 from ..architectures import Architecture
+from ..io.loader import StoredTensor
 from .initialization import fresh_tensor, init_std
 from .lns import NORM_ROLES, gain_factor
 
+# calibrated: the projections a norm is folded into -> (that norm, its typical RMS in the stats)
+FOLDED = {"attention_inputs": ("input_norm", "input_scale"), "mlp_inputs": ("post_attention_norm", "mid_scale")}
 
 
 @dataclass
@@ -62,7 +66,7 @@ class ConversionPlan:
                                              self.config["num_hidden_layers"], self.scaled_init)
         return fresh_tensor(name, shape, std, self.seed)
 
-    def tensors(self, source) -> Iterator[tuple[str, torch.Tensor]]:
+    def tensors(self, source) -> Iterator[tuple[str, torch.Tensor | StoredTensor]]:
         tied = self.config.get("tie_word_embeddings", False)
         for name in source.names():
             if tied and name == self.arch.lm_head:
@@ -91,14 +95,14 @@ class ConversionPlan:
     def _role(self, name: str, i: int) -> str:
         return self.roles[name.removeprefix(self.arch.layer_prefix.format(i=i))]
 
-    def _carried(self, source, name: str, i: int | None) -> torch.Tensor:
+    def _carried(self, source, name: str, i: int | None) -> torch.Tensor | StoredTensor:
         """A tensor as the source holds it (streamed through uncopied), an LNS retrofit's norm gains
         scaled (in float64, so the cast to ``dtype`` is the only rounding)."""
-        tensor = source.get(name)
+        stored = source.stored(name)
         suffix = None if i is None else name.removeprefix(self.arch.layer_prefix.format(i=i))
         if self.lns_gains and self.roles.get(suffix) in NORM_ROLES:
-            tensor = tensor.double() * gain_factor(i)
-        return tensor.to(self.dtype)
+            return (stored.tensor.double() * gain_factor(i)).to(self.dtype)
+        return stored.to(self.dtype)
 
     def _post_ln(self, source, name: str, i: int):
         role = self._role(name, i)
@@ -106,21 +110,20 @@ class ConversionPlan:
             return
         if self.strategy == "reinit-post":
             tensor = self._fresh(name, role, source.shape(name))
-        else:  # as stored: moved tensors stream through uncopied; the folds below compute in float32
+        elif self.strategy == "calibrated" and role in FOLDED:  # the fold computes in float32
+            norm, scale = FOLDED[role]
             tensor = source.get(name)
+            gain = source.get(self.arch.layer_tensor(i, norm)).float()
+            tensor = tensor * (gain / self.stats[scale][i])[None, :]
+        else:  # as stored: moved tensors stream through uncopied
+            tensor = source.stored(name)
         if role == "post_attention_norm":
             pf_name = self.arch.layer_tensor(i, "post_feedforward_norm")
-            pf = torch.ones_like(tensor)
+            pf = torch.ones(source.shape(name))
             if self.strategy == "calibrated":
                 tensor = self.stats["post_attention_gain"][i].clone()
                 pf = self.stats["post_feedforward_gain"][i].clone()
             yield name, tensor.to(self.dtype)
             yield pf_name, pf.to(self.dtype)
             return
-        if self.strategy == "calibrated" and role == "attention_inputs":
-            gain = source.get(self.arch.layer_tensor(i, "input_norm")).float()
-            tensor = tensor * (gain / self.stats["input_scale"][i])[None, :]
-        elif self.strategy == "calibrated" and role == "mlp_inputs":
-            gain = source.get(self.arch.layer_tensor(i, "post_attention_norm")).float()
-            tensor = tensor * (gain / self.stats["mid_scale"][i])[None, :]
         yield name, tensor.to(self.dtype)

@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from ..errors import MixLNError
 from ..io.hub import HubDataset, hub_name
+from ..io.paths import is_pattern, is_regular
 
 SPLITS = ("calibration", "train", "validation")
 MIN_DOC_CHARS = 200  # shorter docstrings are mostly one-liners ("Return self."), not prose
@@ -160,7 +161,7 @@ def _expand(path: Path) -> list[Path]:
         if not found:
             raise MixLNError(f"{path}: folder holds no {'/'.join(FORMATS)} files")
         return found
-    if not path.is_file():  # a FIFO or device: opening one can block for ever, waiting for a writer
+    if not is_regular(path):
         raise MixLNError(f"{path}: not a regular file or folder")
     if _format(path) is None:
         raise MixLNError(f"{path}: unsupported format, expected one of {'/'.join(FORMATS)}")
@@ -170,7 +171,7 @@ def _expand(path: Path) -> list[Path]:
 def _files(source: str) -> list[Path]:
     if os.path.exists(source):
         return _expand(Path(source))
-    if any(c in source for c in "*?["):
+    if is_pattern(source):
         matches = sorted(glob.glob(source, recursive=True))
         if not matches:
             raise MixLNError(f"{source}: glob pattern matches no files")

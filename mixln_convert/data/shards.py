@@ -47,7 +47,7 @@ def file_sha256(path: Path, size: int | None = None) -> str:
     return digest.hexdigest()
 
 
-class ShardWriter:
+class TokenShardWriter:
     """Appends one split's token ids to fixed-size shard files, at most ``limit`` tokens in all.
 
     Its :meth:`state` (each shard's name, tokens and, once full, sha256) is what a resumed run

@@ -33,7 +33,7 @@ from ..io.atomic import replace_dir, try_lock, wait_for_lock, write_atomic, writ
 from ..io.paths import resolved
 from ..io.hub import HubDataset
 from .corpus import embedded_corpus, file_documents, source_files
-from .shards import (FORMAT, MANIFEST, TOKEN_SPLITS, VERSION, ShardWriter, check_shards, file_sha256,
+from .shards import (FORMAT, MANIFEST, TOKEN_SPLITS, VERSION, TokenShardWriter, check_shards, file_sha256,
                      read_manifest, token_dtype)
 
 SHARD_TOKENS = 2**25  # 32M tokens: 64 MiB of uint16 a shard
@@ -331,7 +331,7 @@ def _build(wanted, out: Path, partial: Path, encoder: Encoder, train, validation
            progress: bool) -> dict:
     inputs = _inputs(train, validation)
     limits = {"train": wanted["max_tokens"], "validation": wanted["max_validation_tokens"]}
-    writers = {s: ShardWriter(partial, s, wanted["dtype"], wanted["shard_tokens"], limits[s]) for s in TOKEN_SPLITS}
+    writers = {s: TokenShardWriter(partial, s, wanted["dtype"], wanted["shard_tokens"], limits[s]) for s in TOKEN_SPLITS}
     key = hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()
     position, documents = _resumed(partial, key, writers)
     excluded = frozenset(_digest(text) for role, item, _ in inputs if role == "validation" for text in _documents(item))

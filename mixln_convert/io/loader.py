@@ -3,16 +3,15 @@ GGUF file, opened, classified and validated once per process (:func:`open_checkp
 
 A checkpoint gives its config, architecture, tokenizer, lazy tensors and, when asked, the whole
 model. Nothing here loads a whole model to get one tensor: safetensors shards are memory-mapped
-and read per tensor, and a tensor read unchanged says where its bytes lie (``stored_bytes``) so
-that a writer can copy them file to file; .bin shards are memory-mapped with
-``torch.load(mmap=True, weights_only=True)`` (never plain unpickling); a GGUF file is
-memory-mapped too and dequantized one tensor at a time.
+and read per tensor, and ``stored(name)`` gives a tensor with where its bytes lie, so that a
+writer can copy them file to file; .bin shards are memory-mapped with
+``torch.load(mmap=True, weights_only=True)`` (never plain unpickling); a GGUF file
+(:mod:`.gguf`) is memory-mapped too and dequantized one tensor at a time.
 
 Before any of that, the file headers are checked against the config (:mod:`.validate`); every
 tensor read is checked for NaN/inf, and so is every model loaded whole.
 """
 
-import copy
 import fnmatch
 import hashlib
 import json
@@ -28,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from ..architectures import architecture_of_any, architecture_of_gguf
+from ..architectures import architecture_of_any, converted_architecture
 from ..errors import MixLNError
 from .checkpoint_files import EXTRA_FILE_PATTERNS, WEIGHT_FILES
 from .validate import check_config, check_config_loads, check_finite, check_tensors
@@ -44,19 +43,18 @@ def read_json(path: Path):
 
 
 @dataclass(frozen=True)
-class StoredBytes:
-    """Where a source tensor's bytes lie in its file, and its in-place version counter when read."""
+class StoredTensor:
+    """A tensor to write and, where its bytes lie unchanged in a file (``path`` at ``offset``), that
+    place: a writer copies them from there in the kernel, never through this process."""
 
-    path: Path
-    offset: int
-    version: int
+    tensor: torch.Tensor
+    path: Path | None = None
+    offset: int = 0
 
-
-def stored_bytes(tensor: torch.Tensor) -> StoredBytes | None:
-    """Where ``tensor``'s bytes lie on disk, if it is a source tensor as read (not modified in
-    place since): a writer can then copy them file to file, in the kernel."""
-    stored = getattr(tensor, "stored_bytes", None)
-    return stored if stored is not None and stored.version == tensor._version else None
+    def to(self, dtype: torch.dtype) -> "StoredTensor | torch.Tensor":
+        """As ``Tensor.to``: itself where the tensor has ``dtype`` already (still copied file to
+        file), else the tensor cast."""
+        return self if self.tensor.dtype == dtype else self.tensor.to(dtype)
 
 
 # safetensors' dtype names -> bytes per element, of the dtypes a model checkpoint may hold
@@ -74,7 +72,7 @@ class Checkpoint(ABC):
 
     @property
     def is_mixln(self) -> bool:
-        return self.config.get("model_type") == self.arch.converted["model_type"]
+        return converted_architecture(self.config) is not None
 
     @property
     def where(self) -> str:
@@ -93,6 +91,10 @@ class Checkpoint(ABC):
 
     @abstractmethod
     def get(self, name: str) -> torch.Tensor: ...
+
+    def stored(self, name: str) -> StoredTensor:
+        """``get(name)`` to be written unchanged, with where its bytes lie if a writer can copy them."""
+        return StoredTensor(self.get(name))
 
     @abstractmethod
     def shape(self, name: str) -> tuple[int, ...]: ...
@@ -263,11 +265,8 @@ class FolderCheckpoint(Checkpoint):
                 raise MixLNError(f"{bad} (tensor {name}: malformed header entry)") from None
             if dtype not in _FLOAT_DTYPES:
                 raise MixLNError(f"{file}: tensor {name} has dtype {dtype}; a model's weights are floating point")
-            numel = 1
-            for d in shape:
-                numel *= d
             if not (isinstance(first, int) and isinstance(last, int) and 0 <= first <= last
-                    and last - first == numel * _FLOAT_DTYPES[dtype]):
+                    and last - first == math.prod(shape) * _FLOAT_DTYPES[dtype]):
                 raise MixLNError(f"{bad} (tensor {name}: offsets {[first, last]} do not fit shape {shape} {dtype})")
             entries[name] = {"shape": tuple(shape), "offset": 8 + length + first}
             end = max(end, last)
@@ -280,22 +279,24 @@ class FolderCheckpoint(Checkpoint):
         return list(self.shard_of)
 
     def get(self, name: str) -> torch.Tensor:
-        """One tensor, its values checked; from safetensors, a view of the memory-mapped shard (no copy)."""
+        return self.stored(name).tensor
+
+    def stored(self, name: str) -> StoredTensor:
+        """One tensor, its values checked; from safetensors, a view of the memory-mapped shard (no
+        copy), with where its bytes lie there."""
         try:
             shard = self.shard_of[name]
         except KeyError:
             raise MixLNError(f"{self.path}: tensor {name} not found in the checkpoint") from None
-        if not shard.endswith(".safetensors"):
-            tensor = self._open(shard)[name]
-            check_finite(name, tensor, str(self.path / shard))
-            return tensor
-        # A memory map of its own per tensor, released with the tensor: pages read through a
-        # shared map would count in this process's memory until the whole shard is done.
-        with self._load(shard) as handle:
-            tensor = handle.get_tensor(name)
-        check_finite(name, tensor, str(self.path / shard))
-        tensor.stored_bytes = StoredBytes(self.path / shard, self._header(shard)[name]["offset"], tensor._version)
-        return tensor
+        if shard.endswith(".safetensors"):
+            # A memory map of its own per tensor, released with the tensor: pages read through a
+            # shared map would count in this process's memory until the whole shard is done.
+            with self._load(shard) as handle:
+                stored = StoredTensor(handle.get_tensor(name), self.path / shard, self._header(shard)[name]["offset"])
+        else:
+            stored = StoredTensor(self._open(shard)[name])
+        check_finite(name, stored.tensor, str(self.path / shard))
+        return stored
 
     def shape(self, name: str) -> tuple[int, ...]:
         shard = self.shard_of[name]
@@ -327,166 +328,6 @@ class FolderCheckpoint(Checkpoint):
         return self.path, {}
 
 
-class GGUFCheckpoint(Checkpoint):
-    """A .gguf file: its tensor table and metadata checked from the header, read once per process;
-    ``get(name)`` dequantizes one tensor (gguf-py) to float32. transformers gives the config and
-    the tokenizer, as it reads them, but not the weights: its loader parses the whole header again
-    for the config and maps every tensor name through gguf-py's tables, ~10x the dequantization."""
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        meta, stored = _read_gguf_header(self.path)
-        self.arch = architecture_of_gguf(meta["general.architecture"], str(self.path))
-        prefix = meta["general.architecture"] + "."
-        layout = {key: meta.get(prefix + gguf_key) for key, gguf_key in self.arch.gguf["config"].items()}
-        if layout.get("vocab_size") is None and "tokenizer.ggml.tokens" in meta:
-            layout["vocab_size"] = meta["tokenizer.ggml.tokens"]
-        layout["tie_word_embeddings"] = self.arch.gguf["lm_head"] not in stored
-        check_config(layout, str(self.path))
-        # names of at most one layer past the deepest the file holds: an absurd block_count is refused
-        # by check_tensors at once, not after listing its layers
-        deepest = max((_layer_index(n, self.arch) for n in stored), default=-1)
-        names = self.arch.gguf_names(min(layout["num_hidden_layers"], deepest + 2))
-        ignored = ("rope_freqs.weight",)  # LLaMA 3 GGUFs store the rope scaling the config gives too
-        unknown = [n for n in stored if n not in names and n not in ignored and not _beyond(n, self.arch, layout)]
-        if unknown:
-            raise MixLNError(f"{self.path}: unexpected GGUF tensor {unknown[0]} for a {self.arch.name} model")
-        self._stored = {names.get(n, n): tensor for n, tensor in stored.items() if n not in ignored}
-        check_tensors({name: _gguf_shape(t) for name, t in self._stored.items()}, layout, self.arch, str(self.path))
-        self._layout = layout
-        self.stored_types = sorted({t.tensor_type.name for t in stored.values()})  # Q4_1, Q8_0, F32, ...
-
-    @cached_property
-    def _hf_config(self):
-        """transformers' config of the GGUF (read from its metadata, no weights)."""
-        from transformers import AutoConfig
-
-        try:
-            config = AutoConfig.from_pretrained(self.path.parent, gguf_file=self.path.name)
-        except (OSError, ValueError, KeyError) as e:
-            raise MixLNError(f"{self.path}: cannot read its config ({str(e).splitlines()[0]})") from None
-        if hasattr(config, "quantization_config"):  # the dequantized weights are plain tensors
-            del config.quantization_config
-        config.architectures = [self.arch.name]
-        self._check_read_alike(config)
-        return config
-
-    def _check_read_alike(self, config) -> None:
-        """transformers' reading of the sizes against the file's own: it reads some families' metadata
-        in part (Qwen3's head_dim: never, its default 128 instead of attention.key_length), and a
-        model of a config that differs would not hold the file's tensors."""
-        from transformers import __version__
-
-        for key, value in self._layout.items():
-            read = getattr(config, key, None)
-            if key == "head_dim" and read is None:  # Qwen2's config has none: hidden_size / heads
-                read = config.hidden_size // config.num_attention_heads
-            if key != "max_position_embeddings" and value is not None and read != value:
-                raise MixLNError(f"{self.path}: transformers {__version__} reads {key} {read!r} from this GGUF, "
-                                 f"whose metadata and tensors say {value!r}; it cannot load the file")
-
-    @cached_property
-    def config(self) -> dict:
-        return self._hf_config.to_dict()
-
-    def names(self) -> list[str]:
-        return list(self._stored)
-
-    def get(self, name: str) -> torch.Tensor:
-        """The tensor dequantized to float32, a fresh copy (the file stays memory-mapped read-only).
-        llama.cpp stores LLaMA's q_proj and k_proj with each head's rotary halves interleaved (its
-        "norm" rope; ``interleaved_rotary`` in architectures/*.json); undone here. Qwen's rope is
-        llama.cpp's "neox" one, HF's own order: stored as it is."""
-        import numpy as np
-        from gguf import dequantize
-
-        stored = self._stored[name]
-        shape = _gguf_shape(stored)
-        try:
-            weights = dequantize(stored.data, stored.tensor_type).reshape(shape)
-        except (NotImplementedError, ValueError) as e:
-            raise MixLNError(f"{self.path}: cannot dequantize {stored.name} ({stored.tensor_type.name}: {e})") from None
-        heads = {"attn_q": self._layout["num_attention_heads"], "attn_k": self._layout["num_key_value_heads"]}
-        role = stored.name.split(".")[-2]
-        if self.arch.gguf["interleaved_rotary"] and role in heads:
-            n = heads[role]
-            weights = weights.reshape(n, shape[0] // n // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
-        tensor = torch.from_numpy(np.array(weights, dtype=np.float32))
-        check_finite(name, tensor, str(self.path))
-        return tensor
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return _gguf_shape(self._stored[name])
-
-    def dtype(self) -> torch.dtype:
-        return torch.float32  # what the dequantized tensors are; stored_types says what the file holds
-
-    def largest_shard_bytes(self) -> int:
-        """The whole model in float32: the file is one shard."""
-        return sum(4 * math.prod(self.shape(name)) for name in self._stored)
-
-    def copy_extras(self, dst: Path) -> None:
-        from transformers import GenerationConfig
-
-        self.tokenizer.save_pretrained(dst)
-        GenerationConfig.from_model_config(self._hf_config).save_pretrained(dst)
-
-    def _load_model(self, dtype):
-        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-        state = {name: self.get(name) for name in self._stored}
-        try:
-            model = MODEL_FOR_CAUSAL_LM_MAPPING[type(self._hf_config)].from_pretrained(
-                None, config=copy.deepcopy(self._hf_config), state_dict=state, dtype=torch.float32)
-        except (OSError, ValueError, KeyError, RuntimeError) as e:
-            raise MixLNError(f"{self.path}: cannot load the model ({str(e).splitlines()[0]})") from None
-        return model.to(dtype) if dtype not in (None, "auto") else model
-
-    def _tokenizer_args(self) -> tuple[Path, dict]:
-        return self.path.parent, {"gguf_file": self.path.name}
-
-
-def _gguf_shape(tensor) -> tuple[int, ...]:
-    """A GGUF tensor's shape as a checkpoint's ([out, in]; GGUF stores it reversed)."""
-    return tuple(int(d) for d in reversed(tensor.shape.tolist()))
-
-
-def _layer_index(gguf_name: str, arch) -> int:
-    """The layer a GGUF tensor belongs to, -1 for none."""
-    match = re.match(re.escape(arch.gguf["layer_prefix"]).replace(re.escape("{i}"), r"(\d+)"), gguf_name)
-    return int(match.group(1)) if match else -1
-
-
-def _beyond(gguf_name: str, arch, layout: dict) -> bool:
-    """A GGUF layer tensor of a layer past the config's depth (check_tensors names it)."""
-    return _layer_index(gguf_name, arch) >= layout["num_hidden_layers"]
-
-
-def _read_gguf_header(path: Path) -> tuple[dict, dict]:
-    """A GGUF file's scalar metadata ({key: value}; token lists as their length) and its tensors
-    ({GGUF name: gguf-py's ReaderTensor}, the data memory-mapped read-only), in file order."""
-    from gguf import GGUFReader, GGUFValueType
-
-    try:
-        reader = GGUFReader(path)
-        meta = {}
-        for key, field in reader.fields.items():
-            if not field.types:
-                continue
-            if field.types[0] == GGUFValueType.ARRAY:
-                meta[key] = len(field.data)
-            elif field.types[0] == GGUFValueType.STRING:
-                meta[key] = bytes(field.parts[field.data[0]]).decode()
-            else:
-                meta[key] = field.parts[field.data[0]].tolist()[0]
-        tensors = {t.name: t for t in reader.tensors}
-    except Exception as e:  # a truncated or foreign file fails in many ways inside gguf
-        raise MixLNError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
-    if "general.architecture" not in meta:
-        raise MixLNError(f"{path}: GGUF file without general.architecture")
-    return meta, tensors
-
-
 def open_checkpoint(path) -> Checkpoint:
     """The checkpoint at ``path`` (an HF folder or a ``.gguf`` file), validated; opened once per
     process for as long as its files are unchanged. A Checkpoint passes through as it is."""
@@ -509,4 +350,6 @@ def open_checkpoint(path) -> Checkpoint:
 
 @lru_cache(maxsize=8)
 def _open(path: str, mtime_ns: int, size: int, inode: int) -> Checkpoint:
+    from .gguf import GGUFCheckpoint  # here: it builds on Checkpoint, above
+
     return GGUFCheckpoint(Path(path)) if path.endswith(".gguf") and os.path.isfile(path) else FolderCheckpoint(Path(path))

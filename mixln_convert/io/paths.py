@@ -15,6 +15,15 @@ from ..errors import MixLNError
 from .hub import HubDataset, hub_name, model_snapshot
 
 
+def is_pattern(text) -> bool:
+    return any(c in str(text) for c in "*?[")
+
+
+def is_regular(path) -> bool:
+    """A file or folder, not a FIFO or device: opening one can block for ever, waiting for a writer."""
+    return os.path.isfile(path) or os.path.isdir(path)
+
+
 def resolved(path) -> Path:
     """``path`` made absolute with ``..`` and every symlink resolved (the part that exists)."""
     return Path(os.path.realpath(os.path.expanduser(str(path))))
@@ -27,7 +36,7 @@ def _related(a: Path, b: Path) -> bool:
 def _named(path) -> list[str]:
     """The path an argument names, or each match of its glob pattern."""
     text = os.path.expanduser(str(path))
-    if os.path.exists(text) or not any(c in text for c in "*?["):
+    if os.path.exists(text) or not is_pattern(text):
         return [text]
     return sorted(glob.glob(text, recursive=True))
 
@@ -100,8 +109,8 @@ def _check_paths(path, flag: str) -> None:
     """The path, or each match of its glob pattern, exists and is a regular file or folder."""
     named = _named(path)
     if not named or not all(os.path.exists(p) for p in named):
-        raise MixLNError(f"{flag} {path}: no such file or folder" if not any(c in str(path) for c in "*?[")
+        raise MixLNError(f"{flag} {path}: no such file or folder" if not is_pattern(path)
                          else f"{flag} {path}: glob pattern matches no files")
-    for p in named:  # a FIFO or device: opening one can block for ever, waiting for a writer
-        if not (os.path.isfile(p) or os.path.isdir(p)):
+    for p in named:
+        if not is_regular(p):
             raise MixLNError(f"{flag} {p}: not a regular file or folder")

@@ -1,12 +1,13 @@
-"""The folders of the commands that orchestrate many runs (sweep, study): what --resume continues.
-
-Such a command writes ``run.json`` (its kind and the settings its results depend on, the
-source's identity among them) into its folder before any result; --resume then continues only a
-run of the same kind begun with equal settings. A folder of the user's that merely exists, or
-another source's results under a new name, is refused instead of written into or reused.
+"""What the commands leave in their run folders, read and written here only: a training arm's
+``metrics.jsonl`` and ``summary.json``, ``analysis.json``, the results of study, sweep and compare,
+and ``run.json``, the kind and settings of a sweep or study that --resume must match
+(:func:`claim_run`: a folder of the user's, or another source's results, is never reused). Each
+reader checks what its callers use; a failure is one line naming the file and the record or key.
 """
 
+import hashlib
 import json
+import math
 from pathlib import Path
 
 from ..errors import MixLNError
@@ -14,6 +15,7 @@ from .atomic import write_atomic
 from .paths import check_destination
 
 RECORD = "run.json"
+SUMMARY, METRICS, ANALYSIS = "summary.json", "metrics.jsonl", "analysis.json"
 
 
 def claim_run(out, kind: str, settings: dict, inputs: dict, resume: bool, force: bool = False,
@@ -51,9 +53,235 @@ def claim_run(out, kind: str, settings: dict, inputs: dict, resume: bool, force:
 def record_run(out: Path, kind: str, settings: dict) -> None:
     """Write the record :func:`claim_run` compares a --resume with; ``out`` exists."""
     if not (out / RECORD).is_file():
-        write_atomic(out / RECORD, json.dumps({"kind": kind, "settings": settings}, indent=1) + "\n")
+        write_json(out / RECORD, {"kind": kind, "settings": settings}, indent=1)
 
 
 def _shown(value) -> str:
     text = json.dumps(value)
     return text if len(text) <= 120 else text[:117] + "..."
+
+
+def write_json(file: Path, value, indent: int = 2) -> None:
+    """``value`` as indented JSON with a final newline, replacing ``file`` in one step."""
+    write_atomic(file, json.dumps(value, indent=indent) + "\n")
+
+
+def append_metrics(folder: Path, record: dict) -> None:
+    """One training record, a line of ``folder``/metrics.jsonl."""
+    with open(folder / METRICS, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def cut_metrics(file: Path, step: int) -> None:
+    """Keep the records of ``file`` (a metrics.jsonl) up to ``step``, where a resumed run continues; a
+    last line cut short by a kill is dropped, a damaged line before it is an error naming the file."""
+    lines = [line for line in file.read_text(errors="replace").splitlines() if line.strip()]
+    kept = []
+    for n, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+                raise ValueError
+        except ValueError:
+            if n == len(lines):
+                break  # written while the process was killed
+            raise MixLNError(f"{file}: line {n} is damaged (not a training record); remove it to resume") from None
+        if record["step"] <= step:
+            kept.append(line)
+    write_atomic(file, "".join(line + "\n" for line in kept))
+
+
+def read_metrics(file: Path) -> list[dict]:
+    """The records of ``file`` (a metrics.jsonl), each checked; blank lines are skipped."""
+    metrics = [record for record in _read_jsonl(file) if record]
+    for n, record in enumerate(metrics, 1):
+        if not isinstance(record, dict):
+            raise MixLNError(f"{file}: record {n} is not a JSON object")
+        _check_fields(record, METRIC_FIELDS, f"{file}: record {n}", required=("step", "tokens"))
+    return metrics
+
+
+def write_checked(file: Path, result) -> None:
+    """``result`` as JSON with its sha256, so :func:`read_checked` refuses an edited or damaged file."""
+    file.write_text(json.dumps({"sha256": _digest(result), "result": result}, indent=2) + "\n")
+
+
+def read_checked(file: Path, redo: str):
+    """The result :func:`write_checked` wrote into ``file``; if it does not match its sha256, an
+    error saying ``redo`` (how to make it again)."""
+    try:
+        stored = json.loads(file.read_text())
+        if stored["sha256"] != _digest(stored["result"]):
+            raise ValueError("sha256 mismatch")
+        return stored["result"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise MixLNError(f"{file}: damaged; {redo}") from None
+
+
+def _digest(result) -> str:
+    as_read = json.loads(json.dumps(result))  # the digest of what a resume reads back (int keys become strings)
+    return hashlib.sha256(json.dumps(as_read, sort_keys=True).encode()).hexdigest()
+
+
+ANALYSIS_KEYS = ("checkpoint", "num_layers", "post_ln_layers", "perplexity", "layer_drop",
+                 "angular_distance_matrix", "grad_norm_per_layer")
+PER_LAYER_KEYS = ("layer_drop", "angular_distance_matrix", "grad_norm_per_layer")
+# what a finished arm's summary gives every caller (train's printout, demo, sweep, study)
+FINISHED = ("arm", "steps", "tokens", "wall_time_s", "initial_val_ppl", "final_val_ppl")
+
+
+def read_summary(file: Path, required=FINISHED) -> dict:
+    """A training arm's summary.json, its fields checked: one line naming the file and key if not."""
+    summary = _read_json(file)
+    if not isinstance(summary, dict):
+        raise MixLNError(f"{file}: not a JSON object")
+    _check_fields(summary, {**SUMMARY_FIELDS, "arm": (lambda v: isinstance(v, str), "a string")}, str(file),
+                  required)
+    return summary
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _numbers(value) -> bool:
+    return isinstance(value, list) and all(_number(v) for v in value)
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+PER_DOCUMENT_KEYS = ("documents", "tokens", "token_perplexity", "word_perplexity", "bits_per_byte")
+
+
+def _task_drop(value) -> bool:
+    """One task of ``analyze --task``: its metric, direction, full-model value, examples and per-layer drop."""
+    return (isinstance(value, dict) and isinstance(value.get("metric"), str)
+            and isinstance(value.get("higher_is_better"), bool) and _number(value.get("value"))
+            and _count(value.get("samples")) and _numbers(value.get("layer_drop")))
+
+
+# what each field the report reads must hold, and how to say it
+ANALYSIS_FIELDS = {
+    "checkpoint": (lambda v: isinstance(v, str), "a string"),
+    "num_layers": (lambda v: _count(v) and v > 0, "a positive integer"),
+    "post_ln_layers": (_count, "an integer >= 0"),
+    "layernorm_scaling": (lambda v: isinstance(v, bool), "true or false"),
+    "perplexity": (lambda v: _number(v) and v > 0, "a positive number"),
+    "layer_drop": (_numbers, "a list of numbers"),
+    "angular_distance_matrix": (lambda v: isinstance(v, list) and all(_numbers(row) for row in v),
+                                "a list of lists of numbers"),
+    "grad_norm_per_layer": (_numbers, "a list of numbers"),
+    "tokenizer_vocab_size": (lambda v: v is None or _count(v), "an integer"),
+    "generation": (lambda v: isinstance(v, dict) and _number(v.get("repeated_4gram_share"))
+                   and isinstance(v.get("continuations"), list)
+                   and all(isinstance(c, dict) and isinstance(c.get("prompt"), str) and isinstance(c.get("text"), str)
+                           for c in v["continuations"]),
+                   "an object with repeated_4gram_share and continuations ({prompt, text})"),
+    "prune_curve": (lambda v: isinstance(v, dict) and isinstance(v.get("method"), str) and _numbers(v.get("removed"))
+                    and _numbers(v.get("perplexity")) and len(v["removed"]) == len(v["perplexity"]),
+                    "an object with method, removed and perplexity lists of one length"),
+    "task_drop": (lambda v: isinstance(v, dict) and all(_task_drop(d) for d in v.values()),
+                  "an object of tasks, each with metric, higher_is_better, value, samples and a layer_drop list"),
+    "per_document": (lambda v: isinstance(v, dict) and all(_number(v.get(k)) for k in PER_DOCUMENT_KEYS),
+                     f"an object with numbers {', '.join(PER_DOCUMENT_KEYS)}"),
+}
+METRIC_FIELDS = {
+    "step": (lambda v: _count(v), "an integer >= 0"),
+    "tokens": (lambda v: _count(v), "an integer >= 0"),
+    "loss": (_number, "a number"), "val_loss": (_number, "a number"), "val_ppl": (_number, "a number"),
+    "lr": (_number, "a number"), "grad_norm": (_number, "a number"),
+    "grad_norm_per_layer": (_numbers, "a list of numbers"),
+}
+
+
+def _evaluation(value) -> bool:
+    return (isinstance(value, dict) and isinstance(value.get("data"), str) and _count(value.get("tokens"))
+            and _count(value.get("seq_len")) and value["seq_len"] > 1)
+
+
+SUMMARY_FIELDS = {
+    **{key: (_number, "a number") for key in (
+        "tokens", "steps", "wall_time_s", "final_val_loss", "final_val_ppl", "initial_val_loss", "initial_val_ppl",
+        "tokens_per_s", "num_layers", "post_ln_layers")},
+    "layernorm_scaling": (lambda v: isinstance(v, bool), "true or false"),
+    "heal_tokens": (_count, "a whole number >= 0"),
+    "validation": (_evaluation, "an object with data (a string), tokens and seq_len (integers)"),
+    "initial_val_block_losses": (lambda v: _numbers(v) and len(v) > 0, "a non-empty list of numbers"),
+    "final_val_block_losses": (lambda v: _numbers(v) and len(v) > 0, "a non-empty list of numbers"),
+}
+PER_BLOCK_TABLES = ("loss_without_layer", "angular_distance", "grad_norm_per_layer")  # rows of one value per layer
+
+
+def _check_fields(record: dict, fields: dict, where: str, required=()) -> None:
+    for key in required:
+        if key not in record:
+            raise MixLNError(f"{where}: missing {key}")
+    for key, (ok, kind) in fields.items():
+        if key in record and not ok(record[key]):
+            raise MixLNError(f"{where}: {key} must be {kind}, got {str(record[key])[:60]}")
+
+
+def read_analysis(file: Path) -> dict:
+    """``file`` (an analysis.json), checked for the keys, types and per-layer lengths the report uses."""
+    analysis = _read_json(file)
+    if not isinstance(analysis, dict):
+        raise MixLNError(f"{file}: not an analysis of `mixln-convert analyze` (not a JSON object)")
+    missing = [key for key in ANALYSIS_KEYS if key not in analysis]
+    if missing:
+        raise MixLNError(f"{file}: not an analysis of `mixln-convert analyze` (missing {', '.join(missing)})")
+    _check_fields(analysis, ANALYSIS_FIELDS, str(file))
+    num_layers = analysis["num_layers"]
+    if analysis["post_ln_layers"] > num_layers:
+        raise MixLNError(f"{file}: post_ln_layers {analysis['post_ln_layers']} exceeds num_layers {num_layers}")
+    for key in PER_LAYER_KEYS:
+        if len(analysis[key]) != num_layers:
+            raise MixLNError(f"{file}: {key} has {len(analysis[key])} entries for {num_layers} layers")
+    if "per_block" in analysis:
+        _check_per_block(analysis, file)
+    for task, drop in analysis.get("task_drop", {}).items():
+        if len(drop["layer_drop"]) != num_layers:
+            raise MixLNError(f"{file}: task_drop.{task}.layer_drop has {len(drop['layer_drop'])} entries for "
+                             f"{num_layers} layers")
+    return analysis
+
+
+def _check_per_block(analysis: dict, file: Path) -> None:
+    """The per-block values the report bootstraps from: one loss per evaluation block, and per
+    block (or gradient batch) one value per layer; prune-curve losses per block likewise."""
+    per_block, num_layers = analysis["per_block"], analysis["num_layers"]
+    where = f"{file}: per_block"
+    if not isinstance(per_block, dict) or not _numbers(per_block.get("loss")) or not per_block["loss"]:
+        raise MixLNError(f"{where}: must be an object with loss, a non-empty list of numbers")
+    blocks = len(per_block["loss"])
+    for key in PER_BLOCK_TABLES:
+        table = per_block.get(key)
+        if not (isinstance(table, list) and table and all(_numbers(row) and len(row) == num_layers for row in table)):
+            raise MixLNError(f"{where}.{key}: must be a non-empty list of rows of {num_layers} numbers")
+        if key != "grad_norm_per_layer" and len(table) != blocks:
+            raise MixLNError(f"{where}.{key}: {len(table)} rows for {blocks} evaluation blocks")
+    losses = analysis.get("prune_curve", {}).get("block_losses")
+    if losses is not None and not (isinstance(losses, list) and len(losses) == len(analysis["prune_curve"]["removed"])
+                                   and all(_numbers(row) and len(row) == blocks for row in losses)):
+        raise MixLNError(f"{file}: prune_curve.block_losses: must hold one row of {blocks} numbers per removal")
+
+
+def _read_json(file: Path) -> dict:
+    try:
+        return json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise MixLNError(f"{file}: cannot read JSON ({e})") from None
+
+
+def _read_jsonl(file: Path) -> list[dict]:
+    try:
+        lines = file.read_text().splitlines()
+    except OSError as e:
+        raise MixLNError(f"{file}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise MixLNError(f"{file}: not UTF-8 text") from None
+    try:
+        return [json.loads(line) if line.strip() else {} for line in lines]
+    except json.JSONDecodeError as e:
+        raise MixLNError(f"{file}: not one JSON object per line ({e})") from None

@@ -11,9 +11,7 @@ from pathlib import Path
 import torch
 
 from ..errors import MixLNError
-from .loader import StoredBytes, stored_bytes
-# the atomic-output helpers, where the commands have always imported them from
-from .atomic import atomic_output_dir, scratch_dir, write_atomic, write_failure  # noqa: F401
+from .loader import StoredTensor
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -50,10 +48,11 @@ _DROPPED_CONFIG = ("quantization_config", "_name_or_path", "torch_dtype")
 
 def write_checkpoint(folder: Path, tensors, config: dict, source, max_shard_bytes: int, *, desc: str,
                      total: int | None = None, progress: bool = True) -> None:
-    """The one rewrite pipe of convert, heal and prune: ``tensors`` ((name, tensor) pairs, streamed)
-    as safetensors shards, ``config`` as config.json, the source's tokenizer and extras, and, for a
-    Mix-LN config (one with ``auto_map``), the modeling code from this package. ``config`` may be a
-    function that gives it once the tensors are written, so a provenance can state their cost."""
+    """The one rewrite pipe of convert, heal and prune: ``tensors`` ((name, tensor) pairs, streamed;
+    a :class:`StoredTensor` where a source tensor passes through unchanged) as safetensors shards,
+    ``config`` as config.json, the source's tokenizer and extras, and, for a Mix-LN config (one
+    with ``auto_map``), the modeling code from this package. ``config`` may be a function that
+    gives it once the tensors are written, so a provenance can state their cost."""
     from tqdm.auto import tqdm
 
     writer = ShardedWriter(folder, max_shard_bytes)
@@ -75,16 +74,17 @@ def copy_model_code(folder: Path) -> None:
         (Path(folder) / name).write_bytes(code.joinpath(name).read_bytes())
 
 
-def write_safetensors(path: Path, tensors: list[tuple[str, torch.Tensor]], metadata: dict) -> None:
+def write_safetensors(path: Path, tensors: list[tuple[str, StoredTensor]], metadata: dict) -> None:
     """Write ``tensors`` (CPU, contiguous) as one safetensors file, emptying the list as it goes.
 
-    A tensor still as read from a source file is copied file to file by the kernel
+    A tensor whose bytes lie unchanged in a source file is copied file to file by the kernel
     (``copy_file_range``, as ``cp`` does), so it never passes through this process. Others are
     written from memory and dropped at once: safetensors' ``save_file`` would hold them all until
     the file is complete, a tensor memory-mapped from the source counting as memory meanwhile.
     """
     header, offset = {"__metadata__": metadata}, 0
-    for name, tensor in tensors:
+    for name, stored in tensors:
+        tensor = stored.tensor
         if tensor.dtype not in _SAFETENSORS_DTYPES:
             raise MixLNError(f"{path.parent}: tensor {name} has dtype {tensor.dtype}, which this writer does not handle")
         header[name] = {"dtype": _SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
@@ -95,10 +95,9 @@ def write_safetensors(path: Path, tensors: list[tuple[str, torch.Tensor]], metad
     with open(path, "wb", buffering=0) as file:
         _write_all(file, struct.pack("<Q", len(encoded)) + encoded)
         while tensors:
-            _, tensor = tensors.pop(0)  # the list held the last reference but this one
-            stored = stored_bytes(tensor)
-            if stored is None or not _copy_file_range(stored, tensor.nbytes, file):
-                _write_all(file, tensor.reshape(-1).view(torch.uint8).numpy())
+            _, stored = tensors.pop(0)  # the list held the last reference but this one
+            if stored.path is None or not _copy_file_range(stored, file):
+                _write_all(file, stored.tensor.reshape(-1).view(torch.uint8).numpy())
 
 
 def _write_all(file, data) -> None:
@@ -107,12 +106,12 @@ def _write_all(file, data) -> None:
         view = view[file.write(view):]
 
 
-def _copy_file_range(stored: StoredBytes, size: int, file) -> bool:
-    """Append ``size`` bytes of ``stored``'s file to ``file`` in the kernel; False where this
+def _copy_file_range(stored: StoredTensor, file) -> bool:
+    """Append ``stored``'s bytes from its file to ``file`` in the kernel; False where this
     system or these file systems cannot (the caller then writes the bytes itself)."""
     if not hasattr(os, "copy_file_range"):  # Linux only
         return False
-    start, done = file.tell(), 0
+    start, done, size = file.tell(), 0, stored.tensor.nbytes
     try:
         with open(stored.path, "rb") as source:
             while done < size:
@@ -136,28 +135,28 @@ class ShardedWriter:
     fits one shard is saved as ``model.safetensors``, like transformers does.
     """
 
-    def __init__(self, folder: Path, max_shard_bytes: int, metadata: dict | None = None):
+    def __init__(self, folder: Path, max_shard_bytes: int):
         self.folder = Path(folder)
         self.max_shard_bytes = max_shard_bytes
-        self.metadata = {"format": "pt", **(metadata or {})}
-        self.pending: list[tuple[str, torch.Tensor]] = []
+        self.pending: list[tuple[str, StoredTensor]] = []
         self.pending_bytes = 0
         self.shards: list[list[str]] = []  # tensor names of each flushed shard, in order
         self.total_bytes = 0
 
-    def add(self, name: str, tensor: torch.Tensor) -> None:
-        size = tensor.numel() * tensor.element_size()
+    def add(self, name: str, tensor: torch.Tensor | StoredTensor) -> None:
+        stored = tensor if isinstance(tensor, StoredTensor) else StoredTensor(tensor)
+        size = stored.tensor.nbytes
         if self.pending and self.pending_bytes + size > self.max_shard_bytes:
             self._flush()
-        if stored_bytes(tensor) is None:  # a source tensor as read stays this very object: detach() would
-            tensor = tensor.detach().cpu().contiguous()  # lose where its bytes lie
-        self.pending.append((name, tensor))
+        if stored.path is None:  # bytes in memory only: written from there
+            stored = StoredTensor(stored.tensor.detach().cpu().contiguous())
+        self.pending.append((name, stored))
         self.pending_bytes += size
         self.total_bytes += size
 
     def _flush(self) -> None:
         self.shards.append([name for name, _ in self.pending])
-        write_safetensors(self._temp_name(len(self.shards) - 1), self.pending, self.metadata)
+        write_safetensors(self._temp_name(len(self.shards) - 1), self.pending, {"format": "pt"})
         self.pending_bytes = 0
 
     def _temp_name(self, k: int) -> Path:

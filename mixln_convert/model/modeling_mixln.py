@@ -20,24 +20,9 @@ import math
 import torch
 from torch import nn
 from transformers import GenerationMixin
-from transformers.models.llama.modeling_llama import (
-    LlamaDecoderLayer,
-    LlamaForCausalLM,
-    LlamaModel,
-    LlamaPreTrainedModel,
-)
-from transformers.models.qwen2.modeling_qwen2 import (
-    Qwen2DecoderLayer,
-    Qwen2ForCausalLM,
-    Qwen2Model,
-    Qwen2PreTrainedModel,
-)
-from transformers.models.qwen3.modeling_qwen3 import (
-    Qwen3DecoderLayer,
-    Qwen3ForCausalLM,
-    Qwen3Model,
-    Qwen3PreTrainedModel,
-)
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
+from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2ForCausalLM, Qwen2Model
+from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer, Qwen3ForCausalLM, Qwen3Model
 
 from .configuration_mixln import MixLNConfig, MixLNLayout, MixLNQwen2Config, MixLNQwen3Config
 
@@ -72,17 +57,6 @@ class MixLNBlock:
         return self.post_feedforward_layernorm(hidden_states + self.mlp(hidden_states))
 
 
-class MixLNDecoderLayer(MixLNBlock, LlamaDecoderLayer):
-    """A LLaMA decoder layer with the Mix-LN layout (:class:`MixLNBlock`)."""
-
-
-class MixLNPreTrainedModel(LlamaPreTrainedModel):
-    config_class = MixLNConfig
-    config: MixLNConfig
-    _no_split_modules = ["MixLNDecoderLayer"]
-    _can_record_outputs = {**LlamaPreTrainedModel._can_record_outputs, "hidden_states": MixLNDecoderLayer}
-
-
 def _legacy_checkpointing(config) -> bool:
     """A config's legacy ``gradient_checkpointing: true``. transformers applies it in the first
     post_init() and deletes it from the config; here that is the family's throwaway layers built by
@@ -96,10 +70,24 @@ def enable_checkpointing(model, kwargs: dict | None = None) -> None:
     (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)(kwargs)
 
 
-class MixLNDecoder:
-    """A family's decoder, the model class after this one among the bases, made of ``block_class`` blocks."""
+def _declare_blocks(cls, block_class: type) -> None:
+    """Tell transformers that a family's Mix-LN model or causal LM is made of ``block_class``
+    blocks, not of the family's decoder layers: the blocks FSDP wraps whole, and those whose
+    outputs are recorded as hidden states."""
+    cls._no_split_modules = [block_class.__name__]
+    cls._can_record_outputs = {**cls._can_record_outputs, "hidden_states": block_class}
 
+
+class MixLNDecoder:
+    """A family's decoder, the model class after this one among the bases, made of ``block_class``
+    blocks; its config is ``config_class``."""
+
+    config_class: type
     block_class: type
+
+    def __init_subclass__(cls, **kwargs):
+        _declare_blocks(cls, cls.block_class)
+        super().__init_subclass__(**kwargs)
 
     def __init__(self, config: MixLNLayout):
         checkpointing = _legacy_checkpointing(config)
@@ -111,9 +99,15 @@ class MixLNDecoder:
 
 
 class MixLNCausalLM:
-    """A family's causal LM, the class after this one among the bases, over a ``decoder_class`` decoder."""
+    """A family's causal LM, the class after this one among the bases, over a ``decoder_class``
+    decoder, whose config and blocks are its own."""
 
     decoder_class: type
+
+    def __init_subclass__(cls, **kwargs):
+        cls.config_class = cls.decoder_class.config_class
+        _declare_blocks(cls, cls.decoder_class.block_class)
+        super().__init_subclass__(**kwargs)
 
     def __init__(self, config: MixLNLayout):
         checkpointing = _legacy_checkpointing(config)
@@ -128,49 +122,40 @@ class MixLNCausalLM:
             enable_checkpointing(self)
 
 
-class MixLNModel(MixLNDecoder, MixLNPreTrainedModel, LlamaModel):
-    block_class = MixLNDecoderLayer
-
-
-class MixLNForCausalLM(MixLNCausalLM, MixLNPreTrainedModel, LlamaForCausalLM, GenerationMixin):
-    decoder_class = MixLNModel
+# Each family: its decoder layer with the Mix-LN layout, its base model, its causal LM.
+class MixLNDecoderLayer(MixLNBlock, LlamaDecoderLayer):
+    """A LLaMA decoder layer with the Mix-LN layout (:class:`MixLNBlock`)."""
 
 
 class MixLNQwen2DecoderLayer(MixLNBlock, Qwen2DecoderLayer):
     """A Qwen2 decoder layer (q/k/v biases) with the Mix-LN layout (:class:`MixLNBlock`)."""
 
 
-class MixLNQwen2PreTrainedModel(Qwen2PreTrainedModel):
-    config_class = MixLNQwen2Config
-    config: MixLNQwen2Config
-    _no_split_modules = ["MixLNQwen2DecoderLayer"]
-    _can_record_outputs = {**Qwen2PreTrainedModel._can_record_outputs, "hidden_states": MixLNQwen2DecoderLayer}
-
-
-class MixLNQwen2Model(MixLNDecoder, MixLNQwen2PreTrainedModel, Qwen2Model):
-    block_class = MixLNQwen2DecoderLayer
-
-
-class MixLNQwen2ForCausalLM(MixLNCausalLM, MixLNQwen2PreTrainedModel, Qwen2ForCausalLM, GenerationMixin):
-    decoder_class = MixLNQwen2Model
-
-
 class MixLNQwen3DecoderLayer(MixLNBlock, Qwen3DecoderLayer):
     """A Qwen3 decoder layer (per-head q/k norms in the attention) with the Mix-LN layout (:class:`MixLNBlock`)."""
 
 
-class MixLNQwen3PreTrainedModel(Qwen3PreTrainedModel):
-    config_class = MixLNQwen3Config
-    config: MixLNQwen3Config
-    _no_split_modules = ["MixLNQwen3DecoderLayer"]
-    _can_record_outputs = {**Qwen3PreTrainedModel._can_record_outputs, "hidden_states": MixLNQwen3DecoderLayer}
+class MixLNModel(MixLNDecoder, LlamaModel):
+    config_class, block_class = MixLNConfig, MixLNDecoderLayer
 
 
-class MixLNQwen3Model(MixLNDecoder, MixLNQwen3PreTrainedModel, Qwen3Model):
-    block_class = MixLNQwen3DecoderLayer
+class MixLNQwen2Model(MixLNDecoder, Qwen2Model):
+    config_class, block_class = MixLNQwen2Config, MixLNQwen2DecoderLayer
 
 
-class MixLNQwen3ForCausalLM(MixLNCausalLM, MixLNQwen3PreTrainedModel, Qwen3ForCausalLM, GenerationMixin):
+class MixLNQwen3Model(MixLNDecoder, Qwen3Model):
+    config_class, block_class = MixLNQwen3Config, MixLNQwen3DecoderLayer
+
+
+class MixLNForCausalLM(MixLNCausalLM, LlamaForCausalLM, GenerationMixin):
+    decoder_class = MixLNModel
+
+
+class MixLNQwen2ForCausalLM(MixLNCausalLM, Qwen2ForCausalLM, GenerationMixin):
+    decoder_class = MixLNQwen2Model
+
+
+class MixLNQwen3ForCausalLM(MixLNCausalLM, Qwen3ForCausalLM, GenerationMixin):
     decoder_class = MixLNQwen3Model
 
 
@@ -181,6 +166,6 @@ FAMILIES = (
     (MixLNQwen3Config, MixLNQwen3Model, MixLNQwen3ForCausalLM),
 )
 
-__all__ = ["MixLNBlock", "MixLNDecoderLayer", "MixLNForCausalLM", "MixLNModel", "MixLNPreTrainedModel",
-           "MixLNQwen2DecoderLayer", "MixLNQwen2ForCausalLM", "MixLNQwen2Model", "MixLNQwen2PreTrainedModel",
-           "MixLNQwen3DecoderLayer", "MixLNQwen3ForCausalLM", "MixLNQwen3Model", "MixLNQwen3PreTrainedModel"]
+__all__ = ["MixLNBlock", "MixLNDecoderLayer", "MixLNForCausalLM", "MixLNModel", "MixLNQwen2DecoderLayer",
+           "MixLNQwen2ForCausalLM", "MixLNQwen2Model", "MixLNQwen3DecoderLayer", "MixLNQwen3ForCausalLM",
+           "MixLNQwen3Model"]

@@ -1,4 +1,6 @@
-"""Side-by-side report of analyses and training runs (``mixln-convert compare``)."""
+"""The reports: analyses and training runs side by side (``mixln-convert compare``), and the study's
+and the sweep's (:mod:`.study`, :mod:`.sweep`). They read results; the commands that make them
+import them, never the other way round."""
 
 from .compare import compare
 

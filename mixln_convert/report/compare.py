@@ -8,11 +8,11 @@ uniform than Pre-LN's, its successor LayerNorm Scaling (LNS, arXiv 2502.05795) t
 matter more and a lower perplexity; the summary says whether these models show it.
 """
 
-import json
-
 import numpy as np
 
+from ..analysis.measures import coefficient_of_variation, deep_half
 from ..errors import MixLNError
+from ..io.runs import write_json
 from ..options import measured_on
 from . import uncertainty
 from .inputs import ARM_KINDS, PRUNE_FRACTIONS, Model, analysis_evaluation, load_inputs
@@ -32,10 +32,11 @@ def compare(inputs, out, *, labels=(), allow_mismatch: bool = False, force: bool
     Refuses analyses made with different tokenizers (their perplexities are not comparable)
     unless ``allow_mismatch``; returns {"summary": sentences, "notes": warnings, "models": numbers}.
     """
-    from ..io.writer import atomic_output_dir
+    from ..io.atomic import atomic_output_dir
     from .downstream import beside_layer_drop, plot_task_drops
     from .plots import plot_report
     from .render import write_report
+    from .tables import report_blocks
 
     models = load_inputs(inputs, labels)
     notes = check_tokenizers(models, allow_mismatch)
@@ -45,8 +46,8 @@ def compare(inputs, out, *, labels=(), allow_mismatch: bool = False, force: bool
               "models": list(numbers.values())}
     with atomic_output_dir(out, force=force, protect={f"#{i + 1}": path for i, path in enumerate(inputs)}) as tmp:
         images = beside_layer_drop(plot_report(models, tmp), plot_task_drops(models, tmp))
-        write_report(tmp, models, numbers, result["summary"], notes, images)
-        (tmp / "comparison.json").write_text(json.dumps(result, indent=2) + "\n")
+        write_report(tmp, report_blocks(models, numbers, result["summary"], notes, images))
+        write_json(tmp / "comparison.json", result)
     return result
 
 
@@ -62,12 +63,6 @@ def check_tokenizers(models: list[Model], allow_mismatch: bool) -> list[str]:
     if not allow_mismatch:
         raise MixLNError(f"inputs: {message}; pass --allow-mismatch to compare anyway")
     return [message]
-
-
-def coefficient_of_variation(values) -> float:
-    """std / mean: 0 when every block gets the same gradient norm."""
-    values = np.asarray(values, dtype=float)
-    return float(values.std() / values.mean())
 
 
 def prune_points(analysis: dict) -> dict:
@@ -88,7 +83,7 @@ def model_estimates(model: Model) -> dict[str, Estimate]:
     analysis = model.analysis
     if not (analysis and "per_block" in analysis):
         return estimates
-    per_block, deep = analysis["per_block"], slice(analysis["num_layers"] // 2, None)
+    per_block, deep = analysis["per_block"], deep_half(analysis["num_layers"])
     where = measured_on(analysis_evaluation(analysis))
     loss = np.asarray(per_block["loss"])[:, None]
     estimates["perplexity"] = estimate(uncertainty.perplexity, loss[:, 0], where)
@@ -116,9 +111,9 @@ def model_numbers(model: Model, estimates: dict[str, Estimate]) -> dict:
                        wall_time_s=model.summary.get("wall_time_s"), finished=bool(model.summary),
                        validation=model.summary.get("validation"))
         if (norms := model.training_grad_norms()) is not None:
-            numbers["training_grad_norm_cv"] = coefficient_of_variation(norms)
+            numbers["training_grad_norm_cv"] = float(coefficient_of_variation(norms))
     if analysis := model.analysis:
-        deep = slice(analysis["num_layers"] // 2, None)  # the deeper half of the blocks
+        deep = deep_half(analysis["num_layers"])
         drops = np.asarray(analysis["layer_drop"][deep])
         numbers.update(
             perplexity=analysis["perplexity"],
@@ -127,11 +122,11 @@ def model_numbers(model: Model, estimates: dict[str, Estimate]) -> dict:
             deep_layer_drop_median=float(np.median(drops)),
             deep_layer_drop_relative=float(drops.mean()) / analysis["perplexity"],
             # the block that carries the mean, and its share of the deep blocks' summed increase
-            deep_layer_drop_top=[int(drops.argmax()) + analysis["num_layers"] // 2,
+            deep_layer_drop_top=[int(drops.argmax()) + deep.start,
                                  float(drops.max() / drops.sum()) if drops.sum() > 0 else None],
             # span 1 (consecutive block inputs) whatever --span the analysis was made with
             deep_angular_distance=float(np.mean([row[0] for row in analysis["angular_distance_matrix"][deep]])),
-            grad_norm_cv=coefficient_of_variation(analysis["grad_norm_per_layer"]),
+            grad_norm_cv=float(coefficient_of_variation(analysis["grad_norm_per_layer"])),
         )
         if "generation" in analysis:
             numbers["repeated_4gram_share"] = analysis["generation"]["repeated_4gram_share"]
@@ -215,7 +210,7 @@ def _pair_sentences(m: Model, p: Model, numbers: dict, estimates: dict) -> list[
                 f"{base_name} ({p.label}) {base['final_val_ppl']:.2f} ({_percent(change)}")
     wins = f"{name if change < 0 else base_name} wins by {_percent(abs(change)).lstrip('+')}"
     if a is not None and b is not None:
-        low, high = np.quantile(a.draws / b.draws - 1, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
+        low, high = uncertainty.interval(a.draws / b.draws - 1)
         sentence += (f", {LEVEL:.0%} bootstrap interval [{_percent(low)}, {_percent(high)}] over the validation "
                      "blocks)")
         verdict = (f"too close to call: {tested['tokens_trained']:,} training tokens per arm and "

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..analysis.measures import deep_half
 from ..analysis.plots import task_drop_file
+from ..io.runs import PER_DOCUMENT_KEYS
 from .inputs import Model
-
-MISSING = "—"
+from .render import MISSING
 
 
 def downstream_numbers(model: Model) -> dict:
@@ -18,15 +19,13 @@ def downstream_numbers(model: Model) -> dict:
     analysis = model.analysis or {}
     numbers = {}
     if "task_drop" in analysis:
-        deep = slice(analysis["num_layers"] // 2, None)
+        deep = deep_half(analysis["num_layers"])
         numbers["tasks"] = {task: {"metric": drop["metric"], "value": drop["value"],
                                    "higher_is_better": drop["higher_is_better"], "samples": drop["samples"],
                                    "deep_layer_drop": float(np.mean(drop["layer_drop"][deep]))}
                             for task, drop in analysis["task_drop"].items()}
     if "per_document" in analysis:
-        numbers["per_document"] = {key: analysis["per_document"][key]
-                                   for key in ("documents", "tokens", "token_perplexity", "word_perplexity",
-                                               "bits_per_byte")}
+        numbers["per_document"] = {key: analysis["per_document"][key] for key in PER_DOCUMENT_KEYS}
     return numbers
 
 

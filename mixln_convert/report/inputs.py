@@ -1,18 +1,15 @@
-"""What ``mixln-convert compare`` reads: analysis folders (``analysis.json`` of ``mixln-convert
-analyze``) and train output folders (``recipe.yaml`` and one folder per arm, ``mixln-convert train``).
+"""The models ``mixln-convert compare`` puts side by side, from analysis folders (``analysis.json``
+of ``mixln-convert analyze``) and train output folders (``recipe.yaml`` and one folder per arm,
+``mixln-convert train``); the files are read by :mod:`mixln_convert.io.runs`.
 """
 
-import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import MixLNError
+from ..io.runs import ANALYSIS, METRICS, SUMMARY, read_analysis, read_metrics, read_summary
 
 ARM_KINDS = {"mixln": "Mix-LN", "preln": "Pre-LN", "lns": "LNS"}  # the train command's arm folders
-ANALYSIS_KEYS = ("checkpoint", "num_layers", "post_ln_layers", "perplexity", "layer_drop",
-                 "angular_distance_matrix", "grad_norm_per_layer")
-PER_LAYER_KEYS = ("layer_drop", "angular_distance_matrix", "grad_norm_per_layer")
 PRUNE_FRACTIONS = {"L/8": 8, "L/4": 4, "L/2": 2}  # removed blocks N = L // d in the pruning table
 
 
@@ -96,8 +93,8 @@ def load_inputs(paths, labels=()) -> list[Model]:
 
 def _load(path: Path, label: str | None) -> list[Model]:
     name = label or path.absolute().name
-    if (path.is_file() and path.suffix == ".json") or (path / "analysis.json").is_file():
-        file = path if path.is_file() else path / "analysis.json"
+    if (path.is_file() and path.suffix == ".json") or (path / ANALYSIS).is_file():
+        file = path if path.is_file() else path / ANALYSIS
         return [Model(label or file.absolute().parent.name, path, analysis=read_analysis(file))]
     if (path / "recipe.yaml").is_file():
         arms = [arm for arm in ARM_KINDS if (path / arm).is_dir()]
@@ -113,174 +110,13 @@ def _load(path: Path, label: str | None) -> list[Model]:
 
 def _load_arm(run: Path, arm: str, label: str) -> Model:
     folder = run / arm
-    file = folder / "metrics.jsonl"
-    metrics = [record for record in _read_jsonl(file) if record] if file.is_file() else []
+    file = folder / METRICS
+    metrics = read_metrics(file) if file.is_file() else []
     if not metrics:
         raise MixLNError(f"{file}: no training metrics (has the {arm} arm started training?)")
-    for n, record in enumerate(metrics, 1):
-        if not isinstance(record, dict):
-            raise MixLNError(f"{file}: record {n} is not a JSON object")
-        _check_fields(record, METRIC_FIELDS, f"{file}: record {n}", required=("step", "tokens"))
-    summary = read_summary(folder / "summary.json", required=()) if (folder / "summary.json").is_file() else {}
-    analysis_file = folder / "analysis" / "analysis.json"
+    summary = read_summary(folder / SUMMARY, required=()) if (folder / SUMMARY).is_file() else {}
+    analysis_file = folder / "analysis" / ANALYSIS
     analysis = read_analysis(analysis_file) if analysis_file.is_file() else None
     return Model(label, run, analysis=analysis, arm=arm, summary=summary, metrics=metrics)
 
 
-# what a finished arm's summary gives every caller (train's printout, demo, sweep, study)
-FINISHED = ("arm", "steps", "tokens", "wall_time_s", "initial_val_ppl", "final_val_ppl")
-
-
-def read_summary(file: Path, required=FINISHED) -> dict:
-    """A training arm's summary.json, its fields checked: one line naming the file and key if not."""
-    summary = _read_json(file)
-    if not isinstance(summary, dict):
-        raise MixLNError(f"{file}: not a JSON object")
-    _check_fields(summary, {**SUMMARY_FIELDS, "arm": (lambda v: isinstance(v, str), "a string")}, str(file),
-                  required)
-    return summary
-
-
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _numbers(value) -> bool:
-    return isinstance(value, list) and all(_number(v) for v in value)
-
-
-def _count(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-PER_DOCUMENT_KEYS = ("documents", "tokens", "token_perplexity", "word_perplexity", "bits_per_byte")
-
-
-def _task_drop(value) -> bool:
-    """One task of ``analyze --task``: its metric, direction, full-model value, examples and per-layer drop."""
-    return (isinstance(value, dict) and isinstance(value.get("metric"), str)
-            and isinstance(value.get("higher_is_better"), bool) and _number(value.get("value"))
-            and _count(value.get("samples")) and _numbers(value.get("layer_drop")))
-
-
-# what each field the report reads must hold, and how to say it
-ANALYSIS_FIELDS = {
-    "checkpoint": (lambda v: isinstance(v, str), "a string"),
-    "num_layers": (lambda v: _count(v) and v > 0, "a positive integer"),
-    "post_ln_layers": (_count, "an integer >= 0"),
-    "layernorm_scaling": (lambda v: isinstance(v, bool), "true or false"),
-    "perplexity": (lambda v: _number(v) and v > 0, "a positive number"),
-    "layer_drop": (_numbers, "a list of numbers"),
-    "angular_distance_matrix": (lambda v: isinstance(v, list) and all(_numbers(row) for row in v),
-                                "a list of lists of numbers"),
-    "grad_norm_per_layer": (_numbers, "a list of numbers"),
-    "tokenizer_vocab_size": (lambda v: v is None or _count(v), "an integer"),
-    "generation": (lambda v: isinstance(v, dict) and _number(v.get("repeated_4gram_share"))
-                   and isinstance(v.get("continuations"), list)
-                   and all(isinstance(c, dict) and isinstance(c.get("prompt"), str) and isinstance(c.get("text"), str)
-                           for c in v["continuations"]),
-                   "an object with repeated_4gram_share and continuations ({prompt, text})"),
-    "prune_curve": (lambda v: isinstance(v, dict) and isinstance(v.get("method"), str) and _numbers(v.get("removed"))
-                    and _numbers(v.get("perplexity")) and len(v["removed"]) == len(v["perplexity"]),
-                    "an object with method, removed and perplexity lists of one length"),
-    "task_drop": (lambda v: isinstance(v, dict) and all(_task_drop(d) for d in v.values()),
-                  "an object of tasks, each with metric, higher_is_better, value, samples and a layer_drop list"),
-    "per_document": (lambda v: isinstance(v, dict) and all(_number(v.get(k)) for k in PER_DOCUMENT_KEYS),
-                     f"an object with numbers {', '.join(PER_DOCUMENT_KEYS)}"),
-}
-METRIC_FIELDS = {
-    "step": (lambda v: _count(v), "an integer >= 0"),
-    "tokens": (lambda v: _count(v), "an integer >= 0"),
-    "loss": (_number, "a number"), "val_loss": (_number, "a number"), "val_ppl": (_number, "a number"),
-    "lr": (_number, "a number"), "grad_norm": (_number, "a number"),
-    "grad_norm_per_layer": (_numbers, "a list of numbers"),
-}
-def _evaluation(value) -> bool:
-    return (isinstance(value, dict) and isinstance(value.get("data"), str) and _count(value.get("tokens"))
-            and _count(value.get("seq_len")) and value["seq_len"] > 1)
-
-
-SUMMARY_FIELDS = {
-    **{key: (_number, "a number") for key in (
-        "tokens", "steps", "wall_time_s", "final_val_loss", "final_val_ppl", "initial_val_loss", "initial_val_ppl",
-        "tokens_per_s", "num_layers", "post_ln_layers")},
-    "layernorm_scaling": (lambda v: isinstance(v, bool), "true or false"),
-    "heal_tokens": (_count, "a whole number >= 0"),
-    "validation": (_evaluation, "an object with data (a string), tokens and seq_len (integers)"),
-    "initial_val_block_losses": (lambda v: _numbers(v) and len(v) > 0, "a non-empty list of numbers"),
-    "final_val_block_losses": (lambda v: _numbers(v) and len(v) > 0, "a non-empty list of numbers"),
-}
-PER_BLOCK_TABLES = ("loss_without_layer", "angular_distance", "grad_norm_per_layer")  # rows of one value per layer
-
-
-def _check_fields(record: dict, fields: dict, where: str, required=()) -> None:
-    for key in required:
-        if key not in record:
-            raise MixLNError(f"{where}: missing {key}")
-    for key, (ok, kind) in fields.items():
-        if key in record and not ok(record[key]):
-            raise MixLNError(f"{where}: {key} must be {kind}, got {str(record[key])[:60]}")
-
-
-def read_analysis(file: Path) -> dict:
-    """``file`` (an analysis.json), checked for the keys, types and per-layer lengths the report uses."""
-    analysis = _read_json(file)
-    if not isinstance(analysis, dict):
-        raise MixLNError(f"{file}: not an analysis of `mixln-convert analyze` (not a JSON object)")
-    missing = [key for key in ANALYSIS_KEYS if key not in analysis]
-    if missing:
-        raise MixLNError(f"{file}: not an analysis of `mixln-convert analyze` (missing {', '.join(missing)})")
-    _check_fields(analysis, ANALYSIS_FIELDS, str(file))
-    num_layers = analysis["num_layers"]
-    if analysis["post_ln_layers"] > num_layers:
-        raise MixLNError(f"{file}: post_ln_layers {analysis['post_ln_layers']} exceeds num_layers {num_layers}")
-    for key in PER_LAYER_KEYS:
-        if len(analysis[key]) != num_layers:
-            raise MixLNError(f"{file}: {key} has {len(analysis[key])} entries for {num_layers} layers")
-    if "per_block" in analysis:
-        _check_per_block(analysis, file)
-    for task, drop in analysis.get("task_drop", {}).items():
-        if len(drop["layer_drop"]) != num_layers:
-            raise MixLNError(f"{file}: task_drop.{task}.layer_drop has {len(drop['layer_drop'])} entries for "
-                             f"{num_layers} layers")
-    return analysis
-
-
-def _check_per_block(analysis: dict, file: Path) -> None:
-    """The per-block values the report bootstraps from: one loss per evaluation block, and per
-    block (or gradient batch) one value per layer; prune-curve losses per block likewise."""
-    per_block, num_layers = analysis["per_block"], analysis["num_layers"]
-    where = f"{file}: per_block"
-    if not isinstance(per_block, dict) or not _numbers(per_block.get("loss")) or not per_block["loss"]:
-        raise MixLNError(f"{where}: must be an object with loss, a non-empty list of numbers")
-    blocks = len(per_block["loss"])
-    for key in PER_BLOCK_TABLES:
-        table = per_block.get(key)
-        if not (isinstance(table, list) and table and all(_numbers(row) and len(row) == num_layers for row in table)):
-            raise MixLNError(f"{where}.{key}: must be a non-empty list of rows of {num_layers} numbers")
-        if key != "grad_norm_per_layer" and len(table) != blocks:
-            raise MixLNError(f"{where}.{key}: {len(table)} rows for {blocks} evaluation blocks")
-    losses = analysis.get("prune_curve", {}).get("block_losses")
-    if losses is not None and not (isinstance(losses, list) and len(losses) == len(analysis["prune_curve"]["removed"])
-                                   and all(_numbers(row) and len(row) == blocks for row in losses)):
-        raise MixLNError(f"{file}: prune_curve.block_losses: must hold one row of {blocks} numbers per removal")
-
-
-def _read_json(file: Path) -> dict:
-    try:
-        return json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise MixLNError(f"{file}: cannot read JSON ({e})") from None
-
-
-def _read_jsonl(file: Path) -> list[dict]:
-    try:
-        lines = file.read_text().splitlines()
-    except OSError as e:
-        raise MixLNError(f"{file}: cannot read ({e.strerror})") from None
-    except UnicodeDecodeError:
-        raise MixLNError(f"{file}: not UTF-8 text") from None
-    try:
-        return [json.loads(line) if line.strip() else {} for line in lines]
-    except json.JSONDecodeError as e:
-        raise MixLNError(f"{file}: not one JSON object per line ({e})") from None

@@ -8,9 +8,14 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from ..analysis.plots import scale_layer_drop_axis
-from ..study import CLAIMS
-from .render import to_html, to_markdown
+from .render import write_report
 
+CLAIMS = {  # claim -> (figure, the direction the paper claims for Mix-LN against Pre-LN)
+    "perplexity": ("final_val_ppl", "lower"),
+    "deep blocks matter more": ("deep_layer_drop", "higher"),
+    "more uniform gradient norms": ("grad_norm_cv", "lower"),
+}
+LNS_CLAIMS = ("perplexity", "deep blocks matter more")  # the LNS paper's, of CLAIMS, for LNS against Pre-LN
 COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red")
 LINESTYLES = {"scaled": "-", "plain": "--"}
 MARKERS = ("o", "s", "^", "D", "v")
@@ -134,5 +139,4 @@ def write_study_report(folder: Path, result: dict) -> None:
                    "training time"], table_rows(result)),
         ("h2", "Figures"), *(("img", name, caption) for name, (_, caption) in images.items()),
     ]
-    (folder / "report.md").write_text(to_markdown(blocks))
-    (folder / "report.html").write_text(to_html(blocks, folder))
+    write_report(folder, blocks)

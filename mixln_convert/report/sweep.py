@@ -9,9 +9,9 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from ..analysis.measures import verdict
 from ..analysis.plots import scale_layer_drop_axis
-from ..study import verdict
-from .render import MISSING, to_html, to_markdown
+from .render import MISSING, write_report
 
 
 def _ratio(value: float | None, original: float) -> str:
@@ -194,5 +194,4 @@ def write_sweep_report(folder: Path, result: dict) -> None:
         ("h2", "Figures"), *(("img", name, caption) for name, (_, caption) in images.items()),
         ("h2", "Time"), ("table", ["stage", "wall time on this machine"], time_rows(result)),
     ]
-    (folder / "report.md").write_text(to_markdown(blocks))
-    (folder / "report.html").write_text(to_html(blocks, folder))
+    write_report(folder, blocks)

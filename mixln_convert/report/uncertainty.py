@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..analysis.measures import coefficient_of_variation
+
 DRAWS = 2000
 LEVEL = 0.95  # two-sided
 
@@ -26,8 +28,13 @@ class Estimate:
 
     @property
     def interval(self) -> tuple[float, float]:
-        low, high = np.quantile(self.draws, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
-        return float(low), float(high)
+        return interval(self.draws)
+
+
+def interval(draws) -> tuple[float, float]:
+    """The two-sided LEVEL interval of bootstrap ``draws``."""
+    low, high = np.quantile(draws, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
+    return float(low), float(high)
 
 
 def estimate(statistic, samples, measured_on: str) -> Estimate:
@@ -40,15 +47,9 @@ def estimate(statistic, samples, measured_on: str) -> Estimate:
     return Estimate(float(statistic(samples[None])[0]), statistic(samples[rows]))
 
 
-def difference_interval(a: Estimate, b: Estimate) -> tuple[float, float]:
-    """The LEVEL interval of a - b (paired where both were measured on the same blocks)."""
-    low, high = np.quantile(a.draws - b.draws, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
-    return float(low), float(high)
-
-
 def differs(a: Estimate, b: Estimate) -> bool:
-    """Whether the LEVEL interval of a - b excludes 0."""
-    low, high = difference_interval(a, b)
+    """Whether the LEVEL interval of a - b (paired where both were measured on the same blocks) excludes 0."""
+    low, high = interval(a.draws - b.draws)
     return low > 0 or high < 0
 
 
@@ -73,10 +74,4 @@ def mean_value(values) -> np.ndarray:
 def variation_of_mean(norms) -> np.ndarray:
     """Coefficient of variation (std / mean) across the columns of the mean over rows
     ([draws, n, L] -> [draws]): of per-layer gradient norms averaged over batches."""
-    mean = norms.mean(axis=1)
-    return mean.std(axis=1) / mean.mean(axis=1)
-
-
-def interval_text(estimate: Estimate, digits: str = ".3g") -> str:
-    low, high = estimate.interval
-    return f"[{low:{digits}}, {high:{digits}}]"
+    return coefficient_of_variation(norms.mean(axis=1), axis=1)

@@ -18,8 +18,8 @@ import yaml
 
 from ..errors import MixLNError
 from ..io.hub import hub_name
-from ..io.paths import check_readable, checkpoint_path
-from ..limits import SPIKE_FACTORS, spike_factor_ok
+from ..io.paths import check_readable, checkpoint_path, is_pattern
+from ..limits import SPIKE_FACTORS, below_one_step, spike_factor_ok
 from ..options import (ARMS, ATTENTIONS, DEFAULT_ARMS, EVAL_SEQ_LEN, EVAL_TOKENS, HEAL_BATCH_SIZE, HEAL_LR, HEAL_SEQ_LEN,
                        LOSSES, PRECISIONS, STRATEGIES)
 
@@ -38,7 +38,7 @@ DEFAULTS = {
     "conversion": {"alpha": 0.25, "strategy": "calibrated", "scaled_init": True},
     # Distil the converted Post-LN blocks from the source before training (mixln-convert heal);
     # tokens 0 skips it.
-    "heal": {"tokens": 0, "seq_len": HEAL_SEQ_LEN, "batch_size": HEAL_BATCH_SIZE, "lr": HEAL_LR, "loss": "kl", "sampled": 0.0,
+    "heal": {"tokens": 0, "seq_len": HEAL_SEQ_LEN, "batch_size": HEAL_BATCH_SIZE, "lr": HEAL_LR, "loss": "kl",
              "activation_checkpointing": False, "spike_factor": 0.0},  # spike_factor: as guard's, for the heal
     "data": {
         # a tokenized folder (`mixln-convert tokenize`), or text: a file, folder, glob or Hugging Face Hub
@@ -176,7 +176,7 @@ def _resolve_path(key: str, value: str | None, where: str) -> str | None:
         check_readable(value, flag)
         return value  # datasets reads it by name
     path = os.path.abspath(os.path.expanduser(value))
-    if not (os.path.exists(path) or (any(c in path for c in "*?[") and glob.glob(path, recursive=True))):
+    if not (os.path.exists(path) or (is_pattern(path) and glob.glob(path, recursive=True))):
         raise MixLNError(f"{where}: {key}: {value} does not exist")
     return path
 
@@ -210,7 +210,6 @@ def _check(r: dict, where: str, origin: dict) -> None:
     number("data.validation_fraction", lambda v: 0 < v < 1, "in (0, 1)")
     number("optim.lr", lambda v: v > 0, "a number > 0")
     number("heal.lr", lambda v: v > 0, "a number > 0")
-    number("heal.sampled", lambda v: 0 <= v <= 1, "in [0, 1]")
     number("optim.eps", lambda v: v > 0, "a number > 0")
     number("optim.weight_decay", lambda v: v >= 0, "a number >= 0")
     number("grad_clip", lambda v: v >= 0, "a number >= 0 (0 disables clipping)")
@@ -228,10 +227,9 @@ def _check(r: dict, where: str, origin: dict) -> None:
     step_tokens = r["global_batch_size"] * r["seq_len"]
     need(r["max_tokens"] >= step_tokens, f"max_tokens {r['max_tokens']} is less than one optimizer step "
                                          f"(global_batch_size x seq_len = {step_tokens} tokens)")
-    heal_step = r["heal"]["batch_size"] * r["heal"]["seq_len"]
-    need(r["heal"]["tokens"] == 0 or r["heal"]["tokens"] >= heal_step,
-         f"heal.tokens {r['heal']['tokens']} is less than one heal step (heal.batch_size x heal.seq_len = "
-         f"{heal_step}); 0 skips the heal")
+    short = r["heal"]["tokens"] and below_one_step(r["heal"]["tokens"], r["heal"]["batch_size"], r["heal"]["seq_len"],
+                                                   "heal.batch_size x heal.seq_len", "one heal step")
+    need(not short, f"heal.tokens {short}; 0 skips the heal")
 
 
 RECIPES = resources.files("mixln_convert") / "recipes"

@@ -31,10 +31,12 @@ from ..data import PackedBlocks, Splits, blocks
 from ..data.shards import file_sha256
 from ..errors import MixLNError
 from ..evaluate import evaluate_perplexity
-from ..io.writer import atomic_output_dir, copy_model_code, write_atomic
+from ..io.atomic import atomic_output_dir, write_atomic
+from ..io.runs import METRICS, SUMMARY, append_metrics, cut_metrics, write_json
+from ..io.writer import copy_model_code
 from ..options import EVAL_DATA
-from ..model.loading import load_model
 from ..model.modeling_mixln import enable_checkpointing
+from ..surgery.loading import load_model
 from .loop import StepGuard, adamw, block_grad_norms, clip_gradients, parameter_groups, take_step, warmup_cosine
 from .recipe import optimizer_steps
 from .sharding import is_sharded, load_sharded, save_sharded, shard, sharded_state_dict
@@ -105,7 +107,7 @@ def train_arm(recipe: dict, arm: str, folder: Path, source: str, splits: Splits,
         "peak_gpu_memory_bytes": torch.cuda.max_memory_allocated() if run.accelerator.device.type == "cuda" else None,
     }
     if run.accelerator.is_main_process:
-        write_atomic(folder / "summary.json", json.dumps(summary, indent=2) + "\n")
+        write_json(folder / SUMMARY, summary)
     for tracker in run.accelerator.trackers:  # not end_training(): it would destroy the process group the next arm needs
         tracker.finish()
     run.accelerator.free_memory()
@@ -226,8 +228,7 @@ def fit(run: Run, recipe: dict, arm: str, folder: Path, start: int, progress: bo
         logged = (done % recipe["log_interval"] == 0 or "val_loss" in record or "grad_norm_per_layer" in record
                   or record.get("skipped"))
         if main and (logged or done == run.steps):
-            with open(folder / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(record) + "\n")
+            append_metrics(folder, record)
             accelerator.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=done)
         bar.set_postfix(loss=f"{record['loss']:.4f}")
         if done % recipe["checkpoint_interval"] == 0 and done < run.steps:
@@ -411,27 +412,8 @@ def _restore(run: Run, folder: Path) -> int:
         if _checkpoints(folder):
             raise MixLNError(f"{_checkpoints(folder)[-1][1]}: damaged, and no earlier checkpoint loads; "
                              "remove the arm's checkpoints folder to start it again")
-    metrics = folder / "metrics.jsonl"
-    if accelerator.is_main_process and metrics.is_file():
-        kept = [line for line in _complete_lines(metrics) if json.loads(line)["step"] <= step]
-        write_atomic(metrics, "".join(line + "\n" for line in kept))
+    if accelerator.is_main_process and (folder / METRICS).is_file():
+        cut_metrics(folder / METRICS, step)
     accelerator.wait_for_everyone()
     return step
 
-
-def _complete_lines(metrics: Path) -> list[str]:
-    """The records of ``metrics`` (metrics.jsonl); a last line cut short by a kill is dropped, a
-    damaged line before it is an error naming the file."""
-    lines = [line for line in metrics.read_text(errors="replace").splitlines() if line.strip()]
-    records = []
-    for n, line in enumerate(lines, 1):
-        try:
-            record = json.loads(line)
-            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
-                raise ValueError
-        except ValueError:
-            if n == len(lines):
-                break  # written while the process was killed
-            raise MixLNError(f"{metrics}: line {n} is damaged (not a training record); remove it to resume") from None
-        records.append(line)
-    return records

@@ -20,7 +20,7 @@ def _prefix_model(source, num_layers: int):
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_MAPPING
 
-    from . import register  # noqa: F401  (the Mix-LN classes, for a converted source)
+    from ..model import register  # noqa: F401  (the Mix-LN classes, for a converted source)
 
     source.check_loadable()
     fields = {**source.config, "num_hidden_layers": num_layers, "use_cache": False}

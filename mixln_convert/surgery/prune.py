@@ -18,7 +18,8 @@ from pathlib import Path
 from ..errors import MixLNError
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination
-from ..io.writer import atomic_output_dir, parse_size, tool_stamp, write_checkpoint
+from ..io.atomic import atomic_output_dir
+from ..io.writer import parse_size, tool_stamp, write_checkpoint
 from ..limits import check_positive, check_seq_len
 from ..options import METHODS
 
@@ -76,7 +77,7 @@ def span_distances(angular_distance_matrix: list[list[float]], n: int) -> list[f
 
 def layer_scores(model, blocks, method: str, batch_size: int = 4, progress: bool = True) -> dict:
     """What ``method`` (angular or drop) ranks blocks by, measured with ``model`` on ``blocks`` (token ids)."""
-    from .layers import BlockRunner, RepresentationStatistics, removal_sweep
+    from ..analysis.layers import BlockRunner, RepresentationStatistics, removal_sweep
 
     runner = BlockRunner(model)
     if method == "angular":
@@ -124,7 +125,7 @@ def prune(src, dst, *, layers: str | None = None, remove: int | None = None, met
         record = tool_stamp(source=str(Path(src).absolute()), num_layers_before=num_layers, removed_layers=removed,
                             **reason, seconds=round(time.time() - started, 2))
         write_checkpoint(tmp, kept_tensors(source, source.arch, removed),
-                         pruned_config(source.config, source.arch, removed, record), source, max_shard_bytes,
+                         pruned_config(source.config, source.is_mixln, removed, record), source, max_shard_bytes,
                          desc="pruning", total=len(source.names()), progress=progress)
     return Path(dst)
 
@@ -165,22 +166,23 @@ def kept_tensors(source, arch, removed: list[int]):
         i = arch.layer_of(name)
         if i in removed or (tied and name == arch.lm_head):  # a tied head is the embeddings: not saved twice
             continue
-        new_name, tensor = name, source.get(name)
+        new_name, tensor = name, source.stored(name)  # unchanged: copied file to file
         if i is not None:
             prefix = arch.layer_prefix.format(i=i)
             new_name = arch.layer_prefix.format(i=new_index[i]) + name.removeprefix(prefix)
             if name.removeprefix(prefix) in scaled_norms and new_index[i] != i:
-                tensor = (tensor.double() * (gain_factor(new_index[i]) / gain_factor(i))).to(tensor.dtype)
+                gains = tensor.tensor
+                tensor = (gains.double() * (gain_factor(new_index[i]) / gain_factor(i))).to(gains.dtype)
         yield new_name, tensor
 
 
-def pruned_config(config: dict, arch, removed: list[int], record: dict) -> dict:
+def pruned_config(config: dict, mixln: bool, removed: list[int], record: dict) -> dict:
     """config.json of the pruned model: depth, Mix-LN layout, and ``record`` in its provenance."""
     config = dict(config)
     config["num_hidden_layers"] -= len(removed)
     if config.get("layer_types"):  # the attention kind of each block (Qwen's): the kept blocks' only
         config["layer_types"] = [kind for i, kind in enumerate(config["layer_types"]) if i not in removed]
-    if config.get("model_type") == arch.converted["model_type"]:
+    if mixln:
         n_post = config["post_ln_layers"]
         # Post-LN blocks are the leading ones, so the kept ones still are: the layout stays one count.
         config["post_ln_layers"] = n_post - sum(i < n_post for i in removed)

@@ -61,7 +61,7 @@ def _whole_model(source, arch, state: dict):
     tensors of ``state`` (checkpoint names) as they are, not copied."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from . import register  # noqa: F401  (the Mix-LN classes, for a converted source)
+    from ..model import register  # noqa: F401  (the Mix-LN classes, for a converted source)
 
     source.check_loadable()
     config = AutoConfig.for_model(**{**source.config, "use_cache": False})

@@ -1,0 +1,91 @@
+"""The distillation losses, one object each, chosen once before the heal's loop: called on a batch
+of token ids, each runs the models it needs and returns the loss to backpropagate."""
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+
+class Residual:
+    """``residual``: :func:`relative_error` of the stream the student's Post-LN blocks hand to the
+    first Pre-LN block against the teacher's, per token so that the few tokens with massive
+    activations do not set the whole loss; runs the two prefixes only."""
+
+    whole_models = False  # the prefixes are enough
+
+    def __init__(self, models):
+        self.student, self.teacher = models.student_prefix, models.teacher_prefix
+        self.runs_through = models.student_prefix  # the model whose blocks a step's forward and backward go through
+
+    def __call__(self, batch: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            target = self.teacher(input_ids=batch).last_hidden_state
+        return relative_error(self.student(input_ids=batch).last_hidden_state, target)
+
+
+class KL:
+    """``kl``: :func:`distribution_kl` of the final next-token distributions; runs both whole models
+    (still training the k blocks only), several times the FLOPs of a ``residual`` step, but it is
+    the loss that recovers perplexity: matching the stream at one depth does not pin down what the
+    later blocks read from it (measured curves: docs/measurements.md, ``benchmarks/heal_curve.py``)."""
+
+    whole_models = True
+
+    def __init__(self, models):
+        self.student, self.teacher = models.student_model, models.teacher_model
+        self.runs_through = models.student_model.model
+
+    def __call__(self, batch: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():  # the teacher's logits change with every batch: not cacheable, unlike its metrics
+            target = self.teacher(input_ids=batch).logits
+        return distribution_kl(self.student(input_ids=batch).logits, target)
+
+
+class ChunkedKL(KL):
+    """:class:`KL` with the logits too recomputed in the backward, a chunk of tokens at a time
+    (:func:`chunked_kl`): with activation checkpointing they would otherwise set the peak."""
+
+    def __call__(self, batch: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            target = self.teacher.model(input_ids=batch).last_hidden_state
+        return chunked_kl(self.student.model(input_ids=batch).last_hidden_state, target, self.student.lm_head,
+                          self.teacher.lm_head)
+
+
+def distillation_loss(name: str, activation_checkpointing: bool) -> type:
+    """The loss class of ``--loss`` ``name`` (one of ``options.LOSSES``)."""
+    if name == "residual":
+        return Residual
+    return ChunkedKL if activation_checkpointing else KL
+
+
+def relative_error(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """mean over tokens of |s_t - t_t|^2 / |t_t|^2 ([..., hidden] tensors)."""
+    return ((student - teacher).pow(2).sum(-1) / teacher.pow(2).sum(-1)).mean()
+
+
+def chunked_kl(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, student_head, teacher_head,
+               chunk_tokens: int = 128) -> torch.Tensor:
+    """:func:`distribution_kl` of ``student_head(student_hidden)`` against ``teacher_head(teacher_hidden)``
+    (final hidden states, [..., hidden]), ``chunk_tokens`` positions at a time: each chunk's logits
+    are recomputed in the backward instead of kept, so a step holds one chunk's vocabulary-sized
+    tensors, not the whole batch's, for two more passes of the heads."""
+    student_hidden, teacher_hidden = student_hidden.flatten(0, -2), teacher_hidden.flatten(0, -2)
+    total = 0.0
+    for start in range(0, len(student_hidden), chunk_tokens):
+        chunk = slice(start, start + chunk_tokens)
+        total = total + checkpoint(_kl_sum, student_hidden[chunk], teacher_hidden[chunk], student_head, teacher_head,
+                                   use_reentrant=False)
+    return total / len(student_hidden)
+
+
+def _kl_sum(student_hidden, teacher_hidden, student_head, teacher_head) -> torch.Tensor:
+    with torch.no_grad():
+        target = F.log_softmax(teacher_head(teacher_hidden).float(), -1)
+    return F.kl_div(F.log_softmax(student_head(student_hidden).float(), -1), target, log_target=True, reduction="sum")
+
+
+def distribution_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
+    """KL(teacher || student) of the next-token distributions, averaged over tokens."""
+    return F.kl_div(F.log_softmax(student_logits.float().flatten(0, -2), -1),
+                    F.log_softmax(teacher_logits.float().flatten(0, -2), -1), log_target=True, reduction="batchmean")

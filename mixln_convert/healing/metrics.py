@@ -1,0 +1,84 @@
+"""What a heal measures on held-out text, and how it judges the figures (diverged, or worse)."""
+
+import hashlib
+import json
+import math
+import sys
+
+import torch
+
+from ..errors import MixLNError
+from ..evaluate import evaluate_perplexity
+from ..fetch import cache_dir
+from ..io.atomic import write_atomic
+from .losses import relative_error
+
+
+@torch.no_grad()
+def validation_metrics(student, teacher_prefix, model, blocks: torch.Tensor, batch_size: int, progress: bool) -> dict:
+    """``val_relative_error`` of the student prefix against the teacher's on ``blocks``; with a whole
+    ``model`` (whose first blocks are the student's) also its ``val_loss`` and ``val_ppl``."""
+    device = next(student.parameters()).device
+    errors = []
+    for start in range(0, len(blocks), batch_size):
+        batch = blocks[start:start + batch_size].to(device)
+        stream = student(input_ids=batch).last_hidden_state
+        errors.append(relative_error(stream, teacher_prefix(input_ids=batch).last_hidden_state).item() * len(batch))
+    result = {"val_relative_error": sum(errors) / len(blocks)}
+    if model is not None:
+        measured = evaluate_perplexity(model, blocks, batch_size, progress)
+        result.update(val_loss=measured["loss"], val_ppl=measured["perplexity"])
+    return result
+
+
+def cached_teacher_metrics(measure, **key) -> dict:
+    """``measure()``'s figures, kept in the user cache under ``key`` (everything they depend on:
+    the teacher's files, the scored tokens and documents, the settings): a sweep or a rerun heals
+    against the same teacher many times. An unreadable cache entry is measured again."""
+    path = cache_dir() / "teacher-metrics" / f"{digest(json.dumps(key, sort_keys=True).encode())}.json"
+    try:
+        figures = json.loads(path.read_text())
+        if all(isinstance(figures.get(k), float) for k in ("packed", "per_document")):
+            return figures
+    except (OSError, ValueError):
+        pass
+    figures = measure()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(figures) + "\n")
+    except OSError as e:  # a cache that cannot be written costs the next run a measurement, nothing more
+        print(f"warning: {path.parent}: cannot keep the teacher's figures ({e.strerror})", file=sys.stderr)
+    return figures
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def check_finite(record: dict, lr: float) -> None:
+    """A heal whose held-out figures are no longer numbers has diverged: it must not be written."""
+    for key in ("val_relative_error", "val_ppl", "val_doc_ppl"):
+        if key in record and not math.isfinite(record[key]):
+            raise MixLNError(f"--lr: the healed model's held-out {key} is {record[key]} at step {record['step']}; "
+                             f"the heal diverged at lr {lr}: try a smaller --lr")
+
+
+def warn_if_worse(losses: list[float], ppl_before, ppl_after, lr: float, doc_before=None, doc_after=None) -> None:
+    """A heal that ends worse than it started (training loss over its last tenth of steps above the
+    first step's, or held-out perplexity up) has almost always diverged; say so, still writing it.
+    Per-document perplexity up while packed went down is a heal too short for the first positions
+    of a document (measured: docs/measurements.md), not a divergence."""
+    tail = losses[-max(1, len(losses) // 10):]
+    signs = []
+    if len(losses) > 1 and sum(tail) / len(tail) > losses[0]:
+        signs.append(f"its loss ended at {sum(tail) / len(tail):.4g}, above the first step's {losses[0]:.4g}")
+    if ppl_before is not None and ppl_after > ppl_before:
+        signs.append(f"held-out perplexity rose from {ppl_before:.4g} to {ppl_after:.4g}")
+    if signs:
+        print(f"warning: the heal made the model worse ({'; '.join(signs)}): --lr {lr:g} is probably too high "
+              f"for this model; try {lr / 3:.1g}", file=sys.stderr)
+    elif doc_before is not None and doc_after > doc_before:
+        print(f"warning: the heal made per-document perplexity worse ({doc_before:.4g} -> {doc_after:.4g}, each "
+              "document scored from its first token, as lm-evaluation-harness does) while packed perplexity fell: "
+              "too few tokens for the first positions of a document to recover; heal on more --tokens",
+              file=sys.stderr)

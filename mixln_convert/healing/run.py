@@ -1,0 +1,295 @@
+"""One heal, in the training loop's order: check -> setup -> fit (validating as it goes) -> save."""
+
+import contextlib
+import json
+import sys
+import time
+from dataclasses import KW_ONLY, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..data import PackedBlocks, TokenShards, blocks, read_texts, token_blocks, token_stream
+from ..errors import MixLNError
+from ..evaluate import evaluate_documents, evaluate_perplexity
+from ..io.atomic import atomic_output_dir
+from ..io.paths import check_destination, check_readable
+from ..io.writer import parse_size, tool_stamp, write_checkpoint
+from ..limits import (check_fraction, check_nonnegative, check_one_step, check_positive, check_positive_float,
+                      check_spike_factor, check_seed, check_seq_len)
+from ..model.modeling_mixln import enable_checkpointing
+from ..options import EVAL_DATA, EVAL_TOKENS, HEAL_BATCH_SIZE, HEAL_DTYPES, HEAL_LR, HEAL_SEQ_LEN, LOSSES
+from ..surgery.prefix import prefix_names
+from ..training.loop import (NonFiniteStep, StepGuard, adamw, block_grad_norms, clip_gradients, parameter_groups,
+                             take_step, warmup_cosine)
+from .losses import distillation_loss
+from .metrics import cached_teacher_metrics, check_finite, digest, validation_metrics, warn_if_worse
+from .pair import load_models, open_pair, same_tokenizer
+
+
+def heal(converted, teacher, out, **settings) -> dict:
+    """Heal the Mix-LN checkpoint ``converted`` against its Pre-LN original ``teacher``; write ``out``.
+    ``settings``: :class:`HealRun`'s keyword fields. Returns :meth:`HealRun.summary`."""
+    return HealRun(converted, teacher, out, **settings).run()
+
+
+@dataclass
+class HealRun:
+    """A heal of ``converted``'s Post-LN blocks against ``teacher``, written to ``out``.
+
+    Trains them on ``tokens`` tokens of ``data`` (a file, folder or glob, a list of documents or a
+    1-D token stream; default the embedded corpus's train split) in batches of ``batch_size`` x
+    ``seq_len``, AdamW at peak ``lr`` with linear warmup over ``warmup_ratio`` of the steps then
+    cosine decay, gradients clipped to ``grad_clip``. Before and after (and after each token count
+    in ``eval_at``) it measures, on ``eval_tokens`` tokens of ``eval_data`` (a file, folder or glob;
+    default the embedded validation split), the residual relative error and, with ``perplexity``,
+    the perplexity of the whole model in packed blocks and with each document scored on its own
+    (the teacher's once per run, for reference).
+    ``dtype``: of the frozen weights, "fp32" or "bf16" (see :mod:`.pair`).
+    ``activation_checkpointing``: keep only each block's input through a training step and
+    recompute the rest in the backward (one more forward of the blocks the loss runs through, for
+    activations that no longer grow with the depth: see :func:`_recomputing`), and with the ``kl``
+    loss the logits too (:class:`.losses.ChunkedKL`).
+    ``seq_len_flag``: the option or recipe key that set ``seq_len``, for messages (None: the caller
+    fixes the length).
+    """
+
+    converted: str | Path
+    teacher: str | Path
+    out: str | Path
+    _: KW_ONLY  # the settings, keyword-only as heal() takes them
+    data: object = None
+    tokens: int = 65_536
+    seq_len: int = HEAL_SEQ_LEN
+    batch_size: int = HEAL_BATCH_SIZE
+    lr: float = HEAL_LR
+    loss: str = "kl"
+    dtype: str = "fp32"
+    activation_checkpointing: bool = False
+    warmup_ratio: float = 0.1
+    grad_clip: float = 1.0
+    spike_factor: float = 0.0
+    eval_tokens: int = EVAL_TOKENS
+    eval_data: object = None
+    perplexity: bool = True
+    eval_at: tuple = ()
+    max_shard_size: str | int = "5GB"
+    seed: int = 0
+    force: bool = False
+    progress: bool = True
+    seq_len_flag: str | None = "--seq-len"
+
+    def run(self) -> dict:
+        """The heal, start to end."""
+        inputs = self.check()
+        with atomic_output_dir(self.out, force=self.force, protect=inputs) as tmp:
+            self.setup()
+            before = self.validate()
+            after = self.fit(before, tmp / "heal_metrics.jsonl")
+            result = self.summary(before, after)
+            self.save(tmp, result)
+        return result
+
+    def check(self) -> dict:
+        """Every check that needs no model, before anything is written, and the pair opened. Returns
+        the inputs the output must not replace."""
+        if self.loss not in LOSSES:
+            raise MixLNError(f"--loss: unknown loss {self.loss!r} (choose from {', '.join(LOSSES)})")
+        if self.dtype not in HEAL_DTYPES:
+            raise MixLNError(f"--dtype: unknown dtype {self.dtype!r} (choose from {', '.join(HEAL_DTYPES)})")
+        for flag, value in (("--tokens", self.tokens), ("--seq-len", self.seq_len), ("--batch-size", self.batch_size),
+                            ("--eval-tokens", self.eval_tokens)):
+            check_positive(flag, value)
+        check_positive_float("--lr", self.lr)
+        check_fraction("warmup_ratio", self.warmup_ratio, high_open=True)
+        check_nonnegative("grad_clip", self.grad_clip)
+        check_spike_factor("--spike-factor", self.spike_factor)
+        check_seed(self.seed)
+        check_one_step(self.tokens, self.batch_size, self.seq_len)
+        self.steps = self.tokens // (self.batch_size * self.seq_len)
+        self.max_shard_bytes = parse_size(self.max_shard_size)
+        in_hand = isinstance(self.data, (list, np.ndarray, TokenShards))  # documents or a token stream, not a path
+        inputs = {"CONVERTED": self.converted, "--teacher": self.teacher, "--data": None if in_hand else self.data,
+                  "--eval-data": self.eval_data}
+        for flag in ("--data", "--eval-data"):
+            if inputs[flag] is not None:
+                check_readable(inputs[flag], flag)
+        check_destination(self.out, inputs, self.force, flag="--out")
+        self.student_source, self.teacher_source = open_pair(self.converted, self.teacher)
+        check_seq_len(self.seq_len_flag or "seq_len", self.seq_len, self.student_source.config)
+        self.tokenizer = same_tokenizer(self.student_source, self.teacher_source)
+        self.k = self.student_source.config["post_ln_layers"]
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        return inputs
+
+    def setup(self) -> None:
+        """The training and held-out blocks, the models, the loss, and the teacher's figures."""
+        self.started = time.time()
+        if isinstance(self.data, (np.ndarray, TokenShards)):
+            stream = self.data
+        else:
+            texts = self.data if isinstance(self.data, list) else read_texts(self.data, split="train")
+            stream = token_stream(self.tokenizer, texts, self.tokens, _describe(self.data))
+        self.train_blocks = blocks(stream, self.seq_len, _describe(self.data), self.seq_len_flag)
+        self.documents = read_texts(self.eval_data, split="validation")  # scored packed, and one by one
+        self.eval_blocks = token_blocks(self.tokenizer, self.documents, self.seq_len, self.eval_tokens,
+                                        source=self.eval_data or EVAL_DATA)
+        loss_class = distillation_loss(self.loss, self.activation_checkpointing)
+        self.models = load_models(self.student_source, self.teacher_source, self.k,
+                                  {"fp32": torch.float32, "bf16": torch.bfloat16}[self.dtype], self.device,
+                                  whole=self.perplexity or loss_class.whole_models)
+        self.objective = loss_class(self.models)
+        if self.activation_checkpointing:
+            # non-reentrant: the first block's input (the frozen embeddings' output) needs no gradient
+            enable_checkpointing(self.objective.runs_through, {"use_reentrant": False})
+        if self.models.unshared:
+            print(f"warning: --teacher {self.teacher}: {len(self.models.unshared)} tensors outside the first {self.k} "
+                  f"blocks differ from {self.converted}'s (the first: {self.models.unshared[0]}); the teacher keeps "
+                  "its own copies of those", file=sys.stderr)
+        self.teacher_figures = self.measure_teacher() if self.perplexity else None
+
+    def precision(self):
+        """bf16 compute over bf16 frozen weights (autocast; the trained blocks stay float32 masters)."""
+        return torch.autocast(self.device, torch.bfloat16) if self.dtype == "bf16" else contextlib.nullcontext()
+
+    def measure_teacher(self) -> dict:
+        """The teacher's perplexity, packed and per document: it does not change, so it is measured
+        once and kept for the next heal against it."""
+        def measure() -> dict:
+            teacher = self.models.teacher_model
+            with self.precision():
+                return {"packed": evaluate_perplexity(teacher, self.eval_blocks, self.batch_size,
+                                                      self.progress)["perplexity"],
+                        "per_document": evaluate_documents(teacher, self.tokenizer, self.documents, self.seq_len,
+                                                           self.batch_size, self.eval_tokens,
+                                                           self.progress)["token_perplexity"]}
+
+        return cached_teacher_metrics(
+            measure, teacher=self.teacher_source.fingerprint(), blocks=digest(self.eval_blocks.numpy().tobytes()),
+            documents=digest("\0".join(self.documents).encode()), seq_len=self.seq_len, eval_tokens=self.eval_tokens,
+            batch_size=self.batch_size, dtype=self.dtype, device=self.device, torch=torch.__version__)
+
+    def validate(self) -> dict:
+        """The student's held-out figures as they stand (:func:`.metrics.validation_metrics`, and
+        with ``perplexity`` its per-document perplexity ``val_doc_ppl``)."""
+        models = self.models
+        whole = models.student_model if self.perplexity else None
+        with self.precision():
+            measured = validation_metrics(models.student_prefix, models.teacher_prefix, whole, self.eval_blocks,
+                                          self.batch_size, self.progress)
+            if self.perplexity:
+                measured["val_doc_ppl"] = evaluate_documents(whole, self.tokenizer, self.documents, self.seq_len,
+                                                             self.batch_size, self.eval_tokens,
+                                                             self.progress)["token_perplexity"]
+        return measured
+
+    def fit(self, before: dict, path: Path) -> dict:
+        """The training loop: a line of ``path`` per step (``before``'s first), validated after each
+        ``eval_at`` token count and at the last step. Returns the last line."""
+        layers = self.models.student_prefix.layers
+        parameters = list(layers.parameters())
+        # No weight decay: it would pull the pretrained weights toward 0, away from the teacher. Every
+        # trained block is a Post-LN block, so --lr is their learning rate.
+        optimizer = adamw(parameter_groups(layers, [], lr=self.lr, weight_decay=0.0))
+        scheduler = warmup_cosine(optimizer, round(self.warmup_ratio * self.steps), self.steps)
+        guard = StepGuard(self.spike_factor)
+        batches = torch.utils.data.DataLoader(PackedBlocks(self.train_blocks, self.steps * self.batch_size, self.seed),
+                                              batch_size=self.batch_size)
+        pending, losses = sorted(self.eval_at), []
+        with open(path, "w") as log:
+            log.write(json.dumps({"step": 0, "tokens": 0, **before}) + "\n")
+            bar = tqdm(batches, total=self.steps, desc="healing", unit="step", disable=not self.progress)
+            for step, batch in enumerate(bar, 1):
+                with self.precision(), _recomputing(self.objective.runs_through.layers, self.activation_checkpointing):
+                    value = self.objective(batch.to(self.device))
+                value.backward()  # a checkpointed block's recompute restores the forward's autocast state
+                try:
+                    taken = take_step(optimizer, scheduler, guard, step=step, loss=value.item(),
+                                      clip=lambda: clip_gradients(parameters, self.grad_clip),
+                                      block_norms=lambda: (block_grad_norms(layers), layers),
+                                      samples=range((step - 1) * self.batch_size, step * self.batch_size))
+                except NonFiniteStep as e:
+                    raise MixLNError(f"--lr: the heal's {self.loss} {e}; the heal diverged at lr {self.lr:g}: try a "
+                                     "smaller --lr") from None
+                record = {"step": step, "tokens": step * batch.numel(), **taken,
+                          "seconds": round(time.time() - self.started, 2)}
+                if (pending and record["tokens"] >= pending[0]) or step == self.steps:
+                    pending = [t for t in pending if t > record["tokens"]]
+                    record.update(self.validate())
+                    check_finite(record, self.lr)
+                log.write(json.dumps(record) + "\n")
+                losses.append(record["loss"])
+                bar.set_postfix(loss=f"{record['loss']:.4f}")
+        warn_if_worse(losses, before.get("val_ppl"), record.get("val_ppl"), self.lr, before.get("val_doc_ppl"),
+                      record.get("val_doc_ppl"))
+        return record
+
+    def summary(self, before: dict, after: dict) -> dict:
+        """:func:`heal`'s result, from the figures ``before`` and ``after`` the heal: ``out``,
+        ``post_ln_layers``, ``steps``, ``tokens``, ``loss``, ``lr``, ``seconds``, ``relative_error``
+        and ``perplexity`` (each {"before", "after"}; perplexity also "teacher", None without
+        ``perplexity``), and the rest of the settings and figures the provenance records."""
+        def compared(key: str, teacher: str):
+            return {"teacher": self.teacher_figures[teacher], "before": before[key], "after": after[key]}
+
+        return {
+            "out": str(self.out), "post_ln_layers": self.k, "steps": self.steps, "tokens": after["tokens"],
+            "loss": self.loss, "lr": self.lr, "dtype": self.dtype,
+            "activation_checkpointing": self.activation_checkpointing,
+            "relative_error": {"before": before["val_relative_error"], "after": after["val_relative_error"]},
+            "perplexity": compared("val_ppl", "packed") if self.perplexity else None,
+            "per_document_perplexity": compared("val_doc_ppl", "per_document") if self.perplexity else None,
+            "evaluation": {"data": str(self.eval_data) if self.eval_data else EVAL_DATA,
+                           "tokens": self.eval_blocks[:, 1:].numel(), "seq_len": self.seq_len},
+            "seconds": round(time.time() - self.started, 2),
+        }
+
+    def save(self, folder: Path, result: dict) -> None:
+        """The converted checkpoint into ``folder``, its Post-LN blocks the healed ones, ``result``
+        in its provenance."""
+        source, arch = self.student_source, self.student_source.arch
+        state = self.models.student_prefix.state_dict()
+        healed = {name: state[name.removeprefix("model.")] for name in prefix_names(source, arch, self.k)
+                  if arch.layer_of(name) is not None}
+        # Only the healed blocks are needed from here: the writer holds an output shard's tensors at once,
+        # which on top of both models and the AdamW state would set the peak.
+        del state
+        self.models = self.objective = None
+        record = tool_stamp(teacher=str(Path(self.teacher).absolute()), data=_describe(self.data), seq_len=self.seq_len,
+                            batch_size=self.batch_size, **{key: value for key, value in result.items() if key != "out"})
+        config = dict(source.config)
+        config["mixln_provenance"] = {**(config.get("mixln_provenance") or {}), "heal": record}
+        write_checkpoint(folder, _healed_tensors(source, healed), config, source, self.max_shard_bytes,
+                         desc="writing", total=len(source.names()), progress=self.progress)
+
+
+@contextlib.contextmanager
+def _recomputing(layers, enabled: bool):
+    """Around a training forward: the blocks ``layers`` in training mode, the one state in which
+    transformers checkpoints them (see :class:`HealRun`'s ``activation_checkpointing``). The blocks
+    alone are switched, not their submodules, so attention stays in eval mode (no dropout: a heal
+    distils, it does not regularize), and the evaluations between steps find them unchanged."""
+    for layer in layers if enabled else ():
+        layer.training = True
+    try:
+        yield
+    finally:
+        for layer in layers if enabled else ():
+            layer.training = False
+
+
+def _describe(data) -> str:
+    if isinstance(data, (np.ndarray, TokenShards)):
+        return f"a stream of {len(data)} tokens given"
+    if isinstance(data, list):
+        return f"{len(data)} documents given"
+    return str(data) if data else "embedded:train"
+
+
+def _healed_tensors(source, healed: dict):
+    """Every tensor of ``source``, those named in ``healed`` replaced (in the source's dtype)."""
+    for name in source.names():
+        stored = source.stored(name)  # an unhealed one is copied file to file
+        yield name, healed[name].detach().to("cpu", stored.tensor.dtype) if name in healed else stored

@@ -1,0 +1,110 @@
+"""The compare report's tables and the order of its blocks (rendered by :mod:`.render`)."""
+
+from pathlib import Path
+
+from ..options import measured_on
+from .downstream import downstream_blocks
+from .inputs import PRUNE_FRACTIONS, Model
+from .render import MISSING
+
+PPL_NOTE = ("Validation perplexity is measured by the training run (summary.json, metrics.jsonl), analysis "
+            "perplexity by `mixln-convert analyze` (analysis.json), each on the text, token count and block "
+            "length in its 'measured on' column; at the defaults both score the same blocks and agree. Brackets: "
+            "95% bootstrap interval over the evaluation blocks.")
+
+
+def _ppl(value) -> str:
+    return MISSING if value is None else f"{value:,.2f}"
+
+
+def _duration(seconds) -> str:
+    if seconds is None:
+        return MISSING
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def _ppl_interval(f: dict, name: str) -> str:
+    value = f.get(name)
+    if value is None:
+        return MISSING
+    if (interval := f["intervals"].get(name)) is None:
+        return _ppl(value)
+    return f"{_ppl(value)} [{interval[0]:,.2f}, {interval[1]:,.2f}]"
+
+
+def _where(where: dict | None) -> str:
+    return measured_on(where) if where else MISSING
+
+
+def perplexity_rows(models: list[Model], numbers: dict) -> list[list[str]]:
+    """One row per stage: each arm before and after training, each analysis-only model once."""
+    rows = []
+    for m in models:
+        f = numbers[m.label]
+        analysed = _ppl_interval(f, "perplexity")
+        analysis_where = _where(f.get("evaluation"))
+        if not m.arm:
+            rows.append([m.label, m.layout, f"analysed: {Path(m.analysis['checkpoint']).name}", MISSING, MISSING,
+                         analysed, analysis_where, MISSING, MISSING])
+            continue
+        start = "before training (original)" if m.arm == "preln" else "before training (converted)"
+        validation_where = _where(f.get("validation"))
+        rows.append([m.label, m.layout, start, _ppl(f["initial_val_ppl"]), validation_where, MISSING, MISSING, "0",
+                     MISSING])
+        rows.append([m.label, m.layout, "after training" if f["finished"] else "training (unfinished)",
+                     _ppl_interval(f, "final_val_ppl"), validation_where, analysed,
+                     analysis_where if m.analysis else MISSING, f"{f['tokens_trained']:,}",
+                     _duration(f["wall_time_s"])])
+    return rows
+
+
+def prune_rows(numbers: dict) -> list[list[str]]:
+    """Perplexity of each model with a pruning curve at N = L/8, L/4, L/2 removed blocks."""
+    rows = []
+    for f in numbers.values():
+        if "prune" in f:
+            cells = [MISSING if point is None else f"{point[1]:,.2f} (N={point[0]}, {point[1] / f['perplexity']:.2f}x)"
+                     for point in f["prune"].values()]
+            rows.append([f["label"], f["prune_method"], _ppl(f["perplexity"]), *cells])
+    return rows
+
+
+def continuation_rows(models: list[Model], shown: int = 3) -> list[list[str]]:
+    """The first ``shown`` prompts, one row each, with every generating model's continuation."""
+    writers = [m.analysis["generation"]["continuations"] for m in models if m.analysis and "generation" in m.analysis]
+    if not writers:
+        return []
+    rows = []
+    for i, first in enumerate(writers[0][:shown]):
+        texts = [w[i]["text"] if i < len(w) and w[i]["prompt"] == first["prompt"] else MISSING for w in writers]
+        rows.append([first["prompt"], *(" ".join(t.split())[:160] for t in texts)])
+    return rows
+
+
+def report_blocks(models: list[Model], numbers: dict, summary: list[str], notes: list[str], images: dict) -> list:
+    """The report, in order: summary, tables, numbers, inputs, notes."""
+    blocks = [("h1", "Mix-LN comparison"), ("h2", "Summary"), ("ul", summary),
+              ("h2", "Perplexity"),
+              ("table", ["model", "layout", "stage", "validation perplexity", "measured on", "analysis perplexity",
+                         "measured on", "tokens trained", "this machine's wall time (not a speed comparison)"],
+               perplexity_rows(models, numbers)),
+              ("p", PPL_NOTE)]
+    if rows := prune_rows(numbers):
+        blocks += [("h2", "Pruning"),
+                   ("table", ["model", "blocks chosen by", "full model", *(f"N = {n}" for n in PRUNE_FRACTIONS)], rows)]
+    if rows := continuation_rows(models):
+        writers = [m for m in models if m.analysis and "generation" in m.analysis]
+        blocks += [("h2", "What the models write"),
+                   ("p", "Greedy continuations of the first fixed prompts (`analyze --generate`; all of them in "
+                         "analysis.json), cut at 160 characters."),
+                   ("table", ["prompt", *(m.label for m in writers)], rows)]
+    blocks += downstream_blocks(numbers)
+    if images:
+        blocks.append(("h2", "Figures"))
+        blocks += [("img", name, caption) for name, caption in images.items()]
+    blocks += [("h2", "Inputs"), ("ul", [f"{m.label}: `{m.source}`" for m in models])]
+    if notes:
+        blocks += [("h2", "Warnings"), ("ul", notes)]
+    return blocks
