@@ -25,7 +25,7 @@ from shapes import SHAPES  # benchmarks/shapes.py, beside this script
 def child(shape: str, batch: int, seq_len: int, bf16: bool) -> dict:
     import torch
 
-    from mixln_convert.cli import map_large_allocations
+    from mixln_convert.runtime import map_large_allocations
     from shapes import random_model
 
     map_large_allocations()  # freed tensors leave the resident set, as in the CLI

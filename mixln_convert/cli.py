@@ -1,26 +1,33 @@
 """The ``mixln-convert`` command line: a thin layer over the Python API.
 
 Heavy libraries (torch, transformers) are imported inside the commands that need them, so
-``--help`` and argument errors answer at once.
+``--help`` and argument errors answer at once. The API validates every argument itself; the
+commands check paths again (inputs there, outputs not inputs) only because here it answers before
+torch is imported, seconds earlier.
 """
 
-import ctypes
 import json
+import logging
 import math
 import os
 import signal
 import sys
+import warnings
 from pathlib import Path
 
 import click
 
 from . import __version__
-from .errors import MixLNError
+from .errors import MixLNError, MixLNWarning
 from .io.paths import check_destination, check_not_input, check_readable, checkpoint_path
-from .limits import MAX_PROCESSES, check_one_step, check_processes
-from .options import (ARMS, DEFAULT_ARMS, DEMO_EVAL_TOKENS, DEMO_HEAL_TOKENS, DEMO_TRAIN_TOKENS, DEVICES, DTYPES,
-                      EVAL_SEQ_LEN, EVAL_TOKENS, HEAL_BATCH_SIZE, HEAL_DTYPES, HEAL_LR, HEAL_SEQ_LEN, LAYOUTS, LOSSES, METHODS, STRATEGIES,
-                      STUDY_EVAL_TOKENS, TRAINING_STRATEGIES, measured_on)
+from .limits import MAX_PROCESSES, check_processes
+from .options import (ALPHA, ARMS, BATCH_SIZE, CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, DEFAULT_ARMS, DEMO_EVAL_TOKENS,
+                      DEMO_HEAL_TOKENS, DEMO_TRAIN_TOKENS, DEVICES, DTYPES, EVAL_SEQ_LEN, EVAL_TOKENS, HEAL_BATCH_SIZE,
+                      HEAL_DTYPE, HEAL_DTYPES, HEAL_LOSS, HEAL_LR, HEAL_SEQ_LEN, HEAL_TOKENS, LAYOUTS, LOSSES,
+                      MAX_GRAD_RATIO, MAX_PPL_INCREASE, MAX_SHARD_SIZE, METHODS, PRUNE_SEQ_LEN, PRUNE_TOKENS,
+                      SHARD_TOKENS, STRATEGIES, STUDY_EVAL_TOKENS, SWEEP_ALPHAS, TRAINING_STRATEGIES,
+                      VALIDATION_FRACTION, measured_on)
+from .runtime import map_large_allocations
 
 
 class Group(click.Group):
@@ -54,28 +61,23 @@ class Group(click.Group):
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, _terminate)
         map_large_allocations()
-        return super().main(*args, **kwargs)
-
-
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
-MMAP_THRESHOLD_BYTES = 1 << 20
-
-
-def map_large_allocations() -> bool:
-    """Have glibc map every allocation of 1 MiB or more on its own, and unmap it when freed.
-
-    glibc raises its mmap threshold each time a mapped block is freed, up to 32 MiB; from then on
-    tensors of that size come from the heap, where freed ones stay in the resident set until the
-    heap's top is free, and a heal or training step's transient tensors pile up there. A fixed
-    threshold turns that dynamic rise off. A user's own ``MALLOC_MMAP_THRESHOLD_`` wins; other C
-    libraries (no ``mallopt``) are left alone. True when the threshold was set."""
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ or not sys.platform.startswith("linux"):
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    return mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
+        # The package's warnings and notices reach the terminal as plain lines: "warning: MESSAGE" each
+        # time (each is about a different result), a notice as itself, on the stderr of now.
+        notices, handler = logging.getLogger(__package__), logging.StreamHandler()
+        level = notices.level
+        notices.setLevel(logging.INFO)
+        notices.addHandler(handler)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("always", MixLNWarning)
+                others = warnings.showwarning
+                warnings.showwarning = lambda message, category, *rest: (
+                    click.echo(f"warning: {message}", err=True) if issubclass(category, MixLNWarning)
+                    else others(message, category, *rest))
+                return super().main(*args, **kwargs)
+        finally:
+            notices.removeHandler(handler)
+            notices.setLevel(level)
 
 
 def _terminate(signum, frame):
@@ -177,7 +179,7 @@ _ALLOW_LONGER = click.option("--allow-longer", is_flag=True,
 @click.argument("src", type=click.Path(path_type=str))
 @click.argument("dst", type=click.Path(path_type=str))
 @click.option("--alpha", type=Finite(0, 1), default=None,  # None: --post-ln-layers may be given instead
-              help="Fraction of leading layers made Post-LN: floor(alpha * L).  [default: 0.25]")
+              help=f"Fraction of leading layers made Post-LN: floor(alpha * L).  [default: {ALPHA}]")
 @click.option("--post-ln-layers", type=click.IntRange(min=0), default=None,
               help="Exact number of leading Post-LN layers (instead of --alpha).")
 @click.option("--layout", type=click.Choice(LAYOUTS), default="mixln", show_default=True,
@@ -193,9 +195,9 @@ _ALLOW_LONGER = click.option("--allow-longer", is_flag=True,
               help="o_proj/down_proj of initialized layers use std initializer_range/sqrt(2L).")
 @click.option("--calibration-data", default=None, metavar="PATH",
               help="Text for the calibration statistics (default: embedded corpus, calibration split).")
-@click.option("--calibration-tokens", type=POSITIVE, default=8192, show_default=True,
+@click.option("--calibration-tokens", type=POSITIVE, default=CALIBRATION_TOKENS, show_default=True,
               help="Tokens the calibrated gains are fitted on.")
-@click.option("--calibration-seq-len", type=POSITIVE, default=128, show_default=True,
+@click.option("--calibration-seq-len", type=POSITIVE, default=CALIBRATION_SEQ_LEN, show_default=True,
               help="Tokens per calibration block (short blocks fit better; docs/measurements.md).")
 @click.option("--max-shard-size", default=None,
               help="Largest output shard, e.g. 5GB, 500MB. Default: the source's largest shard, at most 5GB "
@@ -204,7 +206,7 @@ _ALLOW_LONGER = click.option("--allow-longer", is_flag=True,
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of initialized weights.")
 @click.option("--heal-tokens", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
               help="Heal in the same run: distil the Post-LN blocks from SRC on N tokens (as `mixln-convert heal`, "
-                   "its defaults otherwise; 65536 is heal's default budget). 0: convert only.")
+                   f"its defaults otherwise; {HEAL_TOKENS} is heal's default budget). 0: convert only.")
 @click.option("--heal-data", default=None, metavar="PATH", help="Text for --heal-tokens, best of the kind the model will be scored on (default: embedded corpus, train split).")
 @click.option("--force", is_flag=True, help="Replace a non-empty DST (never an input).")
 def convert(src, dst, alpha, post_ln_layers, layout, strategy, scaled_init, calibration_data, calibration_tokens,
@@ -234,7 +236,6 @@ def convert(src, dst, alpha, post_ln_layers, layout, strategy, scaled_init, cali
                       scaled_init=scaled_init, calibration_data=calibration_data, calibration_tokens=calibration_tokens,
                       calibration_seq_len=calibration_seq_len, max_shard_size=max_shard_size, dtype=dtype, seed=seed)
     if heal_tokens:
-        _refuse_heal_without_post_ln(src, alpha, post_ln_layers)
         from .pipeline import convert_and_heal
 
         result = convert_and_heal(src, dst, heal_tokens=heal_tokens, heal_data=heal_data, force=force, **conversion)
@@ -252,20 +253,6 @@ def convert(src, dst, alpha, post_ln_layers, layout, strategy, scaled_init, cali
     if strategy in ("move", "reinit-post", "scratch"):
         click.echo(f"note: a {strategy} conversion is not usable before training (its perplexity is in the "
                    "thousands); the default calibrated strategy stays close to the original's without training", err=True)
-
-
-def _refuse_heal_without_post_ln(src, alpha, post_ln_layers) -> None:
-    """A heal trains the Post-LN blocks only: a conversion that makes none leaves nothing to heal,
-    which is said before converting, not after."""
-    from .conversion.layout import post_ln_count
-    from .io.loader import open_checkpoint
-
-    layers = open_checkpoint(src).config["num_hidden_layers"]
-    if post_ln_count(layers, alpha, post_ln_layers) == 0:
-        given = (f"--post-ln-layers {post_ln_layers}" if post_ln_layers is not None else
-                 f"--alpha {alpha:g}" if alpha is not None else "the default --alpha")
-        raise MixLNError(f"--heal-tokens: {given} makes no block Post-LN (of {layers}), so there is nothing to "
-                         "heal; convert without --heal-tokens, or make some blocks Post-LN")
 
 
 _TASKS_HELP = ("lm-evaluation-harness tasks (`pip install 'mixln-convert[eval]'`): the shipped offline "
@@ -297,7 +284,7 @@ def _task_setup(tasks, include_path, limit, flag: str):
 @click.option("--seq-len", type=POSITIVE, default=EVAL_SEQ_LEN, show_default=True, help=_SEQ_LEN_HELP)
 @click.option("--max-tokens", type=POSITIVE, default=EVAL_TOKENS, show_default=True,
               help="Held-out tokens scored (whole blocks of --seq-len).")
-@click.option("--batch-size", type=POSITIVE, default=4, show_default=True,
+@click.option("--batch-size", type=POSITIVE, default=BATCH_SIZE, show_default=True,
               help="Blocks (with --tasks: lm-eval requests) per forward pass.")
 @_ALLOW_LONGER
 @click.option("--per-document", is_flag=True,
@@ -391,13 +378,13 @@ def fetch():
 @click.option("--validation", default=None, metavar="PATH",
               help="Validation text (file, folder or glob); its documents are never trained on.  "
                    "[default: --validation-fraction of DATA's documents]")
-@click.option("--validation-fraction", type=Finite(0, 1, low_open=True, high_open=True), default=0.01,
+@click.option("--validation-fraction", type=Finite(0, 1, low_open=True, high_open=True), default=VALIDATION_FRACTION,
               show_default=True, help="Share of DATA's documents held out for validation, by content hash.")
 @click.option("--num-proc", type=POSITIVE, default=None,
               help="Tokenizing processes.  [default: one per available core; none apart for text under 16 MiB]")
 @click.option("--seq-len", type=POSITIVE, default=None,
               help="Training block length: shards are cut to whole blocks of it (any block length still reads).")
-@click.option("--shard-tokens", type=POSITIVE, default=2**25, show_default=True, help="Tokens per shard.")
+@click.option("--shard-tokens", type=POSITIVE, default=SHARD_TOKENS, show_default=True, help="Tokens per shard.")
 @click.option("--force", is_flag=True, help="Replace a non-empty TOKENS that is not this tokenization (never an input).")
 def tokenize(data, tokenizer_ckpt, out, validation, validation_fraction, num_proc, seq_len, shard_tokens, force):
     """Tokenize the text DATA (.txt, .jsonl/.json/.json.gz with field 'text', .parquet, a folder, a
@@ -451,7 +438,7 @@ _METHOD_HELP = ("How --remove/--prune-curve choose N blocks: angular (the N cons
 @click.option("--seq-len", type=POSITIVE, default=EVAL_SEQ_LEN, show_default=True, help=_SEQ_LEN_HELP)
 @click.option("--max-tokens", type=POSITIVE, default=EVAL_TOKENS, show_default=True,
               help="Held-out tokens measured (whole blocks of --seq-len).")
-@click.option("--batch-size", type=POSITIVE, default=4, show_default=True, help="Blocks per forward pass.")
+@click.option("--batch-size", type=POSITIVE, default=BATCH_SIZE, show_default=True, help="Blocks per forward pass.")
 @_ALLOW_LONGER
 @click.option("--per-document", is_flag=True,
               help="Also score each held-out document on its own from its first token, as `eval --per-document`.")
@@ -494,19 +481,17 @@ def analyze(ckpt, data, out, span, prune_curve, method, generate, seq_len, max_t
 @click.option("--remove", type=POSITIVE, default=None, metavar="N", help="Number of blocks to remove, chosen by --method.")
 @click.option("--method", type=click.Choice(METHODS), default="angular", show_default=True, help=_METHOD_HELP)
 @_data_option("Calibration text for --method angular/drop (default split: calibration).")
-@click.option("--seq-len", type=POSITIVE, default=256, show_default=True, help="Tokens per measured block.")
-@click.option("--max-tokens", type=POSITIVE, default=8 * 256, show_default=True,
+@click.option("--seq-len", type=POSITIVE, default=PRUNE_SEQ_LEN, show_default=True, help="Tokens per measured block.")
+@click.option("--max-tokens", type=POSITIVE, default=PRUNE_TOKENS, show_default=True,
               help="Tokens measured for --method angular/drop.")
-@click.option("--batch-size", type=POSITIVE, default=4, show_default=True, help="Blocks per forward pass.")
-@click.option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard, e.g. 5GB, 500MB.")
+@click.option("--batch-size", type=POSITIVE, default=BATCH_SIZE, show_default=True, help="Blocks per forward pass.")
+@click.option("--max-shard-size", default=MAX_SHARD_SIZE, show_default=True, help="Largest output shard, e.g. 5GB, 500MB.")
 @click.option("--force", is_flag=True, help="Replace a non-empty OUT (never an input).")
 def prune(ckpt, out, layers, remove, method, data, seq_len, max_tokens, batch_size, max_shard_size, force):
     """Remove decoder blocks from the checkpoint CKPT (folder or .gguf, LLaMA or Mix-LN) into the folder OUT."""
     ckpt = _checkpoint(ckpt, "CKPT")
     _must_exist(data, "--data")
     check_destination(out, {"CKPT": ckpt, "--data": data}, force, flag="OUT")
-    if (layers is None) == (remove is None):
-        raise MixLNError("--layers and --remove: give exactly one of them")
     from .surgery.prune import prune as run
 
     run(ckpt, out, layers=layers, remove=remove, method=method, data=data, seq_len=seq_len, max_tokens=max_tokens,
@@ -525,7 +510,7 @@ def prune(ckpt, out, layers, remove, method, data, seq_len, max_tokens, batch_si
               help="Training recipe of every run (a shipped name or a YAML file).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a recipe key for every run, e.g. --set max_tokens=2e6 (repeatable).")
-@click.option("--alpha", type=Finite(0, 1, low_open=True, high_open=True), default=0.25, show_default=True,
+@click.option("--alpha", type=Finite(0, 1, low_open=True, high_open=True), default=ALPHA, show_default=True,
               help="The Mix-LN arm's Post-LN ratio.")
 @click.option("--seeds", type=POSITIVE, default=2, show_default=True,
               help="Seeds per arm and scheme (initialization and data order); verdicts need 2 or more.")
@@ -656,7 +641,7 @@ def estimate(recipe_file, overrides, processes, strategy, device, memory):
 @main.command()
 @click.option("--out", default="mixln-demo", show_default=True, type=click.Path(path_type=str),
               help="Folder for everything the demo writes.")
-@click.option("--alpha", type=Finite(0, 1), default=0.25, show_default=True,
+@click.option("--alpha", type=Finite(0, 1), default=ALPHA, show_default=True,
               help="Fraction of leading layers made Post-LN.")
 @click.option("--heal-tokens", type=click.IntRange(min=0), default=DEMO_HEAL_TOKENS, show_default=True, metavar="N",
               help="Heal the conversion on N tokens before training (as `mixln-convert heal`; 1,024 a step). 0: no heal.")
@@ -690,7 +675,7 @@ def demo(out, alpha, heal_tokens, train_tokens, eval_tokens, prune_curve, source
 @click.argument("src", type=click.Path(path_type=str))
 @click.option("--out", required=True, metavar="DIR", type=click.Path(path_type=str),
               help="Folder for every alpha's outputs, sweep.json and report/.")
-@click.option("--alphas", default="0,0.0625,0.125,0.25,0.5", show_default=True, metavar="LIST",
+@click.option("--alphas", default=",".join(f"{a:g}" for a in SWEEP_ALPHAS), show_default=True, metavar="LIST",
               help="Post-LN ratios to try, comma-separated (alphas giving the same block count run once).")
 @click.option("--heal-tokens", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
               help="Heal each conversion on N tokens (as `mixln-convert heal`). 0: no heal.")
@@ -701,9 +686,9 @@ def demo(out, alpha, heal_tokens, train_tokens, eval_tokens, prune_curve, source
 @click.option("--seeds", type=POSITIVE, default=1, show_default=True, help="Training seeds per arm (with --train-tokens).")
 @click.option("--eval-tokens", type=POSITIVE, default=EVAL_TOKENS, show_default=True, metavar="N",
               help="Held-out tokens each stage is scored and analyzed on (blocks of 256).")
-@click.option("--max-ppl-increase", type=Finite(0, None), default=0.10, show_default=True, metavar="X",
+@click.option("--max-ppl-increase", type=Finite(0, None), default=MAX_PPL_INCREASE, show_default=True, metavar="X",
               help="Rule: the healed (else converted) perplexity at most X above the original's (0.10 = 10%).")
-@click.option("--max-grad-ratio", type=Finite(1, None), default=3.0, show_default=True, metavar="Y",
+@click.option("--max-grad-ratio", type=Finite(1, None), default=MAX_GRAD_RATIO, show_default=True, metavar="Y",
               help="Rule: the largest Post-LN block gradient norm at most Y times the Pre-LN blocks' mean.")
 @click.option("--lns", is_flag=True,
               help="With --train-tokens, also train the LayerNorm Scaling retrofit of SRC (exact: every block's norm "
@@ -743,20 +728,20 @@ def sweep(src, out, alphas, heal_tokens, train_tokens, data, seeds, eval_tokens,
               help="The Pre-LN model CONVERTED was converted from (HF folder or .gguf).")
 @_data_option("Training text (default split: train), best of the kind the model will be scored on: a heal "
               "carries over to other kinds of text only in part.")
-@click.option("--tokens", type=POSITIVE, default=65_536, show_default=True, help="Training tokens.")
+@click.option("--tokens", type=POSITIVE, default=HEAL_TOKENS, show_default=True, help="Training tokens.")
 @click.option("--out", default=None, metavar="DIR", help="Output folder.  [default: CONVERTED-healed]")
 @click.option("--seq-len", type=POSITIVE, default=HEAL_SEQ_LEN, show_default=True, help="Tokens per training block.")
 @click.option("--batch-size", type=POSITIVE, default=HEAL_BATCH_SIZE, show_default=True, help="Blocks per step.")
 @click.option("--lr", type=Finite(0, None, low_open=True), default=HEAL_LR, show_default=True,
               help="Peak learning rate (warmup, then cosine).")
-@click.option("--loss", type=click.Choice(LOSSES), default="kl", show_default=True,
+@click.option("--loss", type=click.Choice(LOSSES), default=HEAL_LOSS, show_default=True,
               help="kl (KL divergence of the final logits; runs both whole models, ~3.5x the FLOPs of a residual "
                    "step, but recovers far more per token) or residual (relative error of the stream entering the "
                    "first Pre-LN block; runs the Post-LN blocks only).")
 @click.option("--spike-factor", type=Finite(0, 1000), default=0.0, show_default=True, metavar="X",
               help="Skip the update of a step whose loss exceeds X times the mean of the last 20 steps' (more than 5 "
                    "in a row stop the heal); 0: no check. Non-finite losses and gradients always stop it.")
-@click.option("--dtype", type=click.Choice(HEAL_DTYPES), default="fp32", show_default=True,
+@click.option("--dtype", type=click.Choice(HEAL_DTYPES), default=HEAL_DTYPE, show_default=True,
               help="Of the frozen weights (everything but the Post-LN blocks, which train in fp32); bf16 halves "
                    "them and computes under bf16 autocast.")
 @click.option("--activation-checkpointing/--no-activation-checkpointing", default=False, show_default=True,
@@ -772,7 +757,7 @@ def sweep(src, out, alphas, heal_tokens, train_tokens, data, seeds, eval_tokens,
 @click.option("--perplexity/--no-perplexity", default=True, show_default=True,
               help="Also measure whole-model perplexity (the teacher's and CONVERTED's whole models, over "
                    "one copy of the layers they share).")
-@click.option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard, e.g. 5GB, 500MB.")
+@click.option("--max-shard-size", default=MAX_SHARD_SIZE, show_default=True, help="Largest output shard, e.g. 5GB, 500MB.")
 @click.option("--force", is_flag=True, help="Replace a non-empty output folder (never an input).")
 def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, spike_factor, dtype,
          activation_checkpointing, eval_tokens, eval_data, perplexity, max_shard_size, force):
@@ -786,7 +771,6 @@ def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, s
     _must_exist(eval_data, "--eval-data")
     check_destination(out, {"CONVERTED": converted, "--teacher": teacher, "--data": data, "--eval-data": eval_data},
                       force, flag="--out")
-    check_one_step(tokens, batch_size, seq_len)
     from .healing import heal as run
 
     result = run(converted, teacher, out, data=data, tokens=tokens, seq_len=seq_len, batch_size=batch_size, lr=lr,
@@ -823,7 +807,6 @@ def compare(inputs, out, labels, allow_mismatch, force):
     runs (`train` output folders; an arm's analysis/analysis.json is used too): perplexity table,
     training curves, layer drop, angular distance, gradient norms, pruning, and a summary in words.
     Writes DIR/report.md, DIR/report.html, the PNGs and DIR/comparison.json."""
-    check_destination(out, {f"#{i + 1}": path for i, path in enumerate(inputs)}, force, flag="--out")
     from .report import compare as run
 
     result = run(inputs, out, labels=labels, allow_mismatch=allow_mismatch, force=force)

@@ -1,4 +1,7 @@
-"""The one exception type the CLI turns into a one-line message and a non-zero exit."""
+"""The one exception type the CLI turns into a one-line message and a non-zero exit, and the one
+warning type it prints as ``warning: MESSAGE``."""
+
+import warnings
 
 
 class MixLNError(Exception):
@@ -6,3 +9,12 @@ class MixLNError(Exception):
 
     The message must name the file, flag or value at fault, on one line.
     """
+
+
+class MixLNWarning(UserWarning):
+    """Something about a result the user should know (a heal that made the model worse, fewer tokens
+    than asked for, a damaged checkpoint skipped) while the run goes on."""
+
+
+def warn(message: str) -> None:
+    warnings.warn(message, MixLNWarning, stacklevel=3)  # names the caller of the function that warns

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .errors import MixLNError
-from .options import EVAL_DATA, EVAL_SEQ_LEN, EVAL_TOKENS
+from .options import BATCH_SIZE, EVAL_DATA, EVAL_SEQ_LEN, EVAL_TOKENS
 
 
 def block_nll(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -133,7 +133,7 @@ def prepare_scoring(ckpt, *, data=None, seq_len: int = EVAL_SEQ_LEN, max_tokens:
     return Scoring(source, data, seq_len, max_tokens, texts, blocks)
 
 
-def run_scoring(scoring: Scoring, model=None, *, batch_size: int = 4, per_document: bool = False,
+def run_scoring(scoring: Scoring, model=None, *, batch_size: int = BATCH_SIZE, per_document: bool = False,
                 generate: bool = False, progress: bool = True) -> dict:
     """The prepared text scored: packed blocks when prepared so, with ``per_document`` each
     document on its own (``per_document`` key), with ``generate`` greedy continuations of fixed
@@ -157,7 +157,7 @@ def run_scoring(scoring: Scoring, model=None, *, batch_size: int = 4, per_docume
 
 
 def score_checkpoint(ckpt, *, data=None, seq_len: int = EVAL_SEQ_LEN, max_tokens: int = EVAL_TOKENS,
-                     batch_size: int = 4, per_document: bool = False, generate: bool = False,
+                     batch_size: int = BATCH_SIZE, per_document: bool = False, generate: bool = False,
                      allow_longer: bool = False, progress: bool = True) -> dict:
     """``ckpt`` scored on the first ``max_tokens`` tokens of ``data`` in packed blocks of
     ``seq_len``, and as :func:`run_scoring` says: what ``mixln-convert eval`` prints."""

@@ -1,6 +1,6 @@
-"""The fixed choices of the commands and recipes, and the evaluation definition, in one torch-free
-place: the CLI offers the choices as ``click.Choice`` and the modules that act on them validate
-against the same tuples."""
+"""The fixed choices and the defaults of the commands and recipes, and the evaluation definition,
+in one torch-free place: the CLI offers the choices as ``click.Choice`` and shows the defaults,
+and the modules that act on them validate against the same tuples and default to the same values."""
 
 STRATEGIES = ("calibrated", "move", "reinit-post", "scratch")  # conversion/plan.py
 # conversion/converter.py: Mix-LN (the first blocks Post-LN) or LayerNorm Scaling (conversion/lns.py)
@@ -8,13 +8,28 @@ LAYOUTS = ("mixln", "lns")
 # pipeline.py's training arms: the converted Mix-LN model, the Pre-LN control, the LNS retrofit
 ARMS = ("mixln", "preln", "lns")
 DEFAULT_ARMS = ("mixln", "preln")
-METHODS = ("angular", "drop", "last")  # surgery/prune.py: how N blocks to remove are chosen
+METHODS = ("angular", "drop", "last")  # analysis/choice.py: how N blocks to remove are chosen
 LOSSES = ("kl", "residual")  # healing/losses.py
 HEAL_DTYPES = ("fp32", "bf16")  # healing/: of the frozen weights (the trained blocks stay float32)
 # The heal's peak learning rate. 1e-4 diverged on SmolLM2-135M's calibrated conversion (the KL
 # loss jumped 3x once warmup passed ~8e-5 and the heal ended worse than it started); 3e-5 heals it.
 HEAL_LR = 3e-5
 HEAL_SEQ_LEN, HEAL_BATCH_SIZE = 256, 4  # healing/: a step of 4 x 256 tokens
+HEAL_TOKENS = 65_536  # healing/: 64 steps
+HEAL_LOSS, HEAL_DTYPE = "kl", "fp32"  # healing/: the defaults of LOSSES and HEAL_DTYPES
+ALPHA = 0.25  # conversion/layout.py: the share of leading blocks made Post-LN unless told otherwise
+# conversion/converter.py's calibrated gains. Short blocks fit the Post-LN gains better (down to a
+# point; docs/measurements.md): each block's first positions carry the massive activations, and
+# short blocks give the fit more of them.
+CALIBRATION_TOKENS, CALIBRATION_SEQ_LEN = 8192, 128
+PRUNE_SEQ_LEN, PRUNE_TOKENS = 256, 8 * 256  # surgery/prune.py: the blocks --method angular/drop measure
+BATCH_SIZE = 4  # blocks per forward pass of a measurement (eval, analyze, prune)
+MAX_SHARD_SIZE = "5GB"  # the largest output shard a heal or prune writes, and a conversion's cap
+SHARD_TOKENS = 2**25  # data/tokenization.py: 32M tokens, 64 MiB of uint16 a shard
+VALIDATION_FRACTION = 0.01  # data/tokenization.py: the documents held out, by content hash
+# sweep.py: the Post-LN ratios tried, and the rule's limits on perplexity and gradient ratio
+SWEEP_ALPHAS = (0.0, 0.0625, 0.125, 0.25, 0.5)
+MAX_PPL_INCREASE, MAX_GRAD_RATIO = 0.10, 3.0
 PRECISIONS = ("auto", "bf16", "fp32")  # training: auto is bf16 autocast on GPU, fp32 on CPU
 # training: transformers' attention implementations; eager is the plain matmul-softmax one, the
 # reference to rerun a non-finite bf16 step against (benchmarks/gpu_mission.py)

@@ -21,8 +21,9 @@ from .io.loader import open_checkpoint
 from .io.paths import check_destination, check_not_input
 from .io.runs import ANALYSIS, SUMMARY, read_summary, write_json
 from .limits import check_force_or_resume, check_one_step, check_seq_len
-from .options import (DEMO_EVAL_TOKENS, DEMO_HEAL_TOKENS, DEMO_TRAIN_TOKENS, EVAL_DATA, HEAL_BATCH_SIZE, HEAL_SEQ_LEN,
-                      measured_on)
+from .options import (ALPHA, DEMO_EVAL_TOKENS, DEMO_HEAL_TOKENS, DEMO_TRAIN_TOKENS, EVAL_DATA, HEAL_BATCH_SIZE,
+                      HEAL_SEQ_LEN, measured_on)
+from .runtime import map_large_allocations
 
 DATA_RECORD = "data.json"  # a run's {data file: sha256}, which --resume must find unchanged
 DEMO_RECIPE = "smollm2-135m-cpu"  # shipped with the package
@@ -35,6 +36,7 @@ def train(recipe: dict, out, arms=None, resume: bool = False, progress: bool = T
     With ``resume`` an interrupted run continues from each arm's last checkpoint (finished arms
     are kept as they are); the recipe must be the one the run started with.
     """
+    map_large_allocations()
     from accelerate import PartialState
     from accelerate.utils import parse_flag_from_env
 
@@ -131,9 +133,17 @@ def convert_and_heal(src, dst, *, heal_tokens: int, heal_data=None, force: bool 
     into a temporary folder beside ``dst``, then healed on ``heal_tokens`` tokens into ``dst``.
     Returns heal's result."""
     from .conversion.converter import convert
+    from .conversion.layout import post_ln_count
     from .data import blocks, read_texts, token_stream
     from .healing import heal
 
+    alpha, count = conversion.get("alpha"), conversion.get("post_ln_layers")
+    layers = open_checkpoint(src).config["num_hidden_layers"]
+    if post_ln_count(layers, alpha, count) == 0:  # a heal trains the Post-LN blocks: said before converting
+        given = (f"--post-ln-layers {count}" if count is not None else f"--alpha {alpha:g}" if alpha is not None
+                 else "the default --alpha")
+        raise MixLNError(f"--heal-tokens: {given} makes no block Post-LN (of {layers}), so there is nothing to "
+                         "heal; convert without --heal-tokens, or make some blocks Post-LN")
     check_one_step(heal_tokens, HEAL_BATCH_SIZE, HEAL_SEQ_LEN, "--heal-tokens", None, "one heal step")
     target = check_destination(dst, {"SRC": src, "--heal-data": heal_data}, force)
     # the heal's text is read and tokenized (into the cache heal reads it from) before the long conversion
@@ -226,7 +236,7 @@ def _finished(folder: Path, arm: str) -> dict:
     return summary
 
 
-def run_demo(out, *, source=None, alpha: float = 0.25, heal_tokens: int = DEMO_HEAL_TOKENS,
+def run_demo(out, *, source=None, alpha: float = ALPHA, heal_tokens: int = DEMO_HEAL_TOKENS,
              train_tokens: int = DEMO_TRAIN_TOKENS, eval_tokens: int = DEMO_EVAL_TOKENS, prune_curve: bool = True,
              force: bool = False, resume: bool = False) -> dict:
     """Every stage on ``source`` (default: SmolLM2-135M-Instruct from PyPI) into ``out``, with the

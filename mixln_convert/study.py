@@ -22,13 +22,13 @@ import statistics
 import time
 from pathlib import Path
 
-from .analysis.measures import deep_half, verdict
+from .analysis.measures import coefficient_of_variation, deep_half, verdict
 from .data.corpus import check_text
 from .data.shards import is_tokens_folder
 from .errors import MixLNError
 from .io.runs import ANALYSIS, METRICS, claim_run, read_analysis, read_metrics, record_run, write_json
 from .limits import check_positive, check_seeds
-from .options import STUDY_EVAL_TOKENS
+from .options import ALPHA, STUDY_EVAL_TOKENS
 from .report.study import CLAIMS, LNS_CLAIMS, write_study_report
 
 SCHEMES = {"scaled": True, "plain": False}  # scheme name -> conversion.scaled_init
@@ -46,7 +46,7 @@ def arms_for(alpha: float, post_ln: bool, lns: bool = False) -> dict:
     return arms
 
 
-def study(source, out, *, recipe: str = RECIPE, overrides=(), alpha: float = 0.25, seeds: int = 2,
+def study(source, out, *, recipe: str = RECIPE, overrides=(), alpha: float = ALPHA, seeds: int = 2,
           schemes=tuple(SCHEMES), post_ln: bool = True, lns: bool = False, eval_tokens: int = STUDY_EVAL_TOKENS,
           resume: bool = False, progress: bool = True) -> dict:
     """Train and analyze every (scheme, seed, arm) into ``out``; returns the study (``study.json``).
@@ -152,8 +152,7 @@ def measure(arm_dir: Path, summary: dict, analysis: dict) -> dict:
         # how much the last evaluation interval still moved the curve: ~0 once it has flattened
         "last_interval_change": (curve[-1][1] / curve[-2][1] - 1) if len(curve) >= 2 else None,
         "relative_layer_drop": drop, "deep_layer_drop": statistics.mean(drop[deep_half(len(drop))]),
-        # statistics' exactly rounded arithmetic, as study.json has always had it (numpy's differs in the last bits)
-        "grad_norm_per_layer": grads, "grad_norm_cv": statistics.pstdev(grads) / statistics.mean(grads),
+        "grad_norm_per_layer": grads, "grad_norm_cv": float(coefficient_of_variation(grads)),
     }
 
 

@@ -26,9 +26,9 @@ from .io.loader import open_checkpoint
 from .io.paths import check_readable
 from .io.runs import METRICS, claim_run, read_checked, read_metrics, record_run, write_checked, write_json
 from .limits import check_alpha_count, check_force_or_resume, check_one_step, check_positive, check_seeds
-from .options import EVAL_TOKENS, HEAL_BATCH_SIZE, HEAL_SEQ_LEN
+from .options import (CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, EVAL_TOKENS, HEAL_BATCH_SIZE, HEAL_SEQ_LEN, MAX_GRAD_RATIO,
+                      MAX_PPL_INCREASE, SWEEP_ALPHAS)
 
-DEFAULT_ALPHAS = (0.0, 0.0625, 0.125, 0.25, 0.5)
 TRAIN_RECIPE = "smollm2-135m-cpu"  # settings of the short continued pre-training (CPU-sized steps)
 STAGE_RESULT = "result.json"  # in each stage's folder: what a resume reads instead of running it again
 FIRST_STEPS = 4  # gradient norms "over the first steps": this many training steps (or analysis batches)
@@ -40,8 +40,8 @@ class Rule:
     ``max_ppl_increase`` of the original's and whose largest Post-LN block gradient norm over the
     first steps stays within ``max_grad_ratio`` times the Pre-LN blocks' mean."""
 
-    max_ppl_increase: float = 0.10
-    max_grad_ratio: float = 3.0
+    max_ppl_increase: float = MAX_PPL_INCREASE
+    max_grad_ratio: float = MAX_GRAD_RATIO
 
     def describe(self, stage: str) -> str:
         return (f"the largest alpha whose {stage} perplexity is at most {self.max_ppl_increase:.0%} above the "
@@ -97,7 +97,7 @@ def parse_alphas(text: str) -> list[float]:
     return alphas
 
 
-def sweep(src, out, *, alphas=DEFAULT_ALPHAS, heal_tokens: int = 0, train_tokens: int = 0, data=None,
+def sweep(src, out, *, alphas=SWEEP_ALPHAS, heal_tokens: int = 0, train_tokens: int = 0, data=None,
           seeds: int = 1, eval_tokens: int = EVAL_TOKENS, rule: Rule = Rule(), lns: bool = False,
           resume: bool = False, force: bool = False, progress: bool = True) -> dict:
     """Sweep the Post-LN ratio of ``src`` (HF folder or .gguf) into ``out``; returns the result
@@ -212,7 +212,7 @@ def _training_overrides(src, data, train_tokens: int) -> list[str]:
 
 def _calibrate(source, blocks: int, times: dict, progress: bool):
     """The calibration statistics of the first ``blocks`` blocks, which every alpha's conversion reuses."""
-    from .conversion.converter import CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, calibration_statistics
+    from .conversion.converter import calibration_statistics
 
     started = time.perf_counter()
     print(f"calibrating the first {blocks} blocks once for every alpha")

@@ -132,7 +132,7 @@ def test_per_document_scoring_stops_at_its_budget_inside_one_huge_document(conve
 FREED_RSS = """
 import sys
 import torch
-from mixln_convert.cli import map_large_allocations
+from mixln_convert.runtime import map_large_allocations
 
 def resident_mib():
     return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
@@ -157,7 +157,7 @@ def test_freed_large_tensors_leave_the_resident_set():
 
 
 def test_a_users_malloc_threshold_wins(monkeypatch):
-    from mixln_convert.cli import map_large_allocations
+    from mixln_convert.runtime import map_large_allocations
 
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
     assert map_large_allocations() is False
@@ -170,3 +170,20 @@ def test_every_command_sets_the_allocation_threshold(cli, monkeypatch):
     monkeypatch.setattr(cli_module, "map_large_allocations", lambda: calls.append(1))
     assert cli("recipes").exit_code == 0
     assert calls == [1]
+
+
+def test_warnings_and_notices_reach_the_terminal_as_plain_lines(cli, monkeypatch):
+    """A library caller gets MixLNWarnings and log records; the CLI prints each as the line it always did."""
+    import logging
+
+    import mixln_convert.cli as cli_module
+    from mixln_convert.errors import warn
+
+    def noisy():
+        for _ in range(2):  # each warning is about its own result: none is deduplicated
+            warn("fewer tokens than asked for")
+        logging.getLogger("mixln_convert.data.tokenization").info("resuming .out.partial")
+
+    monkeypatch.setattr(cli_module, "_print_recipes", noisy)
+    result = cli("recipes")
+    assert result.exit_code == 0 and result.stderr == "warning: fewer tokens than asked for\n" * 2 + "resuming .out.partial\n"

@@ -95,13 +95,13 @@ def test_a_heal_holds_the_tail_once_and_it_does_not_drift(pair, captured, tmp_pa
 
 
 @pytest.mark.parametrize("dtype", [None, "bf16"], ids=["shared", "converted-to-bf16"])
-def test_the_shared_tail_heal_measures_what_the_old_one_did(tiny_llama, dtype, monkeypatch, capsys, tmp_path):
+def test_the_shared_tail_heal_measures_what_the_old_one_did(tiny_llama, dtype, monkeypatch, recwarn, tmp_path):
     """Old (both models whole) and new give the same losses and metrics; a conversion to bf16 changes
     every tail tensor, so nothing is shared and the teacher keeps its own (with a warning)."""
     converted = convert(tiny_llama, tmp_path / "converted", alpha=0.25, strategy="move", dtype=dtype,
                         progress=False)
     new = healing.heal(converted, tiny_llama, tmp_path / "new", tokens=STEPS * BATCH * SEQ_LEN, **FAST)
-    warned = capsys.readouterr().err
+    warned = " ".join(str(w.message) for w in recwarn)
     monkeypatch.setattr(heal_pair, "load_pair", old_pair)
     old = healing.heal(converted, tiny_llama, tmp_path / "old", tokens=STEPS * BATCH * SEQ_LEN, **FAST)
     assert ("the teacher keeps its own copies" in warned) == (dtype == "bf16")

@@ -2,6 +2,7 @@
 tokenization, N processes = 1, the validation split, rerun and resume, reads limited to the blocks used."""
 
 import json
+import logging
 import os
 import random
 import signal
@@ -16,6 +17,7 @@ from mixln_convert.data import PackedBlocks, blocks, open_tokens, read_texts, to
 from mixln_convert.data.corpus import token_ids
 from mixln_convert.data.shards import MANIFEST, file_sha256, token_dtype
 from mixln_convert.data.tokenization import _digest, held_out, tokenizer_fingerprint
+from mixln_convert.errors import MixLNWarning
 from tiny import tiny_tokenizer
 
 REPO = Path(__file__).parent.parent
@@ -171,7 +173,7 @@ tokenization.tokenize(sys.argv[1], tiny_tokenizer(), sys.argv[2], validation_fra
 """
 
 
-def test_a_killed_run_resumes_to_identical_shards(corpus, tokenizer, tmp_path, monkeypatch, capsys):
+def test_a_killed_run_resumes_to_identical_shards(corpus, tokenizer, tmp_path, monkeypatch, caplog):
     from mixln_convert.data import tokenization as module
 
     monkeypatch.setattr(module, "CHUNK_CHARS", 2000)
@@ -188,13 +190,14 @@ def test_a_killed_run_resumes_to_identical_shards(corpus, tokenizer, tmp_path, m
     assert not out.exists() and len(shards) >= 2 and progress["position"][0] == 0
     assert (partial / shards[-1]["file"]).stat().st_size > 2 * shards[-1]["tokens"]  # written past its record
 
-    tokenize(corpus, tokenizer, out, validation_fraction=0.1, num_proc=1, shard_tokens=1000, progress=False)
-    assert "resuming .out.partial at input 1" in capsys.readouterr().err
+    with caplog.at_level(logging.INFO, "mixln_convert"):
+        tokenize(corpus, tokenizer, out, validation_fraction=0.1, num_proc=1, shard_tokens=1000, progress=False)
+    assert "resuming .out.partial at input 1" in caplog.text
     assert {p.name: p.read_bytes() for p in out.iterdir()} == {p.name: p.read_bytes() for p in whole.iterdir()}
     assert not partial.exists()
 
 
-def test_a_damaged_partial_folder_starts_afresh(corpus, tokenizer, tmp_path, monkeypatch, capsys):
+def test_a_damaged_partial_folder_starts_afresh(corpus, tokenizer, tmp_path, monkeypatch):
     from mixln_convert.data import tokenization as module
 
     whole = tmp_path / "whole"
@@ -218,15 +221,15 @@ def test_a_damaged_partial_folder_starts_afresh(corpus, tokenizer, tmp_path, mon
     monkeypatch.setattr(module, "_results", results)
     first = partial / record["splits"]["train"]["shards"][0]["file"]
     first.write_bytes(b"\0\0" + first.read_bytes()[2:])  # a full shard, tampered
-    tokenize(corpus, tokenizer, tmp_path / "out", validation_fraction=0.1, num_proc=1, shard_tokens=1000,
-             progress=False)
-    assert "does not resume" in capsys.readouterr().err
+    with pytest.warns(MixLNWarning, match="does not resume"):
+        tokenize(corpus, tokenizer, tmp_path / "out", validation_fraction=0.1, num_proc=1, shard_tokens=1000,
+                 progress=False)
     assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == {
         p.name: p.read_bytes() for p in whole.iterdir()}
 
 
 def test_a_full_disk_keeps_the_partial_folder_and_says_so_and_a_rerun_resumes(corpus, tokenizer, tmp_path,
-                                                                              monkeypatch, capsys):
+                                                                              monkeypatch, caplog):
     import errno
 
     from mixln_convert.data import shards, tokenization as module
@@ -253,8 +256,9 @@ def test_a_full_disk_keeps_the_partial_folder_and_says_so_and_a_rerun_resumes(co
     assert partial.is_dir() and not out.exists()
 
     monkeypatch.setattr(shards.TokenShardWriter, "append", append)
-    tokenize(corpus, tokenizer, out, validation_fraction=0.1, num_proc=1, shard_tokens=1000, progress=False)
-    assert "resuming .out.partial" in capsys.readouterr().err
+    with caplog.at_level(logging.INFO, "mixln_convert"):
+        tokenize(corpus, tokenizer, out, validation_fraction=0.1, num_proc=1, shard_tokens=1000, progress=False)
+    assert "resuming .out.partial" in caplog.text
     assert {p.name: p.read_bytes() for p in out.iterdir()} == {p.name: p.read_bytes() for p in whole.iterdir()}
 
 

@@ -10,20 +10,21 @@ import torch
 from ..data import read_texts, token_blocks
 from ..errors import MixLNError
 from ..generation import greedy_continuations
-from ..options import EVAL_DATA, EVAL_SEQ_LEN, EVAL_TOKENS
+from ..options import BATCH_SIZE, EVAL_DATA, EVAL_SEQ_LEN, EVAL_TOKENS
+from ..runtime import map_large_allocations
 from ..evaluate import check_finite_score, evaluate_documents
 from ..io.atomic import atomic_output_dir
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable
 from ..io.runs import ANALYSIS, write_json
 from ..limits import check_positive, check_seq_len
-from ..surgery.prune import check_method, choose_layers
+from .choice import check_method, choose_layers
 from .layers import BlockRunner, RepresentationStatistics, grad_norm_per_layer, removal_sweep
 from .plots import plot_analysis
 
 
 def analyze(ckpt, out, *, data=None, span: int = 1, seq_len: int = EVAL_SEQ_LEN, max_tokens: int = EVAL_TOKENS,
-            batch_size: int = 4, prune_curve: bool = False, method: str = "angular", generate: bool = False,
+            batch_size: int = BATCH_SIZE, prune_curve: bool = False, method: str = "angular", generate: bool = False,
             force: bool = False, allow_longer: bool = False, per_document: bool = False, tasks=(), include_path=None,
             task_manager=None, limit: int | None = None, progress: bool = True) -> dict:
     """Measure ``ckpt`` (HF folder, LLaMA or Mix-LN, or .gguf) on held-out text and write
@@ -39,6 +40,7 @@ def analyze(ckpt, out, *, data=None, span: int = 1, seq_len: int = EVAL_SEQ_LEN,
     add the layer drop on each task's metric, at most ``limit`` examples each; ``task_manager``,
     if given, is the :func:`mixln_convert.downstream.task_manager` that knows them.
     """
+    map_large_allocations()
     check_method(method)
     for flag, value in (("--span", span), ("--seq-len", seq_len), ("--max-tokens", max_tokens),
                         ("--batch-size", batch_size)):
@@ -49,8 +51,11 @@ def analyze(ckpt, out, *, data=None, span: int = 1, seq_len: int = EVAL_SEQ_LEN,
     check_destination(out, inputs, force, flag="--out")
     if limit is not None:
         check_positive("--limit", limit)
-    if tasks:
-        task_manager = task_manager or _task_manager(list(tasks), include_path)
+    if tasks and task_manager is None:
+        from ..downstream import require_lm_eval, task_manager as known_tasks
+
+        require_lm_eval("--task")
+        task_manager = known_tasks(list(tasks), include_path, flag="--task")
     source = open_checkpoint(ckpt)
     num_layers = source.config["num_hidden_layers"]
     if span > num_layers:
@@ -92,13 +97,6 @@ def analyze(ckpt, out, *, data=None, span: int = 1, seq_len: int = EVAL_SEQ_LEN,
         write_json(tmp / ANALYSIS, result)
         plot_analysis(result, tmp)
     return result
-
-
-def _task_manager(tasks: list[str], include_path):
-    from ..downstream import require_lm_eval, task_manager
-
-    require_lm_eval("--task")
-    return task_manager(tasks, include_path, flag="--task")
 
 
 def layer_metrics(model, blocks: torch.Tensor, span: int, batch_size: int, progress: bool) -> dict:

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from ..architectures import architecture_of_model
 from ..evaluate import block_nll
 
 
@@ -31,8 +32,9 @@ class BlockRunner:
 
     def __init__(self, model):
         self.model = model
-        self.decoder = model.model
-        self.layers = self.decoder.layers
+        arch = architecture_of_model(model)
+        self.decoder = arch.decoder_of(model)
+        self.layers = arch.blocks_of(model)
         self.num_layers = len(self.layers)
 
     def embed(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, dict]:
@@ -166,13 +168,13 @@ def grad_norm_per_layer(model, blocks: torch.Tensor, batch_size: int = 4) -> lis
 
     The model's parameters are left without gradients afterwards.
     """
-    norms = []
+    norms, layers = [], architecture_of_model(model).blocks_of(model)
     with torch.enable_grad():
         for start in range(0, len(blocks), batch_size):
             model.zero_grad(set_to_none=True)
             batch = blocks[start:start + batch_size].to(model.device)
             model(input_ids=batch, labels=batch, use_cache=False).loss.backward()
             norms.append([math.sqrt(sum(p.grad.float().pow(2).sum().item() for p in layer.parameters()
-                                        if p.grad is not None)) for layer in model.model.layers])
+                                        if p.grad is not None)) for layer in layers])
     model.zero_grad(set_to_none=True)
     return norms

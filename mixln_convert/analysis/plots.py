@@ -23,8 +23,7 @@ def _layer_figure(result: dict, title: str, ylabel: str, shade_post_ln: bool = F
     if shade_post_ln and result["post_ln_layers"]:
         ax.axvspan(-0.5, result["post_ln_layers"] - 0.5, color=POST_LN, alpha=0.12, label="Post-LN blocks")
     ax.set(title=f"{title}\n{Path(result['checkpoint']).name}: {measured_on(result)}", xlabel="block (layer index)",
-           ylabel=ylabel,
-           xlim=(-0.5, result["num_layers"] - 0.5))
+           ylabel=ylabel, xlim=(-0.5, result["num_layers"] - 0.5))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     return fig, ax
@@ -67,16 +66,21 @@ def plot_representation_change(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def angular_grid(result: dict) -> np.ndarray:
+    """The angular distance matrix as a square array, NaN where l + n runs past the last block."""
+    grid = np.full((result["num_layers"], result["num_layers"]), np.nan)
+    for l, row in enumerate(result["angular_distance_matrix"]):
+        grid[l, :len(row)] = row
+    return grid
+
+
 def draw_angular_matrix(ax, result: dict, vmin=None, vmax=None):
     """Heatmap of ``angular_distance_matrix`` (first block l by span n) on ``ax``; returns the image.
     ``vmin``/``vmax`` give several models one colour scale."""
     num_layers = result["num_layers"]
-    grid = np.full((num_layers, num_layers), np.nan)
-    for l, row in enumerate(result["angular_distance_matrix"]):
-        grid[l, :len(row)] = row
     for axis in (ax.xaxis, ax.yaxis):  # block indices and spans: no 0.5 ticks on small models
         axis.set_major_locator(MaxNLocator(integer=True))
-    return ax.imshow(grid, origin="lower", cmap="viridis", aspect="auto", vmin=vmin, vmax=vmax,
+    return ax.imshow(angular_grid(result), origin="lower", cmap="viridis", aspect="auto", vmin=vmin, vmax=vmax,
                      extent=(0.5, num_layers + 0.5, -0.5, num_layers - 0.5))
 
 

@@ -98,7 +98,7 @@ def task_layer_drop(model, tokenizer, task: str, manager, *, limit: int | None =
     block skipped: {"task", "metric", "higher_is_better", "value" (full model), "layer_drop"
     (per block: skipped minus full), "samples", "limit"}. ``manager``: a TaskManager that knows
     ``task`` (:func:`~mixln_convert.downstream.task_manager`)."""
-    num_layers = len(model.model.layers)
+    num_layers = model.config.num_hidden_layers
     variants = [frozenset(), *(frozenset({l}) for l in range(num_layers))]
     values = []
     with tqdm(desc=f"{task}: requests scored, {len(variants)} variants each", unit="request",

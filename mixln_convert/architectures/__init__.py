@@ -1,7 +1,9 @@
 """Architecture descriptions as data (one JSON file per family, mergekit style).
 
 Each file names the source architecture, the tensor names of the embeddings, final norm,
-LM head and of one decoder layer, and what a converted checkpoint is called; a family that
+LM head and of one decoder layer, the causal LM's submodule that holds the decoder (its
+embeddings, blocks and final norm: their tensor names start with it), and what a converted
+checkpoint is called; a family that
 shares another's names says ``"extends": "llama.json"`` and lists only what differs (tables
 merge key by key). The converter only asks an :class:`Architecture` for names, so a family
 whose blocks are LLaMA's under another name is a JSON file alone (``mistral.json``); one whose
@@ -27,6 +29,7 @@ class Architecture:
     model_type: str
     gguf_architecture: str
     converted: dict
+    decoder: str
     embed: str
     final_norm: str
     lm_head: str
@@ -54,6 +57,13 @@ class Architecture:
         match = re.match(pattern, tensor_name)
         return int(match.group(1)) if match else None
 
+    def decoder_of(self, model):
+        """The decoder (embeddings, blocks, final norm) of ``model``, a causal LM of this family."""
+        return model.get_submodule(self.decoder)
+
+    def blocks_of(self, model):
+        """The decoder blocks of ``model``, a causal LM of this family: the module ``layer_prefix`` names."""
+        return model.get_submodule(self.layer_prefix.removesuffix(".{i}."))
 
     def gguf_names(self, num_layers: int) -> dict[str, str]:
         """{GGUF tensor name: checkpoint tensor name} of a ``num_layers``-deep model."""
@@ -96,6 +106,12 @@ def converted_architecture(config: dict) -> Architecture | None:
     None for a source checkpoint."""
     return next((arch for arch in all_architectures() if config.get("model_type") == arch.converted["model_type"]),
                 None)
+
+
+def architecture_of_model(model) -> Architecture:
+    """The family of a loaded causal LM, a source or a converted one."""
+    model_type = model.config.model_type
+    return next(a for a in all_architectures() if model_type in (a.model_type, a.converted["model_type"]))
 
 
 def architecture_for(config: dict, where: str) -> Architecture:

@@ -12,14 +12,10 @@ from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable
 from ..io.writer import parse_size, tool_stamp, write_checkpoint
 from ..limits import check_positive, check_seed, check_seq_len
-from ..options import STRATEGIES
+from ..options import CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, MAX_SHARD_SIZE, STRATEGIES
+from ..runtime import map_large_allocations
 from .layout import check_layout, post_ln_count
 from .plan import ConversionPlan
-
-# Short calibration blocks fit the Post-LN gains better (down to a point; docs/measurements.md):
-# each block's first positions carry the massive activations, and short blocks give the fit more of them.
-CALIBRATION_SEQ_LEN = 128
-CALIBRATION_TOKENS = 8192
 
 
 def parse_dtype(name: str | None) -> torch.dtype | None:
@@ -68,6 +64,7 @@ def convert(
     blocks, reused instead of calibrating again (block i's depend only on blocks before it, so
     one pass up to the largest count serves every smaller one; ``mixln-convert sweep``).
     """
+    map_large_allocations()
     if strategy not in STRATEGIES:
         raise MixLNError(f"--strategy: unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
     lns = check_layout(layout, alpha, post_ln_layers, strategy)
@@ -87,7 +84,7 @@ def convert(
     if strategy == "calibrated" and n_post > 0:
         check_seq_len("--calibration-seq-len", calibration_seq_len, config)
     if max_shard_bytes is None:  # the writer buffers one output shard of computed tensors
-        max_shard_bytes = min(parse_size("5GB"), source.largest_shard_bytes())
+        max_shard_bytes = min(parse_size(MAX_SHARD_SIZE), source.largest_shard_bytes())
     out_dtype = out_dtype or source.dtype()
 
     with atomic_output_dir(dst, force=force, protect=inputs) as tmp:

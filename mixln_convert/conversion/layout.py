@@ -4,7 +4,7 @@ CLI checks its flags with it before importing torch)."""
 import math
 
 from ..errors import MixLNError
-from ..options import LAYOUTS
+from ..options import ALPHA, LAYOUTS
 
 
 def post_ln_count(num_layers: int, alpha: float | None = None, post_ln_layers: int | None = None) -> int:
@@ -15,7 +15,7 @@ def post_ln_count(num_layers: int, alpha: float | None = None, post_ln_layers: i
         if not 0 <= post_ln_layers <= num_layers:
             raise MixLNError(f"--post-ln-layers: {post_ln_layers} is outside [0, {num_layers}] for this {num_layers}-layer model")
         return post_ln_layers
-    alpha = 0.25 if alpha is None else alpha
+    alpha = ALPHA if alpha is None else alpha
     if not (0.0 <= alpha <= 1.0) or math.isnan(alpha):
         raise MixLNError(f"--alpha: {alpha} is outside [0, 1]")
     # A tiny epsilon keeps floor(0.3 * 10) == 3 despite 0.3 * 10 == 2.9999999999999996.

@@ -9,14 +9,13 @@ into the user cache by the main process, then memory-mapped by every process.
 import hashlib
 import json
 import os
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import MixLNError
+from ..errors import MixLNError, warn
 from ..fetch import cache_dir
 from ..limits import check_processes
 from ..io.hub import HubDataset
@@ -188,6 +187,6 @@ def token_blocks(tokenizer, texts: list[str], seq_len: int, max_tokens: int | No
     what = str(source or "the text")
     found = blocks(token_stream(tokenizer, texts, want, what), seq_len, what, flag)
     if want is not None and found.size < want:  # said, not silently capped: the result records what was used
-        print(f"warning: {what}: gives {found.size:,} tokens in blocks of {seq_len}, fewer than the {want:,} asked "
-              "for; using those", file=sys.stderr)
+        warn(f"{what}: gives {found.size:,} tokens in blocks of {seq_len}, fewer than the {want:,} asked for; "
+             "using those")
     return torch.from_numpy(found.astype(np.int64))

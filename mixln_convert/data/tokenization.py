@@ -15,11 +15,11 @@ writes nothing.
 
 import hashlib
 import json
+import logging
 import multiprocessing
 import os
 import shutil
 import signal
-import sys
 from collections import deque
 from functools import lru_cache
 from itertools import chain
@@ -28,18 +28,19 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ..errors import MixLNError
+from ..errors import MixLNError, warn
 from ..io.atomic import replace_dir, try_lock, wait_for_lock, write_atomic, write_failure
 from ..io.paths import resolved
 from ..io.hub import HubDataset
+from ..options import SHARD_TOKENS, VALIDATION_FRACTION
 from .corpus import embedded_corpus, file_documents, source_files
 from .shards import (FORMAT, MANIFEST, TOKEN_SPLITS, VERSION, TokenShardWriter, check_shards, file_sha256,
                      read_manifest, token_dtype)
 
-SHARD_TOKENS = 2**25  # 32M tokens: 64 MiB of uint16 a shard
 CHUNK_CHARS = 2**20  # text per worker task: small enough to bound memory, large enough to amortize a task
 PARALLEL_BYTES = 2**24  # below 16 MiB of input, starting worker processes costs more than it saves
 PROGRESS = "progress.json"
+log = logging.getLogger(__name__)  # notices of a resumed or waiting run
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -210,7 +211,7 @@ def _chunks(inputs, start: tuple[int, int]):
             yield (i, n), role, texts
 
 
-def settings(tokenizer, train, validation=None, validation_fraction: float = 0.01, seq_len: int | None = None,
+def settings(tokenizer, train, validation=None, validation_fraction: float = VALIDATION_FRACTION, seq_len: int | None = None,
              shard_tokens: int = SHARD_TOKENS, max_tokens: int | None = None,
              max_validation_tokens: int | None = None) -> dict:
     """What decides a tokenized folder's content: equal settings, equal shards. Each source file is
@@ -253,14 +254,12 @@ def _resumed(partial: Path, key: str, writers: dict) -> tuple[tuple[int, int], d
             raise ValueError("other settings")
         for split, writer in writers.items():
             writer.resume(progress["splits"][split]["shards"])
-        print(f"resuming {partial.name} at input {progress['position'][0] + 1}, document {progress['position'][1]}",
-              file=sys.stderr)
+        log.info(f"resuming {partial.name} at input {progress['position'][0] + 1}, document {progress['position'][1]}")
         return tuple(progress["position"]), {s: progress["splits"][s]["documents"] for s in TOKEN_SPLITS}
     except FileNotFoundError:
         pass
     except (OSError, ValueError, KeyError, TypeError) as e:
-        print(f"warning: {partial} holds a run that does not resume ({str(e)[:200]}); starting afresh",
-              file=sys.stderr)
+        warn(f"{partial} holds a run that does not resume ({str(e)[:200]}); starting afresh")
     for writer in writers.values():
         writer.resume([])
     for path in partial.iterdir():
@@ -268,7 +267,7 @@ def _resumed(partial: Path, key: str, writers: dict) -> tuple[tuple[int, int], d
     return (0, 0), {s: 0 for s in TOKEN_SPLITS}
 
 
-def tokenize(train, tokenizer, out, *, validation=None, validation_fraction: float = 0.01, num_proc: int = 0,
+def tokenize(train, tokenizer, out, *, validation=None, validation_fraction: float = VALIDATION_FRACTION, num_proc: int = 0,
              seq_len: int | None = None, shard_tokens: int = SHARD_TOKENS, max_tokens: int | None = None,
              max_validation_tokens: int | None = None, force: bool = False, progress: bool = True,
              wait: bool = False, named: str | None = None) -> dict:
@@ -306,7 +305,7 @@ def tokenize(train, tokenizer, out, *, validation=None, validation_fraction: flo
             continue
         if not wait:
             raise MixLNError(f"{named}: another run is writing it ({partial} is locked)")
-        print(f"waiting for another run to finish tokenizing the same text ({partial})", file=sys.stderr)
+        log.info(f"waiting for another run to finish tokenizing the same text ({partial})")
         wait_for_lock(partial)
     try:
         return _build(wanted, out, partial, Encoder(tokenizer), train, validation, num_proc, progress)

@@ -5,6 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from ..architectures import architecture_of_model
+
 
 class Residual:
     """``residual``: :func:`relative_error` of the stream the student's Post-LN blocks hand to the
@@ -33,7 +35,7 @@ class KL:
 
     def __init__(self, models):
         self.student, self.teacher = models.student_model, models.teacher_model
-        self.runs_through = models.student_model.model
+        self.runs_through = architecture_of_model(models.student_model).decoder_of(models.student_model)
 
     def __call__(self, batch: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():  # the teacher's logits change with every batch: not cacheable, unlike its metrics

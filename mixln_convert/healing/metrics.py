@@ -1,34 +1,12 @@
-"""What a heal measures on held-out text, and how it judges the figures (diverged, or worse)."""
+"""The teacher's held-out figures, kept between heals, and how a heal judges its own (diverged, or worse)."""
 
 import hashlib
 import json
 import math
-import sys
 
-import torch
-
-from ..errors import MixLNError
-from ..evaluate import evaluate_perplexity
+from ..errors import MixLNError, warn
 from ..fetch import cache_dir
 from ..io.atomic import write_atomic
-from .losses import relative_error
-
-
-@torch.no_grad()
-def validation_metrics(student, teacher_prefix, model, blocks: torch.Tensor, batch_size: int, progress: bool) -> dict:
-    """``val_relative_error`` of the student prefix against the teacher's on ``blocks``; with a whole
-    ``model`` (whose first blocks are the student's) also its ``val_loss`` and ``val_ppl``."""
-    device = next(student.parameters()).device
-    errors = []
-    for start in range(0, len(blocks), batch_size):
-        batch = blocks[start:start + batch_size].to(device)
-        stream = student(input_ids=batch).last_hidden_state
-        errors.append(relative_error(stream, teacher_prefix(input_ids=batch).last_hidden_state).item() * len(batch))
-    result = {"val_relative_error": sum(errors) / len(blocks)}
-    if model is not None:
-        measured = evaluate_perplexity(model, blocks, batch_size, progress)
-        result.update(val_loss=measured["loss"], val_ppl=measured["perplexity"])
-    return result
 
 
 def cached_teacher_metrics(measure, **key) -> dict:
@@ -47,7 +25,7 @@ def cached_teacher_metrics(measure, **key) -> dict:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(figures) + "\n")
     except OSError as e:  # a cache that cannot be written costs the next run a measurement, nothing more
-        print(f"warning: {path.parent}: cannot keep the teacher's figures ({e.strerror})", file=sys.stderr)
+        warn(f"{path.parent}: cannot keep the teacher's figures ({e.strerror})")
     return figures
 
 
@@ -75,10 +53,9 @@ def warn_if_worse(losses: list[float], ppl_before, ppl_after, lr: float, doc_bef
     if ppl_before is not None and ppl_after > ppl_before:
         signs.append(f"held-out perplexity rose from {ppl_before:.4g} to {ppl_after:.4g}")
     if signs:
-        print(f"warning: the heal made the model worse ({'; '.join(signs)}): --lr {lr:g} is probably too high "
-              f"for this model; try {lr / 3:.1g}", file=sys.stderr)
+        warn(f"the heal made the model worse ({'; '.join(signs)}): --lr {lr:g} is probably too high for this "
+             f"model; try {lr / 3:.1g}")
     elif doc_before is not None and doc_after > doc_before:
-        print(f"warning: the heal made per-document perplexity worse ({doc_before:.4g} -> {doc_after:.4g}, each "
-              "document scored from its first token, as lm-evaluation-harness does) while packed perplexity fell: "
-              "too few tokens for the first positions of a document to recover; heal on more --tokens",
-              file=sys.stderr)
+        warn(f"the heal made per-document perplexity worse ({doc_before:.4g} -> {doc_after:.4g}, each document "
+             "scored from its first token, as lm-evaluation-harness does) while packed perplexity fell: too few "
+             "tokens for the first positions of a document to recover; heal on more --tokens")

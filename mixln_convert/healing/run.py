@@ -2,7 +2,6 @@
 
 import contextlib
 import json
-import sys
 import time
 from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
@@ -12,7 +11,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..data import PackedBlocks, TokenShards, blocks, read_texts, token_blocks, token_stream
-from ..errors import MixLNError
+from ..errors import MixLNError, warn
 from ..evaluate import evaluate_documents, evaluate_perplexity
 from ..io.atomic import atomic_output_dir
 from ..io.paths import check_destination, check_readable
@@ -20,12 +19,14 @@ from ..io.writer import parse_size, tool_stamp, write_checkpoint
 from ..limits import (check_fraction, check_nonnegative, check_one_step, check_positive, check_positive_float,
                       check_spike_factor, check_seed, check_seq_len)
 from ..model.modeling_mixln import enable_checkpointing
-from ..options import EVAL_DATA, EVAL_TOKENS, HEAL_BATCH_SIZE, HEAL_DTYPES, HEAL_LR, HEAL_SEQ_LEN, LOSSES
+from ..options import (EVAL_DATA, EVAL_TOKENS, HEAL_BATCH_SIZE, HEAL_DTYPE, HEAL_DTYPES, HEAL_LOSS, HEAL_LR, HEAL_SEQ_LEN,
+                       HEAL_TOKENS, LOSSES, MAX_SHARD_SIZE)
+from ..runtime import map_large_allocations
 from ..surgery.prefix import prefix_names
 from ..training.loop import (NonFiniteStep, StepGuard, adamw, block_grad_norms, clip_gradients, parameter_groups,
                              take_step, warmup_cosine)
-from .losses import distillation_loss
-from .metrics import cached_teacher_metrics, check_finite, digest, validation_metrics, warn_if_worse
+from .losses import distillation_loss, relative_error
+from .metrics import cached_teacher_metrics, check_finite, digest, warn_if_worse
 from .pair import load_models, open_pair, same_tokenizer
 
 
@@ -61,12 +62,12 @@ class HealRun:
     out: str | Path
     _: KW_ONLY  # the settings, keyword-only as heal() takes them
     data: object = None
-    tokens: int = 65_536
+    tokens: int = HEAL_TOKENS
     seq_len: int = HEAL_SEQ_LEN
     batch_size: int = HEAL_BATCH_SIZE
     lr: float = HEAL_LR
-    loss: str = "kl"
-    dtype: str = "fp32"
+    loss: str = HEAL_LOSS
+    dtype: str = HEAL_DTYPE
     activation_checkpointing: bool = False
     warmup_ratio: float = 0.1
     grad_clip: float = 1.0
@@ -75,7 +76,7 @@ class HealRun:
     eval_data: object = None
     perplexity: bool = True
     eval_at: tuple = ()
-    max_shard_size: str | int = "5GB"
+    max_shard_size: str | int = MAX_SHARD_SIZE
     seed: int = 0
     force: bool = False
     progress: bool = True
@@ -83,6 +84,7 @@ class HealRun:
 
     def run(self) -> dict:
         """The heal, start to end."""
+        map_large_allocations()
         inputs = self.check()
         with atomic_output_dir(self.out, force=self.force, protect=inputs) as tmp:
             self.setup()
@@ -145,9 +147,9 @@ class HealRun:
             # non-reentrant: the first block's input (the frozen embeddings' output) needs no gradient
             enable_checkpointing(self.objective.runs_through, {"use_reentrant": False})
         if self.models.unshared:
-            print(f"warning: --teacher {self.teacher}: {len(self.models.unshared)} tensors outside the first {self.k} "
-                  f"blocks differ from {self.converted}'s (the first: {self.models.unshared[0]}); the teacher keeps "
-                  "its own copies of those", file=sys.stderr)
+            warn(f"--teacher {self.teacher}: {len(self.models.unshared)} tensors outside the first {self.k} "
+                 f"blocks differ from {self.converted}'s (the first: {self.models.unshared[0]}); the teacher keeps "
+                 "its own copies of those")
         self.teacher_figures = self.measure_teacher() if self.perplexity else None
 
     def precision(self):
@@ -172,17 +174,23 @@ class HealRun:
             batch_size=self.batch_size, dtype=self.dtype, device=self.device, torch=torch.__version__)
 
     def validate(self) -> dict:
-        """The student's held-out figures as they stand (:func:`.metrics.validation_metrics`, and
-        with ``perplexity`` its per-document perplexity ``val_doc_ppl``)."""
-        models = self.models
-        whole = models.student_model if self.perplexity else None
+        """The student's held-out figures as they stand: ``val_relative_error`` of the stream its prefix
+        hands on against the teacher prefix's; with ``perplexity`` the whole model's ``val_loss`` and
+        ``val_ppl`` (packed blocks) and ``val_doc_ppl`` (each document on its own)."""
+        models, held_out, errors = self.models, self.eval_blocks, []
         with self.precision():
-            measured = validation_metrics(models.student_prefix, models.teacher_prefix, whole, self.eval_blocks,
-                                          self.batch_size, self.progress)
+            with torch.no_grad():
+                for start in range(0, len(held_out), self.batch_size):
+                    batch = held_out[start:start + self.batch_size].to(self.device)
+                    stream = models.student_prefix(input_ids=batch).last_hidden_state
+                    target = models.teacher_prefix(input_ids=batch).last_hidden_state
+                    errors.append(relative_error(stream, target).item() * len(batch))
+            measured = {"val_relative_error": sum(errors) / len(held_out)}
             if self.perplexity:
-                measured["val_doc_ppl"] = evaluate_documents(whole, self.tokenizer, self.documents, self.seq_len,
-                                                             self.batch_size, self.eval_tokens,
-                                                             self.progress)["token_perplexity"]
+                packed = evaluate_perplexity(models.student_model, held_out, self.batch_size, self.progress)
+                measured.update(val_loss=packed["loss"], val_ppl=packed["perplexity"], val_doc_ppl=evaluate_documents(
+                    models.student_model, self.tokenizer, self.documents, self.seq_len, self.batch_size,
+                    self.eval_tokens, self.progress)["token_perplexity"])
         return measured
 
     def fit(self, before: dict, path: Path) -> dict:
@@ -251,7 +259,7 @@ class HealRun:
         in its provenance."""
         source, arch = self.student_source, self.student_source.arch
         state = self.models.student_prefix.state_dict()
-        healed = {name: state[name.removeprefix("model.")] for name in prefix_names(source, arch, self.k)
+        healed = {name: state[name.removeprefix(arch.decoder + ".")] for name in prefix_names(source, arch, self.k)
                   if arch.layer_of(name) is not None}
         # Only the healed blocks are needed from here: the writer holds an output shard's tensors at once,
         # which on top of both models and the AdamW state would set the peak.

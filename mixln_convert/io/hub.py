@@ -24,12 +24,11 @@ import fnmatch
 import json
 import os
 import re
-import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from ..errors import MixLNError
+from ..errors import MixLNError, warn
 from .checkpoint_files import EXTRA_FILE_PATTERNS, WEIGHT_FILES
 
 _PART = r"[\w.-]+"
@@ -138,7 +137,7 @@ def _cached_snapshot(name: HubName, where: str, error: Exception) -> str:
     if missing:
         raise MixLNError(f"{where}: the cached snapshot {folder} lacks {missing[0]} ({why})")
     if not offline:  # said: a branch may have moved on the Hub since the cache was filled
-        print(f"warning: {where}: {why}; using the cached snapshot {folder}", file=sys.stderr)
+        warn(f"{where}: {why}; using the cached snapshot {folder}")
     return str(folder)
 
 

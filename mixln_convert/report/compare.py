@@ -12,6 +12,7 @@ import numpy as np
 
 from ..analysis.measures import coefficient_of_variation, deep_half
 from ..errors import MixLNError
+from ..io.paths import check_destination
 from ..io.runs import write_json
 from ..options import measured_on
 from . import uncertainty
@@ -38,13 +39,15 @@ def compare(inputs, out, *, labels=(), allow_mismatch: bool = False, force: bool
     from .render import write_report
     from .tables import report_blocks
 
+    protect = {f"#{i + 1}": path for i, path in enumerate(inputs)}
+    check_destination(out, protect, force, flag="--out")
     models = load_inputs(inputs, labels)
     notes = check_tokenizers(models, allow_mismatch)
     estimates = {m.label: model_estimates(m) for m in models}
     numbers = {m.label: model_numbers(m, estimates[m.label]) for m in models}
-    result = {"summary": summary_sentences(models, numbers, estimates), "notes": notes,
-              "models": list(numbers.values())}
-    with atomic_output_dir(out, force=force, protect={f"#{i + 1}": path for i, path in enumerate(inputs)}) as tmp:
+    summary = _training_sentences(models, numbers, estimates) + _analysis_sentences(models, numbers, estimates)
+    result = {"summary": summary, "notes": notes, "models": list(numbers.values())}
+    with atomic_output_dir(out, force=force, protect=protect) as tmp:
         images = beside_layer_drop(plot_report(models, tmp), plot_task_drops(models, tmp))
         write_report(tmp, report_blocks(models, numbers, result["summary"], notes, images))
         write_json(tmp / "comparison.json", result)
@@ -136,11 +139,6 @@ def model_numbers(model: Model, estimates: dict[str, Estimate]) -> dict:
     numbers["intervals"] = {name: e.interval for name, e in estimates.items()}
     numbers.update(downstream_numbers(model))
     return numbers
-
-
-def summary_sentences(models: list[Model], numbers: dict, estimates: dict) -> list[str]:
-    """The plain-language summary: training outcome, then the layer analyses."""
-    return _training_sentences(models, numbers, estimates) + _analysis_sentences(models, numbers, estimates)
 
 
 def _tied(a: float, b: float) -> bool:

@@ -10,7 +10,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter, MaxNLocator
 
-from ..analysis.plots import ANGULAR_DISTANCE, draw_angular_matrix, scale_layer_drop_axis
+from ..analysis.plots import ANGULAR_DISTANCE, angular_grid, draw_angular_matrix, scale_layer_drop_axis
 from ..options import measured_on
 from .inputs import Model, analysis_evaluation
 
@@ -98,7 +98,7 @@ def plot_angular_matrices(models: list[Model], path: Path) -> None:
         row[0].set(title=f"{m.label}\n{m.layout}", xlabel="span n (blocks)", ylabel="first block l")
     fig.colorbar(image, ax=axes[:, 0].tolist(), label=ANGULAR_DISTANCE)
     if differences:
-        grids = {m.label: _grid(m) - _grid(reference) for m in differences}
+        grids = {m.label: angular_grid(m.analysis) - angular_grid(reference.analysis) for m in differences}
         limit = max(np.nanmax(np.abs(g)) for g in grids.values()) or 1.0
         axes[0, 1].set_axis_off()
         axes[0, 1].text(0.5, 0.5, f"differences from\n{reference.label}", ha="center", va="center",
@@ -114,15 +114,6 @@ def plot_angular_matrices(models: list[Model], path: Path) -> None:
         fig.colorbar(shown, ax=axes[:, 1].tolist(), label="difference of angular distance")
     fig.suptitle(f"Angular distance between the inputs of blocks l and l+n\n{_analysed_on(models)}")
     fig.savefig(path, dpi=120)
-
-
-def _grid(model: Model) -> np.ndarray:
-    """The angular distance matrix as a square array, NaN where l + n runs past the last block."""
-    n = model.analysis["num_layers"]
-    grid = np.full((n, n), np.nan)
-    for l, row in enumerate(model.analysis["angular_distance_matrix"]):
-        grid[l, :len(row)] = row
-    return grid
 
 
 def plot_grad_norms(models: list[Model], path: Path) -> None:

@@ -41,7 +41,8 @@ def load_prefix(source, arch, num_layers: int, dtype=torch.float32, device="cpu"
     mask, also in manual block calls.
     """
     model = _prefix_model(source, num_layers)
-    state = {name.removeprefix("model."): source.get(name).to(dtype) for name in prefix_names(source, arch, num_layers)}
+    state = {name.removeprefix(arch.decoder + "."): source.get(name).to(dtype)
+             for name in prefix_names(source, arch, num_layers)}
     model.load_state_dict(state, strict=True, assign=True)
     model.rotary_emb = type(model.rotary_emb)(config=model.config)  # rebuild its buffers off the meta device
     return model.to(device).eval()
@@ -50,8 +51,8 @@ def load_prefix(source, arch, num_layers: int, dtype=torch.float32, device="cpu"
 def prefix_of(whole, source, arch, num_layers: int):
     """The embeddings and first ``num_layers`` blocks of ``whole`` (the causal LM of ``source``) as
     :func:`load_prefix` returns them, made of the very same modules: training one trains the other."""
-    model = _prefix_model(source, num_layers)
-    model.embed_tokens = whole.model.embed_tokens
-    model.layers = whole.model.layers[:num_layers]
-    model.rotary_emb = whole.model.rotary_emb
+    model, decoder = _prefix_model(source, num_layers), arch.decoder_of(whole)
+    model.embed_tokens = decoder.embed_tokens
+    model.layers = arch.blocks_of(whole)[:num_layers]
+    model.rotary_emb = decoder.rotary_emb
     return model.eval()

@@ -1,27 +1,20 @@
-"""``prune()``: remove decoder blocks from a checkpoint, and the rules that choose them.
-
-Rules for removing N blocks (``METHODS``):
-
-- ``angular`` (Gromov et al. 2024, "The Unreasonable Ineffectiveness of the Deeper Layers"):
-  the N consecutive blocks l..l+N-1 whose input x_l and output x_{l+N} are closest,
-  by token-averaged angular distance arccos(cos) / pi on calibration text;
-- ``drop``: the N blocks whose removal alone raises perplexity least;
-- ``last``: the N deepest blocks, just before the final norm.
-
-The pruned checkpoint is of the same kind as its source, tensors streamed one at a time.
+"""``prune()``: remove decoder blocks from a checkpoint, named or chosen by a rule of
+:mod:`..analysis.choice`. The pruned checkpoint is of the same kind as its source, tensors
+streamed one at a time.
 """
 
 import re
 import time
 from pathlib import Path
 
+from ..analysis.choice import check_count, check_method, choose_layers, layer_scores, span_distances
 from ..errors import MixLNError
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination
 from ..io.atomic import atomic_output_dir
 from ..io.writer import parse_size, tool_stamp, write_checkpoint
 from ..limits import check_positive, check_seq_len
-from ..options import METHODS
+from ..options import BATCH_SIZE, MAX_SHARD_SIZE, PRUNE_SEQ_LEN, PRUNE_TOKENS
 
 _LAYER_RANGE = re.compile(r"([0-9]+)\s*(?:-\s*([0-9]+))?")  # ASCII digits only: '²'.isdigit() is True
 
@@ -46,51 +39,9 @@ def parse_layers(text: str, num_layers: int) -> list[int]:
     return sorted(layers)
 
 
-def check_method(method: str) -> None:
-    if method not in METHODS:
-        raise MixLNError(f"--method: unknown method {method!r} (choose from {', '.join(METHODS)})")
-
-
-def check_count(n: int, num_layers: int) -> None:
-    if not 1 <= n < num_layers:
-        raise MixLNError(f"--remove: {n} layers is outside [1, {num_layers - 1}] for this {num_layers}-layer model")
-
-
-def choose_layers(method: str, n: int, num_layers: int, scores: dict | None = None) -> list[int]:
-    """The ``n`` blocks ``method`` removes. ``scores`` holds what the method ranks by:
-    ``angular_distance_matrix`` (angular) or ``layer_drop`` (drop); see :func:`layer_scores`."""
-    check_method(method)
-    check_count(n, num_layers)
-    if method == "angular":
-        distances = span_distances(scores["angular_distance_matrix"], n)
-        start = min(range(len(distances)), key=distances.__getitem__)
-        return list(range(start, start + n))
-    if method == "drop":
-        return sorted(sorted(range(num_layers), key=scores["layer_drop"].__getitem__)[:n])
-    return list(range(num_layers - n, num_layers))
-
-
-def span_distances(angular_distance_matrix: list[list[float]], n: int) -> list[float]:
-    """Angular distance between the input and the output of blocks l..l+n-1, for each start l."""
-    return [row[n - 1] for row in angular_distance_matrix if len(row) >= n]
-
-
-def layer_scores(model, blocks, method: str, batch_size: int = 4, progress: bool = True) -> dict:
-    """What ``method`` (angular or drop) ranks blocks by, measured with ``model`` on ``blocks`` (token ids)."""
-    from ..analysis.layers import BlockRunner, RepresentationStatistics, removal_sweep
-
-    runner = BlockRunner(model)
-    if method == "angular":
-        statistics = RepresentationStatistics(runner.num_layers)
-        removal_sweep(runner, blocks, batch_size=batch_size, statistics=statistics, progress=progress)
-        return {"angular_distance_matrix": statistics.angular_distance_matrix()}
-    sweep = removal_sweep(runner, blocks, [[l] for l in range(runner.num_layers)], batch_size, progress=progress)
-    return {"layer_drop": [p - sweep["perplexity"] for p in sweep["removed"]]}
-
-
 def prune(src, dst, *, layers: str | None = None, remove: int | None = None, method: str = "angular",
-          data=None, seq_len: int = 256, max_tokens: int = 8 * 256, batch_size: int = 4,
-          max_shard_size: str | int = "5GB", force: bool = False, progress: bool = True) -> Path:
+          data=None, seq_len: int = PRUNE_SEQ_LEN, max_tokens: int = PRUNE_TOKENS, batch_size: int = BATCH_SIZE,
+          max_shard_size: str | int = MAX_SHARD_SIZE, force: bool = False, progress: bool = True) -> Path:
     """Write ``src`` without some of its decoder blocks to ``dst``; returns ``dst``.
 
     Either ``layers`` names the blocks ('20-23,27'), or ``remove`` blocks are chosen by

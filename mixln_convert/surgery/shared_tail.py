@@ -42,7 +42,7 @@ def load_pair(student_source, teacher_source, arch, k: int, dtype=torch.float32,
         teacher_state[name] = teacher_source.get(name).to(device, dtype)
 
     student = _whole_model(student_source, arch, student_state).requires_grad_(False)
-    student.model.layers[:k].requires_grad_(True)
+    arch.blocks_of(student)[:k].requires_grad_(True)
     parameters = dict(student.named_parameters(remove_duplicate=False))
     teacher_state.update({name: parameters[name] for name in shared})  # Parameters: assigned as they are
     teacher = _whole_model(teacher_source, arch, teacher_state).requires_grad_(False)
@@ -72,5 +72,6 @@ def _whole_model(source, arch, state: dict):
     if missing != ([arch.lm_head] if config.tie_word_embeddings else []):
         raise MixLNError(f"{source.path}: lacks tensor {missing[0]}")
     model.tie_weights()
-    model.model.rotary_emb = type(model.model.rotary_emb)(config=config)  # rebuild its buffers off the meta device
+    decoder = arch.decoder_of(model)
+    decoder.rotary_emb = type(decoder.rotary_emb)(config=config)  # rebuild its buffers off the meta device
     return model.eval()

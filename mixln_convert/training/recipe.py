@@ -20,8 +20,8 @@ from ..errors import MixLNError
 from ..io.hub import hub_name
 from ..io.paths import check_readable, checkpoint_path, is_pattern
 from ..limits import SPIKE_FACTORS, below_one_step, spike_factor_ok
-from ..options import (ARMS, ATTENTIONS, DEFAULT_ARMS, EVAL_SEQ_LEN, EVAL_TOKENS, HEAL_BATCH_SIZE, HEAL_LR, HEAL_SEQ_LEN,
-                       LOSSES, PRECISIONS, STRATEGIES)
+from ..options import (ALPHA, ARMS, ATTENTIONS, DEFAULT_ARMS, EVAL_SEQ_LEN, EVAL_TOKENS, HEAL_BATCH_SIZE, HEAL_LOSS,
+                       HEAL_LR, HEAL_SEQ_LEN, LOSSES, PRECISIONS, STRATEGIES)
 
 SMOLLM2 = "smollm2"  # `source: smollm2` names the embedded default model (the cached GGUF)
 
@@ -35,10 +35,10 @@ DEFAULTS = {
     # alpha: the paper's, for 71M-1B models. scaled_init: o_proj/down_proj std / sqrt(2L) for the
     # freshly initialized weights of reinit-post and scratch; with scratch the Pre-LN arm is
     # initialized by the same plan (alpha 0, same seed), so both arms start alike
-    "conversion": {"alpha": 0.25, "strategy": "calibrated", "scaled_init": True},
+    "conversion": {"alpha": ALPHA, "strategy": "calibrated", "scaled_init": True},
     # Distil the converted Post-LN blocks from the source before training (mixln-convert heal);
     # tokens 0 skips it.
-    "heal": {"tokens": 0, "seq_len": HEAL_SEQ_LEN, "batch_size": HEAL_BATCH_SIZE, "lr": HEAL_LR, "loss": "kl",
+    "heal": {"tokens": 0, "seq_len": HEAL_SEQ_LEN, "batch_size": HEAL_BATCH_SIZE, "lr": HEAL_LR, "loss": HEAL_LOSS,
              "activation_checkpointing": False, "spike_factor": 0.0},  # spike_factor: as guard's, for the heal
     "data": {
         # a tokenized folder (`mixln-convert tokenize`), or text: a file, folder, glob or Hugging Face Hub

@@ -13,7 +13,6 @@ import json
 import math
 import os
 import shutil
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from tqdm.auto import tqdm
 
 from ..data import PackedBlocks, Splits, blocks
 from ..data.shards import file_sha256
-from ..errors import MixLNError
+from ..errors import MixLNError, warn
 from ..evaluate import evaluate_perplexity
 from ..io.atomic import atomic_output_dir, write_atomic
 from ..io.runs import METRICS, SUMMARY, append_metrics, cut_metrics, write_json
@@ -354,8 +353,7 @@ def _save_checkpoint(run: Run, folder: Path, step: int, keep: int) -> None:
 def _damage(checkpoint: Path) -> str | None:
     """What is wrong with ``checkpoint``'s files against its recorded checksums, or None."""
     if not (checkpoint / CHECKSUMS).exists():  # saved before checkpoints carried checksums
-        print(f"warning: {checkpoint} has no {CHECKSUMS} (saved by an older version): loading it unverified",
-              file=sys.stderr)
+        warn(f"{checkpoint} has no {CHECKSUMS} (saved by an older version): loading it unverified")
         return None
     try:
         recorded = json.loads((checkpoint / CHECKSUMS).read_text())
@@ -403,8 +401,7 @@ def _restore(run: Run, folder: Path) -> int:
                 run.guard.load_state_dict(json.loads((checkpoint / GUARD_STATE).read_text()))
         except Exception as e:  # torch, safetensors and pickle each fail their own way on a damaged file
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            print(f"warning: {checkpoint} is damaged ({first[:200]}); trying the checkpoint before it",
-                  file=sys.stderr)
+            warn(f"{checkpoint} is damaged ({first[:200]}); trying the checkpoint before it")
             continue
         step = found_step
         break
