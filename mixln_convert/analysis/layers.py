@@ -43,9 +43,10 @@ class BlockRunner:
 
         hidden = self.decoder.embed_tokens(input_ids)
         position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
-        # create_causal_mask returns None where SDPA can use its own causal path, a mask otherwise
-        mask = create_causal_mask(config=self.decoder.config, inputs_embeds=hidden, attention_mask=None,
-                                  cache=None, position_ids=position_ids)
+        # create_causal_mask returns None where SDPA can use its own causal path, a mask otherwise; no
+        # attention mask and no cache, given by position (transformers 5.17 names the cache
+        # past_key_values, later releases cache)
+        mask = create_causal_mask(self.decoder.config, hidden, None, None, position_ids=position_ids)
         kwargs = {"attention_mask": mask, "position_ids": position_ids,
                   "position_embeddings": self.decoder.rotary_emb(hidden, position_ids=position_ids)}
         return hidden, kwargs
