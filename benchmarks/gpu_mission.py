@@ -290,7 +290,7 @@ class Mission:
                 "mfu_6n_attention_spec_989": rate * (cost.flops + cost.attention_flops) / cost.step_tokens / SPEC_BF16,
                 "flops_per_token_6n": cost.flops / cost.step_tokens,
                 "flops_per_token_attention": cost.attention_flops / cost.step_tokens,
-                "estimated_gpu_memory_bytes": cost.total(recipe["activation_checkpointing"]),
+                "estimated_gpu_memory_bytes": cost.total(recipe.activation_checkpointing),
                 "loss_first_last": [records[0]["loss"], records[-1]["loss"]],
                 "validation_curve": [[0, summary["initial_val_ppl"]]]
                 + [[r["step"], r["val_ppl"]] for r in records if "val_ppl" in r],

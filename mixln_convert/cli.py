@@ -635,7 +635,7 @@ def estimate(recipe_file, overrides, processes, strategy, device, memory):
 
     recipe = load_recipe(recipe_file, overrides)
     hardware = choose_hardware(sized_for(recipe_path(recipe_file)), processes, strategy, device, memory)
-    click.echo(report(estimate(recipe, hardware, model_shapes(recipe["source"]))))
+    click.echo(report(estimate(recipe, hardware, model_shapes(recipe.source))))
 
 
 @main.command()

@@ -3,7 +3,7 @@ in one torch-free place: the CLI offers the choices as ``click.Choice`` and show
 and the modules that act on them validate against the same tuples and default to the same values."""
 
 STRATEGIES = ("calibrated", "move", "reinit-post", "scratch")  # conversion/plan.py
-# conversion/converter.py: Mix-LN (the first blocks Post-LN) or LayerNorm Scaling (conversion/lns.py)
+# conversion/converter.py: Mix-LN (the first blocks Post-LN) or LayerNorm Scaling (architectures/__init__.py)
 LAYOUTS = ("mixln", "lns")
 # pipeline.py's training arms: the converted Mix-LN model, the Pre-LN control, the LNS retrofit
 ARMS = ("mixln", "preln", "lns")

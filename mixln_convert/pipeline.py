@@ -10,6 +10,7 @@ Each stage is the function its command runs; this module only chains them:
 
 import json
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 
 import yaml
@@ -19,17 +20,18 @@ from .fetch import cache_dir
 from .io.atomic import scratch_dir, write_atomic
 from .io.loader import open_checkpoint
 from .io.paths import check_destination, check_not_input
-from .io.runs import ANALYSIS, SUMMARY, read_summary, write_json
+from .io.runs import SUMMARY, Stages, claim_run, read_summary, record_run, write_json
 from .limits import check_force_or_resume, check_one_step, check_seq_len
 from .options import (ALPHA, DEMO_EVAL_TOKENS, DEMO_HEAL_TOKENS, DEMO_TRAIN_TOKENS, EVAL_DATA, HEAL_BATCH_SIZE,
                       HEAL_SEQ_LEN, measured_on)
 from .runtime import map_large_allocations
+from .training.recipe import Recipe, load_recipe
 
 DATA_RECORD = "data.json"  # a run's {data file: sha256}, which --resume must find unchanged
 DEMO_RECIPE = "smollm2-135m-cpu"  # shipped with the package
 
 
-def train(recipe: dict, out, arms=None, resume: bool = False, progress: bool = True) -> dict:
+def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool = True) -> dict:
     """Train each arm of ``arms`` (default: the recipe's ``arms``) in turn into ``out``; returns
     {arm: summary}.
 
@@ -41,29 +43,27 @@ def train(recipe: dict, out, arms=None, resume: bool = False, progress: bool = T
     from accelerate.utils import parse_flag_from_env
 
     from .data import load_splits
-    from .training.recipe import optimizer_steps
     from .training.trainer import split_blocks, train_arm
 
     out = Path(out).absolute()
-    arms = recipe["arms"] if arms is None else arms
+    arms = recipe.arms if arms is None else arms
     # Accelerator reads `accelerate launch --cpu` (ACCELERATE_USE_CPU) itself; PartialState does not.
     state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
     accumulation = _accumulation(recipe, state.num_processes)
-    if recipe["fsdp"] and state.num_processes < 2:
+    if recipe.fsdp and state.num_processes < 2:
         raise MixLNError("fsdp: true shards over several processes, and this run has one; launch it with "
                          "accelerate launch --config_file \"$(mixln-convert recipes --path fsdp)\" (or torchrun)")
-    source = open_checkpoint(recipe["source"])
-    check_seq_len("seq_len", recipe["seq_len"], source.config, "allow_longer_seq: true", recipe["allow_longer_seq"])
-    if recipe["heal"]["tokens"]:
-        check_seq_len("heal.seq_len", recipe["heal"]["seq_len"], source.config, "allow_longer_seq: true",
-                      recipe["allow_longer_seq"])
+    source = open_checkpoint(recipe.source)
+    check_seq_len("seq_len", recipe.seq_len, source.config, "allow_longer_seq: true", recipe.allow_longer_seq)
+    if recipe.heal.tokens:
+        check_seq_len("heal.seq_len", recipe.heal.seq_len, source.config, "allow_longer_seq: true",
+                      recipe.allow_longer_seq)
     existed, fresh = out.is_dir(), _claim(out, recipe, resume)
-    train_tokens = max(optimizer_steps(recipe) * recipe["global_batch_size"] * recipe["seq_len"],
-                       recipe["heal"]["tokens"])
+    train_tokens = max(recipe.steps * recipe.global_batch_size * recipe.seq_len, recipe.heal.tokens)
     finished = {arm: _finished(out / arm, arm) for arm in arms if resume and (out / arm / SUMMARY).is_file()}
     try:  # everything that can refuse the run's inputs, before the first training step
         with state.main_process_first():  # the main process tokenizes into the cache, the others read it
-            splits = load_splits(recipe["data"], source.tokenizer, train_tokens, progress)
+            splits = load_splits(recipe.data, source.tokenizer, train_tokens, progress)
         split_blocks(recipe, splits)
         _record_recipe(out, recipe, state)
         sources = {arm: prepare(recipe, arm, out / arm, splits, progress) for arm in arms if arm not in finished}
@@ -80,7 +80,7 @@ def train(recipe: dict, out, arms=None, resume: bool = False, progress: bool = T
     return summaries
 
 
-def prepare(recipe: dict, arm: str, folder: Path, splits, progress: bool) -> str:
+def prepare(recipe: Recipe, arm: str, folder: Path, splits, progress: bool) -> str:
     """The checkpoint an arm trains from: the source for the Pre-LN arm; for the Mix-LN arm the
     recipe's converted model, else the source converted into ``folder/converted`` and, with
     ``heal.tokens``, healed into ``folder/healed`` on the run's own training stream; for the LNS
@@ -95,27 +95,27 @@ def prepare(recipe: dict, arm: str, folder: Path, splits, progress: bool) -> str
     from .conversion.converter import convert
     from .healing import heal
 
-    conversion = recipe["conversion"]
-    from_scratch = conversion["strategy"] == "scratch"
+    conversion = recipe.conversion
+    from_scratch = conversion.strategy == "scratch"
     if arm == "preln" and not from_scratch:
-        return recipe["source"]
+        return recipe.source
     if arm == "lns":  # convert()'s default strategy is the exact retrofit for this layout
         converted = folder / "converted"
         layout = {"layout": "lns", "strategy": "scratch" if from_scratch else "calibrated"}
     else:
-        converted = folder / "initialized" if arm == "preln" else recipe["converted"] or folder / "converted"
-        layout = {"alpha": 0.0 if arm == "preln" else conversion["alpha"], "strategy": conversion["strategy"]}
+        converted = folder / "initialized" if arm == "preln" else recipe.converted or folder / "converted"
+        layout = {"alpha": 0.0 if arm == "preln" else conversion.alpha, "strategy": conversion.strategy}
     with PartialState().main_process_first():  # the main process converts, the others then find the folder
         if not (Path(converted) / "config.json").is_file():
-            convert(recipe["source"], converted, **layout, scaled_init=conversion["scaled_init"], seed=recipe["seed"],
+            convert(recipe.source, converted, **layout, scaled_init=conversion.scaled_init, seed=recipe.seed,
                     progress=progress)
-        if arm != "mixln" or not recipe["heal"]["tokens"]:
+        if arm != "mixln" or not recipe.heal.tokens:
             return str(converted)
         healed = folder / "healed"
         if not (healed / "config.json").is_file():
-            heal(converted, recipe["source"], healed, data=splits.train, perplexity=False, seed=recipe["seed"],
-                 progress=progress, seq_len_flag="heal.seq_len", dtype=heal_dtype(recipe["precision"]),
-                 **recipe["heal"])
+            heal(converted, recipe.source, healed, data=splits.train, perplexity=False, seed=recipe.seed,
+                 progress=progress, seq_len_flag="heal.seq_len", dtype=heal_dtype(recipe.precision),
+                 **asdict(recipe.heal))
     return str(healed)
 
 
@@ -156,20 +156,20 @@ def convert_and_heal(src, dst, *, heal_tokens: int, heal_data=None, force: bool 
                     seq_len_flag=None)
 
 
-def _accumulation(recipe: dict, processes: int) -> int:
-    per_pass = recipe["micro_batch_size"] * processes
-    if recipe["global_batch_size"] % per_pass:
-        raise MixLNError(f"global_batch_size {recipe['global_batch_size']} is not a multiple of micro_batch_size x "
-                         f"processes = {recipe['micro_batch_size']} x {processes}")
-    return recipe["global_batch_size"] // per_pass
+def _accumulation(recipe: Recipe, processes: int) -> int:
+    per_pass = recipe.micro_batch_size * processes
+    if recipe.global_batch_size % per_pass:
+        raise MixLNError(f"global_batch_size {recipe.global_batch_size} is not a multiple of micro_batch_size x "
+                         f"processes = {recipe.micro_batch_size} x {processes}")
+    return recipe.global_batch_size // per_pass
 
 
-def _claim(out: Path, recipe: dict, resume: bool) -> bool:
+def _claim(out: Path, recipe: Recipe, resume: bool) -> bool:
     """Refuse to mix two runs in one folder, or a folder that is an input; True when ``out`` holds
     nothing yet (absent or empty: all it will hold is this run's)."""
     saved = out / "recipe.yaml"
-    inputs = {key: recipe[key] for key in ("source", "converted")}
-    inputs.update({f"data.{key}": recipe["data"][key] for key in ("train", "validation")})
+    inputs = {"source": recipe.source, "converted": recipe.converted, "data.train": recipe.data.train,
+              "data.validation": recipe.data.validation}
     check_not_input(out, inputs, "--out")
     if saved.is_file():
         if not resume:
@@ -179,7 +179,7 @@ def _claim(out: Path, recipe: dict, resume: bool) -> bool:
             started_with = yaml.safe_load(saved.read_text())
         except (OSError, ValueError, yaml.YAMLError):
             raise MixLNError(f"{saved}: damaged; it holds the recipe --resume must match") from None
-        if started_with != recipe:
+        if started_with != recipe.to_dict():
             raise MixLNError(f"{out}: --resume needs the recipe the run started with, and {saved} differs")
         _check_data(out, recipe)
         return False
@@ -188,7 +188,7 @@ def _claim(out: Path, recipe: dict, resume: bool) -> bool:
     return True
 
 
-def _record_recipe(out: Path, recipe: dict, state) -> None:
+def _record_recipe(out: Path, recipe: Recipe, state) -> None:
     """The main process writes the resolved recipe and data fingerprint that --resume compares with."""
     from .data import data_fingerprint
 
@@ -196,12 +196,12 @@ def _record_recipe(out: Path, recipe: dict, state) -> None:
     state.wait_for_everyone()  # every process has checked before the main one writes
     if state.is_main_process and not saved.is_file():
         out.mkdir(parents=True, exist_ok=True)
-        write_atomic(saved, yaml.safe_dump(recipe, sort_keys=False))
+        write_atomic(saved, yaml.safe_dump(recipe.to_dict(), sort_keys=False))
     if state.is_main_process and not (out / DATA_RECORD).is_file():  # also for a run from before the record
-        write_json(out / DATA_RECORD, data_fingerprint(recipe["data"]), indent=1)
+        write_json(out / DATA_RECORD, data_fingerprint(recipe.data.train, recipe.data.validation), indent=1)
 
 
-def _check_data(out: Path, recipe: dict) -> None:
+def _check_data(out: Path, recipe: Recipe) -> None:
     """A resumed run reads the data it started with: the recipe names the same paths, and
     ``DATA_RECORD`` holds what they held (a run from before the record has none to compare)."""
     from .data import data_fingerprint
@@ -213,7 +213,7 @@ def _check_data(out: Path, recipe: dict) -> None:
         started_with = json.loads(record.read_text())
     except (OSError, ValueError):
         raise MixLNError(f"{record}: damaged; it holds the data fingerprint --resume must match") from None
-    now = data_fingerprint(recipe["data"])
+    now = data_fingerprint(recipe.data.train, recipe.data.validation)
     for file in sorted(set(started_with) | set(now)):
         if started_with.get(file) != now.get(file):
             how = ("is gone since the run started" if file not in now
@@ -246,44 +246,50 @@ def run_demo(out, *, source=None, alpha: float = ALPHA, heal_tokens: int = DEMO_
     there; ``force`` starts afresh."""
     from .analysis.analyze import analyze
     from .report import compare
-    from .training import load_recipe
 
     check_force_or_resume(force, resume)
-    out = Path(out)
-    check_destination(out, {"the model cache": cache_dir(), "--source": source}, force or resume, flag="--out")
+    settings = {"--source": None if source is None else str(Path(source).absolute()), "--alpha": alpha,
+                "--heal-tokens": heal_tokens, "--train-tokens": train_tokens, "--eval-tokens": eval_tokens,
+                "--prune-curve": prune_curve}
+    out = claim_run(out, "demo", settings, {"the model cache": cache_dir(), "--source": source}, resume, force)
     if force and out.exists() and any(out.iterdir()):
         shutil.rmtree(out)
-    overrides = [f"conversion.alpha={alpha}", f"heal.tokens={heal_tokens}", f"max_tokens={train_tokens}",
-                 f"eval_interval={max(1, train_tokens // 1024)}", f"data.eval_tokens={eval_tokens}"]
+    changes = {"conversion.alpha": alpha, "heal.tokens": heal_tokens, "max_tokens": train_tokens,
+               "eval_interval": max(1, train_tokens // 1024), "data.eval_tokens": eval_tokens}
     if source is not None:
-        overrides.append(f"source={Path(source).absolute()}")
-    recipe = load_recipe(DEMO_RECIPE, overrides)
-    original = recipe["source"]
+        changes["source"] = str(Path(source).absolute())
+    recipe = load_recipe(DEMO_RECIPE, changes=changes, changed_by="demo")
+    original = recipe.source
     # training validation and every analysis score the same blocks, so their perplexities agree
-    where = measured_on({"data": EVAL_DATA, "tokens": eval_tokens, "seq_len": recipe["seq_len"]})
+    where = measured_on({"data": EVAL_DATA, "tokens": eval_tokens, "seq_len": recipe.seq_len})
     print(f"[1/4] source model: {original}")
     healing = f"heal ({heal_tokens:,} tokens) + " if heal_tokens else ""
-    print(f"[2/4] convert + {healing}recovery training of both arms ({recipe['max_tokens']:,} tokens each) "
+    print(f"[2/4] convert + {healing}recovery training of both arms ({recipe.max_tokens:,} tokens each) "
           f"-> {out / 'train'}")
-    for summary in train(recipe, out / "train", resume=resume).values():
+    out.mkdir(parents=True, exist_ok=True)
+    record_run(out, "demo", settings)
+    stages = Stages(resume)
+    # training resumes within an arm itself: the stage works in its folder
+    summaries = stages.run("train", out / "train", lambda folder: train(recipe, folder, resume=True), atomic=False)
+    for summary in summaries.values():
         print(f"      {summary['arm']}: validation perplexity {summary['initial_val_ppl']:.2f} -> "
               f"{summary['final_val_ppl']:.2f} ({where})")
-    stages = {
+    checkpoints = {
         "original": original,
         "converted": out / "train" / "mixln" / "converted",
         **({"healed": out / "train" / "mixln" / "healed"} if heal_tokens else {}),
         "mixln-trained": out / "train" / "mixln" / "final",
         "preln-trained": out / "train" / "preln" / "final",
     }
-    print(f"[3/4] layer analysis of {', '.join(stages)} ({where})")
-    for name, ckpt in stages.items():
-        if not (resume and (out / "analysis" / name / ANALYSIS).is_file()):
-            result = analyze(ckpt, out / "analysis" / name, seq_len=recipe["seq_len"], max_tokens=eval_tokens,
-                             prune_curve=prune_curve, generate=True, force=resume)
-            print(f"      {name}: perplexity {result['perplexity']:.2f}; greedy continuations repeat "
-                  f"{result['generation']['repeated_4gram_share']:.1%} of their 4-grams")
+    print(f"[3/4] layer analysis of {', '.join(checkpoints)} ({where})")
+    for name, ckpt in checkpoints.items():
+        result = stages.run(name, out / "analysis" / name, lambda folder, ckpt=ckpt: analyze(
+            ckpt, folder, seq_len=recipe.seq_len, max_tokens=eval_tokens, prune_curve=prune_curve, generate=True,
+            force=True))
+        print(f"      {name}: perplexity {result['perplexity']:.2f}; greedy continuations repeat "
+              f"{result['generation']['repeated_4gram_share']:.1%} of their 4-grams")
     print(f"[4/4] report -> {out / 'report'}")
-    return compare([out / "analysis" / name for name in stages] + [out / "train"], out / "report",
-                   labels=list(stages) + ["train"], force=resume)
+    return compare([out / "analysis" / name for name in checkpoints] + [out / "train"], out / "report",
+                   labels=list(checkpoints) + ["train"], force=True)
 
 

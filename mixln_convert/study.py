@@ -26,7 +26,7 @@ from .analysis.measures import coefficient_of_variation, deep_half, verdict
 from .data.corpus import check_text
 from .data.shards import is_tokens_folder
 from .errors import MixLNError
-from .io.runs import ANALYSIS, METRICS, claim_run, read_analysis, read_metrics, record_run, write_json
+from .io.runs import ANALYSIS, METRICS, Stages, claim_run, read_analysis, read_metrics, record_run, write_json
 from .limits import check_positive, check_seeds
 from .options import ALPHA, STUDY_EVAL_TOKENS
 from .report.study import CLAIMS, LNS_CLAIMS, write_study_report
@@ -61,33 +61,34 @@ def study(source, out, *, recipe: str = RECIPE, overrides=(), alpha: float = ALP
     out = Path(out).absolute()
     plans = [  # every run's recipe first: a bad override is refused before any training
         (scheme, seed, name, engine_arm, out / scheme / f"seed-{seed}" / _slug(name),
-         load_recipe(recipe, [*overrides, f"source={source}", "conversion.strategy=scratch",
-                              f"conversion.alpha={arm_alpha}", f"conversion.scaled_init={SCHEMES[scheme]}",
-                              f"seed={seed}"]))
+         load_recipe(recipe, overrides, changed_by="study", changes={
+             "source": str(source), "conversion.strategy": "scratch", "conversion.alpha": arm_alpha,
+             "conversion.scaled_init": SCHEMES[scheme], "seed": seed}))
         for scheme in schemes for seed in range(seeds)
         for name, (engine_arm, arm_alpha) in arms_for(alpha, post_ln, lns).items()]
-    data = plans[0][5]["data"]
-    for key in ("train", "validation"):  # the runs read it only at their turn, after earlier runs wrote theirs
-        if data[key] is not None and not is_tokens_folder(data[key]):
-            check_text(data[key], f"data.{key}")
+    data = plans[0][5].data
+    for key, text in (("train", data.train), ("validation", data.validation)):  # the runs read it at their turn only
+        if text is not None and not is_tokens_folder(text):
+            check_text(text, f"data.{key}")
     settings = {"SRC": str(Path(source).absolute()), "SRC's files": open_checkpoint(source).fingerprint(),
-                "--recipe and --set": plans[0][5], "--alpha": alpha, "--seeds": seeds, "--init": list(schemes),
+                "--recipe and --set": plans[0][5].to_dict(), "--alpha": alpha, "--seeds": seeds, "--init": list(schemes),
                 "--post-ln": post_ln, "--eval-tokens": eval_tokens}
     if lns:  # recorded only when given: a study begun before the LNS arm existed still resumes
         settings["--lns"] = True
     claim_run(out, "study", settings, {"SRC": source}, resume, force_hint=False)
     out.mkdir(parents=True, exist_ok=True)
     record_run(out, "study", settings)
-    started = time.time()
-    runs = [_run(plan, eval_tokens, resume, progress) for plan in plans]
+    started, stages = time.time(), Stages(resume)
+    runs = [stages.run(str(plan[4].relative_to(out)), plan[4], lambda folder, plan=plan: _run(plan, eval_tokens, progress),
+                       atomic=False) for plan in plans]
     result = {"source": str(source), "recipe": recipe, "overrides": list(overrides), "alpha": alpha, "seeds": seeds,
-              "train_data": data["train"] or "the embedded corpus's train split",
-              "validation_data": data["validation"] or (
-                  f"a held-out {data['validation_fraction']:.0%} of data.train's documents" if data["train"]
+              "train_data": data.train or "the embedded corpus's train split",
+              "validation_data": data.validation or (
+                  f"a held-out {data.validation_fraction:.0%} of data.train's documents" if data.train
                   else "the embedded validation split"),
               "analysis_data": analysis_text(plans[0][5]) or "the embedded validation split",
               "schemes": list(schemes), "arms": list(arms_for(alpha, post_ln, lns)), "eval_tokens": eval_tokens,
-              "runs": runs, "wall_time_s": round(time.time() - started, 1)}
+              "runs": runs, "wall_time_s": round(time.time() - started, 1), "times_s": stages.times}
     result["verdicts"] = verdicts(result)
     if lns:
         result["lns_verdicts"] = lns_verdicts(result)
@@ -111,27 +112,27 @@ def _check(alpha: float, seeds: int, schemes, eval_tokens: int) -> None:
         raise MixLNError(f"--init: {twice[0]!r} is given twice")
 
 
-def _run(plan: tuple, eval_tokens: int, resume: bool, progress: bool) -> dict:
-    """One planned run trained and analyzed (what an interrupted study finished is kept), and its figures."""
+def _run(plan: tuple, eval_tokens: int, progress: bool) -> dict:
+    """One planned run trained and analyzed (what an interrupted one finished is kept), and its figures."""
     from .analysis.analyze import analyze
     from .pipeline import train
 
     scheme, seed, name, engine_arm, folder, run_recipe = plan
-    summary = train(run_recipe, folder, arms=(engine_arm,), resume=resume, progress=progress)[engine_arm]
+    summary = train(run_recipe, folder, arms=(engine_arm,), resume=True, progress=progress)[engine_arm]
     analysis_dir = folder / "analysis"
     if (analysis_dir / ANALYSIS).is_file():  # finished before an interruption
         analysis = read_analysis(analysis_dir / ANALYSIS)
     else:
         analysis = analyze(folder / engine_arm / "final", analysis_dir, data=analysis_text(run_recipe),
-                           seq_len=run_recipe["seq_len"], max_tokens=eval_tokens, progress=progress)
+                           seq_len=run_recipe.seq_len, max_tokens=eval_tokens, progress=progress)
     return {"scheme": scheme, "seed": seed, "arm": name, "folder": str(folder),
             **measure(folder / engine_arm, summary, analysis)}
 
 
-def analysis_text(recipe: dict):
+def analysis_text(recipe):
     """The text the analyses score: the recipe's ``data.validation`` when it is text, else (None,
     or a tokenized folder, which holds token ids, not documents) the embedded validation split."""
-    validation = recipe["data"]["validation"]
+    validation = recipe.data.validation
     return None if validation is None or is_tokens_folder(validation) else validation
 
 

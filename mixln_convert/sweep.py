@@ -24,13 +24,12 @@ from .errors import MixLNError
 from .io.atomic import atomic_output_dir
 from .io.loader import open_checkpoint
 from .io.paths import check_readable
-from .io.runs import METRICS, claim_run, read_checked, read_metrics, record_run, write_checked, write_json
+from .io.runs import METRICS, STAGE_RESULT, Stages, claim_run, read_metrics, record_run, write_json
 from .limits import check_alpha_count, check_force_or_resume, check_one_step, check_positive, check_seeds
 from .options import (CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, EVAL_TOKENS, HEAL_BATCH_SIZE, HEAL_SEQ_LEN, MAX_GRAD_RATIO,
                       MAX_PPL_INCREASE, SWEEP_ALPHAS)
 
 TRAIN_RECIPE = "smollm2-135m-cpu"  # settings of the short continued pre-training (CPU-sized steps)
-STAGE_RESULT = "result.json"  # in each stage's folder: what a resume reads instead of running it again
 FIRST_STEPS = 4  # gradient norms "over the first steps": this many training steps (or analysis batches)
 
 
@@ -105,7 +104,6 @@ def sweep(src, out, *, alphas=SWEEP_ALPHAS, heal_tokens: int = 0, train_tokens: 
     figures, with ``lns`` the LNS retrofit's trained like the control, the recommendation, the
     time split) beside ``out/report``."""
     from .conversion.layout import post_ln_count
-    from .training import load_recipe
 
     _check(alphas, heal_tokens, train_tokens, data, seeds, eval_tokens, lns, resume, force)
     out = Path(out)
@@ -113,7 +111,7 @@ def sweep(src, out, *, alphas=SWEEP_ALPHAS, heal_tokens: int = 0, train_tokens: 
     # what every stage's result depends on (not the alphas: each block count is a stage of its own,
     # so a resume may add some; not the rule: it only reads the results)
     settings = {"SRC": str(Path(src).absolute()), "SRC's files": source.fingerprint(), "--heal-tokens": heal_tokens,
-                "--train-tokens": train_tokens, "--data": data_fingerprint({"train": data, "validation": None}),
+                "--train-tokens": train_tokens, "--data": data_fingerprint(data),
                 "--seeds": seeds, "--eval-tokens": eval_tokens}
     if lns:  # recorded only when given: a sweep begun before the LNS arm existed still resumes
         settings["--lns"] = True
@@ -122,24 +120,24 @@ def sweep(src, out, *, alphas=SWEEP_ALPHAS, heal_tokens: int = 0, train_tokens: 
     counts: dict[int, list[float]] = {}
     for alpha in alphas:  # equal counts run once
         counts.setdefault(post_ln_count(num_layers, alpha, None), []).append(alpha)
-    recipe_overrides = _training_overrides(src, data, train_tokens)
+    training = _training_recipe(src, data, train_tokens)
     if data is not None and not is_tokens_folder(data):  # read by the heal and training only after the original's stage
         check_text(data, "--data")
     if force and out.exists() and any(out.iterdir()):
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     record_run(out, "sweep", settings)
-    times: dict = {}
+    stages = Stages(resume)
+    times = {"stages_s": stages.times}
 
-    original = _stage(out / "original", resume, lambda tmp: {
-        "scores": _scores(src, eval_tokens, progress), "analysis": _analysis(src, tmp, eval_tokens, progress)},
-        times, "original")
+    original = stages.run("original", out / "original", lambda tmp: {
+        "scores": _scores(src, eval_tokens, progress), "analysis": _analysis(src, tmp, eval_tokens, progress)})
 
     def seeded(arm: str, name: str) -> list[dict]:
         """``arm`` trained once per seed from the source, on the data and order of the alphas' seeds."""
-        return [_stage(out / f"{name}-seed{seed}", resume,
-                       lambda tmp, recipe=load_recipe(TRAIN_RECIPE, [*recipe_overrides, f"seed={seed}"]):
-                       _train(recipe, tmp / "train", arm, progress), times, f"{name} (seed {seed})")
+        return [stages.run(f"{name} (seed {seed})", out / f"{name}-seed{seed}",
+                           lambda tmp, recipe=training.replace({"seed": seed}, "--seeds"):
+                           _train(recipe, tmp / "train", arm, progress))
                 for seed in range(seeds)]
 
     controls = seeded("preln", "control") if train_tokens else []
@@ -152,9 +150,9 @@ def sweep(src, out, *, alphas=SWEEP_ALPHAS, heal_tokens: int = 0, train_tokens: 
     for i, (n, given) in enumerate(sorted(counts.items()), 1):
         print(f"[alpha {i}/{len(counts)}] alpha {', '.join(f'{a:g}' for a in given)}: {n} of {num_layers} blocks "
               f"Post-LN")
-        row = _stage(_folder(out, n), resume, lambda tmp, n=n, given=given: _alpha(
-            src, tmp, n, given, stats, heal_tokens, data, train_tokens, recipe_overrides, seeds, original, controls,
-            eval_tokens, progress), times, f"post-ln-{n}")
+        row = stages.run(f"post-ln-{n}", _folder(out, n), lambda tmp, n=n, given=given: _alpha(
+            src, tmp, n, given, stats, heal_tokens, data, train_tokens, training, seeds, original, controls,
+            eval_tokens, progress))
         print(f"      converted {row['converted']['perplexity']:.2f} (original "
               f"{original['scores']['perplexity']:.2f})" + (f", healed {row['healed']['perplexity']:.2f}"
                                                           if row["healed"] else ""))
@@ -193,21 +191,22 @@ def _check(alphas, heal_tokens: int, train_tokens: int, data, seeds: int, eval_t
         check_readable(data, "--data")
 
 
-def _training_overrides(src, data, train_tokens: int) -> list[str]:
-    """The ``--set`` items of every training run of the sweep (arms of each alpha and the controls)."""
+def _training_recipe(src, data, train_tokens: int):
+    """The recipe of every training run of the sweep (arms of each alpha and the controls; each
+    run replaces its seed, an alpha's also its converted checkpoint); None without ``train_tokens``."""
     from .training import load_recipe
 
-    overrides = [f"source={Path(src).absolute()}", "grad_norm_interval=1"]
+    if not train_tokens:
+        return None
+    changes = {"source": str(Path(src).absolute()), "grad_norm_interval": 1}
     if data is not None:
-        overrides.append(f"data.train={Path(data).absolute()}")
-    if train_tokens:
-        defaults = load_recipe(TRAIN_RECIPE, overrides)
-        step_tokens = defaults["global_batch_size"] * defaults["seq_len"]
-        if train_tokens < step_tokens:
-            raise MixLNError(f"--train-tokens: {train_tokens} is less than one training step ({step_tokens} tokens)")
-        # validate at the end only: the report compares final perplexities
-        overrides += [f"max_tokens={train_tokens}", f"eval_interval={train_tokens // step_tokens}"]
-    return overrides
+        changes["data.train"] = str(Path(data).absolute())
+    defaults = load_recipe(TRAIN_RECIPE, changes=changes, changed_by="sweep")
+    step_tokens = defaults.global_batch_size * defaults.seq_len
+    if train_tokens < step_tokens:
+        raise MixLNError(f"--train-tokens: {train_tokens} is less than one training step ({step_tokens} tokens)")
+    # validate at the end only: the report compares final perplexities
+    return defaults.replace({"max_tokens": train_tokens, "eval_interval": train_tokens // step_tokens}, "--train-tokens")
 
 
 def _calibrate(source, blocks: int, times: dict, progress: bool):
@@ -223,21 +222,6 @@ def _calibrate(source, blocks: int, times: dict, progress: bool):
 
 def _folder(out: Path, n: int) -> Path:
     return out / f"post-ln-{n:02d}"
-
-
-def _stage(folder: Path, resume: bool, work, times: dict, name: str) -> dict:
-    """``work(tmp)``'s result, written with what it made into ``folder`` atomically; with ``resume``
-    the result a finished earlier run left there. The file carries its result's sha256, so an
-    edited or damaged result is refused rather than half read."""
-    done = folder / STAGE_RESULT
-    if resume and done.is_file():
-        return read_checked(done, f"remove {folder} to run this stage again")
-    started = time.perf_counter()
-    with atomic_output_dir(folder, force=True) as tmp:  # a leftover without result.json is unfinished
-        result = work(tmp)
-        write_checked(tmp / STAGE_RESULT, result)
-    times.setdefault("stages_s", {})[name] = round(time.perf_counter() - started, 2)
-    return result
 
 
 def _scores(ckpt, eval_tokens: int, progress: bool) -> dict:
@@ -262,18 +246,17 @@ def _train(recipe: dict, folder: Path, arm: str, progress: bool) -> dict:
     summary = train(recipe, folder, arms=(arm,), progress=progress)[arm]
     records = read_metrics(folder / arm / METRICS)
     return {"final_val_ppl": summary["final_val_ppl"], "initial_val_ppl": summary["initial_val_ppl"],
-            "tokens": summary["tokens"], "seed": recipe["seed"],
+            "tokens": summary["tokens"], "seed": recipe.seed,
             "grad_norm_steps": [r["grad_norm_per_layer"] for r in records if "grad_norm_per_layer" in r][:FIRST_STEPS]}
 
 
 def _alpha(src, tmp: Path, n: int, given: list[float], stats, heal_tokens: int, data, train_tokens: int,
-           recipe_overrides: list[str], seeds: int, original: dict, controls: list[dict], eval_tokens: int,
+           training, seeds: int, original: dict, controls: list[dict], eval_tokens: int,
            progress: bool) -> dict:
     """Convert ``src`` with ``n`` Post-LN blocks into ``tmp/converted`` (reusing ``stats``), heal,
     train each seed, score every stage and analyze the last one."""
     from .conversion.converter import convert
     from .healing import heal
-    from .training import load_recipe
 
     if n == 0:  # no Post-LN block: the original's weights, measured once as "original" and the control
         scores = original["scores"]
@@ -298,9 +281,8 @@ def _alpha(src, tmp: Path, n: int, given: list[float], stats, heal_tokens: int, 
     final = stage
     if train_tokens:
         clock = time.perf_counter()
-        row["trained"] = [_train(load_recipe(TRAIN_RECIPE, [*recipe_overrides, f"converted={stage.absolute()}",
-                                                            f"seed={seed}"]), tmp / f"train-seed{seed}", "mixln",
-                                 progress) for seed in range(seeds)]
+        row["trained"] = [_train(training.replace({"converted": str(stage.absolute()), "seed": seed}, "sweep"),
+                                 tmp / f"train-seed{seed}", "mixln", progress) for seed in range(seeds)]
         times["train_s"] = round(time.perf_counter() - clock, 2)
         final = tmp / "train-seed0" / "mixln" / "final"
     clock = time.perf_counter()

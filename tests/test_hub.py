@@ -159,8 +159,8 @@ def test_a_recipe_takes_hub_names_for_its_source_and_its_text(home, cli):
     from mixln_convert.training import load_recipe
 
     recipe = load_recipe("smollm2-135m-cpu", [f"source={MODEL}", f"data.train={DATASET}"])
-    assert recipe["source"] == str(snapshot(home)) and recipe["data"]["train"] == DATASET
-    assert data_fingerprint(recipe["data"]) == {DATASET: DATASET_COMMIT}
+    assert recipe.source == str(snapshot(home)) and recipe.data.train == DATASET
+    assert data_fingerprint(recipe.data.train, recipe.data.validation) == {DATASET: DATASET_COMMIT}
     result = cli("estimate", "smollm2-135m-cpu", "--set", f"source={MODEL}")
     assert result.exit_code == 0 and "parameters" in result.output, result.output
 

@@ -152,11 +152,11 @@ def test_the_recipe_lists_the_arms(arms, fragment, tiny_llama):
 
     overrides = [f"source={tiny_llama}", f"arms={arms}"]
     if fragment is None:
-        assert load_recipe("smollm2-135m-cpu", overrides)["arms"] == arms.strip("[]").replace(" ", "").split(",")
+        assert load_recipe("smollm2-135m-cpu", overrides).arms == tuple(arms.strip("[]").replace(" ", "").split(","))
     else:
         with pytest.raises(MixLNError, match=re.escape(fragment)):
             load_recipe("smollm2-135m-cpu", overrides)
-    assert load_recipe("smollm2-135m-cpu", [f"source={tiny_llama}"])["arms"] == ["mixln", "preln"]
+    assert load_recipe("smollm2-135m-cpu", [f"source={tiny_llama}"]).arms == ("mixln", "preln")
 
 
 # ---- study and sweep ---------------------------------------------------------------------------

@@ -97,8 +97,8 @@ def test_shipped_recipes_fit_the_hardware_they_state(name, tmp_path, monkeypatch
     if name in SHAPES:
         overrides.append(f"source={config_only(tmp_path / name, **SHAPES[name])}")
     recipe = load_recipe(name, overrides)
-    result = estimate(recipe, hardware, model_shapes(recipe["source"]))
-    assert result.fits(recipe["activation_checkpointing"]), (name, result.total(recipe["activation_checkpointing"]))
+    result = estimate(recipe, hardware, model_shapes(recipe.source))
+    assert result.fits(recipe.activation_checkpointing), (name, result.total(recipe.activation_checkpointing))
 
 
 def test_the_7b_recipe_needs_activation_checkpointing(tmp_path):
@@ -106,7 +106,7 @@ def test_the_7b_recipe_needs_activation_checkpointing(tmp_path):
     source = config_only(tmp_path / "7b", **SHAPES["llama-7b-fsdp"])
     recipe = load_recipe("llama-7b-fsdp", [f"source={source}", "data.train=null"])
     result = estimate(recipe, sized_for(shipped_file("llama-7b-fsdp")), model_shapes(str(source)))
-    assert recipe["activation_checkpointing"] and not result.fits(False) and result.fits(True)
+    assert recipe.activation_checkpointing and not result.fits(False) and result.fits(True)
     assert 60e9 <= result.activations[False] <= 65e9
 
 
@@ -121,7 +121,7 @@ def test_strategies_share_or_replicate_the_state(tmp_path):
                             "bf16 weight copies (autocast)": 2 * shapes.matmul_parameters}
     assert ddp.state["DDP gradient buckets (fp32)"] == 4 * n and ddp.activations == single.activations
     assert fsdp.state["AdamW moments (2 x fp32, 1/4 each)"] == 8 * n // 4
-    assert single.flops == 6 * (n - shapes.lookup_parameters) * recipe["global_batch_size"] * recipe["seq_len"]
+    assert single.flops == 6 * (n - shapes.lookup_parameters) * recipe.global_batch_size * recipe.seq_len
     cpu = estimate(recipe, Hardware(1, "single", "cpu", 8 * 10**9), shapes)  # precision auto: fp32 on CPU
     assert cpu.compute == 4 and cpu.activations[False] > single.activations[False]
     assert all(e.activations[True] < e.activations[False] for e in (single, cpu))

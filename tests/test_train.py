@@ -20,8 +20,8 @@ import yaml
 from mixln_convert.errors import MixLNError
 from mixln_convert.fetch import cache_dir
 from mixln_convert.pipeline import train
-from mixln_convert.training import DEFAULTS, load_recipe
-from mixln_convert.training.recipe import _flatten
+from mixln_convert.training import load_recipe
+from mixln_convert.training.recipe import FIELDS, _flatten
 
 REPO = Path(__file__).parent.parent
 RECIPES = sorted((REPO / "mixln_convert" / "recipes").glob("*.yaml"))
@@ -83,10 +83,9 @@ def test_four_recipes_are_shipped():
                                          "llama-7b-fsdp.yaml"}
     assert {p.name for p in (REPO / "mixln_convert" / "recipes" / "accelerate").glob("*.yaml")} == {
         "single_gpu.yaml", "multi_gpu_ddp.yaml", "fsdp.yaml"}
-    defaults = _flatten(DEFAULTS)
-    for recipe in RECIPES:  # each lists only what differs from the defaults, which live once, in DEFAULTS
+    for recipe in RECIPES:  # each lists only what differs from the defaults, which live once, in Recipe
         for key, value in _flatten(yaml.safe_load(recipe.read_text())).items():
-            assert key in defaults and value != defaults[key], (recipe.name, key)
+            assert key in FIELDS and value != FIELDS[key][1], (recipe.name, key)
 
 
 def test_recipes_by_name_and_listed(cli):
@@ -95,7 +94,7 @@ def test_recipes_by_name_and_listed(cli):
     assert "fsdp" in listed.stdout and "multi_gpu_ddp" in listed.stdout
     path = cli("recipes", "--path", "fsdp").stdout.strip()
     assert Path(path).is_file() and Path(path).name == "fsdp.yaml"
-    assert load_recipe("smollm2-135m-cpu", [f"source={RECIPES[0]}"])["max_tokens"] == 30720
+    assert load_recipe("smollm2-135m-cpu", [f"source={RECIPES[0]}"]).max_tokens == 30720
 
 
 # (the CPU recipe's dry run is the `finished` fixture below)
@@ -111,15 +110,31 @@ def test_shipped_recipe_dry_run(recipe, tiny_llama_tied, corpus, tmp_path):
 def test_set_overrides_and_types(tiny_llama_tied, corpus):
     recipe = load_recipe(REPO / "mixln_convert" / "recipes" / "llama-1b.yaml",
                          tiny(tiny_llama_tied, corpus) + ["optim.lr=3e-4", "max_tokens=2e3", "optim.betas=[0.8, 0.9]"])
-    assert recipe["optim"]["lr"] == 3e-4 and recipe["max_tokens"] == 2000 and recipe["optim"]["betas"] == [0.8, 0.9]
-    assert recipe["source"] == str(tiny_llama_tied.absolute()) and recipe["conversion"]["alpha"] == 0.25
+    assert recipe.optim.lr == 3e-4 and recipe.max_tokens == 2000 and recipe.optim.betas == (0.8, 0.9)
+    assert recipe.source == str(tiny_llama_tied.absolute()) and recipe.conversion.alpha == 0.25
+
+
+def test_orchestrators_replace_typed_fields(tiny_llama_tied, corpus):
+    """demo, sweep and study change a loaded recipe by field, checked like --set, naming who changed it."""
+    recipe = load_recipe("smollm2-135m-cpu", tiny(tiny_llama_tied, corpus))
+    seeded = recipe.replace({"seed": 3, "optim.lr": "3e-4", "arms": ["lns"]}, "--seeds")
+    assert (seeded.seed, seeded.optim.lr, seeded.arms) == (3, 3e-4, ("lns",)) and recipe.seed == 0
+    assert seeded.replace({"seed": 0, "optim.lr": recipe.optim.lr, "arms": recipe.arms}) == recipe
+    for changes, message in (({"seed": -1}, "--seeds: seed must be an integer in [0, 2^32)"),
+                             ({"optim.lrr": 1.0}, "--seeds: unknown key 'optim.lrr'"),
+                             ({"optim": 1.0}, "--seeds: 'optim' is a section, not a key"),
+                             ({"max_tokens": 1}, "--seeds: max_tokens 1 is less than one optimizer step")):
+        with pytest.raises(MixLNError, match=re.escape(message)):
+            recipe.replace(changes, "--seeds")
+    with pytest.raises(MixLNError, match="^demo: heal.tokens 1 is less than one heal step"):
+        load_recipe("smollm2-135m-cpu", tiny(tiny_llama_tied, corpus), {"heal.tokens": 1}, "demo")
 
 
 def test_a_recipe_may_alias_single_values(tiny_llama_tied, corpus, tmp_path):
     file = tmp_path / "aliased.yaml"
     file.write_text("optim: {lr: &lr 2.0e-4}\nheal: {lr: *lr}\n")
     recipe = load_recipe(file, tiny(tiny_llama_tied, corpus))
-    assert recipe["optim"]["lr"] == recipe["heal"]["lr"] == 2e-4
+    assert recipe.optim.lr == recipe.heal.lr == 2e-4
 
 
 @pytest.mark.parametrize("content, extra, message", [
@@ -186,7 +201,7 @@ def finished(tiny_llama_tied, corpus, tmp_path_factory):
 def test_run_writes_the_output_contract(finished):
     out, sets, output = finished
     recipe = load_recipe("smollm2-135m-cpu", sets)
-    assert yaml.safe_load((out / "recipe.yaml").read_text()) == recipe
+    assert yaml.safe_load((out / "recipe.yaml").read_text()) == recipe.to_dict()
     assert "mixln: 4 steps, 512 tokens" in output and "preln: 4 steps" in output
     for arm, post_ln in (("mixln", 2), ("preln", 0)):
         records = metrics(out, arm)
@@ -215,8 +230,8 @@ def test_final_folder_is_the_trained_model(finished):
 
     out, sets, _ = finished
     recipe = load_recipe(out / "recipe.yaml")
-    stream = load_splits(recipe["data"], load_tokenizer(recipe["source"]), 1).validation
-    validation = blocks(stream, recipe["seq_len"], "validation")
+    stream = load_splits(recipe.data, load_tokenizer(recipe.source), 1).validation
+    validation = blocks(stream, recipe.seq_len, "validation")
     for arm, kind in (("mixln", "mixln_llama"), ("preln", "llama")):
         model = AutoModelForCausalLM.from_pretrained(out / arm / "final")
         assert model.config.model_type == kind

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..architectures import architecture_of_model
+from ..architectures import architecture_of_model, model_blocks
 from ..evaluate import block_nll
 
 
@@ -169,7 +169,7 @@ def grad_norm_per_layer(model, blocks: torch.Tensor, batch_size: int = 4) -> lis
 
     The model's parameters are left without gradients afterwards.
     """
-    norms, layers = [], architecture_of_model(model).blocks_of(model)
+    norms, layers = [], model_blocks(model)
     with torch.enable_grad():
         for start in range(0, len(blocks), batch_size):
             model.zero_grad(set_to_none=True)

@@ -14,12 +14,27 @@ the family), which the ``converted`` table names.
 """
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 
 from ..errors import MixLNError
+
+# LayerNorm Scaling (LNS; arXiv 2502.05795): an LNS model multiplies each norm output of block l
+# (counted from 1: layer index i + 1) by 1/sqrt(l) in its forward (model/modeling_mixln.py). A
+# Pre-LN model becomes an LNS model computing the same function when these norms' gains are
+# multiplied by sqrt(l): the scaling cancels. Only training then differs: AdamW moves a gain by
+# about the learning rate whatever its size, so a retrofitted gain's effective step is 1/sqrt(l)
+# of the Pre-LN one's. The conversion applies it; pruning, which renumbers blocks, rescales by it.
+LNS_NORM_ROLES = ("input_norm", "post_attention_norm")
+
+
+def lns_gain(i: int) -> float:
+    """What the LNS norm gains of the block with layer index ``i`` are multiplied by for the
+    model's 1/sqrt(i + 1) to cancel."""
+    return math.sqrt(i + 1)
 
 
 @dataclass(frozen=True)
@@ -112,6 +127,11 @@ def architecture_of_model(model) -> Architecture:
     """The family of a loaded causal LM, a source or a converted one."""
     model_type = model.config.model_type
     return next(a for a in all_architectures() if model_type in (a.model_type, a.converted["model_type"]))
+
+
+def model_blocks(model):
+    """The decoder blocks (a ModuleList) of a loaded causal LM of any described family."""
+    return architecture_of_model(model).blocks_of(model)
 
 
 def architecture_for(config: dict, where: str) -> Architecture:

@@ -13,8 +13,9 @@ reinit-post     dropped               ones                   ones (layer re-init
 scratch         every tensor of the model is freshly initialized
 ==============  ====================  =====================  ====================
 
-``lns_gains`` (the LNS retrofit, :mod:`.lns`; no Post-LN block) multiplies every block's norm
-gains by sqrt(layer index + 1) and carries every other tensor over.
+``lns_gains`` (the LNS retrofit, :func:`~mixln_convert.architectures.lns_gain`; no Post-LN
+block) multiplies every block's norm gains by sqrt(layer index + 1) and carries every other
+tensor over.
 
 ``calibrated`` folds ``gain / typical_rms`` into the input columns of the projections that
 read a norm's output, because a Post-LN block feeds them a residual stream normalized to a
@@ -30,10 +31,9 @@ from typing import Iterator
 
 import torch
 
-from ..architectures import Architecture
+from ..architectures import LNS_NORM_ROLES, Architecture, lns_gain
 from ..io.loader import StoredTensor
 from .initialization import fresh_tensor, init_std
-from .lns import NORM_ROLES, gain_factor
 
 # calibrated: the projections a norm is folded into -> (that norm, its typical RMS in the stats)
 FOLDED = {"attention_inputs": ("input_norm", "input_scale"), "mlp_inputs": ("post_attention_norm", "mid_scale")}
@@ -100,8 +100,8 @@ class ConversionPlan:
         scaled (in float64, so the cast to ``dtype`` is the only rounding)."""
         stored = source.stored(name)
         suffix = None if i is None else name.removeprefix(self.arch.layer_prefix.format(i=i))
-        if self.lns_gains and self.roles.get(suffix) in NORM_ROLES:
-            return (stored.tensor.double() * gain_factor(i)).to(self.dtype)
+        if self.lns_gains and self.roles.get(suffix) in LNS_NORM_ROLES:
+            return (stored.tensor.double() * lns_gain(i)).to(self.dtype)
         return stored.to(self.dtype)
 
     def _post_ln(self, source, name: str, i: int):

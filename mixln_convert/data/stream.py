@@ -77,40 +77,40 @@ def open_tokens(folder, tokenizer) -> tuple[TokenShards, TokenShards]:
     return TokenShards(folder, manifest, "train", limit), TokenShards(folder, manifest, "validation", limit)
 
 
-def load_splits(data: dict, tokenizer, train_tokens: int, progress: bool = True) -> Splits:
-    """Token streams of a recipe's ``data`` section: the training stream and ``data["eval_tokens"]``
+def load_splits(data, tokenizer, train_tokens: int, progress: bool = True) -> Splits:
+    """Token streams of a recipe's ``data`` section: the training stream and ``data.eval_tokens``
     of validation text. A tokenized folder is used as it is (its manifest fixes the validation
     split); text is tokenized into the user cache first (``train_tokens`` of training text, no more),
     unless a run before did it with the same files and settings."""
-    if is_tokens_folder(data["train"]):
-        if data["validation"] is not None:
-            raise MixLNError(f"data.validation: {data['validation']}: data.train {data['train']} is a tokenized "
+    if is_tokens_folder(data.train):
+        if data.validation is not None:
+            raise MixLNError(f"data.validation: {data.validation}: data.train {data.train} is a tokenized "
                              "folder, whose manifest fixes the validation split; set data.validation to null")
-        folder = data["train"]
+        folder = data.train
     else:
-        wanted = settings(tokenizer, data["train"], data["validation"], data["validation_fraction"],
-                          max_tokens=train_tokens, max_validation_tokens=data["eval_tokens"])
+        wanted = settings(tokenizer, data.train, data.validation, data.validation_fraction,
+                          max_tokens=train_tokens, max_validation_tokens=data.eval_tokens)
         key = hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()
         folder = cache_dir() / "tokens" / key[:32]
         if not is_tokens_folder(folder):
-            if data["num_proc"]:
-                check_processes("data.num_proc", data["num_proc"])
+            if data.num_proc:
+                check_processes("data.num_proc", data.num_proc)
             # runs on the same text share the folder: a second one waits for the first to finish it
-            tokenize(data["train"], tokenizer, folder, validation=data["validation"],
-                     validation_fraction=data["validation_fraction"], num_proc=data["num_proc"],
-                     max_tokens=train_tokens, max_validation_tokens=data["eval_tokens"], force=True,
+            tokenize(data.train, tokenizer, folder, validation=data.validation,
+                     validation_fraction=data.validation_fraction, num_proc=data.num_proc,
+                     max_tokens=train_tokens, max_validation_tokens=data.eval_tokens, force=True,
                      progress=progress, wait=True, named=f"the token cache {folder} of data.train")
     train, validation = open_tokens(folder, tokenizer)
-    return Splits(train=train, validation=np.asarray(validation[: data["eval_tokens"]]))
+    return Splits(train=train, validation=np.asarray(validation[: data.eval_tokens]))
 
 
-def data_fingerprint(data: dict) -> dict[str, str]:
-    """{file: sha256} of every file a recipe's ``data`` section reads: its text files, or a
-    tokenized folder's manifest (which holds each shard's sha256); {name: commit} of a Hub dataset.
-    A resumed run must find them unchanged."""
+def data_fingerprint(*sources: str | None) -> dict[str, str]:
+    """{file: sha256} of every file the data ``sources`` (a recipe's data.train and
+    data.validation; None: the embedded corpus) read: text files, or a tokenized folder's manifest
+    (which holds each shard's sha256); {name: commit} of a Hub dataset. A resumed run must find them
+    unchanged."""
     found = {}
-    for key in ("train", "validation"):
-        source = data[key]
+    for source in sources:
         if source is not None:
             for f in [Path(source) / MANIFEST] if is_tokens_folder(source) else source_files(source):
                 if isinstance(f, HubDataset):

@@ -1,20 +1,23 @@
 """What the commands leave in their run folders, read and written here only: a training arm's
 ``metrics.jsonl`` and ``summary.json``, ``analysis.json``, the results of study, sweep and compare,
-and ``run.json``, the kind and settings of a sweep or study that --resume must match
-(:func:`claim_run`: a folder of the user's, or another source's results, is never reused). Each
-reader checks what its callers use; a failure is one line naming the file and the record or key.
+``run.json``, the kind and settings of a demo, sweep or study that --resume must match
+(:func:`claim_run`: a folder of the user's, or another source's results, is never reused), and
+each stage's ``result.json`` (:class:`Stages`). Each reader checks what its callers use; a failure
+is one line naming the file and the record or key.
 """
 
 import hashlib
 import json
 import math
+import time
 from pathlib import Path
 
 from ..errors import MixLNError
-from .atomic import write_atomic
+from .atomic import atomic_output_dir, write_atomic
 from .paths import check_destination
 
 RECORD = "run.json"
+STAGE_RESULT = "result.json"  # in each stage's folder: what a resume reads instead of running it again
 SUMMARY, METRICS, ANALYSIS = "summary.json", "metrics.jsonl", "analysis.json"
 
 
@@ -101,9 +104,38 @@ def read_metrics(file: Path) -> list[dict]:
     return metrics
 
 
+class Stages:
+    """The stages of a multi-stage run (the demo, sweep, study), each in a folder of its own: its
+    result is written there with its sha256 when the stage is done, and with ``resume`` read back
+    instead of running the stage again (an edited or damaged one is refused, not half read);
+    ``times`` holds each stage's seconds."""
+
+    def __init__(self, resume: bool):
+        self.resume, self.times = resume, {}
+
+    def run(self, name: str, folder: Path, work, atomic: bool = True):
+        """``work(folder)``'s result. ``atomic``: the stage works in a temporary folder renamed to
+        ``folder`` when done, so an interrupted stage leaves nothing; else in ``folder`` itself (a
+        stage that resumes its own work, such as training)."""
+        done = folder / STAGE_RESULT
+        if self.resume and done.is_file():
+            return read_checked(done, f"remove {folder} to run this stage again")
+        started = time.perf_counter()
+        if atomic:
+            with atomic_output_dir(folder, force=True) as tmp:
+                result = work(tmp)
+                write_checked(tmp / STAGE_RESULT, result)
+        else:
+            folder.mkdir(parents=True, exist_ok=True)
+            result = work(folder)
+            write_checked(done, result)
+        self.times[name] = round(time.perf_counter() - started, 2)
+        return result
+
+
 def write_checked(file: Path, result) -> None:
     """``result`` as JSON with its sha256, so :func:`read_checked` refuses an edited or damaged file."""
-    file.write_text(json.dumps({"sha256": _digest(result), "result": result}, indent=2) + "\n")
+    write_atomic(file, json.dumps({"sha256": _digest(result), "result": result}, indent=2) + "\n")
 
 
 def read_checked(file: Path, redo: str):

@@ -7,6 +7,7 @@ import re
 import time
 from pathlib import Path
 
+from ..architectures import LNS_NORM_ROLES, lns_gain
 from ..analysis.choice import check_count, check_method, choose_layers, layer_scores, span_distances
 from ..errors import MixLNError
 from ..io.loader import open_checkpoint
@@ -107,12 +108,10 @@ def kept_tensors(source, arch, removed: list[int]):
     """Every tensor but those of the ``removed`` blocks, the kept blocks renumbered. In a LayerNorm
     Scaling model a block's norm outputs are scaled by its depth, which renumbering changes: its
     gains are rescaled so that each kept block computes what it did (as ``analyze`` skips blocks)."""
-    from ..conversion.lns import NORM_ROLES, gain_factor
-
     kept = [i for i in range(source.config["num_hidden_layers"]) if i not in removed]
     new_index = {old: new for new, old in enumerate(kept)}
     tied = source.config.get("tie_word_embeddings", False)
-    scaled_norms = {arch.layer[role] for role in NORM_ROLES} if source.config.get("layernorm_scaling") else set()
+    scaled_norms = {arch.layer[role] for role in LNS_NORM_ROLES} if source.config.get("layernorm_scaling") else set()
     for name in source.names():
         i = arch.layer_of(name)
         if i in removed or (tied and name == arch.lm_head):  # a tied head is the embeddings: not saved twice
@@ -123,7 +122,7 @@ def kept_tensors(source, arch, removed: list[int]):
             new_name = arch.layer_prefix.format(i=new_index[i]) + name.removeprefix(prefix)
             if name.removeprefix(prefix) in scaled_norms and new_index[i] != i:
                 gains = tensor.tensor
-                tensor = (gains.double() * (gain_factor(new_index[i]) / gain_factor(i))).to(gains.dtype)
+                tensor = (gains.double() * (lns_gain(new_index[i]) / lns_gain(i))).to(gains.dtype)
         yield new_name, tensor
 
 

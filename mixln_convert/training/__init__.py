@@ -1,6 +1,6 @@
 """Continued pre-training of a prepared checkpoint (``mixln-convert train``): recipes
 (:mod:`.recipe`) and the loop (:mod:`.trainer`); :mod:`mixln_convert.pipeline` chains the arms."""
 
-from .recipe import DEFAULTS, load_recipe
+from .recipe import Recipe, load_recipe
 
-__all__ = ["DEFAULTS", "load_recipe"]
+__all__ = ["Recipe", "load_recipe"]

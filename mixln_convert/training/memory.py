@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from ..architectures import model_blocks
 from ..errors import MixLNError
 from ..io.loader import open_checkpoint, read_json
 from ..io.validate import check_config, check_config_loads
@@ -133,12 +134,12 @@ def model_shapes(source: str) -> Shapes:
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**model_config(source)))
-    block = model.model.layers[-1]  # a Pre-LN block (a Mix-LN model's Post-LN blocks have the same shapes)
+    block = model_blocks(model)[-1]  # a Pre-LN block (a Mix-LN model's Post-LN blocks have the same shapes)
     attention, mlp = block.self_attn, block.mlp
     embedding = model.get_input_embeddings().weight
     tied = embedding is model.get_output_embeddings().weight
     return Shapes(
-        name=type(model).__name__, layers=len(model.model.layers), hidden=attention.q_proj.in_features,
+        name=type(model).__name__, layers=len(model_blocks(model)), hidden=attention.q_proj.in_features,
         q_dim=attention.q_proj.out_features, kv_dim=attention.k_proj.out_features,
         heads=attention.q_proj.out_features // attention.head_dim, intermediate=mlp.gate_proj.out_features,
         vocab=embedding.shape[0], parameters=sum(p.numel() for p in model.parameters()),
@@ -231,7 +232,7 @@ def compute_bytes(precision: str, device: str) -> int:
 def estimate(recipe: dict, hardware: Hardware, shapes: Shapes) -> Estimate:
     """The memory per process and the compute per step of ``recipe`` (loaded by ``load_recipe``)."""
     n, p = shapes.parameters, hardware.processes
-    compute = compute_bytes(recipe["precision"], hardware.device)
+    compute = compute_bytes(recipe.precision, hardware.device)
     sharded = p if hardware.strategy == "fsdp" else 1
     share = "" if sharded == 1 else f", 1/{p} each"
     state = {f"weights (fp32 masters{share})": 4 * n // sharded,
@@ -244,11 +245,11 @@ def estimate(recipe: dict, hardware: Hardware, shapes: Shapes) -> Estimate:
         state["FSDP gathered: root unit and 2 blocks, weights and fp32 gradients"] = (compute + 4) * gathered
     elif compute == 2:
         state["bf16 weight copies (autocast)"] = 2 * shapes.matmul_parameters
-    tokens = recipe["micro_batch_size"] * recipe["seq_len"]
-    return Estimate(shapes, hardware, compute, (recipe["micro_batch_size"], recipe["seq_len"]),
-                    recipe["global_batch_size"], state,
+    tokens = recipe.micro_batch_size * recipe.seq_len
+    return Estimate(shapes, hardware, compute, (recipe.micro_batch_size, recipe.seq_len),
+                    recipe.global_batch_size, state,
                     {ac: activation_bytes(shapes, tokens, compute, ac) for ac in (False, True)},
-                    recipe["activation_checkpointing"])
+                    recipe.activation_checkpointing)
 
 
 def _gb(size: int) -> str:

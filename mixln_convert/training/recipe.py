@@ -1,16 +1,20 @@
-"""Training recipes: a YAML file of (nested) keys, completed from ``DEFAULTS``, overridden with
-``--set dotted.key=value``, type-checked and validated before any work starts.
+"""Training recipes: nested dataclasses (:class:`Recipe` and its sections) whose defaults are the
+recipe defaults, read from a YAML file of (nested) keys, overridden with ``--set dotted.key=value``,
+type-checked and validated once, before any work starts.
 
-Every key a recipe may hold is in ``DEFAULTS``; a key that is not there is an error, so a typo
-never silently trains with a default. The shipped recipes and accelerate configs live in the
-repository's top-level ``recipes/`` (linked as ``mixln_convert/recipes``, so the wheel carries them
-as package data): ``train NAME`` takes one by name, or any YAML file by path.
+A key that is not a field is an error, so a typo never silently trains with a default. The
+shipped recipes and accelerate configs live in the repository's top-level ``recipes/`` (linked as
+``mixln_convert/recipes``, so the wheel carries them as package data): ``train NAME`` takes one by
+name, or any YAML file by path. Code that runs a recipe differently (the demo, ``sweep``,
+``study``) calls :meth:`Recipe.replace` with typed values, checked like ``--set``.
 """
 
-import copy
+import dataclasses
 import glob
 import math
 import os
+import typing
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -25,60 +29,146 @@ from ..options import (ALPHA, ARMS, ATTENTIONS, DEFAULT_ARMS, EVAL_SEQ_LEN, EVAL
 
 SMOLLM2 = "smollm2"  # `source: smollm2` names the embedded default model (the cached GGUF)
 
-DEFAULTS = {
-    "source": None,  # the Pre-LN model: HF folder, .gguf, Hugging Face Hub name ORG/NAME[@REVISION], or "smollm2"
-    "converted": None,  # an already converted Mix-LN checkpoint; None: convert `source` into OUT/mixln/converted
+
+@dataclass(frozen=True)
+class Conversion:
+    """alpha: the paper's, for 71M-1B models. scaled_init: o_proj/down_proj std / sqrt(2L) for the
+    freshly initialized weights of reinit-post and scratch; with scratch the Pre-LN arm is
+    initialized by the same plan (alpha 0, same seed), so both arms start alike."""
+    alpha: float = ALPHA
+    strategy: str = "calibrated"
+    scaled_init: bool = True
+
+
+@dataclass(frozen=True)
+class Heal:
+    """Distil the converted Post-LN blocks from the source before training (mixln-convert heal);
+    tokens 0 skips it. spike_factor: as guard's, for the heal."""
+    tokens: int = 0
+    seq_len: int = HEAL_SEQ_LEN
+    batch_size: int = HEAL_BATCH_SIZE
+    lr: float = HEAL_LR
+    loss: str = HEAL_LOSS
+    activation_checkpointing: bool = False
+    spike_factor: float = 0.0
+
+
+@dataclass(frozen=True)
+class Data:
+    # a tokenized folder (`mixln-convert tokenize`), or text: a file, folder, glob or Hugging Face Hub
+    # dataset (see `read_texts`), tokenized into the user cache first; None: the embedded corpus's train split
+    train: str | None = None
+    validation: str | None = None  # None: embedded validation split, or a held-out fraction of train's documents
+    validation_fraction: float = 0.01
+    eval_tokens: int = EVAL_TOKENS  # validation tokens scored at each evaluation (eval's and analyze's default)
+    num_proc: int = 0  # processes tokenizing a text train; 0: one per core for text over 16 MiB
+
+
+@dataclass(frozen=True)
+class Optim:
+    """AdamW. lr: the paper's from scratch; a pretrained source usually wants less (3e-4, 1e-4).
+    post_ln_lr_scale: the Post-LN blocks' lr as a multiple of lr (right after a conversion their
+    gradients are ~15x the Pre-LN blocks'; 0.25 recovered more than 1 in the CPU rehearsal of
+    docs/training.md, one run: a default to revisit on GPUs, not a finding)."""
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.1
+    eps: float = 1e-8
+    post_ln_lr_scale: float = 0.25
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Linear warmup, then cosine (the paper's) down to min_lr_ratio x lr."""
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1
+
+
+@dataclass(frozen=True)
+class Guard:
+    """A step whose loss exceeds spike_factor x the mean of the last spike_window steps' is not
+    applied (training/loop.py), up to max_skips in a row; spike_factor 0 turns the check off."""
+    spike_factor: float = 3.0
+    spike_window: int = 20
+    max_skips: int = 5
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything a ``train`` run depends on; ``OUT/recipe.yaml`` holds it resolved, and --resume
+    compares it."""
+    source: str | None = None  # the Pre-LN model: HF folder, .gguf, Hub name ORG/NAME[@REVISION], or "smollm2"
+    converted: str | None = None  # an already converted Mix-LN checkpoint; None: source converted into OUT/mixln
     # what `train` runs (its --arm overrides it), one arm after the other on the same data, order and
     # budget: mixln (the source converted), preln (the source itself, the control), lns (the source
-    # retrofitted to LayerNorm Scaling, exactly: conversion/lns.py)
-    "arms": list(DEFAULT_ARMS),
-    # alpha: the paper's, for 71M-1B models. scaled_init: o_proj/down_proj std / sqrt(2L) for the
-    # freshly initialized weights of reinit-post and scratch; with scratch the Pre-LN arm is
-    # initialized by the same plan (alpha 0, same seed), so both arms start alike
-    "conversion": {"alpha": ALPHA, "strategy": "calibrated", "scaled_init": True},
-    # Distil the converted Post-LN blocks from the source before training (mixln-convert heal);
-    # tokens 0 skips it.
-    "heal": {"tokens": 0, "seq_len": HEAL_SEQ_LEN, "batch_size": HEAL_BATCH_SIZE, "lr": HEAL_LR, "loss": HEAL_LOSS,
-             "activation_checkpointing": False, "spike_factor": 0.0},  # spike_factor: as guard's, for the heal
-    "data": {
-        # a tokenized folder (`mixln-convert tokenize`), or text: a file, folder, glob or Hugging Face Hub
-        # dataset (see `read_texts`), tokenized into the user cache first; None: the embedded corpus's train split
-        "train": None,
-        "validation": None,  # None: embedded validation split, or a held-out fraction of data.train's documents
-        "validation_fraction": 0.01,
-        "eval_tokens": EVAL_TOKENS,  # validation tokens scored at each evaluation (eval's and analyze's default)
-        "num_proc": 0,  # processes tokenizing text data.train; 0: one per core for text over 16 MiB
-    },
-    "seq_len": EVAL_SEQ_LEN,  # the paper's (LLaMA-71M..1B); validation blocks have it too
-    "micro_batch_size": 4,  # sequences per forward pass and process
-    "global_batch_size": 32,  # sequences per optimizer step, all processes and accumulation together
-    "max_tokens": 1_000_000,  # training budget; steps = max_tokens // (global_batch_size * seq_len)
-    # lr: the paper's from scratch; a pretrained source usually wants less (3e-4, 1e-4)
-    # post_ln_lr_scale: the Post-LN blocks' lr as a multiple of lr (right after a conversion their
-    # gradients are ~15x the Pre-LN blocks'; 0.25 recovered more than 1 in the CPU rehearsal of
-    # docs/training.md, one run: a default to revisit on GPUs, not a finding)
-    "optim": {"lr": 1e-3, "betas": [0.9, 0.95], "weight_decay": 0.1, "eps": 1e-8, "post_ln_lr_scale": 0.25},
-    "schedule": {"warmup_steps": 100, "min_lr_ratio": 0.1},  # linear warmup, cosine (paper) down to min_lr_ratio * lr
-    "grad_clip": 1.0,  # max global gradient norm; 0 disables clipping
-    # a step whose loss exceeds spike_factor x the mean of the last spike_window steps' is not
-    # applied (training/loop.py), up to max_skips in a row; spike_factor 0 turns the check off
-    "guard": {"spike_factor": 3.0, "spike_window": 20, "max_skips": 5},
+    # retrofitted to LayerNorm Scaling, exactly: architectures/__init__.py)
+    arms: tuple[str, ...] = DEFAULT_ARMS
+    conversion: Conversion = field(default_factory=Conversion)
+    heal: Heal = field(default_factory=Heal)
+    data: Data = field(default_factory=Data)
+    seq_len: int = EVAL_SEQ_LEN  # the paper's (LLaMA-71M..1B); validation blocks have it too
+    micro_batch_size: int = 4  # sequences per forward pass and process
+    global_batch_size: int = 32  # sequences per optimizer step, all processes and accumulation together
+    max_tokens: int = 1_000_000  # training budget; steps = max_tokens // (global_batch_size * seq_len)
+    optim: Optim = field(default_factory=Optim)
+    schedule: Schedule = field(default_factory=Schedule)
+    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
+    guard: Guard = field(default_factory=Guard)
     # recompute each block's activations in the backward instead of keeping them (one more forward
     # of the blocks per step, activations no longer growing with depth)
-    "activation_checkpointing": False,
-    "fsdp": False,  # shard weights, gradients and AdamW state over the processes (FSDP2; training/sharding.py)
-    "compile": False,  # torch.compile each decoder block (GPU speed; the first steps pay the compilation)
-    "precision": "auto",  # bf16 autocast on a GPU with fp32 master weights; fp32 on CPU
-    "attention": "sdpa",  # transformers' attention kernel: sdpa (flash/efficient on GPUs) or eager (plain matmuls)
-    "log_interval": 1,
-    "eval_interval": 100,
-    "checkpoint_interval": 500,
-    "keep_checkpoints": 2,  # most recent checkpoints kept per arm; 0 keeps all
-    "grad_norm_interval": 10,
-    "seed": 0,
-    "allow_longer_seq": False,  # true: seq_len may exceed the source's max_position_embeddings
-}
-PATH_KEYS = ("source", "converted", "data.train", "data.validation")  # strings or None; others typed by default
+    activation_checkpointing: bool = False
+    fsdp: bool = False  # shard weights, gradients and AdamW state over the processes (FSDP2; training/sharding.py)
+    compile: bool = False  # torch.compile each decoder block (GPU speed; the first steps pay the compilation)
+    precision: str = "auto"  # bf16 autocast on a GPU with fp32 master weights; fp32 on CPU
+    attention: str = "sdpa"  # transformers' attention kernel: sdpa (flash/efficient on GPUs) or eager (plain matmuls)
+    log_interval: int = 1
+    eval_interval: int = 100
+    checkpoint_interval: int = 500
+    keep_checkpoints: int = 2  # most recent checkpoints kept per arm; 0 keeps all
+    grad_norm_interval: int = 10
+    seed: int = 0
+    allow_longer_seq: bool = False  # true: seq_len may exceed the source's max_position_embeddings
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps the token budget pays for (whole steps; the remainder is not trained)."""
+        return self.max_tokens // (self.global_batch_size * self.seq_len)
+
+    def to_dict(self) -> dict:
+        """The nested mapping recipe.yaml holds (lists, not tuples: YAML's plain types)."""
+        return _plain(dataclasses.asdict(self))
+
+    def replace(self, changes: dict, changed_by: str = "the caller") -> "Recipe":
+        """A copy with ``changes`` ({"dotted.key": value}) applied, typed, resolved and checked like
+        ``--set`` items (``changed_by`` names them in an error)."""
+        values = _flatten(self.to_dict())
+        for key, value in changes.items():
+            _assign(values, key, value, changed_by)
+        return _complete(values, dict.fromkeys(changes, changed_by), changed_by)  # it was valid before
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    return [_plain(item) for item in value] if isinstance(value, (list, tuple)) else value
+
+
+def _fields(cls=Recipe, prefix: str = "") -> dict:
+    """{dotted key: (type, default)} of every leaf of ``cls``."""
+    found = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        kind = hints[f.name]
+        if dataclasses.is_dataclass(kind):
+            found.update(_fields(kind, f"{prefix}{f.name}."))
+        else:
+            found[f"{prefix}{f.name}"] = (kind, f.default)
+    return found
+
+
+FIELDS = _fields()
+SECTIONS = {key.split(".")[0] for key in FIELDS if "." in key}
+PATH_KEYS = ("source", "converted", "data.train", "data.validation")  # strings or None, resolved to paths
 CHECKPOINT_KEYS = ("source", "converted")  # the other path keys name text
 
 
@@ -110,44 +200,41 @@ def _flatten(tree: dict, prefix: str = "") -> dict:
     return flat
 
 
-def _assign(recipe: dict, dotted: str, value, where: str) -> None:
-    *parents, leaf = dotted.split(".")
-    node = recipe
-    for part in parents:
-        node = node.get(part)
-        if not isinstance(node, dict):
-            raise MixLNError(f"{where}: unknown key {dotted!r}")
-    if leaf not in node:
+def _assign(values: dict, dotted: str, value, where: str) -> None:
+    """``values[dotted] = value`` for a key of the recipe; else a one-line error."""
+    if dotted not in FIELDS:
+        inside = [key for key in FIELDS if key.startswith(f"{dotted}.")]
+        if inside:
+            raise MixLNError(f"{where}: {dotted!r} is a section, not a key: set one of {', '.join(inside)}")
         raise MixLNError(f"{where}: unknown key {dotted!r}")
-    if isinstance(node[leaf], dict):
-        keys = ", ".join(f"{dotted}.{key}" for key in _flatten(node[leaf]))
-        raise MixLNError(f"{where}: {dotted!r} is a section, not a key: set one of {keys}")
-    node[leaf] = value
+    values[dotted] = value
 
 
-def _typed(key: str, value, default, where: str):
-    """`value` converted to the type of the key's default. YAML reads 3e-4 (no dot) as a string,
-    so numbers are also accepted as strings."""
+def _typed(key: str, value, where: str):
+    """``value`` converted to the key's field type. YAML reads 3e-4 (no dot) as a string, so
+    numbers are also accepted as strings."""
+    kind, default = FIELDS[key]
     if key in PATH_KEYS:
         return None if value is None else str(value)
+    names = kind == tuple[str, ...]
     try:
-        if isinstance(default, list) and all(isinstance(v, str) for v in default):  # names, any number of them
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        if names:  # any number of them
+            if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
                 raise ValueError
-            return list(value)
-        if isinstance(default, list):
-            if not isinstance(value, list) or len(value) != len(default):
+            return tuple(value)
+        if typing.get_origin(kind) is tuple:
+            if not isinstance(value, (list, tuple)) or len(value) != len(default):
                 raise ValueError
-            return [float(v) for v in value]
-        if isinstance(default, bool):
+            return tuple(float(v) for v in value)
+        if kind is bool:
             if not isinstance(value, bool):
                 raise ValueError
             return value
-        if isinstance(default, float):
+        if kind is float:
             if isinstance(value, bool) or not isinstance(value, (int, float, str)):
                 raise ValueError
             return float(value)
-        if isinstance(default, int):
+        if kind is int:
             number = float(value) if isinstance(value, str) else value  # "2e8" from --set
             if isinstance(number, bool) or not isinstance(number, (int, float)) or number != int(number):
                 raise ValueError
@@ -156,10 +243,9 @@ def _typed(key: str, value, default, where: str):
             raise ValueError
         return value
     except (ValueError, TypeError, OverflowError):
-        kind = ("a list of names" if isinstance(default, list) and isinstance(default[0], str) else
-                f"a list of {len(default)} numbers" if isinstance(default, list) else "true or false"
-                if isinstance(default, bool) else type(default).__name__)
-        raise MixLNError(f"{where}: {key} must be {kind}, got {value!r}") from None
+        what = ("a list of names" if names else f"a list of {len(default)} numbers" if typing.get_origin(kind) is tuple
+                else "true or false" if kind is bool else kind.__name__)
+        raise MixLNError(f"{where}: {key} must be {what}, got {value!r}") from None
 
 
 def _resolve_path(key: str, value: str | None, where: str) -> str | None:
@@ -182,23 +268,22 @@ def _resolve_path(key: str, value: str | None, where: str) -> str | None:
 
 
 def _check(r: dict, where: str, origin: dict) -> None:
-    """Ranges and budgets; a message names what set the key (``origin``: the file or a --set item),
-    else ``where``, the recipe."""
+    """Ranges and budgets of the typed flat values ``r``; a message names what set the key
+    (``origin``: the file or a --set item), else ``where``, the recipe."""
     def need(ok: bool, message: str, key: str | None = None):
         if not ok:
             raise MixLNError(f"{origin.get(key, where)}: {message}")
 
     def number(key: str, ok, interval: str):
-        value = flat[key]
-        need(math.isfinite(value) and ok(value), f"{key} must be {interval}, got {value!r}", key)
+        need(math.isfinite(r[key]) and ok(r[key]), f"{key} must be {interval}, got {r[key]!r}", key)
 
-    flat = _flatten(r)
     need(r["source"] is not None, "source is required (a Pre-LN checkpoint folder, a .gguf, or smollm2)")
-    need(r["conversion"]["strategy"] in STRATEGIES, f"conversion.strategy must be one of {', '.join(STRATEGIES)}")
+    need(r["conversion.strategy"] in STRATEGIES, f"conversion.strategy must be one of {', '.join(STRATEGIES)}",
+         "conversion.strategy")
     need(bool(r["arms"]) and set(r["arms"]) <= set(ARMS) and len(set(r["arms"])) == len(r["arms"]),
-         f"arms must list distinct arms of {', '.join(ARMS)}, got {r['arms']!r}", "arms")
-    need(r["heal"]["loss"] in LOSSES, f"heal.loss must be one of {', '.join(LOSSES)}")
-    need(r["precision"] in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}")
+         f"arms must list distinct arms of {', '.join(ARMS)}, got {list(r['arms'])!r}", "arms")
+    need(r["heal.loss"] in LOSSES, f"heal.loss must be one of {', '.join(LOSSES)}", "heal.loss")
+    need(r["precision"] in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}", "precision")
     need(r["attention"] in ATTENTIONS, f"attention must be one of {', '.join(ATTENTIONS)}", "attention")
     for key in ("seq_len", "micro_batch_size", "global_batch_size", "max_tokens", "data.eval_tokens",
                 "log_interval", "eval_interval", "checkpoint_interval", "grad_norm_interval", "heal.seq_len",
@@ -220,16 +305,36 @@ def _check(r: dict, where: str, origin: dict) -> None:
     number("guard.spike_window", lambda v: 1 <= v <= 10_000, "an integer in [1, 10000]")
     number("guard.max_skips", lambda v: 0 <= v <= 10_000, "an integer in [0, 10000]")
     number("seed", lambda v: 0 <= v < 2**32, "an integer in [0, 2^32)")
-    for i, beta in enumerate(r["optim"]["betas"]):
+    for i, beta in enumerate(r["optim.betas"]):
         need(math.isfinite(beta) and 0 <= beta < 1, f"optim.betas[{i}] must be in [0, 1), got {beta!r}", "optim.betas")
     need(r["global_batch_size"] % r["micro_batch_size"] == 0,
-         f"global_batch_size {r['global_batch_size']} is not a multiple of micro_batch_size {r['micro_batch_size']}")
+         f"global_batch_size {r['global_batch_size']} is not a multiple of micro_batch_size {r['micro_batch_size']}",
+         "global_batch_size")
     step_tokens = r["global_batch_size"] * r["seq_len"]
     need(r["max_tokens"] >= step_tokens, f"max_tokens {r['max_tokens']} is less than one optimizer step "
-                                         f"(global_batch_size x seq_len = {step_tokens} tokens)")
-    short = r["heal"]["tokens"] and below_one_step(r["heal"]["tokens"], r["heal"]["batch_size"], r["heal"]["seq_len"],
-                                                   "heal.batch_size x heal.seq_len", "one heal step")
-    need(not short, f"heal.tokens {short}; 0 skips the heal")
+                                         f"(global_batch_size x seq_len = {step_tokens} tokens)", "max_tokens")
+    short = r["heal.tokens"] and below_one_step(r["heal.tokens"], r["heal.batch_size"], r["heal.seq_len"],
+                                                "heal.batch_size x heal.seq_len", "one heal step")
+    need(not short, f"heal.tokens {short}; 0 skips the heal", "heal.tokens")
+
+
+def _build(cls, values: dict, prefix: str = ""):
+    hints = typing.get_type_hints(cls)
+    return cls(**{f.name: _build(hints[f.name], values, f"{prefix}{f.name}.")
+                  if dataclasses.is_dataclass(hints[f.name]) else values[f"{prefix}{f.name}"]
+                  for f in dataclasses.fields(cls)})
+
+
+def _complete(values: dict, origin: dict, where: str) -> Recipe:
+    """The Recipe of the flat ``values`` (every key), typed, its paths resolved, checked."""
+    typed = {}
+    for key, value in values.items():
+        at = origin.get(key, where)
+        typed[key] = _typed(key, value, at)
+        if key in PATH_KEYS:
+            typed[key] = _resolve_path(key, typed[key], at)
+    _check(typed, where, origin)
+    return _build(Recipe, typed)
 
 
 RECIPES = resources.files("mixln_convert") / "recipes"
@@ -272,8 +377,10 @@ def recipe_path(name_or_path) -> Path:
     return Path(str(RECIPES / f"{name_or_path}.yaml"))
 
 
-def load_recipe(path, overrides=()) -> dict:
-    """The fully resolved recipe of the YAML file ``path`` with ``overrides`` ("dotted.key=value").
+def load_recipe(path, overrides=(), changes: dict | None = None, changed_by: str = "the caller") -> Recipe:
+    """The fully resolved recipe of the YAML file ``path`` with ``overrides`` (the user's
+    "dotted.key=value" items), then ``changes`` ({"dotted.key": value}, typed and checked alike;
+    ``changed_by`` names them in an error): how the demo, sweep and study set what they run.
 
     Paths become absolute (``source: smollm2`` the cached SmolLM2 GGUF, fetched if missing; a Hub
     model name its snapshot folder; a Hub dataset name stays a name, checked); any unknown key,
@@ -290,10 +397,10 @@ def load_recipe(path, overrides=()) -> dict:
         raise MixLNError(f"{path}: invalid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(loaded, dict):
         raise MixLNError(f"{path}: a recipe must be a mapping of keys to values")
-    recipe = copy.deepcopy(DEFAULTS)
+    values = {key: default for key, (_, default) in FIELDS.items()}
     origin = {}  # dotted key -> what set it (the file, or the --set item), for messages
     for key, value in _flatten(loaded).items():
-        _assign(recipe, str(key), value, str(path))
+        _assign(values, str(key), value, str(path))
         origin[str(key)] = str(path)
     for item in overrides:
         key, sep, text = item.partition("=")
@@ -303,17 +410,9 @@ def load_recipe(path, overrides=()) -> dict:
             value = _parse(text)
         except yaml.YAMLError:
             raise MixLNError(f"--set {item}: the value is not valid YAML") from None
-        _assign(recipe, key.strip(), value, f"--set {item}")
+        _assign(values, key.strip(), value, f"--set {item}")
         origin[key.strip()] = f"--set {item}"
-    defaults = _flatten(DEFAULTS)
-    for key, value in _flatten(recipe).items():
-        where = origin.get(key, str(path))
-        value = _typed(key, value, defaults[key], where)
-        _assign(recipe, key, _resolve_path(key, value, where) if key in PATH_KEYS else value, where)
-    _check(recipe, str(path), origin)
-    return recipe
-
-
-def optimizer_steps(recipe: dict) -> int:
-    """Optimizer steps the token budget pays for (whole steps; the remainder is not trained)."""
-    return recipe["max_tokens"] // (recipe["global_batch_size"] * recipe["seq_len"])
+    for key, value in (changes or {}).items():
+        _assign(values, key, value, changed_by)
+        origin[key] = changed_by
+    return _complete(values, origin, str(path))

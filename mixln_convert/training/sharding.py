@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from ..architectures import model_blocks
+
 SCHEDULE_STATE = "schedule.pt"  # beside the shards: the schedule's position
 
 
@@ -21,7 +23,7 @@ def shard(model, bf16: bool) -> None:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32)
-    for layer in model.model.layers:
+    for layer in model_blocks(model):
         fully_shard(layer, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
 

@@ -15,7 +15,7 @@ import os
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +26,7 @@ from accelerate.utils import is_tensorboard_available, set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
+from ..architectures import model_blocks
 from ..data import PackedBlocks, Splits, blocks
 from ..data.shards import file_sha256
 from ..errors import MixLNError, warn
@@ -37,7 +38,7 @@ from ..options import EVAL_DATA
 from ..model.modeling_mixln import enable_checkpointing
 from ..surgery.loading import load_model
 from .loop import StepGuard, adamw, block_grad_norms, clip_gradients, parameter_groups, take_step, warmup_cosine
-from .recipe import optimizer_steps
+from .recipe import Recipe
 from .sharding import is_sharded, load_sharded, save_sharded, shard, sharded_state_dict
 
 
@@ -64,7 +65,7 @@ class Run:
 
     @property
     def layers(self):
-        return self.accelerator.unwrap_model(self.model).model.layers
+        return model_blocks(self.accelerator.unwrap_model(self.model))
 
     @property
     def config(self):
@@ -75,7 +76,7 @@ class Run:
         return block_grad_norms(self.layers, (lambda x: self.accelerator.reduce(x, "sum")) if self.sharded else None)
 
 
-def train_arm(recipe: dict, arm: str, folder: Path, source: str, splits: Splits, tokenizer, accumulation: int,
+def train_arm(recipe: Recipe, arm: str, folder: Path, source: str, splits: Splits, tokenizer, accumulation: int,
               resume: bool = False, progress: bool = True) -> dict:
     """Train ``source`` as arm ``arm`` into ``folder``; returns the arm's summary. With ``resume``
     it continues from the last checkpoint that loads."""
@@ -84,7 +85,7 @@ def train_arm(recipe: dict, arm: str, folder: Path, source: str, splits: Splits,
     if torch.cuda.is_available():  # the arm's own peak, not an earlier arm's or the heal's
         torch.cuda.reset_peak_memory_stats()
     run = setup(recipe, folder, source, splits, accumulation)
-    initial = validate(run, recipe["micro_batch_size"])
+    initial = validate(run, recipe.micro_batch_size)
     start = _restore(run, folder) if resume else 0
     record, train_time = fit(run, recipe, arm, folder, start, progress)
     save(run, tokenizer, folder)
@@ -93,16 +94,16 @@ def train_arm(recipe: dict, arm: str, folder: Path, source: str, splits: Splits,
         "wall_time_s": round(time.time() - started, 2), "resumed_from_step": start,
         "final_val_loss": record["val_loss"], "final_val_ppl": record["val_ppl"],
         "initial_val_loss": initial["val_loss"], "initial_val_ppl": initial["val_ppl"],
-        "validation": {"data": validation_source(recipe["data"]),
-                       "tokens": len(initial["val_block_losses"]) * (recipe["seq_len"] - 1),
-                       "seq_len": recipe["seq_len"]},
+        "validation": {"data": validation_source(recipe.data),
+                       "tokens": len(initial["val_block_losses"]) * (recipe.seq_len - 1),
+                       "seq_len": recipe.seq_len},
         "initial_val_block_losses": initial["val_block_losses"], "final_val_block_losses": record["val_block_losses"],
         "tokens_per_s": (run.steps - start) * run.step_tokens / train_time, "parameters": run.parameters,
         "num_layers": run.config.num_hidden_layers, "post_ln_layers": getattr(run.config, "post_ln_layers", 0),
         "layernorm_scaling": getattr(run.config, "layernorm_scaling", False),
-        "heal_tokens": recipe["heal"]["tokens"] if arm == "mixln" else 0,  # prepare() heals only that arm
+        "heal_tokens": recipe.heal.tokens if arm == "mixln" else 0,  # prepare() heals only that arm
         "processes": run.accelerator.num_processes, "precision": run.accelerator.mixed_precision,
-        "attention": recipe["attention"],
+        "attention": recipe.attention,
         "peak_gpu_memory_bytes": torch.cuda.max_memory_allocated() if run.accelerator.device.type == "cuda" else None,
     }
     if run.accelerator.is_main_process:
@@ -113,7 +114,7 @@ def train_arm(recipe: dict, arm: str, folder: Path, source: str, splits: Splits,
     return summary
 
 
-def setup(recipe: dict, folder: Path, source: str, splits: Splits, accumulation: int) -> Run:
+def setup(recipe: Recipe, folder: Path, source: str, splits: Splits, accumulation: int) -> Run:
     """The accelerator, the model (fp32 master weights; bf16 is autocast, or FSDP2's parameter
     dtype), AdamW, the schedule and the seeded data order. Single process and DDP are prepared by
     accelerate; with ``fsdp: true`` the trainer shards the model itself (:mod:`.sharding`), so the
@@ -124,7 +125,7 @@ def setup(recipe: dict, folder: Path, source: str, splits: Splits, accumulation:
     # would inherit this one's precision and plugins. The process group (PartialState) stays.
     AcceleratorState._reset_state(reset_partial_state=False)
     accelerator = Accelerator(
-        mixed_precision=mixed_precision(recipe["precision"]),
+        mixed_precision=mixed_precision(recipe.precision),
         gradient_accumulation_steps=accumulation,
         # accelerate would step the scheduler once per process; ours counts optimizer steps
         step_scheduler_with_optimizer=False,
@@ -132,38 +133,38 @@ def setup(recipe: dict, folder: Path, source: str, splits: Splits, accumulation:
         project_dir=folder,
     )
     accelerator.init_trackers("tensorboard")
-    set_seed(recipe["seed"])
-    steps = optimizer_steps(recipe)
+    set_seed(recipe.seed)
+    steps = recipe.steps
     model = load_model(source, dtype=torch.float32).train()
-    model.set_attn_implementation(recipe["attention"])
+    model.set_attn_implementation(recipe.attention)
     parameters = sum(p.numel() for p in model.parameters())
-    if recipe["activation_checkpointing"]:
+    if recipe.activation_checkpointing:
         enable_checkpointing(model, {"use_reentrant": False})
-    if recipe["fsdp"]:
+    if recipe.fsdp:
         shard(model.to(accelerator.device), bf16=accelerator.mixed_precision == "bf16")
-    if recipe["compile"]:
-        for layer in model.model.layers:  # per block: the state dict keeps its names, a recompile is per shape
+    if recipe.compile:
+        for layer in model_blocks(model):  # per block: the state dict keeps its names, a recompile is per shape
             layer.compile()
-    optim = recipe["optim"]
-    optimizer = adamw(parameter_groups(model.model.layers, _outside_blocks(model), lr=optim["lr"],
-                                       weight_decay=optim["weight_decay"], post_ln_lr_scale=optim["post_ln_lr_scale"]),
-                      betas=optim["betas"], eps=optim["eps"])
-    scheduler = warmup_cosine(optimizer, recipe["schedule"]["warmup_steps"], steps, recipe["schedule"]["min_lr_ratio"])
+    optim = recipe.optim
+    optimizer = adamw(parameter_groups(model_blocks(model), _outside_blocks(model), lr=optim.lr,
+                                       weight_decay=optim.weight_decay, post_ln_lr_scale=optim.post_ln_lr_scale),
+                      betas=optim.betas, eps=optim.eps)
+    scheduler = warmup_cosine(optimizer, recipe.schedule.warmup_steps, steps, recipe.schedule.min_lr_ratio)
     train_blocks, validation = split_blocks(recipe, splits)
-    data = PackedBlocks(train_blocks, steps * recipe["global_batch_size"], recipe["seed"])
-    loader = DataLoader(data, batch_size=recipe["micro_batch_size"], **loader_options(accelerator.device))
-    if recipe["fsdp"]:
+    data = PackedBlocks(train_blocks, steps * recipe.global_batch_size, recipe.seed)
+    loader = DataLoader(data, batch_size=recipe.micro_batch_size, **loader_options(accelerator.device))
+    if recipe.fsdp:
         loader = accelerator.prepare(loader)
     else:
         model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
-    guard = StepGuard(**recipe["guard"])
+    guard = StepGuard(**asdict(recipe.guard))
     return Run(accelerator, model, optimizer, scheduler, loader, validation, steps,
-               recipe["global_batch_size"] * recipe["seq_len"], accumulation, parameters, guard,
-               recipe["global_batch_size"])
+               recipe.global_batch_size * recipe.seq_len, accumulation, parameters, guard,
+               recipe.global_batch_size)
 
 
 def _outside_blocks(model) -> list[torch.nn.Parameter]:
-    inside = {id(p) for p in model.model.layers.parameters()}
+    inside = {id(p) for p in model_blocks(model).parameters()}
     return [p for p in model.parameters() if id(p) not in inside]
 
 
@@ -180,13 +181,13 @@ def refuse_accelerate_fsdp() -> None:
                          "recipe key fsdp: true")
 
 
-def split_blocks(recipe: dict, splits: Splits):
+def split_blocks(recipe: Recipe, splits: Splits):
     """The training and validation streams in blocks of ``seq_len``; refuses a split shorter than one block."""
-    return (blocks(splits.train, recipe["seq_len"], recipe["data"]["train"] or "embedded:train"),
-            blocks(splits.validation, recipe["seq_len"], validation_source(recipe["data"])))
+    return (blocks(splits.train, recipe.seq_len, recipe.data.train or "embedded:train"),
+            blocks(splits.validation, recipe.seq_len, validation_source(recipe.data)))
 
 
-def fit(run: Run, recipe: dict, arm: str, folder: Path, start: int, progress: bool) -> tuple[dict, float]:
+def fit(run: Run, recipe: Recipe, arm: str, folder: Path, start: int, progress: bool) -> tuple[dict, float]:
     """Optimizer steps ``start + 1 .. run.steps``, logging, validating and checkpointing as the
     recipe says; returns the last step's record and the seconds spent in steps."""
     accelerator, model = run.accelerator, run.model
@@ -203,13 +204,13 @@ def fit(run: Run, recipe: dict, arm: str, folder: Path, start: int, progress: bo
             micro_loss = _micro_step(run, batch, last=micro == run.accumulation - 1)
             loss += micro_loss / run.accumulation
         record = {"step": done, "tokens": done * run.step_tokens}
-        if done % recipe["grad_norm_interval"] == 0 or done == run.steps:
+        if done % recipe.grad_norm_interval == 0 or done == run.steps:
             record["grad_norm_per_layer"] = run.block_norms()
         samples = range((done - 1) * run.global_batch_size, done * run.global_batch_size)
         try:
             record.update(take_step(run.optimizer, run.scheduler, run.guard, step=done,
                                     loss=accelerator.reduce(loss, "mean").item(),
-                                    clip=lambda: clip_gradients(run.model.parameters(), recipe["grad_clip"]),
+                                    clip=lambda: clip_gradients(run.model.parameters(), recipe.grad_clip),
                                     block_norms=lambda: (record.get("grad_norm_per_layer") or run.block_norms(),
                                                          run.layers),
                                     samples=samples))
@@ -222,16 +223,16 @@ def fit(run: Run, recipe: dict, arm: str, folder: Path, start: int, progress: bo
         elapsed = time.perf_counter() - tick
         train_time += elapsed
         record["tokens_per_s"] = run.step_tokens / elapsed
-        if done % recipe["eval_interval"] == 0 or done == run.steps:
-            record.update(validate(run, recipe["micro_batch_size"]))
-        logged = (done % recipe["log_interval"] == 0 or "val_loss" in record or "grad_norm_per_layer" in record
+        if done % recipe.eval_interval == 0 or done == run.steps:
+            record.update(validate(run, recipe.micro_batch_size))
+        logged = (done % recipe.log_interval == 0 or "val_loss" in record or "grad_norm_per_layer" in record
                   or record.get("skipped"))
         if main and (logged or done == run.steps):
             append_metrics(folder, record)
             accelerator.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=done)
         bar.set_postfix(loss=f"{record['loss']:.4f}")
-        if done % recipe["checkpoint_interval"] == 0 and done < run.steps:
-            _save_checkpoint(run, folder, done, recipe["keep_checkpoints"])
+        if done % recipe.checkpoint_interval == 0 and done < run.steps:
+            _save_checkpoint(run, folder, done, recipe.keep_checkpoints)
     return record, train_time
 
 
@@ -265,12 +266,12 @@ def validate(run: Run, batch_size: int) -> dict:
     return {"val_loss": loss, "val_ppl": math.exp(loss), "val_block_losses": block_losses}
 
 
-def validation_source(data: dict) -> str:
+def validation_source(data) -> str:
     """What a recipe's ``data`` section validates on, as reports name it."""
-    if data["validation"] is not None:
-        return str(data["validation"])
-    if data["train"] is not None:
-        return f"{data['train']} (held-out documents)"
+    if data.validation is not None:
+        return str(data.validation)
+    if data.train is not None:
+        return f"{data.train} (held-out documents)"
     return EVAL_DATA
 
 

@@ -1,0 +1,51 @@
+"""The one runner of multi-stage work (io/runs.py's Stages), which the demo, sweep and study use:
+a stage's result is kept with its sha256, read back on resume instead of running it again, an
+interrupted atomic stage leaves nothing, and each stage is timed."""
+
+import pytest
+
+from mixln_convert.errors import MixLNError
+from mixln_convert.io.runs import STAGE_RESULT, Stages
+
+
+def test_a_finished_stage_is_read_back_not_run_again(tmp_path):
+    calls = []
+
+    def work(folder):
+        calls.append(folder)
+        (folder / "made.txt").write_text("x")
+        return {"figure": 1.5, "rows": [1, 2]}
+
+    first = Stages(resume=False)
+    assert first.run("a", tmp_path / "a", work) == {"figure": 1.5, "rows": [1, 2]}
+    assert (tmp_path / "a" / "made.txt").is_file() and (tmp_path / "a" / STAGE_RESULT).is_file()
+    assert set(first.times) == {"a"} and first.times["a"] >= 0
+    again = Stages(resume=True)
+    assert again.run("a", tmp_path / "a", work) == {"figure": 1.5, "rows": [1, 2]}
+    assert len(calls) == 1 and again.times == {}  # read back: not run, not timed
+    assert Stages(resume=False).run("a", tmp_path / "a", work) and len(calls) == 2  # without resume: run again
+
+
+def test_an_interrupted_atomic_stage_leaves_nothing_and_a_resumed_one_works_in_place(tmp_path):
+    def killed(folder):
+        (folder / "half.bin").write_text("x")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        Stages(resume=False).run("a", tmp_path / "a", killed)
+    assert not (tmp_path / "a").exists() and list(tmp_path.iterdir()) == []
+    with pytest.raises(KeyboardInterrupt):
+        Stages(resume=False).run("b", tmp_path / "b", killed, atomic=False)
+    assert (tmp_path / "b" / "half.bin").is_file() and not (tmp_path / "b" / STAGE_RESULT).exists()
+    seen = []
+    result = Stages(resume=True).run("b", tmp_path / "b", lambda f: seen.append(sorted(p.name for p in f.iterdir()))
+                                     or {"done": True}, atomic=False)
+    assert result == {"done": True} and seen == [["half.bin"]]  # it finds what it left, as training resumes
+
+
+def test_an_edited_result_is_refused_in_one_line(tmp_path):
+    Stages(resume=False).run("a", tmp_path / "a", lambda folder: {"figure": 1.5})
+    result = tmp_path / "a" / STAGE_RESULT
+    result.write_text(result.read_text().replace("1.5", "2.5"))
+    with pytest.raises(MixLNError, match=f"^{result}: damaged; remove {tmp_path / 'a'} to run this stage again$"):
+        Stages(resume=True).run("a", tmp_path / "a", lambda folder: {"figure": 0})
