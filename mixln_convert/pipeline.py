@@ -274,6 +274,7 @@ def run_demo(out, *, source=None, alpha: float = ALPHA, heal_tokens: int = DEMO_
     for summary in summaries.values():
         print(f"      {summary['arm']}: validation perplexity {summary['initial_val_ppl']:.2f} -> "
               f"{summary['final_val_ppl']:.2f} ({where})")
+    print(f"      (conversion, heal and training{_took(stages, 'train') or ': finished by an earlier run'})")
     checkpoints = {
         "original": original,
         "converted": out / "train" / "mixln" / "converted",
@@ -286,10 +287,15 @@ def run_demo(out, *, source=None, alpha: float = ALPHA, heal_tokens: int = DEMO_
         result = stages.run(name, out / "analysis" / name, lambda folder, ckpt=ckpt: analyze(
             ckpt, folder, seq_len=recipe.seq_len, max_tokens=eval_tokens, prune_curve=prune_curve, generate=True,
             force=True))
+        took = _took(stages, name)
         print(f"      {name}: perplexity {result['perplexity']:.2f}; greedy continuations repeat "
-              f"{result['generation']['repeated_4gram_share']:.1%} of their 4-grams")
+              f"{result['generation']['repeated_4gram_share']:.1%} of their 4-grams{f' (analysis{took})' if took else ''}")
     print(f"[4/4] report -> {out / 'report'}")
     return compare([out / "analysis" / name for name in checkpoints] + [out / "train"], out / "report",
                    labels=list(checkpoints) + ["train"], force=True)
 
 
+def _took(stages: Stages, name: str) -> str:
+    """How long a stage of this run took ("" for one an earlier run finished)."""
+    seconds = stages.times.get(name)
+    return "" if seconds is None else f": {int(seconds // 60)} min {seconds % 60:.0f} s"
