@@ -2,6 +2,8 @@
 in one torch-free place: the CLI offers the choices as ``click.Choice`` and shows the defaults,
 and the modules that act on them validate against the same tuples and default to the same values."""
 
+from dataclasses import dataclass
+
 STRATEGIES = ("calibrated", "move", "reinit-post", "scratch")  # conversion/plan.py
 # conversion/converter.py: Mix-LN (the first blocks Post-LN) or LayerNorm Scaling (architectures/__init__.py)
 LAYOUTS = ("mixln", "lns")
@@ -17,6 +19,21 @@ HEAL_LR = 3e-5
 HEAL_SEQ_LEN, HEAL_BATCH_SIZE = 256, 4  # healing/: a step of 4 x 256 tokens
 HEAL_TOKENS = 65_536  # healing/: 64 steps
 HEAL_LOSS, HEAL_DTYPE = "kl", "fp32"  # healing/: the defaults of LOSSES and HEAL_DTYPES
+
+
+@dataclass(kw_only=True)
+class HealSettings:
+    """The settings of a heal's training that a recipe's ``heal`` section holds too: healing/run.py's
+    HealRun and training/recipe.py's Heal both extend this (spike_factor: as the recipe's guard)."""
+    tokens: int = HEAL_TOKENS
+    seq_len: int = HEAL_SEQ_LEN
+    batch_size: int = HEAL_BATCH_SIZE
+    lr: float = HEAL_LR
+    loss: str = HEAL_LOSS
+    activation_checkpointing: bool = False
+    spike_factor: float = 0.0
+
+
 ALPHA = 0.25  # conversion/layout.py: the share of leading blocks made Post-LN unless told otherwise
 # conversion/converter.py's calibrated gains. Short blocks fit the Post-LN gains better (down to a
 # point; docs/measurements.md): each block's first positions carry the massive activations, and

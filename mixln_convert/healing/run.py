@@ -19,8 +19,7 @@ from ..io.writer import parse_size, tool_stamp, write_checkpoint
 from ..limits import (check_fraction, check_nonnegative, check_one_step, check_positive, check_positive_float,
                       check_spike_factor, check_seed, check_seq_len)
 from ..model.modeling_mixln import enable_checkpointing
-from ..options import (EVAL_DATA, EVAL_TOKENS, HEAL_BATCH_SIZE, HEAL_DTYPE, HEAL_DTYPES, HEAL_LOSS, HEAL_LR, HEAL_SEQ_LEN,
-                       HEAL_TOKENS, LOSSES, MAX_SHARD_SIZE)
+from ..options import EVAL_DATA, EVAL_TOKENS, HEAL_DTYPE, HEAL_DTYPES, LOSSES, MAX_SHARD_SIZE, HealSettings
 from ..runtime import map_large_allocations
 from ..surgery.prefix import prefix_names
 from ..training.loop import (NonFiniteStep, StepGuard, adamw, block_grad_norms, clip_gradients, parameter_groups,
@@ -37,7 +36,7 @@ def heal(converted, teacher, out, **settings) -> dict:
 
 
 @dataclass
-class HealRun:
+class HealRun(HealSettings):
     """A heal of ``converted``'s Post-LN blocks against ``teacher``, written to ``out``.
 
     Trains them on ``tokens`` tokens of ``data`` (a file, folder or glob, a list of documents or a
@@ -60,18 +59,11 @@ class HealRun:
     converted: str | Path
     teacher: str | Path
     out: str | Path
-    _: KW_ONLY  # the settings, keyword-only as heal() takes them
+    _: KW_ONLY  # the settings (HealSettings' too), keyword-only as heal() takes them
     data: object = None
-    tokens: int = HEAL_TOKENS
-    seq_len: int = HEAL_SEQ_LEN
-    batch_size: int = HEAL_BATCH_SIZE
-    lr: float = HEAL_LR
-    loss: str = HEAL_LOSS
     dtype: str = HEAL_DTYPE
-    activation_checkpointing: bool = False
     warmup_ratio: float = 0.1
     grad_clip: float = 1.0
-    spike_factor: float = 0.0
     eval_tokens: int = EVAL_TOKENS
     eval_data: object = None
     perplexity: bool = True

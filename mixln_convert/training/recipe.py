@@ -24,8 +24,8 @@ from ..errors import MixLNError
 from ..io.hub import hub_name
 from ..io.paths import check_readable, checkpoint_path, is_pattern
 from ..limits import SPIKE_FACTORS, below_one_step, spike_factor_ok
-from ..options import (ALPHA, ARMS, ATTENTIONS, DEFAULT_ARMS, EVAL_SEQ_LEN, EVAL_TOKENS, HEAL_BATCH_SIZE, HEAL_LOSS,
-                       HEAL_LR, HEAL_SEQ_LEN, LOSSES, PRECISIONS, STRATEGIES)
+from ..options import (ALPHA, ARMS, ATTENTIONS, DEFAULT_ARMS, EVAL_SEQ_LEN, EVAL_TOKENS, LOSSES, PRECISIONS, STRATEGIES,
+                       HealSettings)
 
 SMOLLM2 = "smollm2"  # `source: smollm2` names the embedded default model (the cached GGUF)
 
@@ -40,17 +40,11 @@ class Conversion:
     scaled_init: bool = True
 
 
-@dataclass(frozen=True)
-class Heal:
-    """Distil the converted Post-LN blocks from the source before training (mixln-convert heal);
-    tokens 0 skips it. spike_factor: as guard's, for the heal."""
+@dataclass(kw_only=True)
+class Heal(HealSettings):
+    """Distil the converted Post-LN blocks from the source before training (mixln-convert heal,
+    with these of its settings); tokens 0 skips it."""
     tokens: int = 0
-    seq_len: int = HEAL_SEQ_LEN
-    batch_size: int = HEAL_BATCH_SIZE
-    lr: float = HEAL_LR
-    loss: str = HEAL_LOSS
-    activation_checkpointing: bool = False
-    spike_factor: float = 0.0
 
 
 @dataclass(frozen=True)
