@@ -359,9 +359,10 @@ def test_a_run_needing_the_token_cache_another_run_writes_waits_and_shares_it(co
     from mixln_convert.data.stream import load_splits
     from mixln_convert.errors import MixLNError
     from mixln_convert.io.atomic import try_lock
+    from mixln_convert.training.recipe import Data
 
     monkeypatch.setenv("MIXLN_CONVERT_CACHE", str(tmp_path / "cache"))
-    data = {"train": str(corpus), "validation": None, "validation_fraction": 0.1, "eval_tokens": 64, "num_proc": 0}
+    data = Data(train=str(corpus), validation_fraction=0.1, eval_tokens=64)
     load_splits(data, tokenizer, 512, progress=False)  # where the cache folder of these settings is
     (folder,) = (tmp_path / "cache" / "tokens").iterdir()
     written = {p.name: p.read_bytes() for p in folder.iterdir()}
