@@ -200,7 +200,7 @@ def _training_recipe(src, data, train_tokens: int):
         return None
     changes = {"source": str(Path(src).absolute()), "grad_norm_interval": 1}
     if data is not None:
-        changes["data.train"] = str(Path(data).absolute())
+        changes["data.train"] = str(data)  # a path (made absolute) or a Hub dataset name, as a recipe takes it
     defaults = load_recipe(TRAIN_RECIPE, changes=changes, changed_by="sweep")
     step_tokens = defaults.global_batch_size * defaults.seq_len
     if train_tokens < step_tokens:
