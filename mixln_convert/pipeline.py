@@ -241,7 +241,7 @@ def run_demo(out, *, source=None, alpha: float = ALPHA, heal_tokens: int = DEMO_
              force: bool = False, resume: bool = False) -> dict:
     """Every stage on ``source`` (default: SmolLM2-135M-Instruct from PyPI) into ``out``, with the
     CPU recipe's settings: convert, heal (``heal_tokens``; 0 skips it), train both arms, analyze
-    each stage, compare; returns the comparison (its ``summary`` sentences, ...). ``resume`` keeps
+    each stage (the layer sweep and ``prune_curve`` on the original and the trained arms), compare; returns the comparison (its ``summary`` sentences, ...). ``resume`` keeps
     what an earlier run with the same settings finished (trained arms, analyses) and continues from
     there; ``force`` starts afresh."""
     from .analysis.analyze import analyze
@@ -282,11 +282,14 @@ def run_demo(out, *, source=None, alpha: float = ALPHA, heal_tokens: int = DEMO_
         "mixln-trained": out / "train" / "mixln" / "final",
         "preln-trained": out / "train" / "preln" / "final",
     }
-    print(f"[3/4] layer analysis of {', '.join(checkpoints)} ({where})")
+    # the intermediate stages are judged by perplexity and what they write; the layer sweep (most of an
+    # analysis's time) compares the original with the trained arms
+    swept = ("original", "mixln-trained", "preln-trained")
+    print(f"[3/4] analysis of {', '.join(checkpoints)} ({where}; the layer sweep of {', '.join(swept)})")
     for name, ckpt in checkpoints.items():
-        result = stages.run(name, out / "analysis" / name, lambda folder, ckpt=ckpt: analyze(
-            ckpt, folder, seq_len=recipe.seq_len, max_tokens=eval_tokens, prune_curve=prune_curve, generate=True,
-            force=True))
+        result = stages.run(name, out / "analysis" / name, lambda folder, ckpt=ckpt, sweep=name in swept: analyze(
+            ckpt, folder, seq_len=recipe.seq_len, max_tokens=eval_tokens, layer_sweep=sweep,
+            prune_curve=prune_curve and sweep, generate=True, force=True))
         took = _took(stages, name)
         print(f"      {name}: perplexity {result['perplexity']:.2f}; greedy continuations repeat "
               f"{result['generation']['repeated_4gram_share']:.1%} of their 4-grams{f' (analysis{took})' if took else ''}")

@@ -95,6 +95,30 @@ def test_cli_analyze_writes_contract_and_plots(converted, tmp_path, cli):
     assert all(math.isfinite(p) for p in curve["perplexity"])
 
 
+def test_analyze_without_the_layer_sweep_scores_the_same_perplexity(converted, tmp_path, cli):
+    common = ("--seq-len", 32, "--max-tokens", 256)
+    full, light = tmp_path / "full", tmp_path / "light"
+    assert cli("analyze", converted, "--out", full, *common).exit_code == 0
+    result = cli("analyze", converted, "--out", light, "--no-layer-sweep", *common)
+    assert result.exit_code == 0, result.output
+    assert "cheapest block" not in result.output
+    swept, measured = (json.loads((folder / "analysis.json").read_text()) for folder in (full, light))
+    assert not {"layer_drop", "angular_distance_matrix", "grad_norm_per_layer"} & set(measured)
+    assert measured["perplexity"] == pytest.approx(swept["perplexity"], rel=1e-5)
+    assert measured["tokens"] == swept["tokens"] == 8 * 31
+    assert measured["per_block"]["loss"] == pytest.approx(swept["per_block"]["loss"], rel=1e-5)
+    assert {p.name for p in light.iterdir()} == {"analysis.json"}  # no per-layer figures without the sweep
+
+
+@pytest.mark.parametrize("flag", [("--prune-curve",), ("--task", "arc_easy")])
+def test_no_layer_sweep_refuses_what_needs_it(flag, converted, tmp_path, cli):
+    if flag[0] == "--task":
+        pytest.importorskip("lm_eval")
+    result = cli("analyze", converted, "--out", tmp_path / "a", "--no-layer-sweep", *flag)
+    assert result.exit_code != 0 and "--no-layer-sweep" in result.output and flag[0] in result.output
+    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "a").exists()
+
+
 @pytest.mark.real_model
 def test_analyze_real_gguf(tmp_path):
     from mixln_convert.analysis.analyze import analyze

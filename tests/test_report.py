@@ -181,6 +181,37 @@ def test_only_analyses(cli, tmp_path):
     assert not (tmp_path / "report" / "training_curves.png").exists()
 
 
+def without_layer_sweep(folder):
+    """``folder``'s analysis as `analyze --no-layer-sweep` writes it: perplexity, no per-layer measures."""
+    file = folder / "analysis.json"
+    analysis = json.loads(file.read_text())
+    for key in ("layer_drop", "angular_distance", "angular_distance_matrix", "block_influence", "grad_norm_per_layer",
+                "span"):
+        del analysis[key]
+    file.write_text(json.dumps(analysis))
+    return folder
+
+
+def test_analyses_without_the_layer_sweep_show_perplexity_only(cli, tmp_path):
+    swept = write_analysis(tmp_path / "swept", perplexity=20.0)
+    light = without_layer_sweep(write_analysis(tmp_path / "light", perplexity=31.0))
+    result = cli("compare", swept, light, "--out", tmp_path / "report")
+    assert result.exit_code == 0, result.output
+    md = (tmp_path / "report" / "report.md").read_text()
+    summary = summary_of(md)
+    assert "Removing one block of the deeper half raises perplexity on average by: swept" in summary
+    assert "light" not in summary.split("Removing one block")[1]  # ranked among the swept only
+    assert "| light | Pre-LN | analysed: ckpt-light | — | — | 31.00 |" in md
+    models = {m["label"]: m for m in json.loads((tmp_path / "report" / "comparison.json").read_text())["models"]}
+    assert "deep_layer_drop" in models["swept"] and "deep_layer_drop" not in models["light"]
+    assert (tmp_path / "report" / "layer_drop.png").is_file()
+
+    result = cli("compare", light, "--out", tmp_path / "alone")
+    assert result.exit_code == 0, result.output
+    assert "No analysis holds the layer sweep" in summary_of((tmp_path / "alone" / "report.md").read_text())
+    assert not (tmp_path / "alone" / "layer_drop.png").exists()
+
+
 def test_mismatched_tokenizers(cli, tmp_path):
     a = write_analysis(tmp_path / "a", vocab=320)
     b = write_analysis(tmp_path / "b", vocab=49152)
@@ -199,7 +230,7 @@ def test_mismatched_tokenizers(cli, tmp_path):
     ("neither", ["neither an analysis", "nor a train output folder"]),
     ("checkpoint", ["run `mixln-convert analyze"]),
     ("missing", ["no such file or folder"]),
-    ("bad analysis", ["missing layer_drop"]),
+    ("bad analysis", ["not layer_drop (a layer analysis has all of them)"]),
     ("unwritable out", ["is not a writable folder"]),
     ("labels", ["--label: 2 labels for 1 inputs"]),
 ])

@@ -64,6 +64,8 @@ def test_a_minimal_demo_runs_from_an_empty_folder(venv, tiny_llama, tmp_path):
     # the five stages' analyses, then the train folder's arms with their training curves
     assert [m["label"] for m in comparison["models"]] == ["original", "converted", "healed", "mixln-trained",
                                                            "preln-trained", "train/mixln", "train/preln"]
+    swept = [m["label"] for m in comparison["models"][:5] if "deep_layer_drop" in m]
+    assert swept == ["original", "mixln-trained", "preln-trained"]  # the intermediate stages: perplexity only
     assert "report:" in done.stdout
 
 

@@ -12,7 +12,7 @@ from ..errors import MixLNError
 from ..generation import greedy_continuations
 from ..options import BATCH_SIZE, EVAL_DATA, EVAL_SEQ_LEN, EVAL_TOKENS
 from ..runtime import map_large_allocations
-from ..evaluate import check_finite_score, evaluate_documents
+from ..evaluate import check_finite_score, evaluate_documents, evaluate_perplexity
 from ..io.atomic import atomic_output_dir
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable
@@ -24,14 +24,16 @@ from .plots import plot_analysis
 
 
 def analyze(ckpt, out, *, data=None, span: int = 1, seq_len: int = EVAL_SEQ_LEN, max_tokens: int = EVAL_TOKENS,
-            batch_size: int = BATCH_SIZE, prune_curve: bool = False, method: str = "angular", generate: bool = False,
+            batch_size: int = BATCH_SIZE, layer_sweep: bool = True, prune_curve: bool = False, method: str = "angular", generate: bool = False,
             force: bool = False, allow_longer: bool = False, per_document: bool = False, tasks=(), include_path=None,
             task_manager=None, limit: int | None = None, progress: bool = True) -> dict:
     """Measure ``ckpt`` (HF folder, LLaMA or Mix-LN, or .gguf) on held-out text and write
     ``out/analysis.json`` and PNG plots; returns the analysis.
 
     ``data`` defaults to the embedded validation split, cut into ``max_tokens`` tokens in blocks
-    of ``seq_len`` (at most the model's max_position_embeddings unless ``allow_longer``). ``span``
+    of ``seq_len`` (at most the model's max_position_embeddings unless ``allow_longer``). Without
+    ``layer_sweep`` only the perplexity (and what the flags below add) is measured, not the layer sweep
+    and gradient norms, which cost the model's L forwards and a backward pass. ``span``
     is the n of the per-layer angular distance (inputs of blocks l and l+n). ``prune_curve`` adds
     the perplexity with N = 1..L/2 blocks removed by ``method``; ``generate`` greedy continuations
     of fixed prompts and their repeated-4-gram share (:mod:`..generation`). ``per_document`` adds each
@@ -42,6 +44,9 @@ def analyze(ckpt, out, *, data=None, span: int = 1, seq_len: int = EVAL_SEQ_LEN,
     """
     map_large_allocations()
     check_method(method)
+    if not layer_sweep and (prune_curve or tasks):
+        raise MixLNError(f"{'--prune-curve' if prune_curve else '--task'} ranks or drops blocks by the layer "
+                         "sweep, which --no-layer-sweep skips")
     for flag, value in (("--span", span), ("--seq-len", seq_len), ("--max-tokens", max_tokens),
                         ("--batch-size", batch_size)):
         check_positive(flag, value)
@@ -78,7 +83,8 @@ def analyze(ckpt, out, *, data=None, span: int = 1, seq_len: int = EVAL_SEQ_LEN,
             # LayerNorm Scaling: every block Pre-LN, its norm outputs scaled by 1/sqrt(l)
             "layernorm_scaling": getattr(model.config, "layernorm_scaling", False),
             "layout": ["Post-LN" if i < n_post else "Pre-LN" for i in range(num_layers)],
-            **layer_metrics(model, blocks, span, batch_size, progress),
+            **(layer_metrics(model, blocks, span, batch_size, progress) if layer_sweep
+               else perplexity_only(model, blocks, batch_size, progress)),
             "tokenizer_vocab_size": len(tokenizer),
         }
         check_finite_score(result["perplexity"], source.path, "perplexity")
@@ -125,6 +131,13 @@ def layer_metrics(model, blocks: torch.Tensor, span: int, batch_size: int, progr
             "grad_norm_per_layer": grad_norms,
         },
     }
+
+
+def perplexity_only(model, blocks: torch.Tensor, batch_size: int, progress: bool) -> dict:
+    """The perplexity, with the per-block losses its interval is bootstrapped from (no layer sweep)."""
+    scored = evaluate_perplexity(model, blocks, batch_size, progress)
+    return {"tokens": scored["tokens"], "perplexity": scored["perplexity"],
+            "per_block": {"loss": scored["block_losses"]}}
 
 
 def pruning_curve(runner: BlockRunner, blocks: torch.Tensor, method: str, scores: dict, batch_size: int,

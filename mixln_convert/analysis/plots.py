@@ -10,6 +10,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from ..io.runs import has_layer_metrics
 from ..options import measured_on
 
 PRE_LN, POST_LN = "tab:blue", "tab:orange"
@@ -147,7 +148,8 @@ PLOTS = {
 
 def plot_analysis(result: dict, folder: Path) -> list[Path]:
     """Write every figure ``result`` has data for into ``folder``; returns their paths."""
-    plots = {**PLOTS, **({"prune_curve.png": plot_prune_curve} if "prune_curve" in result else {})}
+    plots = {**(PLOTS if has_layer_metrics(result) else {}),
+             **({"prune_curve.png": plot_prune_curve} if "prune_curve" in result else {})}
     for name, plot in plots.items():
         plot(result, Path(folder) / name)
     for task in result.get("task_drop", {}):

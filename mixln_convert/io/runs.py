@@ -155,8 +155,8 @@ def _digest(result) -> str:
     return hashlib.sha256(json.dumps(as_read, sort_keys=True).encode()).hexdigest()
 
 
-ANALYSIS_KEYS = ("checkpoint", "num_layers", "post_ln_layers", "perplexity", "layer_drop",
-                 "angular_distance_matrix", "grad_norm_per_layer")
+ANALYSIS_KEYS = ("checkpoint", "num_layers", "post_ln_layers", "perplexity")
+# the layer sweep's results: all of them, or none in an analysis made without ``layer_sweep``
 PER_LAYER_KEYS = ("layer_drop", "angular_distance_matrix", "grad_norm_per_layer")
 # what a finished arm's summary gives every caller (train's printout, demo, sweep, study)
 FINISHED = ("arm", "steps", "tokens", "wall_time_s", "initial_val_ppl", "final_val_ppl")
@@ -267,7 +267,11 @@ def read_analysis(file: Path) -> dict:
     num_layers = analysis["num_layers"]
     if analysis["post_ln_layers"] > num_layers:
         raise MixLNError(f"{file}: post_ln_layers {analysis['post_ln_layers']} exceeds num_layers {num_layers}")
-    for key in PER_LAYER_KEYS:
+    layered = [key for key in PER_LAYER_KEYS if key in analysis]
+    if layered and len(layered) < len(PER_LAYER_KEYS):
+        missing = ", ".join(key for key in PER_LAYER_KEYS if key not in analysis)
+        raise MixLNError(f"{file}: has {layered[0]} but not {missing} (a layer analysis has all of them)")
+    for key in layered:
         if len(analysis[key]) != num_layers:
             raise MixLNError(f"{file}: {key} has {len(analysis[key])} entries for {num_layers} layers")
     if "per_block" in analysis:
@@ -279,6 +283,11 @@ def read_analysis(file: Path) -> dict:
     return analysis
 
 
+def has_layer_metrics(analysis: dict | None) -> bool:
+    """Whether ``analysis`` holds the layer sweep (layer drop, angular distances, gradient norms)."""
+    return bool(analysis) and "layer_drop" in analysis
+
+
 def _check_per_block(analysis: dict, file: Path) -> None:
     """The per-block values the report bootstraps from: one loss per evaluation block, and per
     block (or gradient batch) one value per layer; prune-curve losses per block likewise."""
@@ -287,7 +296,7 @@ def _check_per_block(analysis: dict, file: Path) -> None:
     if not isinstance(per_block, dict) or not _numbers(per_block.get("loss")) or not per_block["loss"]:
         raise MixLNError(f"{where}: must be an object with loss, a non-empty list of numbers")
     blocks = len(per_block["loss"])
-    for key in PER_BLOCK_TABLES:
+    for key in PER_BLOCK_TABLES if has_layer_metrics(analysis) else ():
         table = per_block.get(key)
         if not (isinstance(table, list) and table and all(_numbers(row) and len(row) == num_layers for row in table)):
             raise MixLNError(f"{where}.{key}: must be a non-empty list of rows of {num_layers} numbers")

@@ -90,6 +90,8 @@ def model_estimates(model: Model) -> dict[str, Estimate]:
     where = measured_on(analysis_evaluation(analysis))
     loss = np.asarray(per_block["loss"])[:, None]
     estimates["perplexity"] = estimate(uncertainty.perplexity, loss[:, 0], where)
+    if not model.layered:
+        return estimates
     estimates["deep_layer_drop_relative"] = estimate(
         uncertainty.relative_increase, np.hstack([loss, np.asarray(per_block["loss_without_layer"])[:, deep]]), where)
     estimates["deep_angular_distance"] = estimate(uncertainty.mean_value,
@@ -116,21 +118,9 @@ def model_numbers(model: Model, estimates: dict[str, Estimate]) -> dict:
         if (norms := model.training_grad_norms()) is not None:
             numbers["training_grad_norm_cv"] = float(coefficient_of_variation(norms))
     if analysis := model.analysis:
-        deep = deep_half(analysis["num_layers"])
-        drops = np.asarray(analysis["layer_drop"][deep])
-        numbers.update(
-            perplexity=analysis["perplexity"],
-            evaluation=analysis_evaluation(analysis),
-            deep_layer_drop=float(drops.mean()),
-            deep_layer_drop_median=float(np.median(drops)),
-            deep_layer_drop_relative=float(drops.mean()) / analysis["perplexity"],
-            # the block that carries the mean, and its share of the deep blocks' summed increase
-            deep_layer_drop_top=[int(drops.argmax()) + deep.start,
-                                 float(drops.max() / drops.sum()) if drops.sum() > 0 else None],
-            # span 1 (consecutive block inputs) whatever --span the analysis was made with
-            deep_angular_distance=float(np.mean([row[0] for row in analysis["angular_distance_matrix"][deep]])),
-            grad_norm_cv=float(coefficient_of_variation(analysis["grad_norm_per_layer"])),
-        )
+        numbers.update(perplexity=analysis["perplexity"], evaluation=analysis_evaluation(analysis))
+        if model.layered:
+            numbers.update(_layer_numbers(analysis))
         if "generation" in analysis:
             numbers["repeated_4gram_share"] = analysis["generation"]["repeated_4gram_share"]
         if "prune_curve" in analysis:
@@ -139,6 +129,23 @@ def model_numbers(model: Model, estimates: dict[str, Estimate]) -> dict:
     numbers["intervals"] = {name: e.interval for name, e in estimates.items()}
     numbers.update(downstream_numbers(model))
     return numbers
+
+
+def _layer_numbers(analysis: dict) -> dict:
+    """What the layer sweep says of the deeper half of the blocks, and how uniform the gradient norms are."""
+    deep = deep_half(analysis["num_layers"])
+    drops = np.asarray(analysis["layer_drop"][deep])
+    return dict(
+        deep_layer_drop=float(drops.mean()),
+        deep_layer_drop_median=float(np.median(drops)),
+        deep_layer_drop_relative=float(drops.mean()) / analysis["perplexity"],
+        # the block that carries the mean, and its share of the deep blocks' summed increase
+        deep_layer_drop_top=[int(drops.argmax()) + deep.start,
+                             float(drops.max() / drops.sum()) if drops.sum() > 0 else None],
+        # span 1 (consecutive block inputs) whatever --span the analysis was made with
+        deep_angular_distance=float(np.mean([row[0] for row in analysis["angular_distance_matrix"][deep]])),
+        grad_norm_cv=float(coefficient_of_variation(analysis["grad_norm_per_layer"])),
+    )
 
 
 def _tied(a: float, b: float) -> bool:
@@ -272,25 +279,13 @@ def _analysis_sentences(models: list[Model], numbers: dict, estimates: dict) -> 
                 "with analysis/analysis.json)."]
     found = lambda name: {f["label"]: estimates[f["label"]].get(name) for f in analysed}  # noqa: E731
     wheres = {measured_on(f["evaluation"]) for f in analysed}
-    sentences = [f"The layer analyses were measured on {' / '.join(sorted(wheres))}"
+    sentences = [f"The analyses were measured on {' / '.join(sorted(wheres))}"
                  + (" (not the same blocks for every model: compare with care)." if len(wheres) > 1 else ".")]
-    drop = found("deep_layer_drop_relative")
-    sentences += [
-        _ranking("Removing one block of the deeper half raises perplexity on average by",
-                 {f["label"]: _deep_drop_text(f, drop[f["label"]]) for f in analysed},
-                 {f["label"]: f["deep_layer_drop_relative"] for f in analysed},
-                 "relative to each model's perplexity, the deep blocks matter most in {}", True, drop),
-        _ranking("Mean angular distance between consecutive block inputs in the deeper half",
-                 {f["label"]: _with_interval(f"{f['deep_angular_distance']:.4f}", estimates[f["label"]].get(
-                     "deep_angular_distance")) for f in analysed},
-                 {f["label"]: f["deep_angular_distance"] for f in analysed},
-                 "the deep blocks change the representation most in {}", True, found("deep_angular_distance")),
-        _ranking("Coefficient of variation of the gradient norm across blocks (std/mean, lower is more uniform)",
-                 {f["label"]: _with_interval(f"{f['grad_norm_cv']:.3f}", estimates[f["label"]].get("grad_norm_cv"))
-                  for f in analysed},
-                 {f["label"]: f["grad_norm_cv"] for f in analysed},
-                 "most uniform in {}", False, found("grad_norm_cv")),
-    ]
+    layered = [numbers[m.label] for m in models if m.layered]
+    if layered:
+        sentences += _layer_sentences(layered, estimates)
+    else:
+        sentences.append("No analysis holds the layer sweep (each was made with --no-layer-sweep), so no layer comparison.")
     during = [numbers[m.label] for m in models if "training_grad_norm_cv" in numbers[m.label]]
     if during:  # one training step's gradient: no blocks to resample
         sentences.append(_ranking("The same at the last logged training step (one minibatch, no interval)",
@@ -303,6 +298,28 @@ def _analysis_sentences(models: list[Model], numbers: dict, estimates: dict) -> 
                          + ", ".join(f"{f['label']} {f['repeated_4gram_share']:.1%}" for f in written)
                          + " of their 4-grams repeat an earlier one (lower is more varied).")
     return sentences + [_pruning_sentence(analysed, found("prune_ratio"))]
+
+
+def _layer_sentences(layered: list[dict], estimates: dict) -> list[str]:
+    """The layer sweep's rankings: deep-block removal, angular distance, gradient-norm uniformity."""
+    found = lambda name: {f["label"]: estimates[f["label"]].get(name) for f in layered}  # noqa: E731
+    drop = found("deep_layer_drop_relative")
+    return [
+        _ranking("Removing one block of the deeper half raises perplexity on average by",
+                 {f["label"]: _deep_drop_text(f, drop[f["label"]]) for f in layered},
+                 {f["label"]: f["deep_layer_drop_relative"] for f in layered},
+                 "relative to each model's perplexity, the deep blocks matter most in {}", True, drop),
+        _ranking("Mean angular distance between consecutive block inputs in the deeper half",
+                 {f["label"]: _with_interval(f"{f['deep_angular_distance']:.4f}", estimates[f["label"]].get(
+                     "deep_angular_distance")) for f in layered},
+                 {f["label"]: f["deep_angular_distance"] for f in layered},
+                 "the deep blocks change the representation most in {}", True, found("deep_angular_distance")),
+        _ranking("Coefficient of variation of the gradient norm across blocks (std/mean, lower is more uniform)",
+                 {f["label"]: _with_interval(f"{f['grad_norm_cv']:.3f}", estimates[f["label"]].get("grad_norm_cv"))
+                  for f in layered},
+                 {f["label"]: f["grad_norm_cv"] for f in layered},
+                 "most uniform in {}", False, found("grad_norm_cv")),
+    ]
 
 
 def _pruning_sentence(analysed: list[dict], found: dict) -> str:

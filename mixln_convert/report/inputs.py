@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import MixLNError
-from ..io.runs import ANALYSIS, METRICS, SUMMARY, read_analysis, read_metrics, read_summary
+from ..io.runs import ANALYSIS, METRICS, SUMMARY, has_layer_metrics, read_analysis, read_metrics, read_summary
 
 ARM_KINDS = {"mixln": "Mix-LN", "preln": "Pre-LN", "lns": "LNS"}  # the train command's arm folders
 PRUNE_FRACTIONS = {"L/8": 8, "L/4": 4, "L/2": 2}  # removed blocks N = L // d in the pruning table
@@ -23,6 +23,11 @@ class Model:
     arm: str | None = None  # "mixln", "preln" or "lns" when ``source`` is a train output folder
     summary: dict = field(default_factory=dict)  # the arm's summary.json; {} while the run is unfinished
     metrics: list[dict] = field(default_factory=list)  # the arm's metrics.jsonl records
+
+    @property
+    def layered(self) -> bool:
+        """Whether its analysis holds the layer sweep (one made without ``layer_sweep`` has not)."""
+        return has_layer_metrics(self.analysis)
 
     @property
     def post_ln_layers(self) -> int | None:

@@ -72,7 +72,7 @@ def plot_layer_drop(models: list[Model], path: Path) -> None:
     # relative, so models whose full-model perplexities differ share one scale
     fig, ax = _figure("Perplexity increase when one block is skipped, relative to the full model",
                       "block (layer index)", "perplexity increase (%)", _analysed_on(models))
-    analysed = _coloured(models, lambda m: m.analysis)
+    analysed = _coloured(models, lambda m: m.layered)
     relative = {}
     for m, color in analysed:
         relative[m.label] = [100 * d / m.analysis["perplexity"] for d in m.analysis["layer_drop"]]
@@ -86,7 +86,7 @@ def plot_layer_drop(models: list[Model], path: Path) -> None:
 def plot_angular_matrices(models: list[Model], path: Path) -> None:
     """Each model's heatmap on one colour scale; beside each after the first, its difference from
     the first model (same block count), where maps that look alike differ."""
-    analysed = [m for m in models if m.analysis]
+    analysed = [m for m in models if m.layered]
     reference = analysed[0]
     differences = [m for m in analysed[1:] if m.analysis["num_layers"] == reference.analysis["num_layers"]]
     columns = 2 if differences else 1
@@ -121,7 +121,7 @@ def plot_grad_norms(models: list[Model], path: Path) -> None:
     mean over its batches, the spread across batches as bars) and the last logged training step's."""
     fig, (analysis_ax, training_ax) = _figure("Gradient norm of each block's parameters", "block (layer index)",
                                               "gradient L2 norm", columns=2)
-    analysed = _coloured(models, lambda m: m.analysis)
+    analysed = _coloured(models, lambda m: m.layered)
     for m, color in analysed:
         norms = np.asarray(m.analysis["grad_norm_per_layer"])
         batches = np.asarray(m.analysis.get("per_block", {}).get("grad_norm_per_layer", [norms]))
@@ -158,7 +158,7 @@ def plot_prune_curves(models: list[Model], path: Path) -> None:
 def plot_report(models: list[Model], folder: Path) -> dict[str, str]:
     """Write every figure the models have data for into ``folder``; returns {file name: caption}."""
     trained = any(m.arm for m in models)
-    analysed = any(m.analysis for m in models)
+    analysed = any(m.layered for m in models)
     figures = {
         "training_curves.png": (trained, plot_training_curves, "Training and validation loss of the trained arms"),
         "layer_drop.png": (analysed, plot_layer_drop, "Perplexity increase when one block is skipped"),
