@@ -22,9 +22,9 @@ from .errors import MixLNError, MixLNWarning
 from .io.paths import check_destination, check_not_input, check_readable, checkpoint_path
 from .limits import MAX_PROCESSES, check_processes
 from .options import (ALPHA, ARMS, BATCH_SIZE, CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, DEFAULT_ARMS, DEMO_EVAL_TOKENS,
-                      DEMO_HEAL_TOKENS, DEMO_TRAIN_TOKENS, DEVICES, DTYPES, EVAL_SEQ_LEN, EVAL_TOKENS, HEAL_BATCH_SIZE,
-                      HEAL_DTYPE, HEAL_DTYPES, HEAL_LOSS, HEAL_LR, HEAL_SEQ_LEN, HEAL_TOKENS, LAYOUTS, LOSSES,
-                      MAX_GRAD_RATIO, MAX_PPL_INCREASE, MAX_SHARD_SIZE, METHODS, PRUNE_SEQ_LEN, PRUNE_TOKENS,
+                      DEMO_HEAL_TOKENS, DEMO_LR, DEMO_TRAIN_TOKENS, DEVICES, DTYPES, EVAL_SEQ_LEN, EVAL_TOKENS,
+                      HEAL_BATCH_SIZE, HEAL_DTYPE, HEAL_DTYPES, HEAL_LOSS, HEAL_LR, HEAL_SEQ_LEN, HEAL_TOKENS, LAYOUTS,
+                      LOSSES, MAX_GRAD_RATIO, MAX_PPL_INCREASE, MAX_SHARD_SIZE, METHODS, PRUNE_SEQ_LEN, PRUNE_TOKENS,
                       SHARD_TOKENS, STRATEGIES, STUDY_EVAL_TOKENS, SWEEP_ALPHAS, TRAINING_STRATEGIES,
                       VALIDATION_FRACTION, measured_on)
 from .runtime import map_large_allocations
@@ -650,7 +650,8 @@ def estimate(recipe_file, overrides, processes, strategy, device, memory):
 @click.option("--heal-tokens", type=click.IntRange(min=0), default=DEMO_HEAL_TOKENS, show_default=True, metavar="N",
               help="Heal the conversion on N tokens before training (as `mixln-convert heal`; 1,024 a step). 0: no heal.")
 @click.option("--train-tokens", type=POSITIVE, default=DEMO_TRAIN_TOKENS, show_default=True, metavar="N",
-              help="Training tokens per arm (the smollm2-135m-cpu recipe, 1,024 tokens a step); more for a real recovery.")
+              help=f"Training tokens per arm (the smollm2-135m-cpu recipe, 1,024 tokens a step, at lr {DEMO_LR:g}); more "
+                   "for a real recovery.")
 @click.option("--eval-tokens", type=POSITIVE, default=DEMO_EVAL_TOKENS, show_default=True, metavar="N",
               help="Held-out tokens every stage is measured on, by training validation and analysis alike.")
 @click.option("--prune-curve/--no-prune-curve", default=True, show_default=True,

@@ -9,6 +9,7 @@ Each stage is the function its command runs; this module only chains them:
 """
 
 import json
+import logging
 import shutil
 from dataclasses import asdict
 from pathlib import Path
@@ -22,11 +23,12 @@ from .io.loader import open_checkpoint
 from .io.paths import check_destination, check_not_input
 from .io.runs import SUMMARY, Stages, claim_run, read_summary, record_run, write_json
 from .limits import check_force_or_resume, check_one_step, check_seq_len
-from .options import (ALPHA, DEMO_EVAL_TOKENS, DEMO_HEAL_TOKENS, DEMO_TRAIN_TOKENS, EVAL_DATA, HEAL_BATCH_SIZE,
-                      HEAL_SEQ_LEN, measured_on)
+from .options import (ALPHA, DEMO_EVAL_TOKENS, DEMO_HEAL_TOKENS, DEMO_LR, DEMO_TRAIN_TOKENS, EVAL_DATA,
+                      HEAL_BATCH_SIZE, HEAL_SEQ_LEN, measured_on)
 from .runtime import map_large_allocations
 from .training.recipe import Recipe, load_recipe
 
+log = logging.getLogger(__name__)  # the demo's progress: the CLI shows it, a library caller may silence it
 DATA_RECORD = "data.json"  # a run's {data file: sha256}, which --resume must find unchanged
 DEMO_RECIPE = "smollm2-135m-cpu"  # shipped with the package
 
@@ -240,7 +242,7 @@ def run_demo(out, *, source=None, alpha: float = ALPHA, heal_tokens: int = DEMO_
              train_tokens: int = DEMO_TRAIN_TOKENS, eval_tokens: int = DEMO_EVAL_TOKENS, prune_curve: bool = True,
              force: bool = False, resume: bool = False) -> dict:
     """Every stage on ``source`` (default: SmolLM2-135M-Instruct from PyPI) into ``out``, with the
-    CPU recipe's settings: convert, heal (``heal_tokens``; 0 skips it), train both arms, analyze
+    CPU recipe's settings (at lr ``DEMO_LR``): convert, heal (``heal_tokens``; 0 skips it), train both arms, analyze
     each stage (the layer sweep and ``prune_curve`` on the original and the trained arms), compare; returns the comparison (its ``summary`` sentences, ...). ``resume`` keeps
     what an earlier run with the same settings finished (trained arms, analyses) and continues from
     there; ``force`` starts afresh."""
@@ -254,7 +256,7 @@ def run_demo(out, *, source=None, alpha: float = ALPHA, heal_tokens: int = DEMO_
     out = claim_run(out, "demo", settings, {"the model cache": cache_dir(), "--source": source}, resume, force)
     if force and out.exists() and any(out.iterdir()):
         shutil.rmtree(out)
-    changes = {"conversion.alpha": alpha, "heal.tokens": heal_tokens, "max_tokens": train_tokens,
+    changes = {"conversion.alpha": alpha, "heal.tokens": heal_tokens, "max_tokens": train_tokens, "optim.lr": DEMO_LR,
                "eval_interval": max(1, train_tokens // 1024), "data.eval_tokens": eval_tokens}
     if source is not None:
         changes["source"] = str(Path(source).absolute())
@@ -262,9 +264,9 @@ def run_demo(out, *, source=None, alpha: float = ALPHA, heal_tokens: int = DEMO_
     original = recipe.source
     # training validation and every analysis score the same blocks, so their perplexities agree
     where = measured_on({"data": EVAL_DATA, "tokens": eval_tokens, "seq_len": recipe.seq_len})
-    print(f"[1/4] source model: {original}")
+    log.info(f"[1/4] source model: {original}")
     healing = f"heal ({heal_tokens:,} tokens) + " if heal_tokens else ""
-    print(f"[2/4] convert + {healing}recovery training of both arms ({recipe.max_tokens:,} tokens each) "
+    log.info(f"[2/4] convert + {healing}recovery training of both arms ({recipe.max_tokens:,} tokens each) "
           f"-> {out / 'train'}")
     out.mkdir(parents=True, exist_ok=True)
     record_run(out, "demo", settings)
@@ -272,9 +274,9 @@ def run_demo(out, *, source=None, alpha: float = ALPHA, heal_tokens: int = DEMO_
     # training resumes within an arm itself: the stage works in its folder
     summaries = stages.run("train", out / "train", lambda folder: train(recipe, folder, resume=True), atomic=False)
     for summary in summaries.values():
-        print(f"      {summary['arm']}: validation perplexity {summary['initial_val_ppl']:.2f} -> "
+        log.info(f"      {summary['arm']}: validation perplexity {summary['initial_val_ppl']:.2f} -> "
               f"{summary['final_val_ppl']:.2f} ({where})")
-    print(f"      (conversion, heal and training{_took(stages, 'train') or ': finished by an earlier run'})")
+    log.info(f"      (conversion, heal and training{_took(stages, 'train') or ': finished by an earlier run'})")
     checkpoints = {
         "original": original,
         "converted": out / "train" / "mixln" / "converted",
@@ -285,15 +287,15 @@ def run_demo(out, *, source=None, alpha: float = ALPHA, heal_tokens: int = DEMO_
     # the intermediate stages are judged by perplexity and what they write; the layer sweep (most of an
     # analysis's time) compares the original with the trained arms
     swept = ("original", "mixln-trained", "preln-trained")
-    print(f"[3/4] analysis of {', '.join(checkpoints)} ({where}; the layer sweep of {', '.join(swept)})")
+    log.info(f"[3/4] analysis of {', '.join(checkpoints)} ({where}; the layer sweep of {', '.join(swept)})")
     for name, ckpt in checkpoints.items():
         result = stages.run(name, out / "analysis" / name, lambda folder, ckpt=ckpt, sweep=name in swept: analyze(
             ckpt, folder, seq_len=recipe.seq_len, max_tokens=eval_tokens, layer_sweep=sweep,
             prune_curve=prune_curve and sweep, generate=True, force=True))
         took = _took(stages, name)
-        print(f"      {name}: perplexity {result['perplexity']:.2f}; greedy continuations repeat "
+        log.info(f"      {name}: perplexity {result['perplexity']:.2f}; greedy continuations repeat "
               f"{result['generation']['repeated_4gram_share']:.1%} of their 4-grams{f' (analysis{took})' if took else ''}")
-    print(f"[4/4] report -> {out / 'report'}")
+    log.info(f"[4/4] report -> {out / 'report'}")
     return compare([out / "analysis" / name for name in checkpoints] + [out / "train"], out / "report",
                    labels=list(checkpoints) + ["train"], force=True)
 

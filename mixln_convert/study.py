@@ -20,20 +20,38 @@ interrupted ones resume from their last checkpoint.
 
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from .analysis.measures import coefficient_of_variation, deep_half, verdict
 from .data.corpus import check_text
 from .data.shards import is_tokens_folder
 from .errors import MixLNError
-from .io.runs import ANALYSIS, METRICS, Stages, claim_run, read_analysis, read_metrics, record_run, write_json
+from .io.runs import METRICS, Stages, claim_run, read_metrics, record_run, write_json
 from .limits import check_positive, check_seeds
 from .options import ALPHA, STUDY_EVAL_TOKENS
 from .report.study import CLAIMS, LNS_CLAIMS, write_study_report
+from .training.recipe import Recipe
 
 SCHEMES = {"scaled": True, "plain": False}  # scheme name -> conversion.scaled_init
 LNS_ARM = "LNS"
 RECIPE = "smollm2-135m-cpu"  # shipped; a study overrides source, conversion and seed
+
+
+@dataclass(frozen=True)
+class StudyRun:
+    """One planned run of a study: an arm of one scheme and seed, trained by ``recipe`` into ``folder``."""
+
+    scheme: str
+    seed: int
+    arm: str  # the study's name of the arm, e.g. "Mix-LN (alpha 0.25)"
+    engine_arm: str  # the train command's arm: mixln (Mix-LN and Post-LN), preln or lns
+    folder: Path  # <study>/<scheme>/seed-<seed>/<arm slug>
+    recipe: Recipe
+
+    @property
+    def name(self) -> str:
+        return "/".join(self.folder.parts[-3:])
 
 
 def arms_for(alpha: float, post_ln: bool, lns: bool = False) -> dict:
@@ -60,18 +78,18 @@ def study(source, out, *, recipe: str = RECIPE, overrides=(), alpha: float = ALP
     _check(alpha, seeds, schemes, eval_tokens)
     out = Path(out).absolute()
     plans = [  # every run's recipe first: a bad override is refused before any training
-        (scheme, seed, name, engine_arm, out / scheme / f"seed-{seed}" / _slug(name),
-         load_recipe(recipe, overrides, changed_by="study", changes={
-             "source": str(source), "conversion.strategy": "scratch", "conversion.alpha": arm_alpha,
-             "conversion.scaled_init": SCHEMES[scheme], "seed": seed}))
+        StudyRun(scheme, seed, name, engine_arm, out / scheme / f"seed-{seed}" / _slug(name),
+                 load_recipe(recipe, overrides, changed_by="study", changes={
+                     "source": str(source), "conversion.strategy": "scratch", "conversion.alpha": arm_alpha,
+                     "conversion.scaled_init": SCHEMES[scheme], "seed": seed}))
         for scheme in schemes for seed in range(seeds)
         for name, (engine_arm, arm_alpha) in arms_for(alpha, post_ln, lns).items()]
-    data = plans[0][5].data
+    data = plans[0].recipe.data
     for key, text in (("train", data.train), ("validation", data.validation)):  # the runs read it at their turn only
         if text is not None and not is_tokens_folder(text):
             check_text(text, f"data.{key}")
     settings = {"SRC": str(Path(source).absolute()), "SRC's files": open_checkpoint(source).fingerprint(),
-                "--recipe and --set": plans[0][5].to_dict(), "--alpha": alpha, "--seeds": seeds, "--init": list(schemes),
+                "--recipe and --set": plans[0].recipe.to_dict(), "--alpha": alpha, "--seeds": seeds, "--init": list(schemes),
                 "--post-ln": post_ln, "--eval-tokens": eval_tokens}
     if lns:  # recorded only when given: a study begun before the LNS arm existed still resumes
         settings["--lns"] = True
@@ -79,14 +97,15 @@ def study(source, out, *, recipe: str = RECIPE, overrides=(), alpha: float = ALP
     out.mkdir(parents=True, exist_ok=True)
     record_run(out, "study", settings)
     started, stages = time.time(), Stages(resume)
-    runs = [stages.run(str(plan[4].relative_to(out)), plan[4], lambda folder, plan=plan: _run(plan, eval_tokens, progress),
-                       atomic=False) for plan in plans]
+    runs = [stages.run(plan.name, plan.folder,
+                       lambda folder, plan=plan: _run(plan, stages, eval_tokens, progress), atomic=False)
+            for plan in plans]
     result = {"source": str(source), "recipe": recipe, "overrides": list(overrides), "alpha": alpha, "seeds": seeds,
               "train_data": data.train or "the embedded corpus's train split",
               "validation_data": data.validation or (
                   f"a held-out {data.validation_fraction:.0%} of data.train's documents" if data.train
                   else "the embedded validation split"),
-              "analysis_data": analysis_text(plans[0][5]) or "the embedded validation split",
+              "analysis_data": analysis_text(plans[0].recipe) or "the embedded validation split",
               "schemes": list(schemes), "arms": list(arms_for(alpha, post_ln, lns)), "eval_tokens": eval_tokens,
               "runs": runs, "wall_time_s": round(time.time() - started, 1), "times_s": stages.times}
     result["verdicts"] = verdicts(result)
@@ -112,21 +131,18 @@ def _check(alpha: float, seeds: int, schemes, eval_tokens: int) -> None:
         raise MixLNError(f"--init: {twice[0]!r} is given twice")
 
 
-def _run(plan: tuple, eval_tokens: int, progress: bool) -> dict:
+def _run(plan: StudyRun, stages: Stages, eval_tokens: int, progress: bool) -> dict:
     """One planned run trained and analyzed (what an interrupted one finished is kept), and its figures."""
     from .analysis.analyze import analyze
     from .pipeline import train
 
-    scheme, seed, name, engine_arm, folder, run_recipe = plan
-    summary = train(run_recipe, folder, arms=(engine_arm,), resume=True, progress=progress)[engine_arm]
-    analysis_dir = folder / "analysis"
-    if (analysis_dir / ANALYSIS).is_file():  # finished before an interruption
-        analysis = read_analysis(analysis_dir / ANALYSIS)
-    else:
-        analysis = analyze(folder / engine_arm / "final", analysis_dir, data=analysis_text(run_recipe),
-                           seq_len=run_recipe.seq_len, max_tokens=eval_tokens, progress=progress)
-    return {"scheme": scheme, "seed": seed, "arm": name, "folder": str(folder),
-            **measure(folder / engine_arm, summary, analysis)}
+    summary = train(plan.recipe, plan.folder, arms=(plan.engine_arm,), resume=True, progress=progress)[plan.engine_arm]
+    final = plan.folder / plan.engine_arm / "final"
+    analysis = stages.run(f"{plan.name} analysis", plan.folder / "analysis", lambda folder: analyze(
+        final, folder, data=analysis_text(plan.recipe), seq_len=plan.recipe.seq_len, max_tokens=eval_tokens,
+        force=True, progress=progress))
+    return {"scheme": plan.scheme, "seed": plan.seed, "arm": plan.arm, "folder": str(plan.folder),
+            **measure(plan.folder / plan.engine_arm, summary, analysis)}
 
 
 def analysis_text(recipe):

@@ -8,6 +8,7 @@ Every stage is the function its own command runs (convert, heal, train, analyze,
 alpha's outputs appear atomically in ``OUT/post-ln-NN``, so a killed sweep resumes where it stopped.
 """
 
+import logging
 import math
 import shutil
 import time
@@ -29,6 +30,7 @@ from .limits import check_alpha_count, check_force_or_resume, check_one_step, ch
 from .options import (CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, EVAL_TOKENS, HEAL_BATCH_SIZE, HEAL_SEQ_LEN, MAX_GRAD_RATIO,
                       MAX_PPL_INCREASE, SWEEP_ALPHAS)
 
+log = logging.getLogger(__name__)  # the sweep's progress: the CLI shows it, a library caller may silence it
 TRAIN_RECIPE = "smollm2-135m-cpu"  # settings of the short continued pre-training (CPU-sized steps)
 FIRST_STEPS = 4  # gradient norms "over the first steps": this many training steps (or analysis batches)
 
@@ -148,12 +150,12 @@ def sweep(src, out, *, alphas=SWEEP_ALPHAS, heal_tokens: int = 0, train_tokens: 
 
     rows = []
     for i, (n, given) in enumerate(sorted(counts.items()), 1):
-        print(f"[alpha {i}/{len(counts)}] alpha {', '.join(f'{a:g}' for a in given)}: {n} of {num_layers} blocks "
+        log.info(f"[alpha {i}/{len(counts)}] alpha {', '.join(f'{a:g}' for a in given)}: {n} of {num_layers} blocks "
               f"Post-LN")
         row = stages.run(f"post-ln-{n}", _folder(out, n), lambda tmp, n=n, given=given: _alpha(
             src, tmp, n, given, stats, heal_tokens, data, train_tokens, training, seeds, original, controls,
             eval_tokens, progress))
-        print(f"      converted {row['converted']['perplexity']:.2f} (original "
+        log.info(f"      converted {row['converted']['perplexity']:.2f} (original "
               f"{original['scores']['perplexity']:.2f})" + (f", healed {row['healed']['perplexity']:.2f}"
                                                           if row["healed"] else ""))
         rows.append(row)
@@ -214,7 +216,7 @@ def _calibrate(source, blocks: int, times: dict, progress: bool):
     from .conversion.converter import calibration_statistics
 
     started = time.perf_counter()
-    print(f"calibrating the first {blocks} blocks once for every alpha")
+    log.info(f"calibrating the first {blocks} blocks once for every alpha")
     stats = calibration_statistics(source, source.arch, blocks, None, CALIBRATION_TOKENS, CALIBRATION_SEQ_LEN, progress)
     times["calibration_s"] = round(time.perf_counter() - started, 2)
     return stats

@@ -89,6 +89,23 @@ def test_a_rerun_with_resume_trains_nothing_again(finished, tiny_llama_tied):
     assert [r["final_val_ppl"] for r in again["runs"]] == [r["final_val_ppl"] for r in result["runs"]]
 
 
+def test_a_run_interrupted_after_its_analysis_keeps_it(finished, tiny_llama_tied):
+    """A run whose stage did not record its end (killed after analyzing) trains and analyzes nothing again."""
+    from mixln_convert.io.runs import STAGE_RESULT
+    from mixln_convert.study import study
+
+    out, result = finished
+    run = out / "scaled" / "seed-1" / "mixln"
+    (run / STAGE_RESULT).unlink()
+    analysis = run / "analysis" / "analysis.json"
+    stamp = analysis.stat().st_mtime_ns
+    again = study(tiny_llama_tied, out, overrides=TINY, seeds=2, schemes=("scaled",), post_ln=False, lns=True,
+                  eval_tokens=256, resume=True, progress=False)
+    assert analysis.stat().st_mtime_ns == stamp and (run / STAGE_RESULT).is_file()
+    assert again["runs"] == result["runs"]
+    assert list(again["times_s"]) == ["scaled/seed-1/mixln"]  # the one stage run again, its analysis read back
+
+
 @pytest.mark.parametrize("argv, fragment", [
     (["--init", "warm"], "--init: unknown scheme 'warm'"),
     (["--alpha", "1"], "--alpha"),
