@@ -76,6 +76,6 @@ def measured_on(where: dict) -> str:
 DEMO_HEAL_TOKENS = 16 * HEAL_BATCH_SIZE * HEAL_SEQ_LEN
 DEMO_TRAIN_TOKENS = 8 * 4 * 256
 DEMO_EVAL_TOKENS = 8 * EVAL_SEQ_LEN
-# The demo trains at the heal's lr rather than the CPU recipe's 1e-4: at 1e-4 the Pre-LN part of the
-# healed Mix-LN model learns its way back into loops (benchmarks/demo_lr.py, README)
+# The demo trains at the heal's lr rather than the CPU recipe's: the higher the lr, the more the
+# healed Mix-LN arm learns its way back into loops (benchmarks/demo_lr.py, README)
 DEMO_LR = HEAL_LR
