@@ -252,7 +252,7 @@ def run_demo(out, *, source=None, alpha: float = ALPHA, heal_tokens: int = DEMO_
     check_force_or_resume(force, resume)
     settings = {"--source": None if source is None else str(Path(source).absolute()), "--alpha": alpha,
                 "--heal-tokens": heal_tokens, "--train-tokens": train_tokens, "--eval-tokens": eval_tokens,
-                "--prune-curve": prune_curve}
+                "--prune-curve": prune_curve, "optim.lr": DEMO_LR}  # the lr: a demo before it was the recipe's
     out = claim_run(out, "demo", settings, {"the model cache": cache_dir(), "--source": source}, resume, force)
     if force and out.exists() and any(out.iterdir()):
         shutil.rmtree(out)

@@ -49,3 +49,22 @@ def test_an_edited_result_is_refused_in_one_line(tmp_path):
     result.write_text(result.read_text().replace("1.5", "2.5"))
     with pytest.raises(MixLNError, match=f"^{result}: damaged; remove {tmp_path / 'a'} to run this stage again$"):
         Stages(resume=True).run("a", tmp_path / "a", lambda folder: {"figure": 0})
+
+
+def test_a_demo_begun_at_another_training_lr_is_not_resumed(tiny_llama, tmp_path, cli):
+    """A demo folder from before the demo trained at its own lr holds arms trained at the recipe's:
+    --resume refuses it in one line rather than reporting them as this demo's."""
+    import json
+    from pathlib import Path
+
+    from mixln_convert.options import ALPHA, DEMO_EVAL_TOKENS, DEMO_HEAL_TOKENS, DEMO_TRAIN_TOKENS
+
+    out = tmp_path / "demo"
+    out.mkdir()
+    earlier = {"--source": str(Path(tiny_llama).absolute()), "--alpha": ALPHA, "--heal-tokens": DEMO_HEAL_TOKENS,
+               "--train-tokens": DEMO_TRAIN_TOKENS, "--eval-tokens": DEMO_EVAL_TOKENS, "--prune-curve": True}
+    (out / "run.json").write_text(json.dumps({"kind": "demo", "settings": earlier}))
+    result = cli("demo", "--source", tiny_llama, "--out", out, "--resume")
+    assert result.exit_code != 0 and len(result.output.strip().splitlines()) == 1
+    assert "started with optim.lr null, not 3e-05" in result.output
+    assert [p.name for p in out.iterdir()] == ["run.json"]
