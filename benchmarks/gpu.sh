@@ -3,6 +3,9 @@
 #   here, once:  .venv/bin/python benchmarks/gpu_sources.py tokenizer .gpu/tokenizer   (.gpu/ is git-ignored, ~3.5 MB)
 #   there:       run(command="bash benchmarks/gpu.sh", carry=[".gpu"], timeout_s=560)
 #   CPU smoke:   bash benchmarks/gpu.sh --smoke --tokenizer DIR    (tiny scale; tests/test_gpu_script.py)
+#   --throughput: instead, the trainer's speed at the 1B class (TinyLlama-1.1B's shape, random weights,
+#                20 steps eager, 20 compiled) and a torch.profiler breakdown of an eager step (~3 min)
+# Measured 2026-12-04: docs/training.md ("On one H200"), benchmarks/results/gpu*_2026-12-04/.
 # No pip, no network: the machine's own torch/transformers/accelerate and the carried tokenizer.
 # Phases, each a child process (estimates for the paper's LLaMA-130M shape, 160M parameters with
 # SmolLM2's 49152-word vocabulary, 123M in matmuls, bf16 autocast, seq 1024, 64 x 1024 tokens a

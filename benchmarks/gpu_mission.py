@@ -38,6 +38,13 @@ SCALES = {
                   pretrain_tokens=24 * 512, pretrain_lr=1e-3, arm_tokens=8 * 512, arm_seconds=60, arm_lr=3e-4,
                   heal_tokens=2048, heal_batch=4, eval_tokens=1024, analysis_tokens=512, analysis_batch=4,
                   budget_s=300),
+    # --throughput: the trainer's speed at the 1B class (TinyLlama-1.1B's shape with SmolLM2's
+    # vocabulary, 1.17B parameters) from random weights, eager and compiled, and a profile of
+    # where a step's GPU time goes; no conversion or analysis
+    "gpu-throughput": dict(shape="tinyllama-1.1b", text_chars=12_000_000, seq_len=1024, micro_batch=16, batch=64,
+                           steps=20, lr=3e-4, heal_batch=16, eval_tokens=2**16, budget_s=400),
+    "smoke-throughput": dict(shape="tiny", text_chars=100_000, seq_len=64, micro_batch=4, batch=8,
+                             steps=6, lr=3e-4, heal_batch=4, eval_tokens=512, budget_s=200),
 }
 EVALUATIONS = 8  # validation points per run: the validation curves
 METRICS_FILES = 4  # runs whose metrics.jsonl come back: with log, summary.json, summary.txt and report.md, 8 files
@@ -119,7 +126,56 @@ def child_analyze(stages: dict, out: str, data: str, seq_len: int, tokens: int, 
     return {"analyzed": list(done), "summary": result["summary"], "notes": result["notes"]}
 
 
-CHILDREN = {"prepare": child_prepare, "train": child_train, "analyze": child_analyze}
+def child_profile(source: str, seq_len: int, micro_batch: int) -> dict:
+    """Where a training step's GPU time goes: forward, backward and fused AdamW of one micro-batch
+    under bf16 autocast (the trainer's precision), 3 steps after 2 of warm-up, under
+    torch.profiler; the kernels' time by kind and the share of the wall time the GPU was busy."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import AutoModelForCausalLM
+
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=cuda)
+    batch = torch.randint(0, model.config.vocab_size, (micro_batch, seq_len), device=device)
+
+    def step():
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=cuda):
+            loss = model(input_ids=batch, labels=batch, use_cache=False).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(2):
+        step()
+    if cuda:
+        torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        tick = time.perf_counter()
+        for _ in range(3):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+        wall_us = (time.perf_counter() - tick) * 1e6
+    kinds = {"matmul": ("gemm", "cutlass", "xmma", "nvjet", "cublas", "aten::mm", "addmm", "bmm"),
+             "attention": ("flash", "fmha", "attention", "sdpa"),
+             "optimizer": ("adam", "foreach", "multi_tensor"), "loss": ("softmax", "nll", "cross_entropy")}
+    by_kind, kernels = dict.fromkeys([*kinds, "other"], 0.0), []
+    for event in prof.key_averages():
+        us = getattr(event, "self_device_time_total", 0) if cuda else event.self_cpu_time_total
+        if not us or (cuda and event.device_type != torch.autograd.DeviceType.CUDA):
+            continue
+        name = event.key.lower()
+        by_kind[next((kind for kind, marks in kinds.items() if any(m in name for m in marks)), "other")] += us
+        kernels.append((us, event.key[:90]))
+    busy = sum(by_kind.values())
+    return {"micro_batch": micro_batch, "wall_ms_per_step": wall_us / 3e3, "busy_share": busy / wall_us,
+            "share_by_kind": {kind: us / busy for kind, us in by_kind.items()},
+            "top_kernels": [[name, us / busy] for us, name in sorted(kernels, reverse=True)[:12]]}
+
+
+CHILDREN = {"prepare": child_prepare, "train": child_train, "analyze": child_analyze, "profile": child_profile}
 
 
 def run_child(kind: str, kwargs: dict, status: Path) -> None:
@@ -204,10 +260,12 @@ class Mission:
         path.write_text(json.dumps(recipe))  # JSON is YAML
         return str(path)
 
-    def train(self, name: str, recipe: str, arm: str, out: Path, estimate_s: float, resume: bool = False) -> bool:
+    def train(self, name: str, recipe: str, arm: str, out: Path, estimate_s: float, resume: bool = False,
+              overrides: tuple = ()) -> bool:
         """One arm; on a non-finite value, the same arm again in fp32 and with eager attention,
         each to a few steps past the failing one: which of them gets past it names the cause."""
-        kwargs = {"recipe": recipe, "arm": arm, "out": str(out), "overrides": self.overrides, "resume": resume}
+        kwargs = {"recipe": recipe, "arm": arm, "out": str(out), "overrides": [*self.overrides, *overrides],
+                  "resume": resume}
         result = self.phase(name, "train", kwargs, estimate_s)
         if result["ok"]:
             self.runs[name] = out / arm
@@ -257,6 +315,22 @@ class Mission:
             "runs": [str(work / "main")] if mixln_ok and preln_ok else []}, 60, needed=False)
         if analyzed["ok"]:
             self.figures["comparison"] = {k: analyzed[k] for k in ("analyzed", "summary", "notes")}
+
+    def run_throughput(self) -> None:
+        s, work = self.s, self.work
+        prepared = self.phase("prepare", "prepare", {"shape": s["shape"], "tokenizer": self.tokenizer, "work": str(work),
+                                                     "text_chars": s["text_chars"], "seq_len": s["seq_len"]}, 60)
+        if not prepared["ok"]:
+            return
+        self.figures["text"] = {k: prepared[k] for k in ("files", "train_tokens", "validation_tokens")}
+        source = str(work / "sources" / s["shape"])
+        recipe = self.recipe("throughput", source, s["steps"] * s["batch"] * s["seq_len"], s["lr"], 0, 0)
+        self.train("eager", recipe, "preln", work / "eager", 120)
+        self.train("compiled", recipe, "preln", work / "compiled", 180, overrides=("compile=true",))
+        profiled = self.phase("profile", "profile", {"source": source, "seq_len": s["seq_len"],
+                                                     "micro_batch": s["micro_batch"]}, 40, needed=False)
+        if profiled["ok"]:
+            self.figures["profile"] = {k: v for k, v in profiled.items() if k != "ok"}
 
     def rate(self, arm: Path) -> float:
         records = [json.loads(line) for line in (arm / "metrics.jsonl").read_text().splitlines()]
@@ -348,6 +422,12 @@ def text_summary(r: dict) -> str:
         lines.append(f"{name}: ppl {a['perplexity']:.2f}, {a['post_ln_layers']} Post-LN blocks; layer drop "
                      + " ".join(f"{d:+.2f}" for d in a["layer_drop"]) + f" (cheapest block {cheapest}); grad norms "
                      + " ".join(f"{g:.3g}" for g in a["grad_norm_per_layer"]))
+    if "profile" in r:
+        p = r["profile"]
+        lines.append(f"profile (micro-batch {p['micro_batch']}, eager): {p['wall_ms_per_step']:.0f} ms a micro-step, "
+                     f"GPU busy {p['busy_share']:.0%} of it; kernel time " + ", ".join(
+                         f"{kind} {share:.0%}" for kind, share in p["share_by_kind"].items()))
+        lines += [f"  {share:6.1%}  {name}" for name, share in p["top_kernels"]]
     for arm, found in r["bisect"].items():
         lines.append(f"bisect {arm}: {json.dumps(found)}")
     lines += [f"- {sentence}" for sentence in r.get("comparison", {}).get("summary", [])]
@@ -358,6 +438,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny scale, on CPU")
     parser.add_argument("--tokenizer", default=str(ROOT / ".gpu" / "tokenizer"), help="a tokenizer folder")
+    parser.add_argument("--throughput", action="store_true",
+                        help="the trainer's speed at the 1B class, eager and compiled, and a profile (no conversion)")
     parser.add_argument("--work", default=None, help="working folder (default: a new temporary one)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="a recipe override for every training run (repeatable)")
@@ -371,9 +453,10 @@ def main() -> None:
     work = Path(args.work or tempfile.mkdtemp(prefix="gpu-mission-"))
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    mission = Mission(SCALES["smoke" if args.smoke else "gpu"], work, out, args.tokenizer, args.overrides)
+    scale = ("smoke" if args.smoke else "gpu") + ("-throughput" if args.throughput else "")
+    mission = Mission(SCALES[scale], work, out, args.tokenizer, args.overrides)
     try:
-        mission.run()
+        mission.run_throughput() if args.throughput else mission.run()
     finally:
         result = mission.summarize()
         print((out / "summary.txt").read_text(), end="")

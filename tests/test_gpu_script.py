@@ -105,3 +105,26 @@ def test_attention_is_a_recipe_key_the_mixln_model_honours(converted):
         assert model.model.layers[0].self_attn.config._attn_implementation == attention
         losses[attention] = model(input_ids=batch, labels=batch).loss.item()
     assert losses["sdpa"] == pytest.approx(losses["eager"], rel=1e-5)
+
+
+def test_gpu_script_throughput_smoke_run_times_eager_compiled_and_profiles(tmp_path):
+    tiny_tokenizer().save_pretrained(tmp_path / "tokenizer")
+    out = tmp_path / "out"
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--smoke", "--throughput", "--tokenizer",
+                           str(tmp_path / "tokenizer"), "--work", str(tmp_path / "work")],
+                          env={**os.environ, "OUT": str(out), "PYTHON": sys.executable},
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert [(p["phase"], p["ok"]) for p in summary["phases"]] == [
+        ("prepare", True), ("eager", True), ("compiled", True), ("profile", True)]
+    eager, compiled = summary["runs"]["eager"], summary["runs"]["compiled"]
+    assert eager["steps"] == compiled["steps"] == gpu_mission.SCALES["smoke-throughput"]["steps"]
+    # one seed, one data order: compiling changes the kernels, not the run
+    assert math.isclose(eager["final_val_ppl"], compiled["final_val_ppl"], rel_tol=1e-3)
+    assert all(math.isfinite(run["mfu_6n_measured_790"]) and run["mfu_6n_measured_790"] > 0 for run in (eager, compiled))
+    profile = summary["profile"]
+    assert math.isclose(sum(profile["share_by_kind"].values()), 1.0, rel_tol=1e-6)
+    assert profile["share_by_kind"]["matmul"] > 0 and profile["top_kernels"]
+    text = (out / "summary.txt").read_text()
+    assert "compiled:" in text and "profile (micro-batch" in text

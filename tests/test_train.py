@@ -100,8 +100,9 @@ def test_recipes_by_name_and_listed(cli):
 # (the CPU recipe's dry run is the `finished` fixture below)
 @pytest.mark.parametrize("recipe", [p for p in RECIPES if p.name != "smollm2-135m-cpu.yaml"], ids=lambda p: p.stem)
 def test_shipped_recipe_dry_run(recipe, tiny_llama_tied, corpus, tmp_path):
-    # one process: a recipe's fsdp is off here (the two-process tests below run the sharded path)
-    resolved = load_recipe(recipe, tiny(tiny_llama_tied, corpus, steps=2, fsdp="false"))
+    # one process: a recipe's fsdp is off here (the two-process tests below run the sharded path),
+    # and so is compile (a minute of CPU compilation per arm; test_speed_and_memory_levers_keep_the_losses covers it)
+    resolved = load_recipe(recipe, tiny(tiny_llama_tied, corpus, steps=2, fsdp="false") + ["compile=false"])
     summaries = train(resolved, tmp_path / "run", progress=False)
     assert [s["steps"] for s in summaries.values()] == [2, 2]
     assert all((tmp_path / "run" / arm / "final" / "config.json").is_file() for arm in ("mixln", "preln"))
