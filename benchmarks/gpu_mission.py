@@ -316,7 +316,7 @@ class Mission:
         if analyzed["ok"]:
             self.figures["comparison"] = {k: analyzed[k] for k in ("analyzed", "summary", "notes")}
 
-    def run_throughput(self) -> None:
+    def run_throughput(self, arm: str) -> None:
         s, work = self.s, self.work
         prepared = self.phase("prepare", "prepare", {"shape": s["shape"], "tokenizer": self.tokenizer, "work": str(work),
                                                      "text_chars": s["text_chars"], "seq_len": s["seq_len"]}, 60)
@@ -325,8 +325,11 @@ class Mission:
         self.figures["text"] = {k: prepared[k] for k in ("files", "train_tokens", "validation_tokens")}
         source = str(work / "sources" / s["shape"])
         recipe = self.recipe("throughput", source, s["steps"] * s["batch"] * s["seq_len"], s["lr"], 0, 0)
-        self.train("eager", recipe, "preln", work / "eager", 120)
-        self.train("compiled", recipe, "preln", work / "compiled", 180, overrides=("compile=true",))
+        # the Mix-LN arm: the random source converted (calibrated, alpha 0.25) and trained unhealed
+        self.train("eager", recipe, arm, work / "eager", 120)
+        self.train("compiled", recipe, arm, work / "compiled", 180, overrides=("compile=true",))
+        if arm != "preln":  # the profile is of the source's (Pre-LN) step
+            return
         profiled = self.phase("profile", "profile", {"source": source, "seq_len": s["seq_len"],
                                                      "micro_batch": s["micro_batch"]}, 40, needed=False)
         if profiled["ok"]:
@@ -440,6 +443,8 @@ def main() -> None:
     parser.add_argument("--tokenizer", default=str(ROOT / ".gpu" / "tokenizer"), help="a tokenizer folder")
     parser.add_argument("--throughput", action="store_true",
                         help="the trainer's speed at the 1B class, eager and compiled, and a profile (no conversion)")
+    parser.add_argument("--arm", default="preln", choices=("preln", "mixln"), help="the arm --throughput trains")
+    parser.add_argument("--budget-s", type=float, default=None, help="stop children after this many seconds")
     parser.add_argument("--work", default=None, help="working folder (default: a new temporary one)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="a recipe override for every training run (repeatable)")
@@ -454,9 +459,10 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     scale = ("smoke" if args.smoke else "gpu") + ("-throughput" if args.throughput else "")
-    mission = Mission(SCALES[scale], work, out, args.tokenizer, args.overrides)
+    settings = {**SCALES[scale], **({"budget_s": args.budget_s} if args.budget_s else {})}
+    mission = Mission(settings, work, out, args.tokenizer, args.overrides)
     try:
-        mission.run_throughput() if args.throughput else mission.run()
+        mission.run_throughput(args.arm) if args.throughput else mission.run()
     finally:
         result = mission.summarize()
         print((out / "summary.txt").read_text(), end="")
