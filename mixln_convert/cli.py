@@ -20,7 +20,7 @@ import click
 from . import __version__
 from .errors import MixLNError, MixLNWarning
 from .io.paths import check_destination, check_not_input, check_readable, checkpoint_path
-from .limits import MAX_PROCESSES, check_processes
+from .limits import MAX_PROCESSES, MAX_TOKENS, check_processes
 from .options import (ALPHA, ARMS, BATCH_SIZE, CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, DEFAULT_ARMS, DEMO_EVAL_TOKENS,
                       DEMO_HEAL_TOKENS, DEMO_LR, DEMO_TRAIN_TOKENS, DEVICES, DTYPES, EVAL_SEQ_LEN, EVAL_TOKENS,
                       HEAL_BATCH_SIZE, HEAL_DTYPE, HEAL_DTYPES, HEAL_LOSS, HEAL_LR, HEAL_SEQ_LEN, HEAL_TOKENS, LAYOUTS,
@@ -114,6 +114,8 @@ class Finite(click.ParamType):
 
 
 POSITIVE = click.IntRange(min=1)
+TOKENS = click.IntRange(1, MAX_TOKENS)
+TOKENS_OR_ZERO = click.IntRange(0, MAX_TOKENS)
 SEED = click.IntRange(0, 2**32 - 1)
 
 
@@ -195,7 +197,7 @@ _ALLOW_LONGER = click.option("--allow-longer", is_flag=True,
               help="o_proj/down_proj of initialized layers use std initializer_range/sqrt(2L).")
 @click.option("--calibration-data", default=None, metavar="PATH",
               help="Text for the calibration statistics (default: embedded corpus, calibration split).")
-@click.option("--calibration-tokens", type=POSITIVE, default=CALIBRATION_TOKENS, show_default=True,
+@click.option("--calibration-tokens", type=TOKENS, default=CALIBRATION_TOKENS, show_default=True,
               help="Tokens the calibrated gains are fitted on.")
 @click.option("--calibration-seq-len", type=POSITIVE, default=CALIBRATION_SEQ_LEN, show_default=True,
               help="Tokens per calibration block (short blocks fit better; docs/measurements.md).")
@@ -204,7 +206,7 @@ _ALLOW_LONGER = click.option("--allow-longer", is_flag=True,
                    "(memory use grows with it).")
 @click.option("--dtype", type=click.Choice(DTYPES), default=None, help="Output dtype; default: the source's.")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of initialized weights.")
-@click.option("--heal-tokens", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+@click.option("--heal-tokens", type=TOKENS_OR_ZERO, default=0, show_default=True, metavar="N",
               help="Heal in the same run: distil the Post-LN blocks from SRC on N tokens (as `mixln-convert heal`, "
                    f"its defaults otherwise; {HEAL_TOKENS} is heal's default budget). 0: convert only.")
 @click.option("--heal-data", default=None, metavar="PATH", help="Text for --heal-tokens, best of the kind the model will be scored on (default: embedded corpus, train split).")
@@ -282,7 +284,7 @@ def _task_setup(tasks, include_path, limit, flag: str):
 @click.argument("ckpt", type=click.Path(path_type=str))
 @_data_option("Held-out text.")
 @click.option("--seq-len", type=POSITIVE, default=EVAL_SEQ_LEN, show_default=True, help=_SEQ_LEN_HELP)
-@click.option("--max-tokens", type=POSITIVE, default=EVAL_TOKENS, show_default=True,
+@click.option("--max-tokens", type=TOKENS, default=EVAL_TOKENS, show_default=True,
               help="Held-out tokens scored (whole blocks of --seq-len).")
 @click.option("--batch-size", type=POSITIVE, default=BATCH_SIZE, show_default=True,
               help="Blocks (with --tasks: lm-eval requests) per forward pass.")
@@ -384,7 +386,7 @@ def fetch():
               help="Tokenizing processes.  [default: one per available core; none apart for text under 16 MiB]")
 @click.option("--seq-len", type=POSITIVE, default=None,
               help="Training block length: shards are cut to whole blocks of it (any block length still reads).")
-@click.option("--shard-tokens", type=POSITIVE, default=SHARD_TOKENS, show_default=True, help="Tokens per shard.")
+@click.option("--shard-tokens", type=TOKENS, default=SHARD_TOKENS, show_default=True, help="Tokens per shard.")
 @click.option("--force", is_flag=True, help="Replace a non-empty TOKENS that is not this tokenization (never an input).")
 def tokenize(data, tokenizer_ckpt, out, validation, validation_fraction, num_proc, seq_len, shard_tokens, force):
     """Tokenize the text DATA (.txt, .jsonl/.json/.json.gz with field 'text', .parquet, a folder, a
@@ -439,7 +441,7 @@ _METHOD_HELP = ("How --remove/--prune-curve choose N blocks: angular (the N cons
 @click.option("--generate", is_flag=True, help="Also greedy continuations of 24 fixed prompts and their repeated-4-gram "
                                                "share (as eval --generate); compare shows them.")
 @click.option("--seq-len", type=POSITIVE, default=EVAL_SEQ_LEN, show_default=True, help=_SEQ_LEN_HELP)
-@click.option("--max-tokens", type=POSITIVE, default=EVAL_TOKENS, show_default=True,
+@click.option("--max-tokens", type=TOKENS, default=EVAL_TOKENS, show_default=True,
               help="Held-out tokens measured (whole blocks of --seq-len).")
 @click.option("--batch-size", type=POSITIVE, default=BATCH_SIZE, show_default=True, help="Blocks per forward pass.")
 @_ALLOW_LONGER
@@ -486,7 +488,7 @@ def analyze(ckpt, data, out, span, layer_sweep, prune_curve, method, generate, s
 @click.option("--method", type=click.Choice(METHODS), default="angular", show_default=True, help=_METHOD_HELP)
 @_data_option("Calibration text for --method angular/drop (default split: calibration).")
 @click.option("--seq-len", type=POSITIVE, default=PRUNE_SEQ_LEN, show_default=True, help="Tokens per measured block.")
-@click.option("--max-tokens", type=POSITIVE, default=PRUNE_TOKENS, show_default=True,
+@click.option("--max-tokens", type=TOKENS, default=PRUNE_TOKENS, show_default=True,
               help="Tokens measured for --method angular/drop.")
 @click.option("--batch-size", type=POSITIVE, default=BATCH_SIZE, show_default=True, help="Blocks per forward pass.")
 @click.option("--max-shard-size", default=MAX_SHARD_SIZE, show_default=True, help="Largest output shard, e.g. 5GB, 500MB.")
@@ -525,7 +527,7 @@ def prune(ckpt, out, layers, remove, method, data, seq_len, max_tokens, batch_si
 @click.option("--lns/--no-lns", default=False, show_default=True,
               help="Train a LayerNorm Scaling arm too (arXiv 2502.05795: every block Pre-LN, the norm outputs of block "
                    "l scaled by 1/sqrt(l); the same initialization, norm gains 1 as in its paper).")
-@click.option("--eval-tokens", type=POSITIVE, default=STUDY_EVAL_TOKENS, show_default=True, metavar="N",
+@click.option("--eval-tokens", type=TOKENS, default=STUDY_EVAL_TOKENS, show_default=True, metavar="N",
               help="Held-out tokens each final model is analyzed on (layer drop, gradient norms).")
 @click.option("--resume", is_flag=True, help="Keep finished runs, continue interrupted ones.")
 def study(src, out, recipe_file, overrides, alpha, seeds, schemes, post_ln, lns, eval_tokens, resume):
@@ -647,12 +649,12 @@ def estimate(recipe_file, overrides, processes, strategy, device, memory):
               help="Folder for everything the demo writes.")
 @click.option("--alpha", type=Finite(0, 1), default=ALPHA, show_default=True,
               help="Fraction of leading layers made Post-LN.")
-@click.option("--heal-tokens", type=click.IntRange(min=0), default=DEMO_HEAL_TOKENS, show_default=True, metavar="N",
+@click.option("--heal-tokens", type=TOKENS_OR_ZERO, default=DEMO_HEAL_TOKENS, show_default=True, metavar="N",
               help="Heal the conversion on N tokens before training (as `mixln-convert heal`; 1,024 a step). 0: no heal.")
-@click.option("--train-tokens", type=POSITIVE, default=DEMO_TRAIN_TOKENS, show_default=True, metavar="N",
+@click.option("--train-tokens", type=TOKENS, default=DEMO_TRAIN_TOKENS, show_default=True, metavar="N",
               help=f"Training tokens per arm (the smollm2-135m-cpu recipe, 1,024 tokens a step, at lr {DEMO_LR:g}); more "
                    "for a real recovery.")
-@click.option("--eval-tokens", type=POSITIVE, default=DEMO_EVAL_TOKENS, show_default=True, metavar="N",
+@click.option("--eval-tokens", type=TOKENS, default=DEMO_EVAL_TOKENS, show_default=True, metavar="N",
               help="Held-out tokens every stage is measured on, by training validation and analysis alike.")
 @click.option("--prune-curve/--no-prune-curve", default=True, show_default=True,
               help="Also the perplexity with 1..L/2 blocks removed, for the original and both trained arms.")
@@ -683,14 +685,14 @@ def demo(out, alpha, heal_tokens, train_tokens, eval_tokens, prune_curve, source
               help="Folder for every alpha's outputs, sweep.json and report/.")
 @click.option("--alphas", default=",".join(f"{a:g}" for a in SWEEP_ALPHAS), show_default=True, metavar="LIST",
               help="Post-LN ratios to try, comma-separated (alphas giving the same block count run once).")
-@click.option("--heal-tokens", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+@click.option("--heal-tokens", type=TOKENS_OR_ZERO, default=0, show_default=True, metavar="N",
               help="Heal each conversion on N tokens (as `mixln-convert heal`). 0: no heal.")
-@click.option("--train-tokens", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+@click.option("--train-tokens", type=TOKENS_OR_ZERO, default=0, show_default=True, metavar="N",
               help="Train each Mix-LN model, and a Pre-LN control once per seed, on N tokens (the smollm2-135m-cpu "
                    "recipe's steps, same data and order). 0: no training.")
 @_data_option("Heal and training text (default: the embedded corpus's train split).")
 @click.option("--seeds", type=POSITIVE, default=1, show_default=True, help="Training seeds per arm (with --train-tokens).")
-@click.option("--eval-tokens", type=POSITIVE, default=EVAL_TOKENS, show_default=True, metavar="N",
+@click.option("--eval-tokens", type=TOKENS, default=EVAL_TOKENS, show_default=True, metavar="N",
               help="Held-out tokens each stage is scored and analyzed on (blocks of 256).")
 @click.option("--max-ppl-increase", type=Finite(0, None), default=MAX_PPL_INCREASE, show_default=True, metavar="X",
               help="Rule: the healed (else converted) perplexity at most X above the original's (0.10 = 10%).")
@@ -734,7 +736,7 @@ def sweep(src, out, alphas, heal_tokens, train_tokens, data, seeds, eval_tokens,
               help="The Pre-LN model CONVERTED was converted from (HF folder or .gguf).")
 @_data_option("Training text (default split: train), best of the kind the model will be scored on: a heal "
               "carries over to other kinds of text only in part.")
-@click.option("--tokens", type=POSITIVE, default=HEAL_TOKENS, show_default=True, help="Training tokens.")
+@click.option("--tokens", type=TOKENS, default=HEAL_TOKENS, show_default=True, help="Training tokens.")
 @click.option("--out", default=None, metavar="DIR", help="Output folder.  [default: CONVERTED-healed]")
 @click.option("--seq-len", type=POSITIVE, default=HEAL_SEQ_LEN, show_default=True, help="Tokens per training block.")
 @click.option("--batch-size", type=POSITIVE, default=HEAL_BATCH_SIZE, show_default=True, help="Blocks per step.")
@@ -755,7 +757,7 @@ def sweep(src, out, alphas, heal_tokens, train_tokens, data, seeds, eval_tokens,
                    "--loss kl the logits too, 128 tokens at a time): a step's activations stop growing with the "
                    "depth, for one more forward per step. Pays when activations, not weights, set the peak "
                    "(long --seq-len, large --batch-size).")
-@click.option("--eval-tokens", type=POSITIVE, default=EVAL_TOKENS, show_default=True,
+@click.option("--eval-tokens", type=TOKENS, default=EVAL_TOKENS, show_default=True,
               help="Held-out tokens measured before and after.")
 @click.option("--eval-data", default=None, metavar="PATH",
               help="Held-out text measured before and after, packed and each document on its own: a file, folder "

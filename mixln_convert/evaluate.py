@@ -122,8 +122,9 @@ def prepare_scoring(ckpt, *, data=None, seq_len: int = EVAL_SEQ_LEN, max_tokens:
     held-out text ``data`` (default: the embedded validation split): every refusal comes here."""
     from .data import read_texts, token_blocks
     from .io.loader import open_checkpoint
-    from .limits import check_seq_len
+    from .limits import check_seq_len, check_tokens
 
+    check_tokens("--max-tokens", max_tokens)
     source = open_checkpoint(ckpt)
     if not (packed or per_document):  # greedy continuations only: no text, no blocks
         return Scoring(source, data, seq_len, max_tokens, None, None)

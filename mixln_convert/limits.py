@@ -14,9 +14,20 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _is_integral(value) -> bool:
+    return _is_number(value) and math.isfinite(value) and value == int(value)
+
+
 def check_positive(flag: str, value) -> None:
-    if not (_is_number(value) and value == int(value) and value >= 1):
+    if not (_is_integral(value) and value >= 1):
         raise MixLNError(f"{flag}: must be a positive integer, got {value!r}")
+
+
+def check_tokens(flag: str, value, zero_ok: bool = False) -> None:
+    """A token count: an integer from 1 (0 with ``zero_ok``) to :data:`MAX_TOKENS`."""
+    low = 0 if zero_ok else 1
+    if not (_is_integral(value) and low <= value <= MAX_TOKENS):
+        raise MixLNError(f"{flag}: must be an integer in [{low}, 10^13], got {value!r}")
 
 
 def check_nonnegative(flag: str, value) -> None:
@@ -91,6 +102,7 @@ def check_seq_len(flag: str, seq_len: int, config: dict, opt_in: str | None = No
 MAX_SEEDS = 100  # seeds per arm: each trains every arm once more
 MAX_ALPHAS = 100  # sweep alphas: they give at most L + 1 distinct block counts anyway
 MAX_TASKS = 256  # downstream tasks: each is an lm-eval evaluation of its own
+MAX_TOKENS = 10**13  # a token count (heal, training, evaluation, calibration): past any run's budget
 
 
 def check_at_most(flag: str, value: int, limit: int, why: str, counted: str | None = None) -> None:

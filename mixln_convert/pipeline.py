@@ -22,7 +22,7 @@ from .io.atomic import scratch_dir, write_atomic
 from .io.loader import open_checkpoint
 from .io.paths import check_destination, check_not_input
 from .io.runs import SUMMARY, Stages, claim_run, read_summary, record_run, write_json
-from .limits import check_force_or_resume, check_one_step, check_seq_len
+from .limits import check_force_or_resume, check_one_step, check_seq_len, check_tokens
 from .options import (ALPHA, DEMO_EVAL_TOKENS, DEMO_HEAL_TOKENS, DEMO_LR, DEMO_TRAIN_TOKENS, EVAL_DATA,
                       HEAL_BATCH_SIZE, HEAL_SEQ_LEN, measured_on)
 from .runtime import map_large_allocations
@@ -146,6 +146,7 @@ def convert_and_heal(src, dst, *, heal_tokens: int, heal_data=None, force: bool 
                  else "the default --alpha")
         raise MixLNError(f"--heal-tokens: {given} makes no block Post-LN (of {layers}), so there is nothing to "
                          "heal; convert without --heal-tokens, or make some blocks Post-LN")
+    check_tokens("--heal-tokens", heal_tokens)
     check_one_step(heal_tokens, HEAL_BATCH_SIZE, HEAL_SEQ_LEN, "--heal-tokens", None, "one heal step")
     target = check_destination(dst, {"SRC": src, "--heal-data": heal_data}, force)
     # the heal's text is read and tokenized (into the cache heal reads it from) before the long conversion

@@ -28,7 +28,7 @@ from .data.corpus import check_text
 from .data.shards import is_tokens_folder
 from .errors import MixLNError
 from .io.runs import METRICS, Stages, claim_run, read_metrics, record_run, write_json
-from .limits import check_positive, check_seeds
+from .limits import check_seeds, check_tokens
 from .options import ALPHA, STUDY_EVAL_TOKENS
 from .report.study import CLAIMS, LNS_CLAIMS, write_study_report
 from .training.recipe import Recipe
@@ -119,7 +119,7 @@ def study(source, out, *, recipe: str = RECIPE, overrides=(), alpha: float = ALP
 
 def _check(alpha: float, seeds: int, schemes, eval_tokens: int) -> None:
     check_seeds("--seeds", seeds)
-    check_positive("--eval-tokens", eval_tokens)
+    check_tokens("--eval-tokens", eval_tokens)
     if not 0 < alpha < 1:
         raise MixLNError(f"--alpha: {alpha} is not in (0, 1): the Mix-LN arm needs Post-LN and Pre-LN blocks")
     unknown = [s for s in schemes if s not in SCHEMES]

@@ -26,7 +26,7 @@ from .io.atomic import atomic_output_dir
 from .io.loader import open_checkpoint
 from .io.paths import check_readable
 from .io.runs import METRICS, STAGE_RESULT, Stages, claim_run, read_metrics, record_run, write_json
-from .limits import check_alpha_count, check_force_or_resume, check_one_step, check_positive, check_seeds
+from .limits import check_alpha_count, check_force_or_resume, check_one_step, check_seeds, check_tokens
 from .options import (CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, EVAL_TOKENS, HEAL_BATCH_SIZE, HEAL_SEQ_LEN, MAX_GRAD_RATIO,
                       MAX_PPL_INCREASE, SWEEP_ALPHAS)
 
@@ -183,7 +183,9 @@ def _check(alphas, heal_tokens: int, train_tokens: int, data, seeds: int, eval_t
     check_alpha_count("--alphas", alphas)
     check_force_or_resume(force, resume)
     check_seeds("--seeds", seeds)
-    check_positive("--eval-tokens", eval_tokens)
+    check_tokens("--eval-tokens", eval_tokens)
+    check_tokens("--heal-tokens", heal_tokens, zero_ok=True)
+    check_tokens("--train-tokens", train_tokens, zero_ok=True)
     if lns and not train_tokens:
         raise MixLNError("--lns: the LNS retrofit computes the original's function, so only training tells them "
                          "apart; add --train-tokens N")

@@ -520,6 +520,16 @@ ROWS = [
     ("heal-teacher-other-depth", lambda i, o: ["heal", i.converted, "--teacher", shallower(i), "--out", o], f"num_hidden_layers {L - 2} differs"),
     ("heal-tokens-below-a-step", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--tokens", "10"], "less than one step"),
     ("heal-seq-len-beyond-positions", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--seq-len", "512", "--tokens", "4096"], "exceeds the model's max_position_embeddings"),
+    # token counts: each has an upper bound (10^13), where a count past it once overflowed a heal's plan
+    ("convert-heal-tokens-huge", lambda i, o: ["convert", i.src, o, "--heal-tokens", "100000000000000000000000"], "'--heal-tokens': 100000000000000000000000 is not in the range 0<=x<=10000000000000"),
+    ("convert-calibration-tokens-huge", lambda i, o: ["convert", i.src, o, "--calibration-tokens", "100000000000000000000000"], "'--calibration-tokens'"),
+    ("heal-tokens-huge", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--tokens", "100000000000000000000000"], "'--tokens'"),
+    ("eval-max-tokens-huge", lambda i, o: ["eval", i.src, "--max-tokens", "100000000000000000000000"], "'--max-tokens'"),
+    ("analyze-max-tokens-huge", lambda i, o: ["analyze", i.src, "--out", o, "--max-tokens", "100000000000000000000000"], "'--max-tokens'"),
+    ("sweep-train-tokens-huge", lambda i, o: ["sweep", i.src, "--out", o, "--train-tokens", "100000000000000000000000"], "'--train-tokens'"),
+    ("demo-heal-tokens-huge", lambda i, o: ["demo", "--source", i.src, "--out", o, "--heal-tokens", "100000000000000000000000"], "'--heal-tokens'"),
+    ("train-set-max-tokens-huge", lambda i, o: [*recipe(i, "max_tokens=100000000000000000000000"), "--out", o], "max_tokens must be an integer in [1, 10^13]"),
+    ("train-set-heal-tokens-huge", lambda i, o: [*recipe(i, "heal.tokens=1e20"), "--out", o], "heal.tokens must be an integer in [0, 10^13]"),
     ("convert-alpha-nan", lambda i, o: ["convert", i.src, o, "--alpha", "nan"], "'--alpha': nan is not in [0, 1]"),
     ("convert-alpha-above-one", lambda i, o: ["convert", i.src, o, "--alpha", "1.5"], "'--alpha'"),
     ("convert-alpha-and-count", lambda i, o: ["convert", i.src, o, "--alpha", "0.5", "--post-ln-layers", "2"], "exclusive"),
@@ -642,7 +652,7 @@ ROWS = [
     ("study-seeds-0", lambda i, o: ["study", i.src, "--out", o, "--seeds", "0"], "'--seeds'"),
     ("study-eval-tokens-0", lambda i, o: ["study", i.src, "--out", o, "--eval-tokens", "0"], "'--eval-tokens'"),
     ("study-set-unknown-key", lambda i, o: ["study", i.src, "--out", o, "--set", "optim.lrr=1"], "unknown key 'optim.lrr'"),
-    ("study-set-out-of-range", lambda i, o: ["study", i.src, "--out", o, "--set", "max_tokens=0"], "max_tokens must be a positive integer"),
+    ("study-set-out-of-range", lambda i, o: ["study", i.src, "--out", o, "--set", "max_tokens=0"], "max_tokens must be an integer in [1, 10^13]"),
     ("study-out-inside-src", lambda i, o: ["study", i.src, "--out", i.src / "study"], "lies inside the input SRC"),
     ("study-out-is-src-via-dotdot", lambda i, o: ["study", i.src, "--out", i.root / "x" / ".." / "src"], "is the input SRC"),
     ("train-scaled-init-not-bool", lambda i, o: [*recipe(i, "conversion.scaled_init=maybe"), "--out", o], "conversion.scaled_init must be true or false"),
@@ -864,3 +874,21 @@ def test_refusals_that_need_no_weights_come_before_torch_is_imported(case, tiny_
     assert done.stdout.strip().startswith("exit ") and not done.stdout.strip().startswith("exit 0"), done.stdout
     assert done.stdout.strip().endswith("[]"), done.stdout
     assert fragment in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 10**14, 0, 2.5, True])
+def test_api_token_counts_are_range_checked_before_any_work(value, tiny_llama, tmp_path):
+    """A library caller's token count gets the flag's one-line error too, before anything is written
+    (inf and NaN once escaped as OverflowError / ValueError from int())."""
+    from mixln_convert.analysis.analyze import analyze
+    from mixln_convert.conversion.converter import convert
+    from mixln_convert.errors import MixLNError
+    from mixln_convert.evaluate import prepare_scoring
+
+    calls = {"--max-tokens": lambda: analyze(tiny_llama, tmp_path / "a", max_tokens=value, progress=False),
+             "--calibration-tokens": lambda: convert(tiny_llama, tmp_path / "c", calibration_tokens=value, progress=False),
+             "--max-tokens ": lambda: prepare_scoring(tiny_llama, max_tokens=value)}
+    for flag, call in calls.items():
+        with pytest.raises(MixLNError, match=rf"^{flag.strip()}: must be an integer in \[1, 10\^13\], got "):
+            call()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

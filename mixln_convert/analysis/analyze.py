@@ -17,7 +17,7 @@ from ..io.atomic import atomic_output_dir
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable
 from ..io.runs import ANALYSIS, write_json
-from ..limits import check_positive, check_seq_len
+from ..limits import check_positive, check_seq_len, check_tokens
 from .choice import check_method, choose_layers
 from .layers import BlockRunner, RepresentationStatistics, grad_norm_per_layer, removal_sweep
 from .plots import plot_analysis
@@ -47,9 +47,9 @@ def analyze(ckpt, out, *, data=None, span: int = 1, seq_len: int = EVAL_SEQ_LEN,
     if not layer_sweep and (prune_curve or tasks):
         raise MixLNError(f"{'--prune-curve' if prune_curve else '--task'} ranks or drops blocks by the layer "
                          "sweep, which --no-layer-sweep skips")
-    for flag, value in (("--span", span), ("--seq-len", seq_len), ("--max-tokens", max_tokens),
-                        ("--batch-size", batch_size)):
+    for flag, value in (("--span", span), ("--seq-len", seq_len), ("--batch-size", batch_size)):
         check_positive(flag, value)
+    check_tokens("--max-tokens", max_tokens)
     inputs = {"CKPT": ckpt, "--data": data}
     if data is not None:
         check_readable(data, "--data")

@@ -11,7 +11,7 @@ from ..io.atomic import atomic_output_dir
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable
 from ..io.writer import parse_size, tool_stamp, write_checkpoint
-from ..limits import check_positive, check_seed, check_seq_len
+from ..limits import check_positive, check_seed, check_seq_len, check_tokens
 from ..options import CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, MAX_SHARD_SIZE, STRATEGIES
 from ..runtime import map_large_allocations
 from .layout import check_layout, post_ln_count
@@ -68,8 +68,8 @@ def convert(
     if strategy not in STRATEGIES:
         raise MixLNError(f"--strategy: unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
     lns = check_layout(layout, alpha, post_ln_layers, strategy)
-    for flag, value in (("--calibration-seq-len", calibration_seq_len), ("--calibration-tokens", calibration_tokens)):
-        check_positive(flag, value)
+    check_positive("--calibration-seq-len", calibration_seq_len)
+    check_tokens("--calibration-tokens", calibration_tokens)
     check_seed(seed)
     max_shard_bytes = None if max_shard_size is None else parse_size(max_shard_size)
     out_dtype = parse_dtype(dtype)
