@@ -11,7 +11,6 @@ alpha's outputs appear atomically in ``OUT/post-ln-NN``, so a killed sweep resum
 import logging
 import math
 import shutil
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from .errors import MixLNError
 from .io.atomic import atomic_output_dir
 from .io.loader import open_checkpoint
 from .io.paths import check_readable
-from .io.runs import METRICS, STAGE_RESULT, Stages, claim_run, read_metrics, record_run, write_json
+from .io.runs import METRICS, STAGE_RESULT, Stages, claim_run, read_metrics, record_run, timed, write_json
 from .limits import check_alpha_count, check_force_or_resume, check_one_step, check_seeds, check_tokens
 from .options import (CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, EVAL_TOKENS, HEAL_BATCH_SIZE, HEAL_SEQ_LEN, MAX_GRAD_RATIO,
                       MAX_PPL_INCREASE, SWEEP_ALPHAS)
@@ -217,11 +216,10 @@ def _calibrate(source, blocks: int, times: dict, progress: bool):
     """The calibration statistics of the first ``blocks`` blocks, which every alpha's conversion reuses."""
     from .conversion.converter import calibration_statistics
 
-    started = time.perf_counter()
     log.info(f"calibrating the first {blocks} blocks once for every alpha")
-    stats = calibration_statistics(source, source.arch, blocks, None, CALIBRATION_TOKENS, CALIBRATION_SEQ_LEN, progress)
-    times["calibration_s"] = round(time.perf_counter() - started, 2)
-    return stats
+    with timed(times, "calibration_s"):
+        return calibration_statistics(source, source.arch, blocks, None, CALIBRATION_TOKENS, CALIBRATION_SEQ_LEN,
+                                      progress)
 
 
 def _folder(out: Path, n: int) -> Path:
@@ -270,28 +268,24 @@ def _alpha(src, tmp: Path, n: int, given: list[float], stats, heal_tokens: int, 
                 **gradient_figures(controls[0]["grad_norm_steps"] if controls else
                                    original["analysis"]["grad_norm_batches"], 0)}
     times = {}
-    clock = time.perf_counter()
-    stage = convert(src, tmp / "converted", post_ln_layers=n, statistics=stats, progress=progress)
-    times["convert_s"] = round(time.perf_counter() - clock, 2)
+    with timed(times, "convert_s"):
+        stage = convert(src, tmp / "converted", post_ln_layers=n, statistics=stats, progress=progress)
     row = {"post_ln_layers": n, "alphas": given, "converted": _scores(stage, eval_tokens, progress), "healed": None,
            "trained": None}
     if heal_tokens:
-        clock = time.perf_counter()
         stage = tmp / "healed"
-        heal(tmp / "converted", src, stage, data=data, tokens=heal_tokens, perplexity=False, progress=progress,
-             seq_len_flag=None)
-        row["healed"] = _scores(stage, eval_tokens, progress)
-        times["heal_s"] = round(time.perf_counter() - clock, 2)
+        with timed(times, "heal_s"):
+            heal(tmp / "converted", src, stage, data=data, tokens=heal_tokens, perplexity=False, progress=progress,
+                 seq_len_flag=None)
+            row["healed"] = _scores(stage, eval_tokens, progress)
     final = stage
     if train_tokens:
-        clock = time.perf_counter()
-        row["trained"] = [_train(training.replace({"converted": str(stage.absolute()), "seed": seed}, "sweep"),
-                                 tmp / f"train-seed{seed}", "mixln", progress) for seed in range(seeds)]
-        times["train_s"] = round(time.perf_counter() - clock, 2)
+        with timed(times, "train_s"):
+            row["trained"] = [_train(training.replace({"converted": str(stage.absolute()), "seed": seed}, "sweep"),
+                                     tmp / f"train-seed{seed}", "mixln", progress) for seed in range(seeds)]
         final = tmp / "train-seed0" / "mixln" / "final"
-    clock = time.perf_counter()
-    row["analysis"] = _analysis(final, tmp, eval_tokens, progress)
-    times["analysis_s"] = round(time.perf_counter() - clock, 2)
+    with timed(times, "analysis_s"):
+        row["analysis"] = _analysis(final, tmp, eval_tokens, progress)
     steps = row["trained"][0]["grad_norm_steps"] if train_tokens else row["analysis"]["grad_norm_batches"]
     row.update(gradient_figures(steps, n), gradients_from="training steps" if train_tokens else "analysis batches",
                times=times)

@@ -5,7 +5,7 @@ interrupted atomic stage leaves nothing, and each stage is timed."""
 import pytest
 
 from mixln_convert.errors import MixLNError
-from mixln_convert.io.runs import STAGE_RESULT, Stages
+from mixln_convert.io.runs import STAGE_RESULT, Stages, timed
 
 
 def test_a_finished_stage_is_read_back_not_run_again(tmp_path):
@@ -68,3 +68,12 @@ def test_a_demo_begun_at_another_training_lr_is_not_resumed(tiny_llama, tmp_path
     assert result.exit_code != 0 and len(result.output.strip().splitlines()) == 1
     assert "started with optim.lr null, not 3e-05" in result.output
     assert [p.name for p in out.iterdir()] == ["run.json"]
+
+
+def test_timed_records_a_block_that_finished_only():
+    times = {}
+    with timed(times, "finished"):
+        pass
+    with pytest.raises(ValueError), timed(times, "failed"):
+        raise ValueError("a stage that fails has no time")
+    assert list(times) == ["finished"] and 0 <= times["finished"] < 1

@@ -55,6 +55,9 @@ def test_sweep_writes_one_row_per_block_count_and_a_report(swept):
     for name in ("sweep_perplexity.png", "sweep_layer_drop.png", "sweep_gradients.png"):
         assert imread(out / "report" / name).ndim == 3
     assert "calibration_s" in result["times"] and "time: calibration" in stdout
+    for row in rows[1:]:  # each Post-LN count's own split: converted, healed, trained, analyzed
+        assert set(result["times"][f"post-ln-{row['post_ln_layers']}"]) == {"convert_s", "heal_s", "train_s",
+                                                                           "analysis_s"}
     assert not list(out.glob(".*tmp-*"))
 
 

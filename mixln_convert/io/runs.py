@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import MixLNError
@@ -104,6 +105,15 @@ def read_metrics(file: Path) -> list[dict]:
     return metrics
 
 
+@contextmanager
+def timed(times: dict, name: str):
+    """``times[name]``: the seconds the ``with`` block took, once it ends without an error (a stage
+    that failed has no time)."""
+    started = time.perf_counter()
+    yield
+    times[name] = round(time.perf_counter() - started, 2)
+
+
 class Stages:
     """The stages of a multi-stage run (the demo, sweep, study), each in a folder of its own: its
     result is written there with its sha256 when the stage is done, and with ``resume`` read back
@@ -120,16 +130,15 @@ class Stages:
         done = folder / STAGE_RESULT
         if self.resume and done.is_file():
             return read_checked(done, f"remove {folder} to run this stage again")
-        started = time.perf_counter()
-        if atomic:
-            with atomic_output_dir(folder, force=True) as tmp:
-                result = work(tmp)
-                write_checked(tmp / STAGE_RESULT, result)
-        else:
-            folder.mkdir(parents=True, exist_ok=True)
-            result = work(folder)
-            write_checked(done, result)
-        self.times[name] = round(time.perf_counter() - started, 2)
+        with timed(self.times, name):
+            if atomic:
+                with atomic_output_dir(folder, force=True) as tmp:
+                    result = work(tmp)
+                    write_checked(tmp / STAGE_RESULT, result)
+            else:
+                folder.mkdir(parents=True, exist_ok=True)
+                result = work(folder)
+                write_checked(done, result)
         return result
 
 
