@@ -284,13 +284,20 @@ class Mission:
                     self.runs[f"{name}-{variant}"] = rerun / arm
         return False
 
+    def prepare(self) -> bool:
+        """The random-init source and the tokenized text (the first phase of either run)."""
+        s = self.s
+        prepared = self.phase("prepare", "prepare", {"shape": s["shape"], "tokenizer": self.tokenizer,
+                                                     "work": str(self.work), "text_chars": s["text_chars"],
+                                                     "seq_len": s["seq_len"]}, 60)
+        if prepared["ok"]:
+            self.figures["text"] = {k: prepared[k] for k in ("files", "train_tokens", "validation_tokens")}
+        return prepared["ok"]
+
     def run(self) -> None:
         s, work = self.s, self.work
-        prepared = self.phase("prepare", "prepare", {"shape": s["shape"], "tokenizer": self.tokenizer, "work": str(work),
-                                                     "text_chars": s["text_chars"], "seq_len": s["seq_len"]}, 60)
-        if not prepared["ok"]:
+        if not self.prepare():
             return
-        self.figures["text"] = {k: prepared[k] for k in ("files", "train_tokens", "validation_tokens")}
         pretrain = self.recipe("pretrain", str(work / "sources" / s["shape"]), s["pretrain_tokens"], s["pretrain_lr"], 0, 0)
         if not self.train("pretrain", pretrain, "preln", work / "pretrain", 180):
             return
@@ -318,11 +325,8 @@ class Mission:
 
     def run_throughput(self, arm: str) -> None:
         s, work = self.s, self.work
-        prepared = self.phase("prepare", "prepare", {"shape": s["shape"], "tokenizer": self.tokenizer, "work": str(work),
-                                                     "text_chars": s["text_chars"], "seq_len": s["seq_len"]}, 60)
-        if not prepared["ok"]:
+        if not self.prepare():
             return
-        self.figures["text"] = {k: prepared[k] for k in ("files", "train_tokens", "validation_tokens")}
         source = str(work / "sources" / s["shape"])
         recipe = self.recipe("throughput", source, s["steps"] * s["batch"] * s["seq_len"], s["lr"], 0, 0)
         # the Mix-LN arm: the random source converted (calibrated, alpha 0.25) and trained unhealed
