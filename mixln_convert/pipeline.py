@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from .errors import MixLNError
+from .errors import MixLNError, warn
 from .fetch import cache_dir
 from .io.atomic import scratch_dir, write_atomic
 from .io.loader import open_checkpoint
@@ -60,6 +60,10 @@ def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool =
     if recipe.heal.tokens:
         check_seq_len("heal.seq_len", recipe.heal.seq_len, source.config, "allow_longer_seq: true",
                       recipe.allow_longer_seq)
+    warmup = recipe.schedule.warmup_steps
+    if warmup > recipe.steps and state.is_main_process:  # legal, but a huge one trains at lr ~0 and changes nothing
+        warn(f"schedule.warmup_steps {warmup} is more than the run's {recipe.steps} steps: the learning rate "
+             f"peaks at {recipe.steps / warmup:.3g} x optim.lr, at the last step")
     existed, fresh = out.is_dir(), _claim(out, recipe, resume)
     train_tokens = max(recipe.steps * recipe.global_batch_size * recipe.seq_len, recipe.heal.tokens)
     finished = {arm: _finished(out / arm, arm) for arm in arms if resume and (out / arm / SUMMARY).is_file()}

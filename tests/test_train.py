@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import warnings
 import time
 from pathlib import Path
 
@@ -657,3 +658,19 @@ def test_speed_and_memory_levers_keep_the_losses(tiny_llama_tied, corpus, tmp_pa
     tol = 1e-6 if key == "activation_checkpointing" else 1e-4  # compiled kernels may fuse in another order
     assert_same_curve(metrics(tmp_path / "lever", "mixln"), metrics(tmp_path / "plain", "mixln"), tol=tol)
     assert lever["mixln"]["final_val_loss"] == pytest.approx(plain["mixln"]["final_val_loss"], abs=tol)
+
+
+def test_a_warmup_longer_than_the_run_is_said(tiny_llama_tied, corpus, tmp_path):
+    """Legal, but the lr never peaks: a huge warmup trained at lr ~0 and changed nothing, exit 0, unsaid."""
+    from mixln_convert.errors import MixLNWarning
+
+    recipe = load_recipe("smollm2-135m-cpu", tiny(tiny_llama_tied, corpus, steps=2, **{"schedule.warmup_steps": 5}))
+    with pytest.warns(MixLNWarning, match=r"^schedule.warmup_steps 5 is more than the run's 2 steps: the learning "
+                                          r"rate peaks at 0.4 x optim.lr, at the last step$"):
+        train(recipe, tmp_path / "long", arms=("preln",), progress=False)
+    last = metrics(tmp_path / "long", "preln")[-1]
+    assert last["step"] == 2 and last["lr"] == pytest.approx(recipe.optim.lr * 2 / 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MixLNWarning)
+        train(load_recipe("smollm2-135m-cpu", tiny(tiny_llama_tied, corpus, steps=2)), tmp_path / "short",
+              arms=("preln",), progress=False)
