@@ -102,6 +102,7 @@ def check_seq_len(flag: str, seq_len: int, config: dict, opt_in: str | None = No
 MAX_SEEDS = 100  # seeds per arm: each trains every arm once more
 MAX_ALPHAS = 100  # sweep alphas: they give at most L + 1 distinct block counts anyway
 MAX_TASKS = 256  # downstream tasks: each is an lm-eval evaluation of its own
+MAX_COMPARED = 100  # compare's inputs: a report's tables and plots past that are unreadable
 MAX_TOKENS = 10**13  # a token count (heal, training, evaluation, calibration): past any run's budget
 
 

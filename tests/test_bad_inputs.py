@@ -432,6 +432,7 @@ ROWS = [
     ("analyze-out-is-ckpt", lambda i, o: ["analyze", i.src, "--out", i.src, "--force"], "is the input CKPT"),
     ("analyze-out-is-data", lambda i, o: ["analyze", i.src, "--out", i.text, "--data", i.text, "--force"], "is the input --data"),
     ("compare-out-is-input", lambda i, o: ["compare", i.analysis("a"), "--out", i.root / "a", "--force"], "is the input #1"),
+    ("compare-too-many-inputs", lambda i, o: ["compare", *[i.analysis("a")] * 101, "--out", o], "INPUTS: 101 inputs, more than 100 (one report's tables and plots hold no more)"),
     ("compare-out-dotdot-input", lambda i, o: ["compare", i.analysis("a"), "--out", i.root / "a" / "..", "--force"], "contains the input #1"),
     ("train-out-is-source", lambda i, o: [*recipe(i), "--out", i.src], "is the input source"),
     ("train-out-contains-data", lambda i, o: [*recipe(i), "--out", i.root], "contains the input"),

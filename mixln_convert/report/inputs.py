@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import MixLNError
+from ..limits import MAX_COMPARED, check_at_most
 from ..io.runs import ANALYSIS, METRICS, SUMMARY, has_layer_metrics, read_analysis, read_metrics, read_summary
 
 ARM_KINDS = {"mixln": "Mix-LN", "preln": "Pre-LN", "lns": "LNS"}  # the train command's arm folders
@@ -83,6 +84,7 @@ def analysis_evaluation(analysis: dict) -> dict:
 def load_inputs(paths, labels=()) -> list[Model]:
     """The models of ``paths`` (analysis folders or files, train output folders), labelled by
     ``labels`` (one per path) or by their folder names; a train folder gives one model per arm."""
+    check_at_most("INPUTS", len(paths), MAX_COMPARED, "one report's tables and plots hold no more", "inputs")
     if labels and len(labels) != len(paths):
         raise MixLNError(f"--label: {len(labels)} labels for {len(paths)} inputs; give one per input or none")
     models = []
