@@ -23,7 +23,7 @@ import yaml
 from ..errors import MixLNError
 from ..io.hub import hub_name
 from ..io.paths import check_readable, checkpoint_path, is_pattern
-from ..limits import MAX_TOKENS, SPIKE_FACTORS, below_one_step, spike_factor_ok
+from ..limits import SPIKE_FACTORS, below_one_step, spike_factor_ok, tokens_interval, tokens_ok
 from ..options import (ALPHA, ARMS, ATTENTIONS, DEFAULT_ARMS, EVAL_SEQ_LEN, EVAL_TOKENS, LOSSES, PRECISIONS, STRATEGIES,
                        HealSettings)
 
@@ -283,8 +283,8 @@ def _check(r: dict, where: str, origin: dict) -> None:
                 "heal.batch_size"):
         number(key, lambda v: v > 0, "a positive integer")
     for key in ("max_tokens", "data.eval_tokens"):
-        number(key, lambda v: 1 <= v <= MAX_TOKENS, "an integer in [1, 10^13]")
-    number("heal.tokens", lambda v: 0 <= v <= MAX_TOKENS, "an integer in [0, 10^13]")
+        number(key, tokens_ok, tokens_interval())
+    number("heal.tokens", lambda v: tokens_ok(v, 0), tokens_interval(0))
     for key in ("schedule.warmup_steps", "keep_checkpoints", "data.num_proc"):
         number(key, lambda v: v >= 0, "an integer >= 0")
     number("conversion.alpha", lambda v: 0 <= v <= 1, "in [0, 1]")
