@@ -46,6 +46,8 @@ class Group(click.Group):
             raise
         except MixLNError as e:
             raise OneLineError(str(e)) from None
+        except BrokenPipeError:  # the reader stopped (`| head`): click ends quietly, as other tools do
+            raise
         except OSError as e:
             where = f"{e.filename}: " if e.filename else ""
             raise OneLineError(f"{where}{e.strerror or e}") from None

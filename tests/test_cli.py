@@ -1,6 +1,7 @@
 """The command line: help, speed of --help, eval --json, inspect."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -187,3 +188,13 @@ def test_warnings_and_notices_reach_the_terminal_as_plain_lines(cli, monkeypatch
     monkeypatch.setattr(cli_module, "_print_recipes", noisy)
     result = cli("recipes")
     assert result.exit_code == 0 and result.stderr == "warning: fewer tokens than asked for\n" * 2 + "resuming .out.partial\n"
+
+
+def test_a_reader_that_stops_early_gets_no_error_line():
+    """`mixln-convert recipes | head -1`: a closed pipe ends the command quietly, not with 'Error: Broken pipe'."""
+    reader, writer = os.pipe()
+    os.close(reader)  # the reader is gone before the command writes
+    done = subprocess.run([sys.executable, "-m", "mixln_convert.cli", "recipes"], stdout=writer,
+                          stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(writer)
+    assert done.stderr == "" and done.returncode == 1
