@@ -392,6 +392,7 @@ class Mission:
         if report.is_file():
             (self.out / "report.md").write_text(report.read_text())
         result = {"elapsed_s": round(time.monotonic() - self.started, 1), "settings": self.s,
+                  "overrides": self.overrides,  # --set, applied to every training run
                   "environment": {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
                                   "python": sys.version.split()[0], "torch": torch.__version__,
                                   "transformers": transformers.__version__, "accelerate": accelerate.__version__},
