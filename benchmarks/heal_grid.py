@@ -1,7 +1,8 @@
 """Heal variants side by side, in one GPU call: each variant heals the same calibrated conversion of
 SmolLM2 on 65,536 tokens (the default budget) and is scored as benchmarks/heal_quality.py scores
 (texts A, B, C packed and per document, repeated 4-grams of greedy continuations), with a second
-seed of the default to show the noise. On a CPU each variant is ~45 min; on an H200 seconds.
+seed of the default to show the noise. Measured per variant (heal and scoring): ~45 min on this
+project's 2-core CPU, 83-92 s on an H200 (benchmarks/results/heal_grid_2026-12-04/).
 
     here:   python benchmarks/heal_grid.py prepare .gpu/heal --paragraphs '<python3.11-doc>/**/*.txt' \
                 --lines <gensim wheel>/gensim/test/test_data/lee_background.cor
