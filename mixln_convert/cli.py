@@ -20,7 +20,7 @@ import click
 from . import __version__
 from .errors import MixLNError, MixLNWarning
 from .io.paths import check_destination, check_not_input, check_readable, checkpoint_path
-from .limits import MAX_PROCESSES, MAX_TOKENS, check_processes
+from .limits import MAX_BATCH, MAX_EXAMPLES, MAX_PROCESSES, MAX_TOKENS, check_processes
 from .options import (ALPHA, ARMS, BATCH_SIZE, CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, DEFAULT_ARMS, DEMO_EVAL_TOKENS,
                       DEMO_HEAL_TOKENS, DEMO_LR, DEMO_TRAIN_TOKENS, DEVICES, DTYPES, EVAL_SEQ_LEN, EVAL_TOKENS,
                       HEAL_BATCH_SIZE, HEAL_DTYPE, HEAL_DTYPES, HEAL_LOSS, HEAL_LR, HEAL_SEQ_LEN, HEAL_TOKENS, LAYOUTS,
@@ -118,6 +118,8 @@ class Finite(click.ParamType):
 POSITIVE = click.IntRange(min=1)
 TOKENS = click.IntRange(1, MAX_TOKENS)
 TOKENS_OR_ZERO = click.IntRange(0, MAX_TOKENS)
+BATCH = click.IntRange(1, MAX_BATCH)
+EXAMPLES = click.IntRange(1, MAX_EXAMPLES)
 SEED = click.IntRange(0, 2**32 - 1)
 
 
@@ -264,7 +266,7 @@ _TASKS_HELP = ("lm-evaluation-harness tasks (`pip install 'mixln-convert[eval]'`
                "from your datasets cache) or yours in --include-path.")
 _INCLUDE_PATH = click.option("--include-path", type=click.Path(exists=True, file_okay=False, path_type=str),
                              default=None, metavar="DIR", help="A folder of your own lm-eval task YAML files.")
-_LIMIT = click.option("--limit", type=POSITIVE, default=None, metavar="N",
+_LIMIT = click.option("--limit", type=EXAMPLES, default=None, metavar="N",
                       help="At most N examples of each task (lm-eval's --limit).  [default: all]")
 
 
@@ -288,7 +290,7 @@ def _task_setup(tasks, include_path, limit, flag: str):
 @click.option("--seq-len", type=POSITIVE, default=EVAL_SEQ_LEN, show_default=True, help=_SEQ_LEN_HELP)
 @click.option("--max-tokens", type=TOKENS, default=EVAL_TOKENS, show_default=True,
               help="Held-out tokens scored (whole blocks of --seq-len).")
-@click.option("--batch-size", type=POSITIVE, default=BATCH_SIZE, show_default=True,
+@click.option("--batch-size", type=BATCH, default=BATCH_SIZE, show_default=True,
               help="Blocks (with --tasks: lm-eval requests) per forward pass.")
 @_ALLOW_LONGER
 @click.option("--per-document", is_flag=True,
@@ -445,7 +447,7 @@ _METHOD_HELP = ("How --remove/--prune-curve choose N blocks: angular (the N cons
 @click.option("--seq-len", type=POSITIVE, default=EVAL_SEQ_LEN, show_default=True, help=_SEQ_LEN_HELP)
 @click.option("--max-tokens", type=TOKENS, default=EVAL_TOKENS, show_default=True,
               help="Held-out tokens measured (whole blocks of --seq-len).")
-@click.option("--batch-size", type=POSITIVE, default=BATCH_SIZE, show_default=True, help="Blocks per forward pass.")
+@click.option("--batch-size", type=BATCH, default=BATCH_SIZE, show_default=True, help="Blocks per forward pass.")
 @_ALLOW_LONGER
 @click.option("--per-document", is_flag=True,
               help="Also score each held-out document on its own from its first token, as `eval --per-document`.")
@@ -492,7 +494,7 @@ def analyze(ckpt, data, out, span, layer_sweep, prune_curve, method, generate, s
 @click.option("--seq-len", type=POSITIVE, default=PRUNE_SEQ_LEN, show_default=True, help="Tokens per measured block.")
 @click.option("--max-tokens", type=TOKENS, default=PRUNE_TOKENS, show_default=True,
               help="Tokens measured for --method angular/drop.")
-@click.option("--batch-size", type=POSITIVE, default=BATCH_SIZE, show_default=True, help="Blocks per forward pass.")
+@click.option("--batch-size", type=BATCH, default=BATCH_SIZE, show_default=True, help="Blocks per forward pass.")
 @click.option("--max-shard-size", default=MAX_SHARD_SIZE, show_default=True, help="Largest output shard, e.g. 5GB, 500MB.")
 @click.option("--force", is_flag=True, help="Replace a non-empty OUT (never an input).")
 def prune(ckpt, out, layers, remove, method, data, seq_len, max_tokens, batch_size, max_shard_size, force):
@@ -741,7 +743,7 @@ def sweep(src, out, alphas, heal_tokens, train_tokens, data, seeds, eval_tokens,
 @click.option("--tokens", type=TOKENS, default=HEAL_TOKENS, show_default=True, help="Training tokens.")
 @click.option("--out", default=None, metavar="DIR", help="Output folder.  [default: CONVERTED-healed]")
 @click.option("--seq-len", type=POSITIVE, default=HEAL_SEQ_LEN, show_default=True, help="Tokens per training block.")
-@click.option("--batch-size", type=POSITIVE, default=HEAL_BATCH_SIZE, show_default=True, help="Blocks per step.")
+@click.option("--batch-size", type=BATCH, default=HEAL_BATCH_SIZE, show_default=True, help="Blocks per step.")
 @click.option("--lr", type=Finite(0, None, low_open=True), default=HEAL_LR, show_default=True,
               help="Peak learning rate (warmup, then cosine).")
 @click.option("--loss", type=click.Choice(LOSSES), default=HEAL_LOSS, show_default=True,

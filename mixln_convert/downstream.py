@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from .errors import MixLNError
-from .limits import check_task_count
+from .limits import check_batch_size, check_limit, check_task_count
 
 INSTALL = "pip install 'mixln-convert[eval]'"
 
@@ -152,6 +152,8 @@ def evaluate_tasks(model, tokenizer, names: list[str], manager, *, limit: int | 
     :func:`task_manager`): {"tasks": run_tasks(...), "limit", "lm_eval_version"}."""
     from importlib.metadata import version
 
+    check_limit("--limit", limit)
+    check_batch_size("--batch-size", batch_size)
     return {"tasks": run_tasks(hf_lm(model, tokenizer, batch_size), names, manager, limit), "limit": limit,
             "lm_eval_version": version("lm_eval")}
 

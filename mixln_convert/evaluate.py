@@ -139,6 +139,9 @@ def run_scoring(scoring: Scoring, model=None, *, batch_size: int = BATCH_SIZE, p
     """The prepared text scored: packed blocks when prepared so, with ``per_document`` each
     document on its own (``per_document`` key), with ``generate`` greedy continuations of fixed
     prompts (``generation`` key). ``model``: the checkpoint's model when the caller has it loaded."""
+    from .limits import check_batch_size
+
+    check_batch_size("--batch-size", batch_size)
     source = scoring.source
     model = model if model is not None else source.model()
     result = {"checkpoint": str(source.path), "data": str(scoring.data) if scoring.data else EVAL_DATA,

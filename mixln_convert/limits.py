@@ -113,6 +113,8 @@ MAX_ALPHAS = 100  # sweep alphas: they give at most L + 1 distinct block counts 
 MAX_TASKS = 256  # downstream tasks: each is an lm-eval evaluation of its own
 MAX_COMPARED = 100  # compare's inputs: a report's tables and plots past that are unreadable
 MAX_TOKENS = 10**13  # a token count (heal, training, evaluation, calibration): past any run's budget
+MAX_BATCH = 2**16  # sequences in one forward pass (--batch-size): past any accelerator's memory
+MAX_EXAMPLES = 10**9  # examples of one lm-eval task (--limit): past any benchmark's size
 
 
 def check_at_most(flag: str, value: int, limit: int, why: str, counted: str | None = None) -> None:
@@ -121,6 +123,18 @@ def check_at_most(flag: str, value: int, limit: int, why: str, counted: str | No
     if value > limit:
         given = f"{value} {counted}, more than {limit}" if counted else f"{value} is more than {limit}"
         raise MixLNError(f"{flag}: {given} ({why})")
+
+
+def check_batch_size(flag: str, value) -> None:
+    check_positive(flag, value)
+    check_at_most(flag, value, MAX_BATCH, "sequences in one forward pass: past any accelerator's memory")
+
+
+def check_limit(flag: str, value) -> None:
+    """lm-eval's --limit: None (every example) or a count of examples per task."""
+    if value is not None:
+        check_positive(flag, value)
+        check_at_most(flag, value, MAX_EXAMPLES, "examples of one task: past any benchmark's size")
 
 
 def check_seeds(flag: str, seeds: int) -> None:

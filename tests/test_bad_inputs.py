@@ -602,6 +602,13 @@ ROWS = [
     ("eval-empty-task-name", lambda i, o: ["eval", i.src, "--tasks", "mixln_langref_next,"], "--tasks: 'mixln_langref_next,' holds an empty task name"),
     ("eval-limit-0", lambda i, o: ["eval", i.src, "--tasks", "mixln_langref_next", "--limit", "0"], "'--limit': 0 is not in the range"),
     ("eval-tasks-batch-size-0", lambda i, o: ["eval", i.src, "--tasks", "mixln_langref_next", "--batch-size", "0"], "'--batch-size': 0 is not in the range"),
+    # an lm-eval --limit past sys.maxsize once escaped as "internal error ValueError" from islice
+    ("eval-limit-huge", lambda i, o: ["eval", i.src, "--tasks", "mixln_langref_next", "--limit", str(10**21)], "'--limit': 1000000000000000000000 is not in the range 1<=x<=1000000000"),
+    ("analyze-task-limit-huge", lambda i, o: ["analyze", i.src, "--out", o, "--task", "mixln_langref_ppl", "--limit", str(10**10)], "'--limit'"),
+    ("eval-batch-size-huge", lambda i, o: ["eval", i.src, "--batch-size", str(10**20)], "'--batch-size': 100000000000000000000 is not in the range 1<=x<=65536"),
+    ("analyze-batch-size-huge", lambda i, o: ["analyze", i.src, "--out", o, "--batch-size", "65537"], "'--batch-size'"),
+    ("prune-batch-size-huge", lambda i, o: ["prune", i.src, o, "--remove", "1", "--batch-size", "65537"], "'--batch-size'"),
+    ("heal-batch-size-huge", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--batch-size", "65537"], "'--batch-size'"),
     ("eval-include-path-missing", lambda i, o: ["eval", i.src, "--tasks", "mine", "--include-path", i.root / "gone"], "'--include-path'"),
     ("eval-include-path-is-a-file", lambda i, o: ["eval", i.src, "--tasks", "mine", "--include-path", i.text], "'--include-path'"),
     ("eval-limit-without-tasks", lambda i, o: ["eval", i.src, "--limit", "5"], "--include-path and --limit go with --tasks"),
@@ -875,6 +882,31 @@ def test_refusals_that_need_no_weights_come_before_torch_is_imported(case, tiny_
     assert done.stdout.strip().startswith("exit ") and not done.stdout.strip().startswith("exit 0"), done.stdout
     assert done.stdout.strip().endswith("[]"), done.stdout
     assert fragment in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("flag, value", [*[("--batch-size", v) for v in (2**16 + 1, 0, 2.5, float("inf"), True)],
+                                         *[("--limit", v) for v in (10**9 + 1, 10**21, 0, 2.5, float("nan"), True)]])
+def test_api_batch_sizes_and_limits_are_range_checked_before_any_work(flag, value, tiny_llama, converted, tmp_path):
+    """A library caller's --batch-size and --limit get the flag's one-line error, before any work
+    (a --limit past sys.maxsize once reached lm-eval's islice as "internal error ValueError")."""
+    from mixln_convert.analysis.analyze import analyze
+    from mixln_convert.downstream import evaluate_tasks
+    from mixln_convert.errors import MixLNError
+    from mixln_convert.evaluate import prepare_scoring, run_scoring
+    from mixln_convert.healing import heal
+    from mixln_convert.surgery.prune import prune
+
+    calls = {"--batch-size": [lambda: analyze(tiny_llama, tmp_path / "a", batch_size=value, progress=False),
+                              lambda: heal(converted, tiny_llama, tmp_path / "h", batch_size=value, progress=False),
+                              lambda: prune(tiny_llama, tmp_path / "p", remove=1, batch_size=value),
+                              lambda: run_scoring(prepare_scoring(tiny_llama, max_tokens=64), batch_size=value),
+                              lambda: evaluate_tasks(None, None, ["t"], None, batch_size=value)],
+             "--limit": [lambda: analyze(tiny_llama, tmp_path / "a", limit=value, progress=False),
+                         lambda: evaluate_tasks(None, None, ["t"], None, limit=value)]}
+    for call in calls[flag]:
+        with pytest.raises(MixLNError, match=rf"^{flag}: "):
+            call()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("value", [float("inf"), float("nan"), 10**14, 0, 2.5, True])

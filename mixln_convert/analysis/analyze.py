@@ -17,7 +17,7 @@ from ..io.atomic import atomic_output_dir
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable
 from ..io.runs import ANALYSIS, write_json
-from ..limits import check_positive, check_seq_len, check_tokens
+from ..limits import check_batch_size, check_limit, check_positive, check_seq_len, check_tokens
 from .choice import check_method, choose_layers
 from .layers import BlockRunner, RepresentationStatistics, grad_norm_per_layer, removal_sweep
 from .plots import plot_analysis
@@ -47,15 +47,15 @@ def analyze(ckpt, out, *, data=None, span: int = 1, seq_len: int = EVAL_SEQ_LEN,
     if not layer_sweep and (prune_curve or tasks):
         raise MixLNError(f"{'--prune-curve' if prune_curve else '--task'} ranks or drops blocks by the layer "
                          "sweep, which --no-layer-sweep skips")
-    for flag, value in (("--span", span), ("--seq-len", seq_len), ("--batch-size", batch_size)):
+    for flag, value in (("--span", span), ("--seq-len", seq_len)):
         check_positive(flag, value)
+    check_batch_size("--batch-size", batch_size)
     check_tokens("--max-tokens", max_tokens)
     inputs = {"CKPT": ckpt, "--data": data}
     if data is not None:
         check_readable(data, "--data")
     check_destination(out, inputs, force, flag="--out")
-    if limit is not None:
-        check_positive("--limit", limit)
+    check_limit("--limit", limit)
     if tasks and task_manager is None:
         from ..downstream import require_lm_eval, task_manager as known_tasks
 

@@ -16,8 +16,8 @@ from ..evaluate import evaluate_documents, evaluate_perplexity
 from ..io.atomic import atomic_output_dir
 from ..io.paths import check_destination, check_readable
 from ..io.writer import parse_size, tool_stamp, write_checkpoint
-from ..limits import (check_fraction, check_nonnegative, check_one_step, check_positive, check_positive_float,
-                      check_spike_factor, check_seed, check_seq_len, check_tokens)
+from ..limits import (check_batch_size, check_fraction, check_nonnegative, check_one_step, check_positive,
+                      check_positive_float, check_spike_factor, check_seed, check_seq_len, check_tokens)
 from ..model.modeling_mixln import enable_checkpointing
 from ..options import EVAL_DATA, EVAL_TOKENS, HEAL_DTYPE, HEAL_DTYPES, LOSSES, MAX_SHARD_SIZE, HealSettings
 from ..runtime import map_large_allocations
@@ -93,8 +93,8 @@ class HealRun(HealSettings):
             raise MixLNError(f"--loss: unknown loss {self.loss!r} (choose from {', '.join(LOSSES)})")
         if self.dtype not in HEAL_DTYPES:
             raise MixLNError(f"--dtype: unknown dtype {self.dtype!r} (choose from {', '.join(HEAL_DTYPES)})")
-        for flag, value in (("--seq-len", self.seq_len), ("--batch-size", self.batch_size)):
-            check_positive(flag, value)
+        check_positive("--seq-len", self.seq_len)
+        check_batch_size("--batch-size", self.batch_size)
         for flag, value in (("--tokens", self.tokens), ("--eval-tokens", self.eval_tokens)):
             check_tokens(flag, value)
         check_positive_float("--lr", self.lr)

@@ -14,7 +14,7 @@ from ..io.loader import open_checkpoint
 from ..io.paths import check_destination
 from ..io.atomic import atomic_output_dir
 from ..io.writer import parse_size, tool_stamp, write_checkpoint
-from ..limits import check_positive, check_seq_len, check_tokens
+from ..limits import check_batch_size, check_positive, check_seq_len, check_tokens
 from ..options import BATCH_SIZE, MAX_SHARD_SIZE, PRUNE_SEQ_LEN, PRUNE_TOKENS
 
 _LAYER_RANGE = re.compile(r"([0-9]+)\s*(?:-\s*([0-9]+))?")  # ASCII digits only: '²'.isdigit() is True
@@ -57,8 +57,8 @@ def prune(src, dst, *, layers: str | None = None, remove: int | None = None, met
     if (layers is None) == (remove is None):
         raise MixLNError("--layers and --remove: give exactly one of them")
     check_method(method)
-    for flag, value in (("--seq-len", seq_len), ("--batch-size", batch_size)):
-        check_positive(flag, value)
+    check_positive("--seq-len", seq_len)
+    check_batch_size("--batch-size", batch_size)
     check_tokens("--max-tokens", max_tokens)
     max_shard_bytes = parse_size(max_shard_size)
     inputs = {"CKPT": src, "--data": data}
