@@ -23,20 +23,21 @@ def check_positive(flag: str, value) -> None:
         raise MixLNError(f"{flag}: must be a positive integer, got {value!r}")
 
 
-def tokens_ok(value, low: int = 1) -> bool:
-    """Whether ``value`` is a token count: an integer from ``low`` to :data:`MAX_TOKENS`."""
+def count_ok(value, low: int = 1) -> bool:
+    """Whether ``value`` is a count of tokens, or of what a run has fewer of (steps, sequences): an
+    integer from ``low`` to :data:`MAX_TOKENS`."""
     return _is_integral(value) and low <= value <= MAX_TOKENS
 
 
-def tokens_interval(low: int = 1) -> str:
+def count_interval(low: int = 1) -> str:
     return f"an integer in [{low}, 10^{round(math.log10(MAX_TOKENS))}]"
 
 
 def check_tokens(flag: str, value, zero_ok: bool = False) -> None:
-    """A token count (:func:`tokens_ok`), from 0 with ``zero_ok``."""
+    """A token count (:func:`count_ok`), from 0 with ``zero_ok``."""
     low = 0 if zero_ok else 1
-    if not tokens_ok(value, low):
-        raise MixLNError(f"{flag}: must be {tokens_interval(low)}, got {value!r}")
+    if not count_ok(value, low):
+        raise MixLNError(f"{flag}: must be {count_interval(low)}, got {value!r}")
 
 
 def check_nonnegative(flag: str, value) -> None:

@@ -23,7 +23,7 @@ import yaml
 from ..errors import MixLNError
 from ..io.hub import hub_name
 from ..io.paths import check_readable, checkpoint_path, is_pattern
-from ..limits import SPIKE_FACTORS, below_one_step, spike_factor_ok, tokens_interval, tokens_ok
+from ..limits import SPIKE_FACTORS, below_one_step, count_interval, count_ok, spike_factor_ok
 from ..options import (ALPHA, ARMS, ATTENTIONS, DEFAULT_ARMS, EVAL_SEQ_LEN, EVAL_TOKENS, LOSSES, PRECISIONS, STRATEGIES,
                        HealSettings)
 
@@ -279,14 +279,13 @@ def _check(r: dict, where: str, origin: dict) -> None:
     need(r["heal.loss"] in LOSSES, f"heal.loss must be one of {', '.join(LOSSES)}", "heal.loss")
     need(r["precision"] in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}", "precision")
     need(r["attention"] in ATTENTIONS, f"attention must be one of {', '.join(ATTENTIONS)}", "attention")
-    for key in ("seq_len", "micro_batch_size", "global_batch_size", "log_interval", "eval_interval", "checkpoint_interval", "grad_norm_interval", "heal.seq_len",
-                "heal.batch_size"):
-        number(key, lambda v: v > 0, "a positive integer")
-    for key in ("max_tokens", "data.eval_tokens"):
-        number(key, tokens_ok, tokens_interval())
-    number("heal.tokens", lambda v: tokens_ok(v, 0), tokens_interval(0))
-    for key in ("schedule.warmup_steps", "keep_checkpoints", "data.num_proc"):
-        number(key, lambda v: v >= 0, "an integer >= 0")
+    # counts of tokens, or of steps and sequences (a run has fewer of those than tokens): one bound
+    for key in ("max_tokens", "data.eval_tokens", "seq_len", "micro_batch_size", "global_batch_size", "log_interval",
+                "eval_interval", "checkpoint_interval", "grad_norm_interval", "heal.seq_len", "heal.batch_size"):
+        number(key, count_ok, count_interval())
+    for key in ("heal.tokens", "schedule.warmup_steps", "keep_checkpoints"):
+        number(key, lambda v: count_ok(v, 0), count_interval(0))
+    number("data.num_proc", lambda v: v >= 0, "an integer >= 0")  # at most the cores: data/stream.py, once known
     number("conversion.alpha", lambda v: 0 <= v <= 1, "in [0, 1]")
     number("data.validation_fraction", lambda v: 0 < v < 1, "in (0, 1)")
     number("optim.lr", lambda v: v > 0, "a number > 0")
