@@ -71,7 +71,8 @@ def prepare(folder: Path, args) -> None:
     shutil.copytree(Path(gguf_py.__file__).parent, folder / "site" / "gguf", dirs_exist_ok=True,
                     ignore=shutil.ignore_patterns("__pycache__"))
     (folder / "data" / "manifest.json").write_text(json.dumps({
-        "model": Path(args.model or smollm2_gguf()).name, "texts": {"A": args.packed, "B": args.paragraphs, "C": args.lines},
+        "model": Path(args.model or smollm2_gguf()).name,
+        "texts": {"A": args.packed, "B": args.paragraphs, "C": args.lines},
         "documents": {n: len(d) for n, d in documents.items()}, "shared_with_corpus": shared,
         "sentence_chars": SENTENCE_CHARS, "python": sys.version.split()[0]}, indent=1))
     print({n: len(d) for n, d in lists.items()}, "held out:", shared)
@@ -127,11 +128,12 @@ def run(folder: Path, args) -> None:
         tick = time.time()
         settings = {**settings, "data": data[settings.get("data", "train")]}
         healed = work / f"healed-{len(result['models'])}"
-        heal(converted, source, healed, tokens=args.tokens, perplexity=False, eval_data=str(texts["A"]), eval_tokens=4096,
-             progress=False, **settings)
+        heal(converted, source, healed, tokens=args.tokens, perplexity=False, eval_data=str(texts["A"]),
+             eval_tokens=4096, progress=False, **settings)
         per_variant = max(per_variant, time.time() - tick)
         save(name, score(healed, texts, args, generate=args.generate), time.time() - tick,
-             settings={k: v for k, v in settings.items() if k != "data"} | {"data": VARIANTS[name].get("data", "train")})
+             settings={**{k: v for k, v in settings.items() if k != "data"},
+                       "data": VARIANTS[name].get("data", "train")})
         shutil.rmtree(healed)
 
 
@@ -156,7 +158,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("action", choices=("prepare", "run"))
     parser.add_argument("folder", type=Path)
-    parser.add_argument("--packed", nargs="+", default=[f"/usr/share/common-licenses/{n}" for n in ("GPL-3", "Apache-2.0")])
+    parser.add_argument("--packed", nargs="+",
+                        default=[f"/usr/share/common-licenses/{n}" for n in ("GPL-3", "Apache-2.0")])
     parser.add_argument("--paragraphs", help="prepare: glob of .txt/.rst sources whose paragraphs are text B")
     parser.add_argument("--lines", help="prepare: text C, a file of one document per line")
     parser.add_argument("--model", default=None, help="prepare: the GGUF (default: SmolLM2's, fetched)")
