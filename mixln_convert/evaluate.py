@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .errors import MixLNError
+from .limits import check_batch_size, check_seq_len, check_tokens
 from .options import BATCH_SIZE, EVAL_DATA, EVAL_SEQ_LEN, EVAL_TOKENS
 
 
@@ -122,7 +123,6 @@ def prepare_scoring(ckpt, *, data=None, seq_len: int = EVAL_SEQ_LEN, max_tokens:
     held-out text ``data`` (default: the embedded validation split): every refusal comes here."""
     from .data import read_texts, token_blocks
     from .io.loader import open_checkpoint
-    from .limits import check_seq_len, check_tokens
 
     check_tokens("--max-tokens", max_tokens)
     source = open_checkpoint(ckpt)
@@ -139,8 +139,6 @@ def run_scoring(scoring: Scoring, model=None, *, batch_size: int = BATCH_SIZE, p
     """The prepared text scored: packed blocks when prepared so, with ``per_document`` each
     document on its own (``per_document`` key), with ``generate`` greedy continuations of fixed
     prompts (``generation`` key). ``model``: the checkpoint's model when the caller has it loaded."""
-    from .limits import check_batch_size
-
     check_batch_size("--batch-size", batch_size)
     source = scoring.source
     model = model if model is not None else source.model()
