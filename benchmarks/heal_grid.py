@@ -142,7 +142,7 @@ def table(result: dict) -> str:
     original = models["original"]
     rep0 = original["generation"]["repeated_4gram_share"] if "generation" in original else None
     lines = [f"Heal variants on {result['device']} (torch {result['torch']}), {result['tokens']:,} heal tokens each; "
-             f"texts scored on {result['eval']['tokens']:,} tokens in blocks/windows of {result['eval']['seq_len']}",
+             f"texts scored on {result['eval']['tokens']:,} tokens in windows of {result['eval']['seq_len']}",
              "", "| model | " + " | ".join(f"{t} packed | {t} per document" for t in "ABC") + " | repeated 4-grams |",
              "| --- " * 8 + "|"]
     for name, m in models.items():

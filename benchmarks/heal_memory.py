@@ -4,7 +4,7 @@
 
 Builds a synthetic bf16 checkpoint of TinyLlama-1.1B's shape (random weights, benchmarks/shapes.py),
 converts it with ``move`` at alpha 0.25 (5 of 22 blocks Post-LN), and heals it against it (default
-loss ``kl``, one step of ``--tokens`` tokens in blocks of ``--seq-len``, the evaluations on
+loss ``kl``, one step of ``--tokens`` tokens in windows of ``--seq-len``, the evaluations on
 ``--eval-tokens``) in a fresh process per run: REV from a temporary git worktree first on
 ``PYTHONPATH`` (with ``--before``: the float32 default and ``--activation-checkpointing``), then
 the installed package with the float32 default, with

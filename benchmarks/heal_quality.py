@@ -12,7 +12,7 @@ Text A (``--packed``, files; default Debian's GPL-3 and Apache-2.0 licence texts
 text B (``--paragraphs``: prose paragraphs of 400-1200 characters cut from reStructuredText
 sources, 300 chosen by a seeded draw, each one document) and text C (``--lines``: a file of one
 document per line, such as the Lee corpus of Australian news that gensim's wheel carries beside the
-Wikipedia extract of the embedded corpus) are each scored in packed blocks of
+Wikipedia extract of the embedded corpus) are each scored in packed windows of
 ``--seq-len`` and document by document from the first token (lm-eval's loglikelihood_rolling).
 Each text's documents are first checked against the embedded corpus: how many share a sentence of
 SENTENCE_CHARS or more with it (held out: none). The heal (`mixln_convert.healing.heal`, its
@@ -96,14 +96,14 @@ def main():
     parser.add_argument("--alpha", type=float, default=0.25)
     parser.add_argument("--tokens", type=int, default=65_536, help="heal tokens (heal's default)")
     parser.add_argument("--lr", type=float, default=HEAL_LR)
-    parser.add_argument("--heal-seq-len", type=int, default=HEAL_SEQ_LEN, help="heal's training block length")
-    parser.add_argument("--heal-batch-size", type=int, default=HEAL_BATCH_SIZE, help="heal's blocks per step")
+    parser.add_argument("--heal-seq-len", type=int, default=HEAL_SEQ_LEN, help="heal's training window length")
+    parser.add_argument("--heal-batch-size", type=int, default=HEAL_BATCH_SIZE, help="heal's windows per step")
     parser.add_argument("--loss", default="kl")
     parser.add_argument("--heal-data", nargs="+", default=None,
                         help="files the heal trains on, each one document (default: heal's, the embedded corpus)")
     parser.add_argument("--checkpoints", default="16384,32768", help="heal token counts to evaluate the curve's text at")
     parser.add_argument("--curve-on", choices=("A", "B", "C"), default="A", help="the text heal evaluates (its curve)")
-    parser.add_argument("--seq-len", type=int, default=512, help="packed block length and per-document window")
+    parser.add_argument("--seq-len", type=int, default=512, help="packed window length and per-document window")
     parser.add_argument("--eval-tokens", type=int, default=16_384, help="tokens scored per text and mode")
     parser.add_argument("--json", type=Path, default=None, help="write every figure and continuation here")
     args = parser.parse_args()
@@ -144,7 +144,7 @@ def main():
           f"{heal_result['tokens']:,} tokens in steps of {args.heal_batch_size} x {args.heal_seq_len} ({heal_result['seconds']:.0f} s); A: {', '.join(args.packed)} "
           f"({len(documents['A'])} documents), B: 300 paragraphs of {args.paragraphs}"
           f"{text_c}; {args.eval_tokens:,} tokens "
-          f"per text and mode, blocks/windows of {args.seq_len}; total {time.time() - started:.0f} s")
+          f"per text and mode, windows of {args.seq_len}; total {time.time() - started:.0f} s")
     print("held out: " + ", ".join(f"{name} {shared[name]} of {len(documents[name])} documents" for name in texts)
           + f" share a sentence of {SENTENCE_CHARS}+ characters with the embedded corpus\n")
     print(f"| model | {' | '.join(f'{t} packed | {t} per document' for t in texts)} | repeated 4-grams (x original) |")
@@ -156,7 +156,8 @@ def main():
         print(f"| {name} | {' | '.join(cells)} | {rep:.3f} ({rep / rep0 if rep0 else float('inf'):.2f}x) |")
     teacher = heal_result["perplexity"]["teacher"], heal_result["per_document_perplexity"]["teacher"]
     on = args.curve_on
-    print(f"\nHeal curve on {on} (blocks of heal's {args.heal_seq_len} tokens; mid-run points at a learning rate not yet annealed):\n")
+    print(f"\nHeal curve on {on} (windows of heal's {args.heal_seq_len} tokens; mid-run points at a learning rate "
+          "not yet annealed):\n")
     print(f"| heal tokens | {on} packed (x original) | {on} per document (x original) |")
     print("| --- | --- | --- |")
     for row in (r for r in curve if "val_ppl" in r):

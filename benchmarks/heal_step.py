@@ -10,7 +10,7 @@ alpha 0.25, and, round after round (so that machine load falls on both alike):
   heal_metrics.jsonl (the first step, which warms up, is left out; the evaluations fall outside
   these differences);
 - train: forward, backward and AdamW of the whole Pre-LN model, every parameter trainable, on
-  blocks of the same shape, ``--steps`` steps (one warm-up step in the first round).
+  windows of the same shape, ``--steps`` steps (one warm-up step in the first round).
 
 It also times, on the heal's own models (``load_pair``), the parts of a heal step: the teacher's
 forward without gradients, and the student's forward and backward with the teacher left out.

@@ -8,7 +8,7 @@ issue's yardstick, L forward passes of the model).
 CKPT defaults to the embedded SmolLM2-135M GGUF; ``--shape`` builds a published LLaMA-family
 configuration with random weights and scores random tokens (a pass costs the same whatever the
 values, so the ratio is that of the real model; its perplexities mean nothing). All three run the
-same model on the same token blocks through the same code (``BlockRunner``), timed interleaved,
+same model on the same token windows through the same code (``BlockRunner``), timed interleaved,
 block by block, so that load from other processes on a shared machine weighs on all alike; the
 sweep's time includes its full-model pass.
 
@@ -27,13 +27,13 @@ import time
 import torch
 
 from mixln_convert.analysis.layers import BlockRunner
-from mixln_convert.data import read_texts, token_blocks
+from mixln_convert.data import read_texts, token_windows
 from mixln_convert.surgery.loading import load_model, load_tokenizer
 from shapes import SHAPES, random_model  # benchmarks/shapes.py, beside this script
 
 
 @torch.no_grad()
-def compare(runner: BlockRunner, blocks: torch.Tensor, batch_size: int, repeats: int) -> dict:
+def compare(runner: BlockRunner, windows: torch.Tensor, batch_size: int, repeats: int) -> dict:
     """Seconds of the three variants, and the perplexities with each block skipped (naive and sweep).
 
     Each step is timed ``repeats`` times back to back and counts its fastest run, the one least
@@ -53,8 +53,8 @@ def compare(runner: BlockRunner, blocks: torch.Tensor, batch_size: int, repeats:
         seconds[variant] += fastest
         return result
 
-    for start in range(0, len(blocks), batch_size):
-        batch = blocks[start:start + batch_size]
+    for start in range(0, len(windows), batch_size):
+        batch = windows[start:start + batch_size]
         stream = timed("sweep", lambda: runner.stream(batch))
         timed("sweep", lambda: runner.nll(stream.residual[-1], batch))
         for layer in range(num_layers):
@@ -62,7 +62,7 @@ def compare(runner: BlockRunner, blocks: torch.Tensor, batch_size: int, repeats:
                                                                     batch)).sum().item()
             timed("full", lambda: runner.nll(runner.run(*runner.embed(batch)), batch))
             sweep_nll[layer] += timed("sweep", lambda: runner.nll_without(stream, [layer])).sum().item()
-    tokens = blocks[:, 1:].numel()
+    tokens = windows[:, 1:].numel()
     return {**seconds, "skipped_ppl": [math.exp(n / tokens) for n in skipped_nll],
             "sweep_ppl": [math.exp(n / tokens) for n in sweep_nll]}
 
@@ -79,7 +79,7 @@ def main():
     args = parser.parse_args()
     if args.shape:
         runner = BlockRunner(random_model(args.shape).to(args.device))
-        blocks = torch.randint(SHAPES[args.shape]["vocab_size"], (args.max_tokens // args.seq_len, args.seq_len))
+        windows = torch.randint(SHAPES[args.shape]["vocab_size"], (args.max_tokens // args.seq_len, args.seq_len))
         args.ckpt = f"{args.shape} (random weights)"
     else:
         if args.ckpt is None:
@@ -87,14 +87,15 @@ def main():
 
             args.ckpt = smollm2_gguf()
         runner = BlockRunner(load_model(args.ckpt, dtype=torch.float32, device=args.device))
-        blocks = token_blocks(load_tokenizer(args.ckpt), read_texts(None, "validation"), args.seq_len, args.max_tokens)
-    blocks = blocks.to(args.device)
+        windows = token_windows(load_tokenizer(args.ckpt), read_texts(None, "validation"), args.seq_len,
+                                args.max_tokens)
+    windows = windows.to(args.device)
     with torch.no_grad():  # warm-up: first calls allocate and pick kernels
-        runner.nll(runner.run(*runner.embed(blocks[:args.batch_size])), blocks[:args.batch_size])
+        runner.nll(runner.run(*runner.embed(windows[:args.batch_size])), windows[:args.batch_size])
 
-    result = compare(runner, blocks, args.batch_size, args.repeats)
+    result = compare(runner, windows, args.batch_size, args.repeats)
     worst = max(abs(a - b) / a for a, b in zip(result["skipped_ppl"], result["sweep_ppl"]))
-    print(f"{args.ckpt}: {runner.num_layers} layers, {blocks.shape[0]} x {blocks.shape[1]} tokens, "
+    print(f"{args.ckpt}: {runner.num_layers} layers, {windows.shape[0]} x {windows.shape[1]} tokens, "
           f"{args.device}, {torch.get_num_threads()} CPU threads, fastest of {args.repeats} timings per step")
     print(f"{runner.num_layers} forwards, one block skipped each: {result['skipped']:8.2f} s")
     print(f"{runner.num_layers} full forwards:                   {result['full']:8.2f} s")

@@ -45,7 +45,7 @@ def synthetic_checkpoint(folder: Path, shape: str, max_shard_size: str) -> None:
     written tensor by tensor (never a whole model in memory), with a byte-level BPE tokenizer."""
     from safetensors.torch import save_file
 
-    from mixln_convert.io.writer import parse_size
+    from mixln_convert.limits import parse_size
 
     config = LlamaConfig(**{**SHAPES[shape], "tie_word_embeddings": False}, bos_token_id=1, eos_token_id=2,
                          dtype="bfloat16")

@@ -20,8 +20,7 @@ from pathlib import Path
 from mixln_convert.conversion.converter import calibration_statistics, convert
 from mixln_convert.conversion.layout import post_ln_count
 from mixln_convert.io.loader import open_checkpoint
-from mixln_convert.options import CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS
-from mixln_convert.sweep import parse_alphas
+from mixln_convert.options import CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, parse_alphas
 
 
 def main():

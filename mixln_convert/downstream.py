@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from .errors import MixLNError
-from .limits import check_batch_size, check_limit, check_task_count
+from .limits import check_batch_size, check_limit
 
 INSTALL = "pip install 'mixln-convert[eval]'"
 
@@ -30,14 +30,12 @@ def require_lm_eval(flag: str) -> None:
         raise MixLNError(f"{flag}: lm-evaluation-harness is not installed; {INSTALL}")
 
 
-def parse_tasks(text: str, flag: str) -> list[str]:
-    """'a,b' -> ['a', 'b'], refusing an empty name."""
-    names = [name.strip() for name in text.split(",")]
-    if not all(names):
-        raise MixLNError(f"{flag}: {text!r} holds an empty task name (give NAME[,NAME...])")
-    names = list(dict.fromkeys(names))
-    check_task_count(flag, names)
-    return names
+def known_tasks(options):
+    """The lm-eval TaskManager that knows the tasks of ``options`` (an EvalOptions or
+    AnalyzeOptions), lm-eval installed: a one-line error naming the flag otherwise, before any
+    model loads (torch-free, so the CLI asks it first)."""
+    require_lm_eval(options.TASKS_FLAG)
+    return task_manager(list(options.tasks), options.include_path, options.TASKS_FLAG)
 
 
 def task_manager(names: list[str], include_path=None, flag: str = "--tasks"):

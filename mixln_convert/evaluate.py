@@ -1,8 +1,8 @@
-"""Perplexity on held-out text: packed blocks (``evaluate_perplexity``, what training validates
+"""Perplexity on held-out text: packed windows (``evaluate_perplexity``, what training validates
 with) and each document on its own from its first token (``evaluate_documents``, how
-lm-evaluation-harness scores perplexity tasks); ``score_checkpoint`` runs both on a checkpoint
-with the evaluation definition of :mod:`.options` (``prepare_scoring`` checks and reads, then
-``run_scoring`` scores)."""
+lm-evaluation-harness scores perplexity tasks); ``score_checkpoint`` runs both (or lm-eval tasks)
+on a checkpoint with the evaluation definition of :mod:`.options` (``prepare_scoring`` checks and
+reads, then ``run_scoring`` scores)."""
 
 import math
 import re
@@ -13,11 +13,11 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .errors import MixLNError
-from .limits import check_batch_size, check_seq_len, check_tokens
-from .options import BATCH_SIZE, EVAL_DATA, EVAL_SEQ_LEN, EVAL_TOKENS
+from .limits import check_seq_len
+from .options import EVAL_DATA, EvalOptions
 
 
-def block_nll(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+def window_nll(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     """Summed next-token negative log-likelihood of each row of ``input_ids`` ([batch]; every
     position but the first is predicted), from the ``logits`` of all its positions."""
     predicted = logits[:, :-1].float()  # the last position predicts nothing scored
@@ -26,22 +26,22 @@ def block_nll(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate_perplexity(model, blocks: torch.Tensor, batch_size: int = 4, progress: bool = True) -> dict:
-    """Token-level perplexity of ``model`` on ``blocks`` ([n, seq_len] token ids).
+def evaluate_perplexity(model, windows: torch.Tensor, batch_size: int = 4, progress: bool = True) -> dict:
+    """Token-level perplexity of ``model`` on ``windows`` ([n, seq_len] token ids).
 
-    Every position but the first of each block is predicted; returns ``perplexity``,
+    Every position but the first of each window is predicted; returns ``perplexity``,
     ``loss`` (mean negative log-likelihood, nats), ``tokens`` (positions scored) and
-    ``block_losses`` (the mean NLL of each block, from which the report bootstraps intervals).
+    ``window_losses`` (the mean NLL of each window, from which the report bootstraps intervals).
     """
     device = next(model.parameters()).device
-    block_sums = []
-    for start in tqdm(range(0, len(blocks), batch_size), desc="evaluating", disable=not progress, leave=False):
-        batch = blocks[start:start + batch_size].to(device)
-        block_sums += block_nll(model(input_ids=batch, use_cache=False).logits, batch).tolist()
-    scored = blocks.shape[1] - 1
-    loss = sum(block_sums) / (len(block_sums) * scored)
-    return {"perplexity": math.exp(loss), "loss": loss, "tokens": len(block_sums) * scored,
-            "block_losses": [s / scored for s in block_sums]}
+    window_sums = []
+    for start in tqdm(range(0, len(windows), batch_size), desc="evaluating", disable=not progress, leave=False):
+        batch = windows[start:start + batch_size].to(device)
+        window_sums += window_nll(model(input_ids=batch, use_cache=False).logits, batch).tolist()
+    scored = windows.shape[1] - 1
+    loss = sum(window_sums) / (len(window_sums) * scored)
+    return {"perplexity": math.exp(loss), "loss": loss, "tokens": len(window_sums) * scored,
+            "window_losses": [s / scored for s in window_sums]}
 
 
 @torch.no_grad()
@@ -107,63 +107,75 @@ def check_finite_score(value: float, checkpoint, what: str) -> None:
 @dataclass
 class Scoring:
     """What `eval` will score, read and checked before any model runs (or any task): the open
-    checkpoint, the held-out documents and, when packed, their blocks."""
+    checkpoint, the options, the held-out documents and, when packed, their windows."""
 
     source: object  # an open :class:`~.io.loader.Checkpoint`
-    data: str | None
-    seq_len: int
-    max_tokens: int
+    options: EvalOptions
     texts: list[str] | None  # None: only greedy continuations asked for
-    blocks: object | None  # [n, seq_len] token ids, None when not packed
+    windows: object | None  # [n, seq_len] token ids, None when not packed (with tasks)
 
 
-def prepare_scoring(ckpt, *, data=None, seq_len: int = EVAL_SEQ_LEN, max_tokens: int = EVAL_TOKENS,
-                    allow_longer: bool = False, packed: bool = True, per_document: bool = False) -> Scoring:
+def prepare_scoring(ckpt, options: EvalOptions | None = None, **settings) -> Scoring:
     """Open ``ckpt`` (a path or an open Checkpoint), check ``seq_len`` against it and read the
-    held-out text ``data`` (default: the embedded validation split): every refusal comes here."""
-    from .data import read_texts, token_blocks
+    held-out text ``data`` (default: the embedded validation split): every refusal comes here.
+    ``options``: an :class:`~mixln_convert.options.EvalOptions`, or its fields as ``settings``."""
+    from .data import read_texts, token_windows
     from .io.loader import open_checkpoint
 
-    check_tokens("--max-tokens", max_tokens)
+    options = EvalOptions.given(options, settings)
     source = open_checkpoint(ckpt)
-    if not (packed or per_document):  # greedy continuations only: no text, no blocks
-        return Scoring(source, data, seq_len, max_tokens, None, None)
-    check_seq_len("--seq-len", seq_len, source.config, "--allow-longer", allow_longer)
-    texts = read_texts(data, split="validation")
-    blocks = token_blocks(source.tokenizer, texts, seq_len, max_tokens, source=data or EVAL_DATA) if packed else None
-    return Scoring(source, data, seq_len, max_tokens, texts, blocks)
+    packed = not options.tasks
+    if not (packed or options.per_document):  # greedy continuations only: no text, no windows
+        return Scoring(source, options, None, None)
+    check_seq_len("--seq-len", options.seq_len, source.config, "--allow-longer", options.allow_longer)
+    texts = read_texts(options.data, split="validation")
+    windows = token_windows(source.tokenizer, texts, options.seq_len, options.max_tokens,
+                            source=options.data or EVAL_DATA) if packed else None
+    return Scoring(source, options, texts, windows)
 
 
-def run_scoring(scoring: Scoring, model=None, *, batch_size: int = BATCH_SIZE, per_document: bool = False,
-                generate: bool = False, progress: bool = True) -> dict:
-    """The prepared text scored: packed blocks when prepared so, with ``per_document`` each
+def run_scoring(scoring: Scoring, model=None, *, progress: bool = True) -> dict:
+    """The prepared text scored: packed windows when prepared so, with ``per_document`` each
     document on its own (``per_document`` key), with ``generate`` greedy continuations of fixed
     prompts (``generation`` key). ``model``: the checkpoint's model when the caller has it loaded."""
-    check_batch_size("--batch-size", batch_size)
-    source = scoring.source
+    source, options = scoring.source, scoring.options
     model = model if model is not None else source.model()
-    result = {"checkpoint": str(source.path), "data": str(scoring.data) if scoring.data else EVAL_DATA,
-              "seq_len": scoring.seq_len}
-    if scoring.blocks is not None:
-        result.update(evaluate_perplexity(model, scoring.blocks, batch_size, progress))
+    result = {"checkpoint": str(source.path), "data": str(options.data) if options.data else EVAL_DATA,
+              "seq_len": options.seq_len}
+    if scoring.windows is not None:
+        result.update(evaluate_perplexity(model, scoring.windows, options.batch_size, progress))
         check_finite_score(result["perplexity"], source.path, "perplexity")
-    if per_document:
-        result["per_document"] = evaluate_documents(model, source.tokenizer, scoring.texts, scoring.seq_len,
-                                                    batch_size, scoring.max_tokens, progress)
+    if options.per_document:
+        result["per_document"] = evaluate_documents(model, source.tokenizer, scoring.texts, options.seq_len,
+                                                    options.batch_size, options.max_tokens, progress)
         check_finite_score(result["per_document"]["token_perplexity"], source.path, "per-document perplexity")
-    if generate:
+    if options.generate:
         from .generation import greedy_continuations
 
         result["generation"] = greedy_continuations(model, source.tokenizer, progress=progress)
     return result
 
 
-def score_checkpoint(ckpt, *, data=None, seq_len: int = EVAL_SEQ_LEN, max_tokens: int = EVAL_TOKENS,
-                     batch_size: int = BATCH_SIZE, per_document: bool = False, generate: bool = False,
-                     allow_longer: bool = False, progress: bool = True) -> dict:
-    """``ckpt`` scored on the first ``max_tokens`` tokens of ``data`` in packed blocks of
-    ``seq_len``, and as :func:`run_scoring` says: what ``mixln-convert eval`` prints."""
-    scoring = prepare_scoring(ckpt, data=data, seq_len=seq_len, max_tokens=max_tokens, allow_longer=allow_longer,
-                              per_document=per_document)
-    return run_scoring(scoring, batch_size=batch_size, per_document=per_document, generate=generate,
-                       progress=progress)
+def score_checkpoint(ckpt, options: EvalOptions | None = None, *, task_manager=None, progress: bool = True,
+                     **settings) -> dict:
+    """What ``mixln-convert eval`` prints: ``ckpt`` scored on the first ``max_tokens`` tokens of
+    ``data`` in packed windows of ``seq_len``, and as :func:`run_scoring` says; with ``tasks``,
+    lm-evaluation-harness tasks on the model loaded once (the tasks known, and the text read, before
+    it loads) instead of the packed perplexity. ``options``: an
+    :class:`~mixln_convert.options.EvalOptions`, or its fields as ``settings``; ``task_manager``, if
+    given, is the :func:`~mixln_convert.downstream.known_tasks` of the options' tasks."""
+    options = EvalOptions.given(options, settings)
+    if not options.tasks:
+        return run_scoring(prepare_scoring(ckpt, options), progress=progress)
+    from .downstream import evaluate_tasks, known_tasks
+
+    manager = task_manager or known_tasks(options)
+    scoring = prepare_scoring(ckpt, options)
+    model = scoring.source.model()  # one load for the tasks and the scoring both
+    result = {"checkpoint": str(scoring.source.path), "batch_size": options.batch_size,
+              **evaluate_tasks(model, scoring.source.tokenizer, list(options.tasks), manager, limit=options.limit,
+                               batch_size=options.batch_size)}
+    if options.per_document or options.generate:
+        extra = run_scoring(scoring, model, progress=progress)
+        result.update({key: extra[key] for key in ("per_document", "generation") if key in extra})
+    return result

@@ -78,7 +78,7 @@ def format_description(d: dict) -> str:
         if prov.get("calibration"):
             cal = prov["calibration"]
             tail.append(f"  calibration: {cal.get('tokens')} tokens of {cal.get('data')}"
-                        + (f" in blocks of {cal['seq_len']}" if "seq_len" in cal else ""))
+                        + (f" in windows of {cal['seq_len']}" if "seq_len" in cal else ""))
             # One line per per-layer statistic, whatever the calibration recorded.
             tail += [f"    {key}: " + ", ".join(f"{x:.3g}" for x in values)
                      for key, values in cal.items() if isinstance(values, list)]

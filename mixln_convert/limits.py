@@ -3,6 +3,7 @@ naming the flag or key. No torch here: commands check their numbers before any w
 
 import math
 import os
+import re
 
 from .errors import MixLNError
 
@@ -162,3 +163,24 @@ def check_processes(flag: str, value: int) -> None:
     holds a tokenizer) and, past the system's process limit, fail to start."""
     check_at_most(flag, value, available_cores(), "the cores available to this process; more workers only add "
                                                    "memory")
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+MAX_SIZE = 2**50  # 1 PiB: a size (shard, memory) past anything real, so a typo's extra zeros are refused
+
+
+def parse_size(text: str | int, flag: str = "--max-shard-size") -> int:
+    """'5GB' -> 5e9, '500MiB' -> 500 * 2**20, 1000 -> 1000 (transformers' conventions), at most 1 PiB;
+    an error names ``flag``."""
+    if _is_integral(text):
+        size = int(text)
+    else:
+        match = _SIZE.match(text) if isinstance(text, str) else None
+        size = int(float(match.group(1)) * _UNITS[(match.group(2) or "").upper()]) if match else 0
+    if size < 1:
+        raise MixLNError(f"{flag}: cannot read size {text!r} (a positive size, e.g. 5GB, 500MB, 2GiB)")
+    if size > MAX_SIZE:
+        raise MixLNError(f"{flag}: {text} is more than 1 PiB")
+    return size

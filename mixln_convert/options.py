@@ -1,12 +1,22 @@
-"""The fixed choices and the defaults of the commands and recipes, and the evaluation definition,
-in one torch-free place: the CLI offers the choices as ``click.Choice`` and shows the defaults,
-and the modules that act on them validate against the same tuples and default to the same values."""
+"""The commands' options, in one torch-free place: the fixed choices and the defaults (the CLI
+offers the choices as ``click.Choice``), the one evaluation definition, and a typed dataclass of
+each command's options, checked once when made (the CLI makes one before torch is imported; the
+API takes one, or its fields as keyword arguments) and giving the CLI its defaults."""
 
+import dataclasses
+import math
 from dataclasses import dataclass
+from typing import ClassVar
+
+from .errors import MixLNError
+from .limits import (MAX_PROCESSES, check_alpha_count, check_batch_size, check_fraction, check_limit,
+                     check_nonnegative, check_one_step, check_positive, check_positive_float, check_processes,
+                     check_seed, check_seeds, check_spike_factor, check_task_count, check_tokens, parse_size)
 
 STRATEGIES = ("calibrated", "move", "reinit-post", "scratch")  # conversion/plan.py
 # conversion/converter.py: Mix-LN (the first blocks Post-LN) or LayerNorm Scaling (architectures/__init__.py)
 LAYOUTS = ("mixln", "lns")
+DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")  # conversion output dtypes
 # pipeline.py's training arms: the converted Mix-LN model, the Pre-LN control, the LNS retrofit
 ARMS = ("mixln", "preln", "lns")
 DEFAULT_ARMS = ("mixln", "preln")
@@ -19,6 +29,77 @@ HEAL_LR = 3e-5
 HEAL_SEQ_LEN, HEAL_BATCH_SIZE = 256, 4  # healing/: a step of 4 x 256 tokens
 HEAL_TOKENS = 65_536  # healing/: 64 steps
 HEAL_LOSS, HEAL_DTYPE = "kl", "fp32"  # healing/: the defaults of LOSSES and HEAL_DTYPES
+
+ALPHA = 0.25  # conversion/layout.py: the share of leading blocks made Post-LN unless told otherwise
+# conversion/converter.py's calibrated gains. Short windows fit the Post-LN gains better (down to a
+# point; docs/measurements.md): each window's first positions carry the massive activations, and
+# short windows give the fit more of them.
+CALIBRATION_TOKENS, CALIBRATION_SEQ_LEN = 8192, 128
+PRUNE_SEQ_LEN, PRUNE_TOKENS = 256, 8 * 256  # surgery/prune.py: the windows --method angular/drop measure
+BATCH_SIZE = 4  # windows per forward pass of a measurement (eval, analyze, prune)
+MAX_SHARD_SIZE = "5GB"  # the largest output shard a heal or prune writes, and a conversion's cap
+SHARD_TOKENS = 2**25  # data/tokenization.py: 32M tokens, 64 MiB of uint16 a shard
+VALIDATION_FRACTION = 0.01  # data/tokenization.py: the documents held out, by content hash
+# sweep.py: the Post-LN ratios tried, and the rule's limits on perplexity and gradient ratio
+SWEEP_ALPHAS = (0.0, 0.0625, 0.125, 0.25, 0.5)
+MAX_PPL_INCREASE, MAX_GRAD_RATIO = 0.10, 3.0
+PRECISIONS = ("auto", "bf16", "fp32")  # training: auto is bf16 autocast on GPU, fp32 on CPU
+# training: transformers' attention implementations; eager is the plain matmul-softmax one, the
+# reference to rerun a non-finite bf16 step against (benchmarks/gpu_mission.py)
+ATTENTIONS = ("sdpa", "eager")
+TRAINING_STRATEGIES = ("single", "ddp", "fsdp")  # training/memory.py: one process, replicated, sharded
+DEVICES = ("gpu", "cpu")  # training/memory.py: what a recipe's hardware is
+
+# The one evaluation definition: every perplexity the tool reports (eval, analyze, heal, training
+# validation, the demo) is measured on the first EVAL_TOKENS tokens of the held-out text (default:
+# the embedded corpus's validation split) in packed windows of EVAL_SEQ_LEN, unless a flag or recipe
+# key says otherwise, and each result records the data, token count and window length it used.
+EVAL_DATA = "embedded:validation"
+EVAL_SEQ_LEN = 256  # the paper's sequence length; short enough for 2 CPU cores
+EVAL_TOKENS = 8192  # 32 windows: enough for a bootstrap interval, seconds per pass for a 135M model on CPU
+STUDY_EVAL_TOKENS = 8 * EVAL_SEQ_LEN  # study's analyses: one per arm, scheme and seed, so fewer tokens each
+
+
+def measured_on(where: dict) -> str:
+    """'DATA, N tokens in windows of S' from a result's {data, tokens, seq_len}: what it was measured on."""
+    return f"{where['data']}, {where['tokens']:,} tokens in windows of {where['seq_len']}"
+
+
+# The demo's budget (2 CPU cores, minutes): the tool's recommended path at its smallest useful size:
+# a heal of 16 steps (the heal curve in the README: most of the conversion's gap closes in the first
+# 16,384 tokens), 8 optimizer steps of the CPU recipe per arm, and every stage (training validation
+# and analysis alike) measured on the same 8 windows of EVAL_SEQ_LEN.
+DEMO_HEAL_TOKENS = 16 * HEAL_BATCH_SIZE * HEAL_SEQ_LEN
+DEMO_TRAIN_TOKENS = 8 * 4 * 256
+DEMO_EVAL_TOKENS = 8 * EVAL_SEQ_LEN
+# The demo trains at the heal's lr rather than the CPU recipe's: the higher the lr, the more the
+# healed Mix-LN arm learns its way back into loops (benchmarks/demo_lr.py, README)
+DEMO_LR = HEAL_LR
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+class Options:
+    """A command's typed options (a frozen dataclass below): the CLI's defaults are its fields', and
+    making one checks it, torch-free, each error naming the flag; the API function of the command
+    takes one, or its fields as keyword arguments."""
+
+    @classmethod
+    def given(cls, options=None, settings: dict | None = None):
+        """``options`` (default: the defaults) with the fields in ``settings`` replaced, checked again."""
+        if options is None:
+            return cls(**(settings or {}))
+        return dataclasses.replace(options, **settings) if settings else options
+
+    def refuse_unused(self, why: str, **applies: bool) -> None:
+        """Refuse a setting changed from its default that this run would ignore ({name: applies}): a
+        user who names a file or a number expects it to be used."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for name, used in applies.items():
+            if not used and getattr(self, name) != defaults[name]:
+                raise MixLNError(f"--{name.replace('_', '-')}: {why}; this run would ignore it")
 
 
 @dataclass(kw_only=True)
@@ -34,48 +115,344 @@ class HealSettings:
     spike_factor: float = 0.0
 
 
-ALPHA = 0.25  # conversion/layout.py: the share of leading blocks made Post-LN unless told otherwise
-# conversion/converter.py's calibrated gains. Short blocks fit the Post-LN gains better (down to a
-# point; docs/measurements.md): each block's first positions carry the massive activations, and
-# short blocks give the fit more of them.
-CALIBRATION_TOKENS, CALIBRATION_SEQ_LEN = 8192, 128
-PRUNE_SEQ_LEN, PRUNE_TOKENS = 256, 8 * 256  # surgery/prune.py: the blocks --method angular/drop measure
-BATCH_SIZE = 4  # blocks per forward pass of a measurement (eval, analyze, prune)
-MAX_SHARD_SIZE = "5GB"  # the largest output shard a heal or prune writes, and a conversion's cap
-SHARD_TOKENS = 2**25  # data/tokenization.py: 32M tokens, 64 MiB of uint16 a shard
-VALIDATION_FRACTION = 0.01  # data/tokenization.py: the documents held out, by content hash
-# sweep.py: the Post-LN ratios tried, and the rule's limits on perplexity and gradient ratio
-SWEEP_ALPHAS = (0.0, 0.0625, 0.125, 0.25, 0.5)
-MAX_PPL_INCREASE, MAX_GRAD_RATIO = 0.10, 3.0
-PRECISIONS = ("auto", "bf16", "fp32")  # training: auto is bf16 autocast on GPU, fp32 on CPU
-# training: transformers' attention implementations; eager is the plain matmul-softmax one, the
-# reference to rerun a non-finite bf16 step against (benchmarks/gpu_mission.py)
-ATTENTIONS = ("sdpa", "eager")
-TRAINING_STRATEGIES = ("single", "ddp", "fsdp")  # training/memory.py: one process, replicated, sharded
-DEVICES = ("gpu", "cpu")  # training/memory.py: what a recipe's hardware is
-DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")  # conversion output dtypes
+@dataclass(kw_only=True)
+class HealOptions(Options, HealSettings):
+    """A heal's options (``mixln-convert heal``'s; healing/run.py's HealRun adds the models and the
+    output): ``data`` to train on (a text path; the API also takes documents or a token stream in
+    hand), ``dtype`` of the frozen weights, AdamW with ``warmup_ratio`` of the steps of warmup and
+    gradients clipped to ``grad_clip``, measured on ``eval_tokens`` of ``eval_data`` before, after
+    and after each token count in ``eval_at`` (with ``perplexity`` the whole model's too)."""
+    data: object = None
+    dtype: str = HEAL_DTYPE
+    warmup_ratio: float = 0.1
+    grad_clip: float = 1.0
+    eval_tokens: int = EVAL_TOKENS
+    eval_data: str | None = None
+    perplexity: bool = True
+    eval_at: tuple = ()
+    max_shard_size: str | int = MAX_SHARD_SIZE
+    seed: int = 0
 
-# The one evaluation definition: every perplexity the tool reports (eval, analyze, heal, training
-# validation, the demo) is measured on the first EVAL_TOKENS tokens of the held-out text (default:
-# the embedded corpus's validation split) in packed blocks of EVAL_SEQ_LEN, unless a flag or recipe
-# key says otherwise, and each result records the data, token count and block length it used.
-EVAL_DATA = "embedded:validation"
-EVAL_SEQ_LEN = 256  # the paper's sequence length; short enough for 2 CPU cores
-EVAL_TOKENS = 8192  # 32 blocks: enough for a bootstrap interval, seconds per pass for a 135M model on CPU
-STUDY_EVAL_TOKENS = 8 * EVAL_SEQ_LEN  # study's analyses: one per arm, scheme and seed, so fewer tokens each
+    def __post_init__(self):
+        for flag, value, choices in (("--loss", self.loss, LOSSES), ("--dtype", self.dtype, HEAL_DTYPES)):
+            if value not in choices:
+                raise MixLNError(f"{flag}: unknown {flag[2:]} {value!r} (choose from {', '.join(choices)})")
+        check_positive("--seq-len", self.seq_len)
+        check_batch_size("--batch-size", self.batch_size)
+        for flag, value in (("--tokens", self.tokens), ("--eval-tokens", self.eval_tokens)):
+            check_tokens(flag, value)
+        check_positive_float("--lr", self.lr)
+        check_fraction("warmup_ratio", self.warmup_ratio, high_open=True)
+        check_nonnegative("grad_clip", self.grad_clip)
+        check_spike_factor("--spike-factor", self.spike_factor)
+        check_seed(self.seed)
+        check_one_step(self.tokens, self.batch_size, self.seq_len)
+        parse_size(self.max_shard_size)
 
 
-def measured_on(where: dict) -> str:
-    """'DATA, N tokens in blocks of S' from a result's {data, tokens, seq_len}: what it was measured on."""
-    return f"{where['data']}, {where['tokens']:,} tokens in blocks of {where['seq_len']}"
+@dataclass(frozen=True, kw_only=True)
+class ConvertOptions(Options):
+    """What a conversion makes (``mixln-convert convert``'s options; conversion/converter.py acts on
+    them): checked once, here, when made; each error names the flag. ``alpha`` None: ``post_ln_layers``,
+    else ALPHA. The calibration options apply to the calibrated strategy of a Mix-LN layout only."""
+    alpha: float | None = None
+    post_ln_layers: int | None = None
+    layout: str = "mixln"
+    strategy: str = "calibrated"
+    scaled_init: bool = True
+    calibration_data: str | None = None
+    calibration_tokens: int = CALIBRATION_TOKENS
+    calibration_seq_len: int = CALIBRATION_SEQ_LEN
+    max_shard_size: str | int | None = None  # None: the source's largest shard, at most MAX_SHARD_SIZE
+    dtype: str | None = None  # one of DTYPES; None: the source's
+    seed: int = 0
 
-# The demo's budget (2 CPU cores, minutes): the tool's recommended path at its smallest useful size:
-# a heal of 16 steps (the heal curve in the README: most of the conversion's gap closes in the first
-# 16,384 tokens), 8 optimizer steps of the CPU recipe per arm, and every stage (training validation
-# and analysis alike) measured on the same 8 blocks of EVAL_SEQ_LEN.
-DEMO_HEAL_TOKENS = 16 * HEAL_BATCH_SIZE * HEAL_SEQ_LEN
-DEMO_TRAIN_TOKENS = 8 * 4 * 256
-DEMO_EVAL_TOKENS = 8 * EVAL_SEQ_LEN
-# The demo trains at the heal's lr rather than the CPU recipe's: the higher the lr, the more the
-# healed Mix-LN arm learns its way back into loops (benchmarks/demo_lr.py, README)
-DEMO_LR = HEAL_LR
+    def __post_init__(self):
+        for flag, value, choices in (("--layout", self.layout, LAYOUTS), ("--strategy", self.strategy, STRATEGIES),
+                                     ("--dtype", self.dtype, (None, *DTYPES))):
+            if value not in choices:
+                known = ", ".join(filter(None, choices))
+                raise MixLNError(f"{flag}: unknown {flag[2:]} {value!r} (choose from {known})")
+        if self.alpha is not None and self.post_ln_layers is not None:
+            raise MixLNError("--alpha and --post-ln-layers are exclusive: give one")
+        if self.alpha is not None and not (_is_number(self.alpha) and 0.0 <= self.alpha <= 1.0):
+            raise MixLNError(f"--alpha: {self.alpha} is outside [0, 1]")
+        if self.post_ln_layers is not None:
+            check_tokens("--post-ln-layers", self.post_ln_layers, zero_ok=True)
+        check_positive("--calibration-seq-len", self.calibration_seq_len)
+        check_tokens("--calibration-tokens", self.calibration_tokens)
+        check_seed(self.seed)
+        if self.max_shard_size is not None:
+            parse_size(self.max_shard_size)
+        if self.lns:
+            for flag, value in (("--alpha", self.alpha), ("--post-ln-layers", self.post_ln_layers)):
+                if value is not None:
+                    raise MixLNError(f"{flag}: --layout lns makes no block Post-LN (it scales every Pre-LN block's "
+                                     "norms); leave it out")
+            if self.strategy not in ("calibrated", "scratch"):  # calibrated: the default, which is exact here
+                raise MixLNError(f"--strategy {self.strategy}: --layout lns has no Post-LN block for it to convert; "
+                                 "leave --strategy out (the conversion is exact) or give scratch")
+        calibrates = self.strategy == "calibrated" and not self.lns
+        why = ("--layout lns has no Post-LN block to calibrate" if self.lns
+               else f"only --strategy calibrated reads it, not {self.strategy}")
+        self.refuse_unused(why, calibration_data=calibrates, calibration_tokens=calibrates,
+                           calibration_seq_len=calibrates)
+
+    @property
+    def lns(self) -> bool:
+        """Whether this is a LayerNorm Scaling conversion (architectures/__init__.py) rather than Mix-LN."""
+        return self.layout == "lns"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measurement(Options):
+    """Text a model is measured on: ``max_tokens`` tokens of ``data`` (a path; None: the command's
+    embedded split) in packed windows of ``seq_len``, ``batch_size`` windows a forward pass."""
+    data: str | None = None
+    seq_len: int = EVAL_SEQ_LEN
+    max_tokens: int = EVAL_TOKENS
+    batch_size: int = BATCH_SIZE
+
+    def __post_init__(self):
+        check_positive("--seq-len", self.seq_len)
+        check_tokens("--max-tokens", self.max_tokens)
+        check_batch_size("--batch-size", self.batch_size)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalOptions(Measurement):
+    """``mixln-convert eval``'s options (evaluate.py): the packed perplexity (``seq_len`` beyond the
+    model's positions only with ``allow_longer``); with ``per_document`` each document on its own,
+    with ``generate`` greedy continuations; with ``tasks`` lm-eval tasks instead of the packed
+    perplexity (at most ``limit`` examples each; ``include_path``: a folder of task YAML files)."""
+    TASKS_FLAG: ClassVar[str] = "--tasks"
+    allow_longer: bool = False
+    per_document: bool = False
+    generate: bool = False
+    tasks: tuple[str, ...] = ()
+    include_path: str | None = None
+    limit: int | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not all(isinstance(name, str) and name.strip() for name in self.tasks):
+            raise MixLNError(f"{self.TASKS_FLAG}: {','.join(map(str, self.tasks))!r} holds an empty task name "
+                             "(give NAME[,NAME...])")
+        check_task_count(self.TASKS_FLAG, self.tasks)
+        check_limit("--limit", self.limit)
+        if not self.tasks and (self.include_path is not None or self.limit is not None):
+            raise MixLNError(f"--include-path and --limit go with {self.TASKS_FLAG}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnalyzeOptions(EvalOptions):
+    """``mixln-convert analyze``'s options (analysis/analyze.py): EvalOptions' (``tasks``: the layer drop
+    on each task's metric), and with ``layer_sweep`` the per-block measures (``span``: n of the angular
+    distance between the inputs of blocks l and l+n), with ``prune_curve`` the perplexity with
+    N = 1..L/2 blocks removed by ``method``."""
+    TASKS_FLAG: ClassVar[str] = "--task"
+    span: int = 1
+    layer_sweep: bool = True
+    prune_curve: bool = False
+    method: str = "angular"
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_positive("--span", self.span)
+        check_method(self.method)
+        if not self.layer_sweep and (self.prune_curve or self.tasks):
+            raise MixLNError(f"{'--prune-curve' if self.prune_curve else '--task'} ranks or drops blocks by the layer "
+                             "sweep, which --no-layer-sweep skips")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PruneOptions(Measurement):
+    """``mixln-convert prune``'s options (surgery/prune.py): either ``layers`` names the blocks to
+    remove ('20-23,27'), or ``remove`` blocks are chosen by ``method`` (angular and drop measure the
+    model on the Measurement's text, default the embedded calibration split)."""
+    seq_len: int = PRUNE_SEQ_LEN
+    max_tokens: int = PRUNE_TOKENS
+    layers: str | None = None
+    remove: int | None = None
+    method: str = "angular"
+    max_shard_size: str | int = MAX_SHARD_SIZE
+
+    def __post_init__(self):
+        super().__post_init__()
+        if (self.layers is None) == (self.remove is None):
+            raise MixLNError("--layers and --remove: give exactly one of them")
+        if self.remove is not None:
+            check_positive("--remove", self.remove)
+        check_method(self.method)
+        parse_size(self.max_shard_size)
+
+
+def check_method(method: str) -> None:
+    if method not in METHODS:
+        raise MixLNError(f"--method: unknown method {method!r} (choose from {', '.join(METHODS)})")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizeOptions(Options):
+    """How a text becomes a tokenized folder (``mixln-convert tokenize``'s options; data/tokenization.py):
+    ``validation`` a text whose documents are the validation split, else a ``validation_fraction``
+    of the training documents by content hash; ``num_proc`` worker processes (0: one per core for
+    text over 16 MiB); shards of ``shard_tokens`` cut to whole windows of ``seq_len`` (None: any)."""
+    validation: str | None = None
+    validation_fraction: float = VALIDATION_FRACTION
+    num_proc: int = 0
+    seq_len: int | None = None
+    shard_tokens: int = SHARD_TOKENS
+
+    def __post_init__(self):
+        check_fraction("--validation-fraction", self.validation_fraction, low_open=True, high_open=True)
+        check_tokens("--num-proc", self.num_proc, zero_ok=True)
+        if self.num_proc:
+            check_processes("--num-proc", self.num_proc)
+        check_tokens("--shard-tokens", self.shard_tokens)
+        if self.seq_len is not None:
+            check_positive("--seq-len", self.seq_len)
+            if self.seq_len > self.shard_tokens:
+                raise MixLNError(f"--seq-len {self.seq_len} is more than --shard-tokens {self.shard_tokens}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EstimateOptions(Options):
+    """The hardware ``mixln-convert estimate`` sizes a recipe for (training/memory.py), each None
+    where the recipe's "Sized for" comment (else one 80 GB GPU) decides: ``processes`` (one per
+    GPU), ``strategy`` (one of TRAINING_STRATEGIES), ``device`` (one of DEVICES), ``memory`` of
+    each process (a size, e.g. 80GB)."""
+    processes: int | None = None
+    strategy: str | None = None
+    device: str | None = None
+    memory: str | None = None
+
+    def __post_init__(self):
+        if self.processes is not None and not (type(self.processes) is int and 1 <= self.processes <= MAX_PROCESSES):
+            raise MixLNError(f"--processes: must be an integer in [1, {MAX_PROCESSES}], got {self.processes!r}")
+        for flag, value, choices in (("--strategy", self.strategy, TRAINING_STRATEGIES),
+                                     ("--device", self.device, DEVICES)):
+            if value is not None and value not in choices:
+                raise MixLNError(f"{flag}: must be one of {', '.join(choices)}, got {value!r}")
+        if self.memory is not None:
+            parse_size(self.memory, "--memory")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompareOptions(Options):
+    """``mixln-convert compare``'s options (report/compare.py): a name for each input in order
+    (default: folder names), and whether analyses made with different tokenizers are compared (with a
+    warning) instead of refused."""
+    labels: tuple[str, ...] = ()  # checked against the inputs, one per input (report/inputs.py)
+    allow_mismatch: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepOptions(Options):
+    """What ``mixln-convert sweep`` measures (sweep.py): per alpha (those giving the same block count
+    run once) a calibrated conversion, a heal on ``heal_tokens`` and a training on ``train_tokens``
+    (0: none) of ``data``, ``seeds`` training seeds, every stage scored on ``eval_tokens``; the rule's
+    limits; ``lns``: the LayerNorm Scaling retrofit trained like the control."""
+    alphas: tuple[float, ...] = SWEEP_ALPHAS
+    heal_tokens: int = 0
+    train_tokens: int = 0
+    data: str | None = None
+    seeds: int = 1
+    eval_tokens: int = EVAL_TOKENS
+    max_ppl_increase: float = MAX_PPL_INCREASE
+    max_grad_ratio: float = MAX_GRAD_RATIO
+    lns: bool = False
+
+    def __post_init__(self):
+        if not self.alphas:
+            raise MixLNError("--alphas: give at least one alpha")
+        check_alpha_count("--alphas", self.alphas)
+        for alpha in self.alphas:
+            check_fraction("--alphas", alpha)
+        check_seeds("--seeds", self.seeds)
+        check_tokens("--eval-tokens", self.eval_tokens)
+        check_tokens("--heal-tokens", self.heal_tokens, zero_ok=True)
+        check_tokens("--train-tokens", self.train_tokens, zero_ok=True)
+        check_nonnegative("--max-ppl-increase", self.max_ppl_increase)
+        check_nonnegative("--max-grad-ratio", self.max_grad_ratio)
+        if self.max_grad_ratio < 1:
+            raise MixLNError(f"--max-grad-ratio: must be at least 1, got {self.max_grad_ratio!r}")
+        if self.lns and not self.train_tokens:
+            raise MixLNError("--lns: the LNS retrofit computes the original's function, so only training tells them "
+                             "apart; add --train-tokens N")
+        if self.heal_tokens:
+            check_one_step(self.heal_tokens, HEAL_BATCH_SIZE, HEAL_SEQ_LEN, "--heal-tokens", None, "one heal step")
+
+
+def parse_alphas(text: str) -> tuple[float, ...]:
+    """'0,0.0625,0.25' -> (0.0, 0.0625, 0.25), each a finite number in [0, 1]."""
+    alphas = []
+    for item in text.split(","):
+        try:
+            alpha = float(item)
+        except ValueError:
+            alpha = math.nan
+        if not 0 <= alpha <= 1:  # nan fails too
+            raise MixLNError(f"--alphas: {item.strip()!r} is not a number in [0, 1]")
+        alphas.append(alpha)
+    return tuple(alphas)
+
+
+def parse_tasks(text: str) -> tuple[str, ...]:
+    """'a,b' -> ('a', 'b'); a name given twice runs once (EvalOptions refuses an empty one)."""
+    return tuple(dict.fromkeys(name.strip() for name in text.split(",")))
+
+
+STUDY_RECIPE = "smollm2-135m-cpu"  # shipped; a study overrides source, conversion and seed
+STUDY_SCHEMES = {"scaled": True, "plain": False}  # a study's initialization scheme -> conversion.scaled_init
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudyOptions(Options):
+    """What ``mixln-convert study`` trains (study.py): ``recipe`` with the ``overrides`` (``--set``
+    items), ``seeds`` seeds of each initialization scheme in ``schemes``, the Mix-LN arm at ``alpha``
+    beside Pre-LN, with ``post_ln`` a Post-LN arm, with ``lns`` a LayerNorm Scaling arm; each final
+    model analyzed on ``eval_tokens``."""
+    recipe: str = STUDY_RECIPE
+    overrides: tuple[str, ...] = ()
+    alpha: float = ALPHA
+    seeds: int = 2
+    schemes: tuple[str, ...] = tuple(STUDY_SCHEMES)
+    post_ln: bool = True
+    lns: bool = False
+    eval_tokens: int = STUDY_EVAL_TOKENS
+
+    def __post_init__(self):
+        check_seeds("--seeds", self.seeds)
+        check_tokens("--eval-tokens", self.eval_tokens)
+        if not (_is_number(self.alpha) and 0 < self.alpha < 1):
+            raise MixLNError(f"--alpha: {self.alpha} is not in (0, 1): the Mix-LN arm needs Post-LN and Pre-LN "
+                             "blocks")
+        unknown = [s for s in self.schemes if s not in STUDY_SCHEMES]
+        if unknown or not self.schemes:
+            raise MixLNError(f"--init: unknown scheme {unknown[0] if unknown else '(none)'!r} (choose from "
+                             f"{', '.join(STUDY_SCHEMES)})")
+        twice = [s for i, s in enumerate(self.schemes) if s in self.schemes[:i]]
+        if twice:  # its runs would share one folder
+            raise MixLNError(f"--init: {twice[0]!r} is given twice")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoOptions(Options):
+    """What ``mixln-convert demo`` runs (pipeline.py): ``source`` (None: SmolLM2-135M) converted at
+    ``alpha``, healed on ``heal_tokens`` (0: no heal), both arms trained on ``train_tokens`` each,
+    every stage measured on ``eval_tokens``; ``prune_curve`` for the original and the trained arms."""
+    source: str | None = None
+    alpha: float = ALPHA
+    heal_tokens: int = DEMO_HEAL_TOKENS
+    train_tokens: int = DEMO_TRAIN_TOKENS
+    eval_tokens: int = DEMO_EVAL_TOKENS
+    prune_curve: bool = True
+
+    def __post_init__(self):
+        check_fraction("--alpha", self.alpha)
+        check_tokens("--heal-tokens", self.heal_tokens, zero_ok=True)
+        if self.heal_tokens:
+            check_one_step(self.heal_tokens, HEAL_BATCH_SIZE, HEAL_SEQ_LEN, "--heal-tokens", None, "one heal step")
+        check_tokens("--train-tokens", self.train_tokens)
+        check_tokens("--eval-tokens", self.eval_tokens)

@@ -23,8 +23,7 @@ from .io.loader import open_checkpoint
 from .io.paths import check_destination, check_not_input
 from .io.runs import SUMMARY, Stages, claim_run, read_summary, record_run, write_json
 from .limits import check_force_or_resume, check_one_step, check_seq_len, check_tokens
-from .options import (ALPHA, DEMO_EVAL_TOKENS, DEMO_HEAL_TOKENS, DEMO_LR, DEMO_TRAIN_TOKENS, EVAL_DATA,
-                      HEAL_BATCH_SIZE, HEAL_SEQ_LEN, measured_on)
+from .options import DEMO_LR, EVAL_DATA, HEAL_BATCH_SIZE, HEAL_SEQ_LEN, ConvertOptions, DemoOptions, measured_on
 from .runtime import map_large_allocations
 from .training.recipe import Recipe, load_recipe
 
@@ -45,7 +44,7 @@ def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool =
     from accelerate.utils import parse_flag_from_env
 
     from .data import load_splits
-    from .training.trainer import split_blocks, train_arm
+    from .training.trainer import split_windows, train_arm
 
     out = Path(out).absolute()
     arms = recipe.arms if arms is None else arms
@@ -66,11 +65,12 @@ def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool =
              f"peaks at {recipe.steps / warmup:.3g} x optim.lr, at the last step")
     existed, fresh = out.is_dir(), _claim(out, recipe, resume)
     train_tokens = max(recipe.steps * recipe.global_batch_size * recipe.seq_len, recipe.heal.tokens)
-    finished = {arm: _finished(out / arm, arm) for arm in arms if resume and (out / arm / SUMMARY).is_file()}
+    stages = Stages(resume)  # an arm is a stage; its summary.json, written last, says it is done
+    finished = {arm: _finished(out / arm / SUMMARY, arm) for arm in arms if stages.done(out / arm, SUMMARY)}
     try:  # everything that can refuse the run's inputs, before the first training step
         with state.main_process_first():  # the main process tokenizes into the cache, the others read it
             splits = load_splits(recipe.data, source.tokenizer, train_tokens, progress)
-        split_blocks(recipe, splits)
+        split_windows(recipe, splits)
         _record_recipe(out, recipe, state)
         sources = {arm: prepare(recipe, arm, out / arm, splits, progress) for arm in arms if arm not in finished}
     except MixLNError:
@@ -78,10 +78,9 @@ def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool =
             for made in (out.iterdir() if existed else [out]) if out.exists() else []:
                 shutil.rmtree(made) if made.is_dir() and not made.is_symlink() else made.unlink()
         raise
-    summaries = {}
-    for arm in arms:
-        summaries[arm] = finished[arm] if arm in finished else train_arm(
-            recipe, arm, out / arm, sources[arm], splits, source.tokenizer, accumulation, resume, progress)
+    summaries = {arm: stages.run(arm, out / arm, lambda folder, arm=arm: train_arm(
+        recipe, arm, folder, sources[arm], splits, source.tokenizer, accumulation, resume, progress), atomic=False,
+        record=(SUMMARY, lambda file, arm=arm: _finished(file, arm))) for arm in arms}
     state.destroy_process_group()
     return summaries
 
@@ -132,21 +131,23 @@ def heal_dtype(precision: str) -> str:
     return "bf16" if mixed_precision(precision) == "bf16" else "fp32"
 
 
-def convert_and_heal(src, dst, *, heal_tokens: int, heal_data=None, force: bool = False, progress: bool = True,
-                     **conversion) -> dict:
-    """One command from a pretrained model to a usable Mix-LN one: ``src`` converted (with
-    ``conversion``, the keyword arguments of :func:`~mixln_convert.conversion.converter.convert`)
-    into a temporary folder beside ``dst``, then healed on ``heal_tokens`` tokens into ``dst``.
-    Returns heal's result."""
+def convert_and_heal(src, dst, options: ConvertOptions | None = None, *, heal_tokens: int, heal_data=None,
+                     force: bool = False, progress: bool = True, **settings) -> dict:
+    """One command from a pretrained model to a usable Mix-LN one: ``src`` converted (with ``options``
+    or ``settings``, as :func:`~mixln_convert.conversion.converter.convert` takes them) into a
+    temporary folder beside ``dst``, then healed on ``heal_tokens`` tokens into ``dst``. Returns
+    heal's result."""
     from .conversion.converter import convert
     from .conversion.layout import post_ln_count
-    from .data import blocks, read_texts, token_stream
+    from .data import read_texts, token_stream, windows
     from .healing import heal
 
-    alpha, count = conversion.get("alpha"), conversion.get("post_ln_layers")
+    options = ConvertOptions.given(options, settings)
     layers = open_checkpoint(src).config["num_hidden_layers"]
-    if post_ln_count(layers, alpha, count) == 0:  # a heal trains the Post-LN blocks: said before converting
-        given = (f"--post-ln-layers {count}" if count is not None else f"--alpha {alpha:g}" if alpha is not None
+    if options.lns or post_ln_count(layers, options.alpha, options.post_ln_layers) == 0:
+        # a heal trains the Post-LN blocks: said before converting
+        given = ("--layout lns" if options.lns else f"--post-ln-layers {options.post_ln_layers}"
+                 if options.post_ln_layers is not None else f"--alpha {options.alpha:g}" if options.alpha is not None
                  else "the default --alpha")
         raise MixLNError(f"--heal-tokens: {given} makes no block Post-LN (of {layers}), so there is nothing to "
                          "heal; convert without --heal-tokens, or make some blocks Post-LN")
@@ -155,10 +156,10 @@ def convert_and_heal(src, dst, *, heal_tokens: int, heal_data=None, force: bool 
     target = check_destination(dst, {"SRC": src, "--heal-data": heal_data}, force)
     # the heal's text is read and tokenized (into the cache heal reads it from) before the long conversion
     what = str(heal_data) if heal_data else "embedded:train"
-    blocks(token_stream(open_checkpoint(src).tokenizer, read_texts(heal_data, split="train"), heal_tokens, what),
-           HEAL_SEQ_LEN, what, flag=None)
+    windows(token_stream(open_checkpoint(src).tokenizer, read_texts(heal_data, split="train"), heal_tokens, what),
+            HEAL_SEQ_LEN, what, flag=None)
     with scratch_dir(target) as work:  # a kill leaves it to the next run to DST, like any temporary
-        converted = convert(src, work / "converted", progress=progress, **conversion)
+        converted = convert(src, work / "converted", options, progress=progress)
         return heal(converted, src, dst, data=heal_data, tokens=heal_tokens, force=force, progress=progress,
                     seq_len_flag=None)
 
@@ -231,9 +232,8 @@ def _check_data(out: Path, recipe: Recipe) -> None:
                              "or start a new run with another --out")
 
 
-def _finished(folder: Path, arm: str) -> dict:
-    """The summary of an arm finished before the interruption."""
-    file = folder / SUMMARY
+def _finished(file: Path, arm: str) -> dict:
+    """The summary (``file``) of an arm finished before the interruption."""
     try:
         summary = read_summary(file)
         if summary["arm"] != arm:
@@ -243,17 +243,21 @@ def _finished(folder: Path, arm: str) -> dict:
     return summary
 
 
-def run_demo(out, *, source=None, alpha: float = ALPHA, heal_tokens: int = DEMO_HEAL_TOKENS,
-             train_tokens: int = DEMO_TRAIN_TOKENS, eval_tokens: int = DEMO_EVAL_TOKENS, prune_curve: bool = True,
-             force: bool = False, resume: bool = False) -> dict:
-    """Every stage on ``source`` (default: SmolLM2-135M-Instruct from PyPI) into ``out``, with the
-    CPU recipe's settings (at lr ``DEMO_LR``): convert, heal (``heal_tokens``; 0 skips it), train both arms, analyze
-    each stage (the layer sweep and ``prune_curve`` on the original and the trained arms), compare; returns the comparison (its ``summary`` sentences, ...). ``resume`` keeps
+def run_demo(out, options: DemoOptions | None = None, *, force: bool = False, resume: bool = False,
+             **settings) -> dict:
+    """Every stage on ``options.source`` (default: SmolLM2-135M-Instruct from PyPI) into ``out``, with
+    the CPU recipe's settings (at lr ``DEMO_LR``): convert, heal (``heal_tokens``; 0 skips it), train
+    both arms, analyze each stage (the layer sweep and ``prune_curve`` on the original and the
+    trained arms), compare; returns the comparison (its ``summary`` sentences, ...). ``options``: a
+    :class:`~mixln_convert.options.DemoOptions`, or its fields as ``settings``. ``resume`` keeps
     what an earlier run with the same settings finished (trained arms, analyses) and continues from
     there; ``force`` starts afresh."""
     from .analysis.analyze import analyze
     from .report import compare
 
+    options = DemoOptions.given(options, settings)
+    source, alpha, heal_tokens = options.source, options.alpha, options.heal_tokens
+    train_tokens, eval_tokens, prune_curve = options.train_tokens, options.eval_tokens, options.prune_curve
     check_force_or_resume(force, resume)
     settings = {"--source": None if source is None else str(Path(source).absolute()), "--alpha": alpha,
                 "--heal-tokens": heal_tokens, "--train-tokens": train_tokens, "--eval-tokens": eval_tokens,
@@ -267,7 +271,7 @@ def run_demo(out, *, source=None, alpha: float = ALPHA, heal_tokens: int = DEMO_
         changes["source"] = str(Path(source).absolute())
     recipe = load_recipe(DEMO_RECIPE, changes=changes, changed_by="demo")
     original = recipe.source
-    # training validation and every analysis score the same blocks, so their perplexities agree
+    # training validation and every analysis score the same windows, so their perplexities agree
     where = measured_on({"data": EVAL_DATA, "tokens": eval_tokens, "seq_len": recipe.seq_len})
     log.info(f"[1/4] source model: {original}")
     healing = f"heal ({heal_tokens:,} tokens) + " if heal_tokens else ""

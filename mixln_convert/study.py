@@ -26,16 +26,12 @@ from pathlib import Path
 from .analysis.measures import coefficient_of_variation, deep_half, verdict
 from .data.corpus import check_text
 from .data.shards import is_tokens_folder
-from .errors import MixLNError
 from .io.runs import METRICS, Stages, claim_run, read_metrics, record_run, write_json
-from .limits import check_seeds, check_tokens
-from .options import ALPHA, STUDY_EVAL_TOKENS
+from .options import STUDY_SCHEMES, StudyOptions
 from .report.study import CLAIMS, LNS_CLAIMS, write_study_report
 from .training.recipe import Recipe
 
-SCHEMES = {"scaled": True, "plain": False}  # scheme name -> conversion.scaled_init
 LNS_ARM = "LNS"
-RECIPE = "smollm2-135m-cpu"  # shipped; a study overrides source, conversion and seed
 
 
 @dataclass(frozen=True)
@@ -64,24 +60,26 @@ def arms_for(alpha: float, post_ln: bool, lns: bool = False) -> dict:
     return arms
 
 
-def study(source, out, *, recipe: str = RECIPE, overrides=(), alpha: float = ALPHA, seeds: int = 2,
-          schemes=tuple(SCHEMES), post_ln: bool = True, lns: bool = False, eval_tokens: int = STUDY_EVAL_TOKENS,
-          resume: bool = False, progress: bool = True) -> dict:
+def study(source, out, options: StudyOptions | None = None, *, resume: bool = False, progress: bool = True,
+          **settings) -> dict:
     """Train and analyze every (scheme, seed, arm) into ``out``; returns the study (``study.json``).
 
+    ``options``: a :class:`~mixln_convert.options.StudyOptions`, or its fields as ``settings``; its
     ``overrides`` are the recipe's ``--set`` values (shape of the budget: seq_len, batch sizes,
-    max_tokens, lr, intervals); ``source`` gives the model's shape and tokenizer, its weights are
+    max_tokens, lr, intervals). ``source`` gives the model's shape and tokenizer, its weights are
     not used."""
     from .io.loader import open_checkpoint
     from .training import load_recipe
 
-    _check(alpha, seeds, schemes, eval_tokens)
+    options = StudyOptions.given(options, settings)
+    recipe, overrides, alpha, seeds = options.recipe, options.overrides, options.alpha, options.seeds
+    schemes, post_ln, lns, eval_tokens = options.schemes, options.post_ln, options.lns, options.eval_tokens
     out = Path(out).absolute()
     plans = [  # every run's recipe first: a bad override is refused before any training
         StudyRun(scheme, seed, name, engine_arm, out / scheme / f"seed-{seed}" / _slug(name),
                  load_recipe(recipe, overrides, changed_by="study", changes={
                      "source": str(source), "conversion.strategy": "scratch", "conversion.alpha": arm_alpha,
-                     "conversion.scaled_init": SCHEMES[scheme], "seed": seed}))
+                     "conversion.scaled_init": STUDY_SCHEMES[scheme], "seed": seed}))
         for scheme in schemes for seed in range(seeds)
         for name, (engine_arm, arm_alpha) in arms_for(alpha, post_ln, lns).items()]
     data = plans[0].recipe.data
@@ -115,20 +113,6 @@ def study(source, out, *, recipe: str = RECIPE, overrides=(), alpha: float = ALP
     (out / "report").mkdir(exist_ok=True)
     write_study_report(out / "report", result)
     return result
-
-
-def _check(alpha: float, seeds: int, schemes, eval_tokens: int) -> None:
-    check_seeds("--seeds", seeds)
-    check_tokens("--eval-tokens", eval_tokens)
-    if not 0 < alpha < 1:
-        raise MixLNError(f"--alpha: {alpha} is not in (0, 1): the Mix-LN arm needs Post-LN and Pre-LN blocks")
-    unknown = [s for s in schemes if s not in SCHEMES]
-    if unknown or not schemes:
-        raise MixLNError(f"--init: unknown scheme {unknown[0] if unknown else '(none)'!r} (choose from "
-                         f"{', '.join(SCHEMES)})")
-    twice = [s for i, s in enumerate(schemes) if s in schemes[:i]]
-    if twice:  # its runs would share one folder
-        raise MixLNError(f"--init: {twice[0]!r} is given twice")
 
 
 def _run(plan: StudyRun, stages: Stages, eval_tokens: int, progress: bool) -> dict:
@@ -190,7 +174,7 @@ def verdicts(result: dict) -> dict:
     for Pre-LN, Mix-LN and an LNS arm when both schemes ran (its perplexity, scaled against plain)."""
     pre_arm, mix_arm = result["arms"][:2]
     found = _claims(result, mix_arm, CLAIMS)
-    if set(SCHEMES) <= set(result["schemes"]):
+    if set(STUDY_SCHEMES) <= set(result["schemes"]):
         for arm in (pre_arm, mix_arm, *(a for a in result["arms"] if a == LNS_ARM)):
             found[f"scaled init helps {arm.split(' ')[0]}"] = verdict(
                 _values(result, "scaled", arm, "final_val_ppl"), _values(result, "plain", arm, "final_val_ppl"),

@@ -9,7 +9,6 @@ alpha's outputs appear atomically in ``OUT/post-ln-NN``, so a killed sweep resum
 """
 
 import logging
-import math
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,9 +24,8 @@ from .io.atomic import atomic_output_dir
 from .io.loader import open_checkpoint
 from .io.paths import check_readable
 from .io.runs import METRICS, STAGE_RESULT, Stages, claim_run, read_metrics, record_run, timed, write_json
-from .limits import check_alpha_count, check_force_or_resume, check_one_step, check_seeds, check_tokens
-from .options import (CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, EVAL_TOKENS, HEAL_BATCH_SIZE, HEAL_SEQ_LEN, MAX_GRAD_RATIO,
-                      MAX_PPL_INCREASE, SWEEP_ALPHAS)
+from .limits import check_force_or_resume
+from .options import CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, MAX_GRAD_RATIO, MAX_PPL_INCREASE, SweepOptions
 
 log = logging.getLogger(__name__)  # the sweep's progress: the CLI shows it, a library caller may silence it
 TRAIN_RECIPE = "smollm2-135m-cpu"  # settings of the short continued pre-training (CPU-sized steps)
@@ -83,45 +81,28 @@ def gradient_figures(steps: list[list[float]], post_ln_layers: int) -> dict:
     return {"grad_norm_cv": cv, "post_pre_grad_ratio": ratio, "grad_steps": len(norms)}
 
 
-def parse_alphas(text: str) -> list[float]:
-    """'0,0.0625,0.25' -> [0.0, 0.0625, 0.25], each a finite number in [0, 1]."""
-    alphas = []
-    for item in text.split(","):
-        try:
-            alpha = float(item)
-        except ValueError:
-            alpha = math.nan
-        if not 0 <= alpha <= 1:  # nan fails too
-            raise MixLNError(f"--alphas: {item.strip()!r} is not a number in [0, 1]")
-        alphas.append(alpha)
-    return alphas
-
-
-def sweep(src, out, *, alphas=SWEEP_ALPHAS, heal_tokens: int = 0, train_tokens: int = 0, data=None,
-          seeds: int = 1, eval_tokens: int = EVAL_TOKENS, rule: Rule = Rule(), lns: bool = False,
-          resume: bool = False, force: bool = False, progress: bool = True) -> dict:
+def sweep(src, out, options: SweepOptions | None = None, *, resume: bool = False, force: bool = False,
+          progress: bool = True, **settings) -> dict:
     """Sweep the Post-LN ratio of ``src`` (HF folder or .gguf) into ``out``; returns the result
     written to ``out/sweep.json`` (rows per Post-LN count, the original's and the control's
     figures, with ``lns`` the LNS retrofit's trained like the control, the recommendation, the
-    time split) beside ``out/report``."""
+    time split) beside ``out/report``. ``options``: a :class:`~mixln_convert.options.SweepOptions`, or
+    its fields as ``settings``."""
     from .conversion.layout import post_ln_count
 
-    _check(alphas, heal_tokens, train_tokens, data, seeds, eval_tokens, lns, resume, force)
-    out = Path(out)
-    source = open_checkpoint(src)
-    # what every stage's result depends on (not the alphas: each block count is a stage of its own,
-    # so a resume may add some; not the rule: it only reads the results)
-    settings = {"SRC": str(Path(src).absolute()), "SRC's files": source.fingerprint(), "--heal-tokens": heal_tokens,
-                "--train-tokens": train_tokens, "--data": data_fingerprint(data),
-                "--seeds": seeds, "--eval-tokens": eval_tokens}
-    if lns:  # recorded only when given: a sweep begun before the LNS arm existed still resumes
-        settings["--lns"] = True
+    options = SweepOptions.given(options, settings)
+    check_force_or_resume(force, resume)
+    data, eval_tokens = options.data, options.eval_tokens
+    if data is not None:
+        check_readable(data, "--data")
+    out, source = Path(out), open_checkpoint(src)
+    settings = _recorded(src, source, options)
     claim_run(out, "sweep", settings, {"SRC": src, "--data": data}, resume, force)
     num_layers = source.config["num_hidden_layers"]
     counts: dict[int, list[float]] = {}
-    for alpha in alphas:  # equal counts run once
+    for alpha in options.alphas:  # equal counts run once
         counts.setdefault(post_ln_count(num_layers, alpha, None), []).append(alpha)
-    training = _training_recipe(src, data, train_tokens)
+    training = _training_recipe(src, data, options.train_tokens)
     if data is not None and not is_tokens_folder(data):  # read by the heal and training only after the original's stage
         check_text(data, "--data")
     if force and out.exists() and any(out.iterdir()):
@@ -139,10 +120,10 @@ def sweep(src, out, *, alphas=SWEEP_ALPHAS, heal_tokens: int = 0, train_tokens: 
         return [stages.run(f"{name} (seed {seed})", out / f"{name}-seed{seed}",
                            lambda tmp, recipe=training.replace({"seed": seed}, "--seeds"):
                            _train(recipe, tmp / "train", arm, progress))
-                for seed in range(seeds)]
+                for seed in range(options.seeds)]
 
-    controls = seeded("preln", "control") if train_tokens else []
-    lns_runs = seeded("lns", "lns") if lns else []
+    controls = seeded("preln", "control") if options.train_tokens else []
+    lns_runs = seeded("lns", "lns") if options.lns else []
 
     pending = [n for n in counts if not (resume and (_folder(out, n) / STAGE_RESULT).is_file())]
     stats = _calibrate(source, max(pending), times, progress) if any(n > 0 for n in pending) else None
@@ -152,19 +133,19 @@ def sweep(src, out, *, alphas=SWEEP_ALPHAS, heal_tokens: int = 0, train_tokens: 
         log.info(f"[alpha {i}/{len(counts)}] alpha {', '.join(f'{a:g}' for a in given)}: {n} of {num_layers} blocks "
               f"Post-LN")
         row = stages.run(f"post-ln-{n}", _folder(out, n), lambda tmp, n=n, given=given: _alpha(
-            src, tmp, n, given, stats, heal_tokens, data, train_tokens, training, seeds, original, controls,
-            eval_tokens, progress))
+            src, tmp, n, given, stats, options, training, original, controls, progress))
         log.info(f"      converted {row['converted']['perplexity']:.2f} (original "
               f"{original['scores']['perplexity']:.2f})" + (f", healed {row['healed']['perplexity']:.2f}"
                                                           if row["healed"] else ""))
         rows.append(row)
 
-    stage = "healed" if heal_tokens else "converted"
+    stage = "healed" if options.heal_tokens else "converted"
     result = {
-        "source": str(src), "num_layers": num_layers, "eval_tokens": eval_tokens, "heal_tokens": heal_tokens,
-        "train_tokens": train_tokens, "seeds": seeds, "data": str(data) if data else None,
+        "source": str(src), "num_layers": num_layers, "eval_tokens": eval_tokens, "heal_tokens": options.heal_tokens,
+        "train_tokens": options.train_tokens, "seeds": options.seeds, "data": str(data) if data else None,
         "original": original, "control": controls, "lns": lns_runs, "rows": rows,
-        "recommendation": recommend(rows, original["scores"]["perplexity"], rule, stage),
+        "recommendation": recommend(rows, original["scores"]["perplexity"],
+                                    Rule(options.max_ppl_increase, options.max_grad_ratio), stage),
         "times": {**times, **{f"post-ln-{row['post_ln_layers']}": row["times"] for row in rows}},
     }
     from .report.sweep import write_sweep_report
@@ -175,23 +156,16 @@ def sweep(src, out, *, alphas=SWEEP_ALPHAS, heal_tokens: int = 0, train_tokens: 
     return result
 
 
-def _check(alphas, heal_tokens: int, train_tokens: int, data, seeds: int, eval_tokens: int, lns: bool, resume: bool,
-           force: bool) -> None:
-    if not alphas:
-        raise MixLNError("--alphas: give at least one alpha")
-    check_alpha_count("--alphas", alphas)
-    check_force_or_resume(force, resume)
-    check_seeds("--seeds", seeds)
-    check_tokens("--eval-tokens", eval_tokens)
-    check_tokens("--heal-tokens", heal_tokens, zero_ok=True)
-    check_tokens("--train-tokens", train_tokens, zero_ok=True)
-    if lns and not train_tokens:
-        raise MixLNError("--lns: the LNS retrofit computes the original's function, so only training tells them "
-                         "apart; add --train-tokens N")
-    if heal_tokens:
-        check_one_step(heal_tokens, HEAL_BATCH_SIZE, HEAL_SEQ_LEN, "--heal-tokens", None, "one heal step")
-    if data is not None:
-        check_readable(data, "--data")
+def _recorded(src, source, options: SweepOptions) -> dict:
+    """What every stage's result depends on, which a resume must find unchanged (not the alphas: each
+    block count is a stage of its own, so a resume may add some; not the rule: it only reads the results)."""
+    settings = {"SRC": str(Path(src).absolute()), "SRC's files": source.fingerprint(),
+                "--heal-tokens": options.heal_tokens, "--train-tokens": options.train_tokens,
+                "--data": data_fingerprint(options.data), "--seeds": options.seeds,
+                "--eval-tokens": options.eval_tokens}
+    if options.lns:  # recorded only when given: a sweep begun before the LNS arm existed still resumes
+        settings["--lns"] = True
+    return settings
 
 
 def _training_recipe(src, data, train_tokens: int):
@@ -239,7 +213,7 @@ def _analysis(ckpt, tmp: Path, eval_tokens: int, progress: bool) -> dict:
 
     result = analyze(ckpt, tmp / "analysis", max_tokens=eval_tokens, progress=progress)
     return {key: result[key] for key in ("perplexity", "layer_drop", "angular_distance", "post_ln_layers")} | {
-        "grad_norm_batches": result["per_block"]["grad_norm_per_layer"]}
+        "grad_norm_batches": result["per_window"]["grad_norm_per_layer"]}
 
 
 def _train(recipe: dict, folder: Path, arm: str, progress: bool) -> dict:
@@ -252,14 +226,14 @@ def _train(recipe: dict, folder: Path, arm: str, progress: bool) -> dict:
             "grad_norm_steps": [r["grad_norm_per_layer"] for r in records if "grad_norm_per_layer" in r][:FIRST_STEPS]}
 
 
-def _alpha(src, tmp: Path, n: int, given: list[float], stats, heal_tokens: int, data, train_tokens: int,
-           training, seeds: int, original: dict, controls: list[dict], eval_tokens: int,
-           progress: bool) -> dict:
+def _alpha(src, tmp: Path, n: int, given: list[float], stats, options: SweepOptions, training, original: dict,
+           controls: list[dict], progress: bool) -> dict:
     """Convert ``src`` with ``n`` Post-LN blocks into ``tmp/converted`` (reusing ``stats``), heal,
     train each seed, score every stage and analyze the last one."""
     from .conversion.converter import convert
     from .healing import heal
 
+    heal_tokens, train_tokens, eval_tokens = options.heal_tokens, options.train_tokens, options.eval_tokens
     if n == 0:  # no Post-LN block: the original's weights, measured once as "original" and the control
         scores = original["scores"]
         return {"post_ln_layers": 0, "alphas": given, "converted": scores, "healed": scores if heal_tokens else None,
@@ -275,14 +249,14 @@ def _alpha(src, tmp: Path, n: int, given: list[float], stats, heal_tokens: int, 
     if heal_tokens:
         stage = tmp / "healed"
         with timed(times, "heal_s"):
-            heal(tmp / "converted", src, stage, data=data, tokens=heal_tokens, perplexity=False, progress=progress,
-                 seq_len_flag=None)
+            heal(tmp / "converted", src, stage, data=options.data, tokens=heal_tokens, perplexity=False,
+                 progress=progress, seq_len_flag=None)
             row["healed"] = _scores(stage, eval_tokens, progress)
     final = stage
     if train_tokens:
         with timed(times, "train_s"):
             row["trained"] = [_train(training.replace({"converted": str(stage.absolute()), "seed": seed}, "sweep"),
-                                     tmp / f"train-seed{seed}", "mixln", progress) for seed in range(seeds)]
+                                     tmp / f"train-seed{seed}", "mixln", progress) for seed in range(options.seeds)]
         final = tmp / "train-seed0" / "mixln" / "final"
     with timed(times, "analysis_s"):
         row["analysis"] = _analysis(final, tmp, eval_tokens, progress)

@@ -78,10 +78,15 @@ def converted_lns(tiny_llama, tmp_path_factory) -> Path:
 
 @pytest.fixture
 def tiny_convert(tmp_path):
-    """``convert(src, tmp_path / name, ...)`` with the small calibration budget and no progress bars."""
+    """``convert(src, tmp_path / name, ...)`` with the small calibration budget (a calibrated Mix-LN
+    conversion's) and no progress bars."""
     from mixln_convert.conversion.converter import convert
 
-    return lambda src, name="out", **kw: convert(src, tmp_path / name, **{**FAST, **kw})
+    def run(src, name="out", **kw):
+        calibrated = kw.get("strategy", "calibrated") == "calibrated" and kw.get("layout", "mixln") == "mixln"
+        return convert(src, tmp_path / name, **{**(FAST if calibrated else {"progress": False}), **kw})
+
+    return run
 
 
 @pytest.fixture

@@ -35,14 +35,14 @@ def test_block_runner_reproduces_model_logits(which, attention, request):
 @pytest.mark.parametrize("which", ["tiny_llama", "converted"])  # converted: block 0 and 1 are Post-LN
 def test_layer_drop_equals_model_without_that_layer(which, request):
     model = load_model(request.getfixturevalue(which))
-    blocks = token_ids(n=6)
-    sweep = removal_sweep(BlockRunner(model), blocks, [[0], [1], [5], [L - 1]], batch_size=4, progress=False)
-    assert sweep["perplexity"] == pytest.approx(evaluate_perplexity(model, blocks, progress=False)["perplexity"],
+    windows = token_ids(n=6)
+    sweep = removal_sweep(BlockRunner(model), windows, [[0], [1], [5], [L - 1]], batch_size=4, progress=False)
+    assert sweep["perplexity"] == pytest.approx(evaluate_perplexity(model, windows, progress=False)["perplexity"],
                                                 rel=1e-6)
     for layer, ppl in zip([0, 1, 5, L - 1], sweep["removed"]):
         shallower = copy.deepcopy(model)
         del shallower.model.layers[layer]
-        assert ppl == pytest.approx(evaluate_perplexity(shallower, blocks, progress=False)["perplexity"], rel=1e-6)
+        assert ppl == pytest.approx(evaluate_perplexity(shallower, windows, progress=False)["perplexity"], rel=1e-6)
     assert len(set(sweep["removed"])) == 4  # each removal really differs
 
 
@@ -106,7 +106,7 @@ def test_analyze_without_the_layer_sweep_scores_the_same_perplexity(converted, t
     assert not {"layer_drop", "angular_distance_matrix", "grad_norm_per_layer"} & set(measured)
     assert measured["perplexity"] == pytest.approx(swept["perplexity"], rel=1e-5)
     assert measured["tokens"] == swept["tokens"] == 8 * 31
-    assert measured["per_block"]["loss"] == pytest.approx(swept["per_block"]["loss"], rel=1e-5)
+    assert measured["per_window"]["loss"] == pytest.approx(swept["per_window"]["loss"], rel=1e-5)
     assert {p.name for p in light.iterdir()} == {"analysis.json"}  # no per-layer figures without the sweep
 
 

@@ -542,12 +542,14 @@ ROWS = [
     ("convert-calibration-seq-len-beyond", lambda i, o: ["convert", i.src, o, "--calibration-seq-len", "999"], "--calibration-seq-len: 999 exceeds"),
     ("convert-shard-size-garbage", lambda i, o: ["convert", i.src, o, "--max-shard-size", "banana"], "--max-shard-size"),
     ("convert-shard-size-zero", lambda i, o: ["convert", i.src, o, "--max-shard-size", "0"], "a positive size"),
+    ("convert-shard-size-past-a-pebibyte", lambda i, o: ["convert", i.src, o, "--max-shard-size", "2000TB"], "--max-shard-size: 2000TB is more than 1 PiB"),
+    ("heal-shard-size-past-a-pebibyte", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--max-shard-size", "5000TiB"], "--max-shard-size: 5000TiB is more than 1 PiB"),
     ("tokenizer-beyond-vocab", lambda i, o: ["eval", "--seq-len", "32", i.variant("v", config=_set("vocab_size", 300),
                                                              tensors=lambda s: {k: v[:300] if v.shape[0] == 320 else v for k, v in s.items()})],
      "its tokenizer has 320 tokens, more than the model's vocab_size 300"),
     ("convert-heal-tokens-negative", lambda i, o: ["convert", i.src, o, "--heal-tokens", "-1"], "'--heal-tokens'"),
     ("convert-heal-tokens-below-a-step", lambda i, o: ["convert", i.src, o, "--heal-tokens", "10"], "--heal-tokens: 10 is less than one heal step (4 x 256 = 1024 tokens)"),
-    ("convert-heal-data-shorter-than-a-step", lambda i, o: ["convert", i.src, o, "--heal-tokens", "1024", "--heal-data", i.file("short.txt", "Hi.")], "less than one block of 256 tokens: give more text"),
+    ("convert-heal-data-shorter-than-a-step", lambda i, o: ["convert", i.src, o, "--heal-tokens", "1024", "--heal-data", i.file("short.txt", "Hi.")], "less than one window of 256 tokens: give more text"),
     ("convert-calibration-seq-len-beyond-positions", lambda i, o: ["convert", i.src, o, "--calibration-seq-len", "100000"], "--calibration-seq-len: 100000 exceeds the model's max_position_embeddings 256"),
     ("convert-calibration-data-without-calibration", lambda i, o: ["convert", i.src, o, "--strategy", "move", "--calibration-data", i.text], "--calibration-data: only --strategy calibrated reads it, not move"),
     ("convert-calibration-tokens-without-calibration", lambda i, o: ["convert", i.src, o, "--strategy", "scratch", "--calibration-tokens", "512"], "--calibration-tokens: only --strategy calibrated"),
@@ -589,7 +591,7 @@ ROWS = [
     ("train-recipe-recursive-alias", lambda i, o: ["train", i.file("self.yaml", "optim: &o {lr: 1.0e-3, again: *o}\n"), "--out", o], "alias *o of a mapping or list"),
     ("train-recipe-alias-bomb", lambda i, o: ["train", alias_bomb(i), "--out", o], "recipes allow aliases of single values only"),
     ("train-source-already-mixln", lambda i, o: [*recipe(i, f"source={i.converted}", validation(i)), "--out", o], "already a Mix-LN checkpoint"),
-    ("train-data-shorter-than-a-block", lambda i, o: [*recipe(i, f"data.train={i.file('short.txt', 'Hi.')}", validation(i)), "--out", o], "less than one block of seq_len 32"),
+    ("train-data-shorter-than-a-window", lambda i, o: [*recipe(i, f"data.train={i.file('short.txt', 'Hi.')}", validation(i)), "--out", o], "less than one window of seq_len 32"),
     ("train-set-not-yaml", lambda i, o: [*recipe(i, "optim.lr=[1"), "--out", o], "not valid YAML"),
     ("train-recipe-not-utf8", lambda i, o: ["train", i.file("bad.yaml", b"\xff\xfe: 1"), "--out", o], "bad.yaml: the recipe is not UTF-8"),
     ("train-recipe-a-list", lambda i, o: ["train", i.file("list.yaml", "- 1\n- 2\n"), "--out", o], "a recipe must be a mapping"),
@@ -895,19 +897,36 @@ def test_api_batch_sizes_and_limits_are_range_checked_before_any_work(flag, valu
     from mixln_convert.analysis.analyze import analyze
     from mixln_convert.downstream import evaluate_tasks
     from mixln_convert.errors import MixLNError
-    from mixln_convert.evaluate import prepare_scoring, run_scoring
+    from mixln_convert.evaluate import prepare_scoring
     from mixln_convert.healing import heal
     from mixln_convert.surgery.prune import prune
 
     calls = {"--batch-size": [lambda: analyze(tiny_llama, tmp_path / "a", batch_size=value, progress=False),
                               lambda: heal(converted, tiny_llama, tmp_path / "h", batch_size=value, progress=False),
                               lambda: prune(tiny_llama, tmp_path / "p", remove=1, batch_size=value),
-                              lambda: run_scoring(prepare_scoring(tiny_llama, max_tokens=64), batch_size=value),
+                              lambda: prepare_scoring(tiny_llama, max_tokens=64, batch_size=value),
                               lambda: evaluate_tasks(None, None, ["t"], None, batch_size=value)],
              "--limit": [lambda: analyze(tiny_llama, tmp_path / "a", limit=value, progress=False),
                          lambda: evaluate_tasks(None, None, ["t"], None, limit=value)]}
     for call in calls[flag]:
         with pytest.raises(MixLNError, match=rf"^{flag}: "):
+            call()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("value", [0, -1, True, 2.5, float("nan"), 2**50 + 1, "0", "lots"])
+def test_api_shard_sizes_are_refused_when_the_options_are_made(value, tiny_llama, converted, tmp_path):
+    """A library caller's max_shard_size is checked with the other options, before any work (an int 0
+    or -1 once reached the writer unchecked)."""
+    from mixln_convert.conversion.converter import convert
+    from mixln_convert.errors import MixLNError
+    from mixln_convert.healing import heal
+    from mixln_convert.surgery.prune import prune
+
+    for call in (lambda: convert(tiny_llama, tmp_path / "c", max_shard_size=value, progress=False),
+                 lambda: heal(converted, tiny_llama, tmp_path / "h", max_shard_size=value, progress=False),
+                 lambda: prune(tiny_llama, tmp_path / "p", remove=1, max_shard_size=value, progress=False)):
+        with pytest.raises(MixLNError, match=r"^--max-shard-size: "):
             call()
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 

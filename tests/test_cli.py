@@ -39,7 +39,7 @@ def test_eval_json_last_line(cli, converted):
     result = cli("eval", converted, "--json", "--seq-len", "32", "--max-tokens", "128")
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout.strip().splitlines()[-1])
-    assert summary["tokens"] == 4 * 31  # 4 blocks of 32, the first position of each is not scored
+    assert summary["tokens"] == 4 * 31  # 4 windows of 32, the first position of each is not scored
     assert 1 < summary["perplexity"] < 10 * 320  # a random model over a 320-token vocabulary
 
 
@@ -50,7 +50,7 @@ def test_inspect_shows_layout_and_provenance(cli, converted):
     assert [row.split()[1] for row in rows] == ["Post-LN"] * 2 + ["Pre-LN"] * 6
     assert all(row.count("]") == 2 for row in rows)  # two norms per block, each "mean ±std [min,max]" in full
     assert "provenance" in result.stdout and "strategy: calibrated" in result.stdout
-    assert "1024 tokens of embedded:calibration in blocks of 64" in result.stdout
+    assert "1024 tokens of embedded:calibration in windows of 64" in result.stdout
     calibration = json.loads((converted / "config.json").read_text())["mixln_provenance"]["calibration"]
     per_layer = [key for key, value in calibration.items() if isinstance(value, list)]
     assert per_layer and all(f"    {key}: " in result.stdout for key in per_layer)

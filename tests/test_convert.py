@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tiny import TINY_CONFIG, make_tiny_llama, run_without_package
 
-from mixln_convert.data import read_texts, token_blocks
+from mixln_convert.data import read_texts, token_windows
 from mixln_convert.evaluate import evaluate_perplexity
 from mixln_convert.model.modeling_mixln import MixLNForCausalLM
 from mixln_convert.surgery.loading import load_model, load_tokenizer
@@ -99,8 +99,8 @@ def test_move_keeps_weights_and_post_attention_gains(tiny_llama, tiny_convert):
 
 
 def test_calibrated_is_closer_to_the_source_than_move(tiny_llama, tiny_convert, converted):
-    blocks = token_blocks(load_tokenizer(tiny_llama), read_texts(None, "validation"), seq_len=64, max_tokens=1024)
-    loss = lambda folder: evaluate_perplexity(load_model(folder), blocks, progress=False)["loss"]  # noqa: E731
+    windows = token_windows(load_tokenizer(tiny_llama), read_texts(None, "validation"), seq_len=64, max_tokens=1024)
+    loss = lambda folder: evaluate_perplexity(load_model(folder), windows, progress=False)["loss"]  # noqa: E731
     source, calibrated = loss(tiny_llama), loss(converted)
     moved = loss(tiny_convert(tiny_llama, alpha=0.25, strategy="move"))
     assert abs(calibrated - source) < abs(moved - source)

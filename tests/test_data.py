@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 import torch
 
-from mixln_convert.data import SPLITS, embedded_corpus, read_texts, token_blocks
+from mixln_convert.data import SPLITS, embedded_corpus, read_texts, token_windows
 from mixln_convert.data import corpus
 from mixln_convert.data.corpus import (ENGLISH, ENGLISH_DOCUMENTS, ENGLISH_MANIFEST, SHARES, TOKENIZE_BATCH,
                                        _shipped_english, _split_of, _stdlib_docstrings)
@@ -232,35 +232,35 @@ def test_unreadable_file(tmp_path, monkeypatch):
         read_texts(path)
 
 
-# ---- token blocks -------------------------------------------------------------------------
+# ---- token windows ------------------------------------------------------------------------
 
 
-def test_token_blocks_eos_between_documents():
-    blocks = token_blocks(FakeTokenizer(), ["1 2 3", "", "4 5", "6 7 8 9"], seq_len=4)
-    assert blocks.dtype == torch.long
-    # 1 2 3 EOS 4 5 EOS 6 7 8 9: 11 tokens, two full blocks, remainder dropped; "" adds no EOS
-    assert blocks.tolist() == [[1, 2, 3, 0], [4, 5, 0, 6]]
+def test_token_windows_eos_between_documents():
+    windows = token_windows(FakeTokenizer(), ["1 2 3", "", "4 5", "6 7 8 9"], seq_len=4)
+    assert windows.dtype == torch.long
+    # 1 2 3 EOS 4 5 EOS 6 7 8 9: 11 tokens, two full windows, remainder dropped; "" adds no EOS
+    assert windows.tolist() == [[1, 2, 3, 0], [4, 5, 0, 6]]
 
 
-def test_token_blocks_max_tokens_is_lazy():
+def test_token_windows_max_tokens_is_lazy():
     tok = FakeTokenizer()
     texts = ["1 2 3 4 5"] * 1000
-    blocks = token_blocks(tok, texts, seq_len=4, max_tokens=10)  # rounds down to 2 blocks
-    assert blocks.shape == (2, 4)
+    windows = token_windows(tok, texts, seq_len=4, max_tokens=10)  # rounds down to 2 windows
+    assert windows.shape == (2, 4)
     assert tok.documents == TOKENIZE_BATCH < len(texts)  # stopped after the batch that held 8 tokens
-    assert token_blocks(tok, texts, seq_len=4, max_tokens=1).shape == (1, 4)  # at least one block
-    assert token_blocks(tok, texts, seq_len=4).shape == (5999 // 4, 4)  # 5000 tokens + 999 EOS
+    assert token_windows(tok, texts, seq_len=4, max_tokens=1).shape == (1, 4)  # at least one window
+    assert token_windows(tok, texts, seq_len=4).shape == (5999 // 4, 4)  # 5000 tokens + 999 EOS
 
 
-def test_token_blocks_too_little_data():
+def test_token_windows_too_little_data():
     with pytest.raises(MixLNError, match="only 3 tokens.*--seq-len 8"):
-        token_blocks(FakeTokenizer(), ["1 2 3"], seq_len=8)
+        token_windows(FakeTokenizer(), ["1 2 3"], seq_len=8)
 
 
-def test_token_blocks_say_when_the_text_gives_fewer_tokens_than_asked(recwarn):
-    texts = ["1 2 3 4 5"] * 3  # 15 tokens + 2 EOS: 4 blocks of 4
-    assert token_blocks(FakeTokenizer(), texts, seq_len=4, max_tokens=16).shape == (4, 4)
+def test_token_windows_say_when_the_text_gives_fewer_tokens_than_asked(recwarn):
+    texts = ["1 2 3 4 5"] * 3  # 15 tokens + 2 EOS: 4 windows of 4
+    assert token_windows(FakeTokenizer(), texts, seq_len=4, max_tokens=16).shape == (4, 4)
     assert not recwarn.list
-    assert token_blocks(FakeTokenizer(), texts, seq_len=4, max_tokens=10**12, source="notes.txt").shape == (4, 4)
-    assert [str(w.message) for w in recwarn] == ["notes.txt: gives 16 tokens in blocks of 4, fewer than the "
+    assert token_windows(FakeTokenizer(), texts, seq_len=4, max_tokens=10**12, source="notes.txt").shape == (4, 4)
+    assert [str(w.message) for w in recwarn] == ["notes.txt: gives 16 tokens in windows of 4, fewer than the "
                                                  "1,000,000,000,000 asked for; using those"]

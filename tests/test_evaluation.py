@@ -1,4 +1,4 @@
-"""One evaluation definition: eval, analyze, training validation and heal score the same blocks at
+"""One evaluation definition: eval, analyze, training validation and heal score the same windows at
 their defaults, so one model gets one perplexity; every result says what it was measured on."""
 
 import json
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mixln_convert.analysis.layers import grad_norm_per_layer
-from mixln_convert.data import read_texts, token_blocks
+from mixln_convert.data import read_texts, token_windows
 from mixln_convert.options import EVAL_DATA, EVAL_SEQ_LEN, EVAL_TOKENS
 from mixln_convert.surgery.loading import load_model, load_tokenizer
 
@@ -48,7 +48,7 @@ def test_every_command_gives_the_original_one_perplexity(default_figures):
 
 def test_every_result_says_what_it_was_measured_on(default_figures):
     f = default_figures
-    scored = EVAL_TOKENS // EVAL_SEQ_LEN * (EVAL_SEQ_LEN - 1)  # every block's first token is not predicted
+    scored = EVAL_TOKENS // EVAL_SEQ_LEN * (EVAL_SEQ_LEN - 1)  # every window's first token is not predicted
     described = [(f["eval"]["data"], f["eval"]["tokens"], f["eval"]["seq_len"]),
                  (f["analyze"]["data"], f["analyze"]["tokens"], f["analyze"]["seq_len"]),
                  tuple(f["train"]["validation"][k] for k in ("data", "tokens", "seq_len")),
@@ -56,33 +56,34 @@ def test_every_result_says_what_it_was_measured_on(default_figures):
     assert described == [(EVAL_DATA, scored, EVAL_SEQ_LEN)] * 4
 
 
-def test_per_block_values_reproduce_the_figures(default_figures):
-    """The per-block values an interval is bootstrapped from give back the figures themselves."""
+def test_per_window_values_reproduce_the_figures(default_figures):
+    """The per-window values an interval is bootstrapped from give back the figures themselves."""
     analysis, train = default_figures["analyze"], default_figures["train"]
-    per_block = analysis["per_block"]
-    blocks = EVAL_TOKENS // EVAL_SEQ_LEN
-    assert len(per_block["loss"]) == len(per_block["loss_without_layer"]) == len(per_block["angular_distance"]) == blocks
-    loss = sum(per_block["loss"]) / blocks
+    per_window = analysis["per_window"]
+    windows = EVAL_TOKENS // EVAL_SEQ_LEN
+    assert (len(per_window["loss"]) == len(per_window["loss_without_layer"]) == len(per_window["angular_distance"])
+            == windows)
+    loss = sum(per_window["loss"]) / windows
     assert math.exp(loss) == pytest.approx(analysis["perplexity"], rel=1e-9)
     for layer, drop in enumerate(analysis["layer_drop"]):
-        without = sum(row[layer] for row in per_block["loss_without_layer"]) / blocks
+        without = sum(row[layer] for row in per_window["loss_without_layer"]) / windows
         assert math.exp(without) - analysis["perplexity"] == pytest.approx(drop, rel=1e-6, abs=1e-9)
     for layer, distance in enumerate(analysis["angular_distance"]):  # span 1
-        assert sum(row[layer] for row in per_block["angular_distance"]) / blocks == pytest.approx(distance, rel=1e-6)
-    batches = per_block["grad_norm_per_layer"]
-    assert len(batches) == blocks // 4  # --batch-size 4
+        assert sum(row[layer] for row in per_window["angular_distance"]) / windows == pytest.approx(distance, rel=1e-6)
+    batches = per_window["grad_norm_per_layer"]
+    assert len(batches) == windows // 4  # --batch-size 4
     for layer, norm in enumerate(analysis["grad_norm_per_layer"]):
         assert sum(row[layer] for row in batches) / len(batches) == pytest.approx(norm, rel=1e-9)
-    assert train["initial_val_block_losses"] == pytest.approx(per_block["loss"], rel=1e-5)
+    assert train["initial_val_window_losses"] == pytest.approx(per_window["loss"], rel=1e-5)
 
 
 def test_gradient_norms_are_those_of_each_batch_alone(tiny_llama):
     model, tokenizer = load_model(tiny_llama), load_tokenizer(tiny_llama)
-    blocks = token_blocks(tokenizer, read_texts(None, split="validation"), 64, 8 * 64, source=EVAL_DATA)
-    norms = grad_norm_per_layer(model, blocks, batch_size=4)
+    windows = token_windows(tokenizer, read_texts(None, split="validation"), 64, 8 * 64, source=EVAL_DATA)
+    norms = grad_norm_per_layer(model, windows, batch_size=4)
     assert len(norms) == 2 and norms[0] != norms[1]
     assert all(p.grad is None for p in model.parameters())  # none left behind
-    second = blocks[4:8]
+    second = windows[4:8]
     model(input_ids=second, labels=second).loss.backward()
     reference = [torch.cat([p.grad.flatten() for p in layer.parameters()]).norm().item() for layer in model.model.layers]
     assert norms[1] == pytest.approx(reference, rel=1e-5)

@@ -195,7 +195,7 @@ def test_calibrated_conversion_folds_the_gains_and_leaves_the_biases(family, sou
 def test_reinitialized_blocks_get_zero_biases_and_unit_head_norms(family, source, tmp_path):
     """As transformers initializes them; the Pre-LN blocks keep the source's."""
     before = tensors(source)
-    after = tensors(convert(source, tmp_path / "reinit", alpha=0.25, strategy="reinit-post", **FAST))
+    after = tensors(convert(source, tmp_path / "reinit", alpha=0.25, strategy="reinit-post", progress=False))
     for i in range(L):
         for name in (f"model.layers.{i}.{n}" for n in OWN_TENSORS[family]):
             fresh = torch.zeros_like(before[name]) if name.endswith(".bias") else torch.ones_like(before[name])

@@ -11,7 +11,7 @@ from tiny import make_tiny_llama
 from transformers import AutoModelForCausalLM
 
 from mixln_convert.conversion.converter import convert
-from mixln_convert.data import read_texts, token_blocks
+from mixln_convert.data import read_texts, token_windows
 from mixln_convert.errors import MixLNError, MixLNWarning
 from mixln_convert.evaluate import evaluate_documents, evaluate_perplexity
 from mixln_convert.fetch import cache_dir
@@ -76,8 +76,8 @@ def test_output_reloads_and_measures_what_heal_reported(healed, tiny_llama):
     assert record["steps"] == STEPS and record["loss"] == "residual"
     assert record["relative_error"] == result["relative_error"]
     assert model.config.mixln_provenance["strategy"] == "move"  # the conversion's provenance is kept
-    blocks = token_blocks(load_tokenizer(out), read_texts(None, split="validation"), SEQ_LEN, EVAL_TOKENS)
-    measured = evaluate_perplexity(model.eval(), blocks, BATCH, progress=False)["perplexity"]
+    windows = token_windows(load_tokenizer(out), read_texts(None, split="validation"), SEQ_LEN, EVAL_TOKENS)
+    measured = evaluate_perplexity(model.eval(), windows, BATCH, progress=False)["perplexity"]
     assert measured == pytest.approx(result["perplexity"]["after"], rel=1e-4)
 
 
@@ -96,11 +96,11 @@ def test_eval_data_is_what_heal_scores_packed_and_per_document(moved, tiny_llama
     assert result["evaluation"]["data"] == str(held_out)
     teacher = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
     tokenizer = load_tokenizer(tiny_llama)
-    packed = evaluate_perplexity(teacher, token_blocks(tokenizer, documents, SEQ_LEN, 64), BATCH, progress=False)
+    packed = evaluate_perplexity(teacher, token_windows(tokenizer, documents, SEQ_LEN, 64), BATCH, progress=False)
     assert result["perplexity"]["teacher"] == pytest.approx(packed["perplexity"], rel=1e-4)
     per_document = evaluate_documents(teacher, tokenizer, documents, SEQ_LEN, BATCH, 64, progress=False)
     assert result["per_document_perplexity"]["teacher"] == pytest.approx(per_document["token_perplexity"], rel=1e-4)
-    default = token_blocks(tokenizer, read_texts(None, split="validation"), SEQ_LEN, 64)
+    default = token_windows(tokenizer, read_texts(None, split="validation"), SEQ_LEN, 64)
     assert evaluate_perplexity(teacher, default, BATCH, progress=False)["perplexity"] != pytest.approx(
         packed["perplexity"], rel=1e-3)  # the default text would have given another figure
 

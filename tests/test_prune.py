@@ -8,7 +8,7 @@ import torch
 from safetensors import safe_open
 
 from mixln_convert.analysis.layers import BlockRunner
-from mixln_convert.data import read_texts, token_blocks
+from mixln_convert.data import read_texts, token_windows
 from mixln_convert.surgery.loading import load_model, load_tokenizer
 from mixln_convert.surgery.prune import prune
 
@@ -90,12 +90,12 @@ def test_mixln_without_post_ln_layers_stays_mixln(converted, tmp_path):
 
 
 def brute_force_angular_choice(src, n):
-    """Angular distance of every n-block window from HF's own hidden states, token by token."""
+    """Angular distance of every n-block span from HF's own hidden states, token by token."""
     model = load_model(src)
     model.model.norm = torch.nn.Identity()  # HF's last hidden state is after the final norm; we want before
-    blocks = token_blocks(load_tokenizer(src), read_texts(None, "calibration"), FAST["seq_len"], FAST["max_tokens"])
+    windows = token_windows(load_tokenizer(src), read_texts(None, "calibration"), FAST["seq_len"], FAST["max_tokens"])
     with torch.no_grad():
-        states = model(input_ids=blocks, output_hidden_states=True).hidden_states
+        states = model(input_ids=windows, output_hidden_states=True).hidden_states
     distances = []
     for start in range(L - n + 1):
         a, b = states[start].flatten(0, 1).double(), states[start + n].flatten(0, 1).double()

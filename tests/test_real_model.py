@@ -6,7 +6,7 @@ import pytest
 from safetensors import safe_open
 
 from mixln_convert.conversion.converter import convert
-from mixln_convert.data import read_texts, token_blocks
+from mixln_convert.data import read_texts, token_windows
 from mixln_convert.evaluate import evaluate_perplexity
 from mixln_convert.fetch import smollm2_gguf
 from mixln_convert.surgery.loading import load_model, load_tokenizer
@@ -24,10 +24,10 @@ def test_smollm2_calibrated_conversion_keeps_perplexity_close(tmp_path):
     assert "lm_head.weight" not in names and "model.embed_tokens.weight" in names
     assert (out / "tokenizer.json").is_file() and (out / "tokenizer_config.json").is_file()
 
-    blocks = token_blocks(load_tokenizer(out), read_texts(None, "validation"), seq_len=512, max_tokens=4 * 512)
-    original = evaluate_perplexity(load_model(gguf), blocks, progress=False)["perplexity"]
-    converted = evaluate_perplexity(load_model(out), blocks, progress=False)["perplexity"]
-    print(f"\nSmolLM2-135M perplexity on {blocks.numel()} tokens: original {original:.2f}, "
+    windows = token_windows(load_tokenizer(out), read_texts(None, "validation"), seq_len=512, max_tokens=4 * 512)
+    original = evaluate_perplexity(load_model(gguf), windows, progress=False)["perplexity"]
+    converted = evaluate_perplexity(load_model(out), windows, progress=False)["perplexity"]
+    print(f"\nSmolLM2-135M perplexity on {windows.numel()} tokens: original {original:.2f}, "
           f"Mix-LN calibrated {converted:.2f} ({converted / original:.3f}x)")
     assert converted / original < 1.35
 

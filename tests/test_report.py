@@ -93,7 +93,7 @@ def test_full_report(cli, tmp_path):
 
     rows = {tuple(c.strip() for c in line.strip("|").split("|")) for line in md.splitlines() if line.startswith("| ")}
     mixln = ("run/mixln", "Mix-LN (2 of 8 blocks Post-LN)")
-    measured = "embedded:validation, 2,048 tokens in blocks of 256"  # what each analysis records
+    measured = "embedded:validation, 2,048 tokens in windows of 256"  # what each analysis records
     assert (*mixln, "before training (converted)", "31.20", "—", "—", "—", "0", "—") in rows
     assert (*mixln, "after training", "22.80", "—", "23.00", measured, "1,000,000", "12.5 min") in rows
     assert ("run/preln", "Pre-LN", "before training (original)", "25.00", "—", "—", "—", "0", "—") in rows
@@ -126,7 +126,7 @@ def test_full_report(cli, tmp_path):
 @pytest.mark.parametrize("mixln_final, preln_final, verdict", [
     (22.8, 24.0, "Mix-LN wins by 5.0%"),
     (25.0, 24.0, "Pre-LN wins by 4.2%"),
-    (24.05, 24.0, "a tie (within 0.5%; no per-block values to bootstrap an interval from)"),
+    (24.05, 24.0, "a tie (within 0.5%; no per-window values to bootstrap an interval from)"),
 ])
 def test_summary_names_the_winner(mixln_final, preln_final, verdict, cli, tmp_path):
     run = write_run(tmp_path / "run", mixln_final=mixln_final, preln_final=preln_final)
@@ -167,7 +167,7 @@ def test_missing_data_is_said(cli, tmp_path):
     assert ("run/mixln, Mix-LN (unfinished: no summary.json yet): validation perplexity not recorded before "
             "training, 23.10 after 1,000,000 tokens.") in summary
     assert "No Pre-LN arm was trained" in summary
-    assert "a and b are too close to call (within 0.5%" in summary  # identical layer drop, no per-block values
+    assert "a and b are too close to call (within 0.5%" in summary  # identical layer drop, no per-window values
     assert "No pruning curves given" in summary
     assert "| run/mixln | Mix-LN | training (unfinished) | 23.10 | — | — | — | 1,000,000 | — |" in md
 
@@ -262,51 +262,51 @@ def test_bad_input_one_line_error(case, fragments, cli, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# intervals: figures with per-block values get a bootstrap interval, and differences inside it are
+# intervals: figures with per-window values get a bootstrap interval, and differences inside it are
 # called too close to call
 
-BLOCKS = 32
+WINDOWS = 32
 
 
-def per_block_values(perplexity, deep_drop, *, seed, spread=0.3, angle=0.2):
-    """per_block of an analysis (see analysis.analyze.layer_metrics) around ``perplexity``, its deep
-    blocks each costing ``deep_drop``; block losses vary by ``spread`` nats between blocks."""
+def per_window_values(perplexity, deep_drop, *, seed, spread=0.3, angle=0.2):
+    """per_window of an analysis (see analysis.analyze.layer_metrics) around ``perplexity``, its deep
+    blocks each costing ``deep_drop``; window losses vary by ``spread`` nats between windows."""
     rng = np.random.default_rng(seed)
-    loss = np.log(perplexity) + spread * rng.standard_normal(BLOCKS)
+    loss = np.log(perplexity) + spread * rng.standard_normal(WINDOWS)
     drops = [50.0 / (i + 1) if i < L // 2 else deep_drop for i in range(L)]
-    without = loss[:, None] + np.log1p(np.array(drops) / perplexity)[None] + 0.01 * rng.standard_normal((BLOCKS, L))
+    without = loss[:, None] + np.log1p(np.array(drops) / perplexity)[None] + 0.01 * rng.standard_normal((WINDOWS, L))
     return {"loss": loss.tolist(), "loss_without_layer": without.tolist(),
-            "angular_distance": (angle + 0.02 * rng.standard_normal((BLOCKS, L))).tolist(),
-            "grad_norm_per_layer": (1 + 0.1 * rng.random((BLOCKS // 4, L))).tolist()}
+            "angular_distance": (angle + 0.02 * rng.standard_normal((WINDOWS, L))).tolist(),
+            "grad_norm_per_layer": (1 + 0.1 * rng.random((WINDOWS // 4, L))).tolist()}
 
 
-def with_per_block(folder, per_block):
+def with_per_window(folder, per_window):
     file = folder / "analysis.json"
     analysis = json.loads(file.read_text())
-    loss = np.asarray(per_block["loss"])
-    analysis.update(perplexity=float(np.exp(loss.mean())), per_block=per_block,
-                    grad_norm_per_layer=np.mean(per_block["grad_norm_per_layer"], axis=0).tolist(),
-                    layer_drop=(np.exp(np.asarray(per_block["loss_without_layer"]).mean(0)) - np.exp(loss.mean())).tolist())
+    loss, without = np.asarray(per_window["loss"]), np.asarray(per_window["loss_without_layer"])
+    analysis.update(perplexity=float(np.exp(loss.mean())), per_window=per_window,
+                    grad_norm_per_layer=np.mean(per_window["grad_norm_per_layer"], axis=0).tolist(),
+                    layer_drop=(np.exp(without.mean(0)) - np.exp(loss.mean())).tolist())
     file.write_text(json.dumps(analysis))
     return folder
 
 
-def test_interval_holds_the_figure_and_equal_blocks_resample_alike():
+def test_interval_holds_the_figure_and_equal_windows_resample_alike():
     from mixln_convert.report.uncertainty import differs, estimate, perplexity
 
     rng = np.random.default_rng(0)
-    losses = 3 + 0.5 * rng.standard_normal(BLOCKS)
+    losses = 3 + 0.5 * rng.standard_normal(WINDOWS)
     a = estimate(perplexity, losses, "text, 8,192 tokens")
     assert a.value == pytest.approx(np.exp(losses.mean()))
     low, high = a.interval
     assert low < a.value < high
     # the interval of the mean loss is about +-1.96 standard errors
     half_width = (np.log(high) - np.log(low)) / 2
-    assert half_width == pytest.approx(1.96 * losses.std() / np.sqrt(BLOCKS), rel=0.2)
-    shifted = estimate(perplexity, losses + 0.01, "text, 8,192 tokens")  # the same blocks, a model 1% worse
+    assert half_width == pytest.approx(1.96 * losses.std() / np.sqrt(WINDOWS), rel=0.2)
+    shifted = estimate(perplexity, losses + 0.01, "text, 8,192 tokens")  # the same windows, a model 1% worse
     assert differs(shifted, a)  # paired: the same resamples, so a small consistent gap is resolved
     unpaired = estimate(perplexity, losses + 0.01, "other text, 8,192 tokens")
-    assert not differs(unpaired, a)  # other blocks: 1% is inside the block-to-block spread
+    assert not differs(unpaired, a)  # other windows: 1% is inside the window-to-window spread
 
 
 @pytest.mark.parametrize("deep_drop_b, verdict", [
@@ -314,8 +314,8 @@ def test_interval_holds_the_figure_and_equal_blocks_resample_alike():
     (3.0, "the deep blocks matter most in b"),
 ])
 def test_analysis_differences_inside_the_interval_are_not_called(deep_drop_b, verdict, cli, tmp_path):
-    a = with_per_block(write_analysis(tmp_path / "a"), per_block_values(20.0, 0.28, seed=1))
-    b = with_per_block(write_analysis(tmp_path / "b", post_ln_layers=2), per_block_values(20.0, deep_drop_b, seed=2))
+    a = with_per_window(write_analysis(tmp_path / "a"), per_window_values(20.0, 0.28, seed=1))
+    b = with_per_window(write_analysis(tmp_path / "b", post_ln_layers=2), per_window_values(20.0, deep_drop_b, seed=2))
     result = cli("compare", a, b, "--out", tmp_path / "report")
     assert result.exit_code == 0, result.output
     summary = summary_of((tmp_path / "report" / "report.md").read_text())
@@ -341,25 +341,25 @@ def test_a_mean_carried_by_one_block_is_said(cli, tmp_path):
 
 @pytest.mark.parametrize("gap, verdict", [
     (0.0, re.escape("too close to call: 1,000,000 training tokens per arm and 8,160 validation tokens cannot decide")),
-    (0.05, r"\+[4-8]\.\d%, 95% bootstrap interval \[\+\d\.\d%, \+\d\.\d%\] over the validation blocks\): Pre-LN wins"),
+    (0.05, r"\+[4-8]\.\d%, 95% bootstrap interval \[\+\d\.\d%, \+\d\.\d%\] over the validation windows\): Pre-LN wins"),
 ])
 def test_training_verdict_needs_the_gap_outside_the_interval(gap, verdict, cli, tmp_path):
     run = write_run(tmp_path / "run")
     rng = np.random.default_rng(0)
-    preln = 3.2 + 0.3 * rng.standard_normal(BLOCKS)
-    mixln = preln + gap + 0.05 * rng.standard_normal(BLOCKS)  # the same blocks, scored by both arms
+    preln = 3.2 + 0.3 * rng.standard_normal(WINDOWS)
+    mixln = preln + gap + 0.05 * rng.standard_normal(WINDOWS)  # the same windows, scored by both arms
     for arm, losses in (("mixln", mixln), ("preln", preln)):
         file = run / arm / "summary.json"
         summary = json.loads(file.read_text())
-        summary.update(final_val_block_losses=losses.tolist(), final_val_ppl=float(np.exp(losses.mean())),
-                       validation={"data": "embedded:validation", "tokens": BLOCKS * 255, "seq_len": 256})
+        summary.update(final_val_window_losses=losses.tolist(), final_val_ppl=float(np.exp(losses.mean())),
+                       validation={"data": "embedded:validation", "tokens": WINDOWS * 255, "seq_len": 256})
         file.write_text(json.dumps(summary))
     result = cli("compare", run, "--out", tmp_path / "report")
     assert result.exit_code == 0, result.output
     summary = summary_of((tmp_path / "report" / "report.md").read_text())
     assert re.search(verdict, summary), summary
     assert "95% bootstrap interval [" in summary
-    assert "(embedded:validation, 8,160 tokens in blocks of 256)" in summary  # each arm says what it was measured on
+    assert "(embedded:validation, 8,160 tokens in windows of 256)" in summary  # each arm says what it was measured on
 
 
 def test_what_the_models_write(cli, tmp_path):
@@ -386,14 +386,14 @@ def test_three_arms_each_pair_gets_a_verdict_only_outside_its_interval(gap, verd
     run = write_run(tmp_path / "run")
     write_arm(run, "lns", initial=25.0, final=24.0)  # the LNS retrofit starts where Pre-LN does
     rng = np.random.default_rng(0)
-    preln = 3.2 + 0.3 * rng.standard_normal(BLOCKS)
-    losses = {"preln": preln, "mixln": preln + 0.05 + 0.05 * rng.standard_normal(BLOCKS),
-              "lns": preln + gap + 0.05 * rng.standard_normal(BLOCKS)}  # the same blocks, scored by every arm
+    preln = 3.2 + 0.3 * rng.standard_normal(WINDOWS)
+    losses = {"preln": preln, "mixln": preln + 0.05 + 0.05 * rng.standard_normal(WINDOWS),
+              "lns": preln + gap + 0.05 * rng.standard_normal(WINDOWS)}  # the same windows, scored by every arm
     for arm, arm_losses in losses.items():
         file = run / arm / "summary.json"
         summary = json.loads(file.read_text())
-        summary.update(final_val_block_losses=arm_losses.tolist(), final_val_ppl=float(np.exp(arm_losses.mean())),
-                       validation={"data": "embedded:validation", "tokens": BLOCKS * 255, "seq_len": 256},
+        summary.update(final_val_window_losses=arm_losses.tolist(), final_val_ppl=float(np.exp(arm_losses.mean())),
+                       validation={"data": "embedded:validation", "tokens": WINDOWS * 255, "seq_len": 256},
                        layernorm_scaling=arm == "lns")
         file.write_text(json.dumps(summary))
     result = cli("compare", run, "--out", tmp_path / "report")
@@ -401,10 +401,11 @@ def test_three_arms_each_pair_gets_a_verdict_only_outside_its_interval(gap, verd
     md = (tmp_path / "report" / "report.md").read_text()
     rows = {tuple(c.strip() for c in line.strip("|").split("|")) for line in md.splitlines() if line.startswith("| ")}
     layout = "LNS (Pre-LN, block l's norm outputs x 1/sqrt(l))"
-    measured = "embedded:validation, 8,160 tokens in blocks of 256"
+    measured = "embedded:validation, 8,160 tokens in windows of 256"
     assert ("run/lns", layout, "before training (converted)", "25.00", measured, "—", "—", "0", "—") in rows
     summary = summary_of(md)
-    interval = r" [\d.]+ \([+-][\d.]+%, 95% bootstrap interval \[[+-][\d.]+%, [+-][\d.]+%\] over the validation blocks\): "
+    interval = (r" [\d.]+ \([+-][\d.]+%, 95% bootstrap interval \[[+-][\d.]+%, [+-][\d.]+%\] "
+                r"over the validation windows\): ")
     assert re.search(r"LNS \(run/lns\) [\d.]+ vs Pre-LN \(run/preln\)" + interval + verdict, summary), summary
     assert re.search(r"LNS \(run/lns\) [\d.]+ vs Mix-LN \(run/mixln\)" + interval, summary), summary
     assert re.search(r"Mix-LN \(run/mixln\) [\d.]+ vs Pre-LN \(run/preln\)" + interval + "Pre-LN wins", summary)

@@ -28,7 +28,7 @@ def swept(tiny_llama, tmp_path_factory):
     return out, result.stdout
 
 
-def test_sweep_writes_one_row_per_block_count_and_a_report(swept):
+def test_sweep_writes_one_row_for_each_post_ln_block_count_and_a_report(swept):
     out, stdout = swept
     result = json.loads((out / "sweep.json").read_text())
     rows = result["rows"]

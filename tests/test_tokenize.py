@@ -1,5 +1,5 @@
 """`mixln-convert tokenize` and the tokenized folders training reads: ids identical to a plain
-tokenization, N processes = 1, the validation split, rerun and resume, reads limited to the blocks used."""
+tokenization, N processes = 1, the validation split, rerun and resume, reads limited to the windows used."""
 
 import json
 import logging
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mixln_convert.data import PackedBlocks, blocks, open_tokens, read_texts, tokenize
+from mixln_convert.data import PackedWindows, open_tokens, read_texts, tokenize, windows
 from mixln_convert.data.corpus import token_ids
 from mixln_convert.data.shards import MANIFEST, file_sha256, token_dtype
 from mixln_convert.data.tokenization import _digest, held_out, tokenizer_fingerprint
@@ -120,7 +120,7 @@ def test_explicit_validation_documents_never_train(corpus, tokenizer, tmp_path):
 def test_limits_and_seq_len(corpus, tokenizer, tmp_path):
     manifest = tokenize(corpus, tokenizer, tmp_path / "t", seq_len=100, shard_tokens=SHARD, max_tokens=10_000,
                         max_validation_tokens=500, progress=False)
-    assert manifest["shard_tokens"] == 4000  # whole blocks of 100
+    assert manifest["shard_tokens"] == 4000  # whole windows of 100
     assert [s["tokens"] for s in manifest["splits"]["train"]["shards"]] == [4000, 4000, 2000]
     assert manifest["splits"]["validation"]["tokens"] == 500
     full = token_ids(tokenizer, [d for d in read_texts(corpus) if not held_out(_digest(d), 0.01)])
@@ -262,8 +262,8 @@ def test_a_full_disk_keeps_the_partial_folder_and_says_so_and_a_rerun_resumes(co
     assert {p.name: p.read_bytes() for p in out.iterdir()} == {p.name: p.read_bytes() for p in whole.iterdir()}
 
 
-def test_each_rank_reads_only_the_blocks_it_trains_on(tokenized, tokenizer):
-    """Opening a tokenized folder maps no shard; each of two ranks maps and reads only the blocks
+def test_each_rank_reads_only_the_windows_it_trains_on(tokenized, tokenizer):
+    """Opening a tokenized folder maps no shard; each of two ranks maps and reads only the windows
     its share of the samples needs, and the two shares together are the one-process samples."""
     from accelerate.data_loader import prepare_data_loader
     from torch.utils.data import DataLoader
@@ -271,16 +271,16 @@ def test_each_rank_reads_only_the_blocks_it_trains_on(tokenized, tokenizer):
     train, _ = open_tokens(tokenized, tokenizer)
     seq_len = 256
     assert train.maps == {}
-    one = [row.tolist() for row in DataLoader(PackedBlocks(blocks(train, seq_len, "t"), 12, 0), batch_size=2)]
+    one = [row.tolist() for row in DataLoader(PackedWindows(windows(train, seq_len, "t"), 12, 0), batch_size=2)]
     read_by_rank = []
     for rank in (0, 1):
         train, _ = open_tokens(tokenized, tokenizer)
-        block_view = blocks(train, seq_len, "t")
+        window_view = windows(train, seq_len, "t")
         read = []
-        getitem = type(block_view).__getitem__
-        block_view.__class__ = type("Counting", (type(block_view),), {
+        getitem = type(window_view).__getitem__
+        window_view.__class__ = type("Counting", (type(window_view),), {
             "__getitem__": lambda self, j: read.append(int(j)) or getitem(self, j)})
-        loader = prepare_data_loader(DataLoader(PackedBlocks(block_view, 12, 0), batch_size=2), num_processes=2,
+        loader = prepare_data_loader(DataLoader(PackedWindows(window_view, 12, 0), batch_size=2), num_processes=2,
                                      process_index=rank, put_on_device=False)
         rows = [row.tolist() for batch in loader for row in batch]
         assert len(read) == 6 and len(rows) == 6
@@ -310,19 +310,19 @@ def test_train_reads_a_tokenized_folder_without_tokenizing(tiny_llama, corpus, t
     assert {p.name: (p.stat().st_mtime_ns, file_sha256(p)) for p in folder.iterdir()} == before
 
 
-def test_block_order_is_a_permutation_of_every_size():
-    from mixln_convert.data.stream import BlockOrder
+def test_window_order_is_a_permutation_of_every_size():
+    from mixln_convert.data.stream import WindowOrder
 
     for n in (1, 2, 3, 5, 64, 1000, 4097):
         for seed, epoch in ((0, 0), (1, 0), (0, 1)):
-            order = BlockOrder(n, seed, epoch)
+            order = WindowOrder(n, seed, epoch)
             assert sorted(order(j) for j in range(n)) == list(range(n)), (n, seed, epoch)
-    passes = [[BlockOrder(1000, 0, epoch)(j) for j in range(1000)] for epoch in range(2)]
+    passes = [[WindowOrder(1000, 0, epoch)(j) for j in range(1000)] for epoch in range(2)]
     assert passes[0] != passes[1] and passes[0] != sorted(passes[0])  # reshuffled each pass, not the identity
 
 
 def test_the_sampler_holds_nothing_the_size_of_the_corpus():
-    """A trillion blocks: a permutation array would need 8 TB; the sampler answers at once."""
+    """A trillion windows: a permutation array would need 8 TB; the sampler answers at once."""
     class Huge:
         def __len__(self):
             return 10**12
@@ -330,7 +330,7 @@ def test_the_sampler_holds_nothing_the_size_of_the_corpus():
         def __getitem__(self, i):
             return np.full(4, i % 50_000, dtype=np.uint16)
 
-    data = PackedBlocks(Huge(), 3 * 10**12, seed=0)
+    data = PackedWindows(Huge(), 3 * 10**12, seed=0)
     first, later = data[0], data[2 * 10**12 + 5]  # the third pass
     assert first.shape == (4,) and later.shape == (4,) and not np.array_equal(first.numpy(), later.numpy())
 

@@ -171,16 +171,16 @@ def test_bad_recipe_fails_before_any_work(content, extra, message, cli, tiny_lla
 # ---- data ----------------------------------------------------------------------------------
 
 
-def test_packed_blocks_visit_every_block_once_per_pass():
+def test_packed_windows_visit_every_window_once_per_pass():
     import numpy as np
 
-    from mixln_convert.data import PackedBlocks
+    from mixln_convert.data import PackedWindows
 
-    blocks = np.arange(40).reshape(10, 4)
-    rows = [tuple(PackedBlocks(blocks, 25, seed=3)[i].tolist()) for i in range(25)]
-    assert sorted(rows[:10]) == sorted(rows[10:20]) == sorted(map(tuple, blocks.tolist()))
+    windows = np.arange(40).reshape(10, 4)
+    rows = [tuple(PackedWindows(windows, 25, seed=3)[i].tolist()) for i in range(25)]
+    assert sorted(rows[:10]) == sorted(rows[10:20]) == sorted(map(tuple, windows.tolist()))
     assert rows[:10] != rows[10:20]  # each pass reshuffles
-    assert rows == [tuple(PackedBlocks(blocks, 25, seed=3)[i].tolist()) for i in reversed(range(25))][::-1]
+    assert rows == [tuple(PackedWindows(windows, 25, seed=3)[i].tolist()) for i in reversed(range(25))][::-1]
 
 
 # ---- one full tiny run ----------------------------------------------------------------------
@@ -228,12 +228,12 @@ def test_final_folder_is_the_trained_model(finished):
 
     from mixln_convert.evaluate import evaluate_perplexity
     from mixln_convert.surgery.loading import load_tokenizer
-    from mixln_convert.data import blocks, load_splits
+    from mixln_convert.data import load_splits, windows
 
     out, sets, _ = finished
     recipe = load_recipe(out / "recipe.yaml")
     stream = load_splits(recipe.data, load_tokenizer(recipe.source), 1).validation
-    validation = blocks(stream, recipe.seq_len, "validation")
+    validation = windows(stream, recipe.seq_len, "validation")
     for arm, kind in (("mixln", "mixln_llama"), ("preln", "llama")):
         model = AutoModelForCausalLM.from_pretrained(out / arm / "final")
         assert model.config.model_type == kind

@@ -7,69 +7,61 @@ et al. 2024), block influence (ShortGPT) and gradient norms per block.
 
 import torch
 
-from ..data import read_texts, token_blocks
+from ..data import read_texts, token_windows
 from ..errors import MixLNError
-from ..generation import greedy_continuations
-from ..options import BATCH_SIZE, EVAL_DATA, EVAL_SEQ_LEN, EVAL_TOKENS
-from ..runtime import map_large_allocations
 from ..evaluate import check_finite_score, evaluate_documents, evaluate_perplexity
+from ..generation import greedy_continuations
 from ..io.atomic import atomic_output_dir
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable
 from ..io.runs import ANALYSIS, write_json
-from ..limits import check_batch_size, check_limit, check_positive, check_seq_len, check_tokens
-from .choice import check_method, choose_layers
+from ..limits import check_seq_len
+from ..options import EVAL_DATA, AnalyzeOptions
+from ..runtime import map_large_allocations
+from .choice import choose_layers
 from .layers import BlockRunner, RepresentationStatistics, grad_norm_per_layer, removal_sweep
 from .plots import plot_analysis
 
 
-def analyze(ckpt, out, *, data=None, span: int = 1, seq_len: int = EVAL_SEQ_LEN, max_tokens: int = EVAL_TOKENS,
-            batch_size: int = BATCH_SIZE, layer_sweep: bool = True, prune_curve: bool = False, method: str = "angular", generate: bool = False,
-            force: bool = False, allow_longer: bool = False, per_document: bool = False, tasks=(), include_path=None,
-            task_manager=None, limit: int | None = None, progress: bool = True) -> dict:
+def analyze(ckpt, out, options: AnalyzeOptions | None = None, *, force: bool = False, task_manager=None,
+            progress: bool = True, **settings) -> dict:
     """Measure ``ckpt`` (HF folder, LLaMA or Mix-LN, or .gguf) on held-out text and write
     ``out/analysis.json`` and PNG plots; returns the analysis.
 
-    ``data`` defaults to the embedded validation split, cut into ``max_tokens`` tokens in blocks
+    ``options``: an :class:`~mixln_convert.options.AnalyzeOptions`, or its fields as ``settings``.
+    ``data`` defaults to the embedded validation split, cut into ``max_tokens`` tokens in windows
     of ``seq_len`` (at most the model's max_position_embeddings unless ``allow_longer``). Without
-    ``layer_sweep`` only the perplexity (and what the flags below add) is measured, not the layer sweep
-    and gradient norms, which cost the model's L forwards and a backward pass. ``span``
+    ``layer_sweep`` only the perplexity (and what the options below add) is measured, not the layer
+    sweep and gradient norms, which cost the model's L forwards and a backward pass. ``span``
     is the n of the per-layer angular distance (inputs of blocks l and l+n). ``prune_curve`` adds
     the perplexity with N = 1..L/2 blocks removed by ``method``; ``generate`` greedy continuations
     of fixed prompts and their repeated-4-gram share (:mod:`..generation`). ``per_document`` adds each
     held-out document scored on its own (:func:`~mixln_convert.evaluate.evaluate_documents`, windows
     of ``seq_len``); ``tasks`` (lm-eval task names: shipped, lm-eval's or in ``include_path``)
     add the layer drop on each task's metric, at most ``limit`` examples each; ``task_manager``,
-    if given, is the :func:`mixln_convert.downstream.task_manager` that knows them.
+    if given, is their :func:`mixln_convert.downstream.known_tasks`.
     """
     map_large_allocations()
-    check_method(method)
-    if not layer_sweep and (prune_curve or tasks):
-        raise MixLNError(f"{'--prune-curve' if prune_curve else '--task'} ranks or drops blocks by the layer "
-                         "sweep, which --no-layer-sweep skips")
-    for flag, value in (("--span", span), ("--seq-len", seq_len)):
-        check_positive(flag, value)
-    check_batch_size("--batch-size", batch_size)
-    check_tokens("--max-tokens", max_tokens)
+    options = AnalyzeOptions.given(options, settings)
+    data, span, seq_len, batch_size = options.data, options.span, options.seq_len, options.batch_size
     inputs = {"CKPT": ckpt, "--data": data}
     if data is not None:
         check_readable(data, "--data")
     check_destination(out, inputs, force, flag="--out")
-    check_limit("--limit", limit)
+    tasks = list(options.tasks)
     if tasks and task_manager is None:
-        from ..downstream import require_lm_eval, task_manager as known_tasks
+        from ..downstream import known_tasks
 
-        require_lm_eval("--task")
-        task_manager = known_tasks(list(tasks), include_path, flag="--task")
+        task_manager = known_tasks(options)
     source = open_checkpoint(ckpt)
     num_layers = source.config["num_hidden_layers"]
     if span > num_layers:
         raise MixLNError(f"--span: {span} exceeds the {num_layers} layers of this model")
-    check_seq_len("--seq-len", seq_len, source.config, "--allow-longer", allow_longer)
+    check_seq_len("--seq-len", seq_len, source.config, "--allow-longer", options.allow_longer)
     with atomic_output_dir(out, force=force, protect=inputs) as tmp:
         tokenizer = source.tokenizer
         texts = read_texts(data, split="validation")
-        blocks = token_blocks(tokenizer, texts, seq_len, max_tokens, source=data or EVAL_DATA)
+        windows = token_windows(tokenizer, texts, seq_len, options.max_tokens, source=data or EVAL_DATA)
         # angles and small perplexity differences need float32; a GPU where there is one, as heal and
         # calibration use (every sweep is L forwards: minutes on CPU for a model a GPU runs in seconds)
         model = source.model(dtype=torch.float32, device="cuda" if torch.cuda.is_available() else "cpu")
@@ -83,37 +75,38 @@ def analyze(ckpt, out, *, data=None, span: int = 1, seq_len: int = EVAL_SEQ_LEN,
             # LayerNorm Scaling: every block Pre-LN, its norm outputs scaled by 1/sqrt(l)
             "layernorm_scaling": getattr(model.config, "layernorm_scaling", False),
             "layout": ["Post-LN" if i < n_post else "Pre-LN" for i in range(num_layers)],
-            **(layer_metrics(model, blocks, span, batch_size, progress) if layer_sweep
-               else perplexity_only(model, blocks, batch_size, progress)),
+            **(layer_metrics(model, windows, span, batch_size, progress)
+               if options.layer_sweep else perplexity_only(model, windows, batch_size, progress)),
             "tokenizer_vocab_size": len(tokenizer),
         }
         check_finite_score(result["perplexity"], source.path, "perplexity")
-        if prune_curve:
-            result["prune_curve"] = pruning_curve(BlockRunner(model), blocks, method, result, batch_size, progress)
-        if generate:
+        if options.prune_curve:
+            result["prune_curve"] = pruning_curve(BlockRunner(model), windows, options.method, result, batch_size,
+                                                   progress)
+        if options.generate:
             result["generation"] = greedy_continuations(model, tokenizer, progress=progress)
-        if per_document:
-            result["per_document"] = evaluate_documents(model, tokenizer, texts, seq_len, batch_size, max_tokens,
-                                                        progress)
+        if options.per_document:
+            result["per_document"] = evaluate_documents(model, tokenizer, texts, seq_len, batch_size,
+                                                        options.max_tokens, progress)
         if tasks:
             from .task_drop import task_layer_drop
 
-            result["task_drop"] = {task: task_layer_drop(model, tokenizer, task, task_manager, limit=limit,
+            result["task_drop"] = {task: task_layer_drop(model, tokenizer, task, task_manager, limit=options.limit,
                                                          batch_size=batch_size, progress=progress) for task in tasks}
         write_json(tmp / ANALYSIS, result)
         plot_analysis(result, tmp)
     return result
 
 
-def layer_metrics(model, blocks: torch.Tensor, span: int, batch_size: int, progress: bool) -> dict:
+def layer_metrics(model, windows: torch.Tensor, span: int, batch_size: int, progress: bool) -> dict:
     """Perplexity, layer drop, angular distances and block influence (one sweep), and gradient
-    norms; with the per-block (and per-batch) values the report bootstraps its intervals from."""
+    norms; with the per-window (and per-batch) values the report bootstraps its intervals from."""
     runner = BlockRunner(model)
     num_layers = runner.num_layers
     statistics = RepresentationStatistics(num_layers)
-    sweep = removal_sweep(runner, blocks, [[l] for l in range(num_layers)], batch_size, statistics, progress)
+    sweep = removal_sweep(runner, windows, [[l] for l in range(num_layers)], batch_size, statistics, progress)
     matrix = statistics.angular_distance_matrix()
-    grad_norms = grad_norm_per_layer(model, blocks, batch_size)
+    grad_norms = grad_norm_per_layer(model, windows, batch_size)
     return {
         "tokens": sweep["tokens"],
         "perplexity": sweep["perplexity"],
@@ -124,27 +117,27 @@ def layer_metrics(model, blocks: torch.Tensor, span: int, batch_size: int, progr
         "span": span,
         "block_influence": statistics.block_influence(),
         "grad_norm_per_layer": [sum(column) / len(grad_norms) for column in zip(*grad_norms)],  # mean over batches
-        "per_block": {  # evaluation block b (or batch b for gradients) -> one value per layer
-            "loss": sweep["block_losses"],
-            "loss_without_layer": [list(losses) for losses in zip(*sweep["removed_block_losses"])],
-            "angular_distance": statistics.block_angles,
+        "per_window": {  # evaluation window w (or batch b for gradients) -> one value per layer
+            "loss": sweep["window_losses"],
+            "loss_without_layer": [list(losses) for losses in zip(*sweep["removed_window_losses"])],
+            "angular_distance": statistics.window_angles,
             "grad_norm_per_layer": grad_norms,
         },
     }
 
 
-def perplexity_only(model, blocks: torch.Tensor, batch_size: int, progress: bool) -> dict:
-    """The perplexity, with the per-block losses its interval is bootstrapped from (no layer sweep)."""
-    scored = evaluate_perplexity(model, blocks, batch_size, progress)
+def perplexity_only(model, windows: torch.Tensor, batch_size: int, progress: bool) -> dict:
+    """The perplexity, with the per-window losses its interval is bootstrapped from (no layer sweep)."""
+    scored = evaluate_perplexity(model, windows, batch_size, progress)
     return {"tokens": scored["tokens"], "perplexity": scored["perplexity"],
-            "per_block": {"loss": scored["block_losses"]}}
+            "per_window": {"loss": scored["window_losses"]}}
 
 
-def pruning_curve(runner: BlockRunner, blocks: torch.Tensor, method: str, scores: dict, batch_size: int,
+def pruning_curve(runner: BlockRunner, windows: torch.Tensor, method: str, scores: dict, batch_size: int,
                   progress: bool) -> dict:
     """Perplexity with N = 1..L/2 blocks removed by ``method`` (ranked by ``scores``), in memory."""
     counts = list(range(1, runner.num_layers // 2 + 1))
     removals = [choose_layers(method, n, runner.num_layers, scores) for n in counts]
-    sweep = removal_sweep(runner, blocks, removals, batch_size, progress=progress, desc=f"prune curve ({method})")
+    sweep = removal_sweep(runner, windows, removals, batch_size, progress=progress, desc=f"prune curve ({method})")
     return {"method": method, "removed": counts, "perplexity": sweep["removed"], "layers": removals,
-            "block_losses": sweep["removed_block_losses"]}
+            "window_losses": sweep["removed_window_losses"]}

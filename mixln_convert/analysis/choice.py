@@ -9,12 +9,7 @@ pruning curve:
 """
 
 from ..errors import MixLNError
-from ..options import METHODS
-
-
-def check_method(method: str) -> None:
-    if method not in METHODS:
-        raise MixLNError(f"--method: unknown method {method!r} (choose from {', '.join(METHODS)})")
+from ..options import check_method
 
 
 def check_count(n: int, num_layers: int) -> None:
@@ -41,14 +36,14 @@ def span_distances(angular_distance_matrix: list[list[float]], n: int) -> list[f
     return [row[n - 1] for row in angular_distance_matrix if len(row) >= n]
 
 
-def layer_scores(model, blocks, method: str, batch_size: int = 4, progress: bool = True) -> dict:
-    """What ``method`` (angular or drop) ranks blocks by, measured with ``model`` on ``blocks`` (token ids)."""
+def layer_scores(model, windows, method: str, batch_size: int = 4, progress: bool = True) -> dict:
+    """What ``method`` (angular or drop) ranks blocks by, measured with ``model`` on ``windows`` (token ids)."""
     from .layers import BlockRunner, RepresentationStatistics, removal_sweep  # torch: only when measuring
 
     runner = BlockRunner(model)
     if method == "angular":
         statistics = RepresentationStatistics(runner.num_layers)
-        removal_sweep(runner, blocks, batch_size=batch_size, statistics=statistics, progress=progress)
+        removal_sweep(runner, windows, batch_size=batch_size, statistics=statistics, progress=progress)
         return {"angular_distance_matrix": statistics.angular_distance_matrix()}
-    sweep = removal_sweep(runner, blocks, [[l] for l in range(runner.num_layers)], batch_size, progress=progress)
+    sweep = removal_sweep(runner, windows, [[l] for l in range(runner.num_layers)], batch_size, progress=progress)
     return {"layer_drop": [p - sweep["perplexity"] for p in sweep["removed"]]}

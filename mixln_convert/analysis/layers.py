@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..architectures import architecture_of_model, model_blocks
-from ..evaluate import block_nll
+from ..evaluate import window_nll
 
 
 @dataclass
@@ -78,7 +78,7 @@ class BlockRunner:
 
     def nll(self, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         """Summed next-token negative log-likelihood of each row (as ``evaluate_perplexity`` scores it)."""
-        return block_nll(self.logits(hidden), input_ids)
+        return window_nll(self.logits(hidden), input_ids)
 
     def nll_without(self, stream: Stream, removed) -> torch.Tensor:
         """Summed NLL of the model with the blocks ``removed`` skipped, continuing from the stored
@@ -99,7 +99,7 @@ class RepresentationStatistics:
         self.cos_sum = torch.zeros(num_layers + 1, num_layers + 1, dtype=torch.float64)
         self.angle_sum = torch.zeros_like(self.cos_sum)
         self.tokens = 0
-        self.block_angles = []  # per evaluation block: the L angular distances of span 1
+        self.window_angles = []  # per evaluation window: the L angular distances of span 1
 
     def add(self, residual: list[torch.Tensor]) -> None:
         """Add one batch's stream (``residual``: L+1 tensors [batch, seq, hidden])."""
@@ -112,7 +112,7 @@ class RepresentationStatistics:
         self.angle_sum += angle.sum(-1).cpu()
         self.tokens += unit.shape[1]
         consecutive = torch.diagonal(angle, offset=1).T  # [L, tokens]: inputs of blocks l and l+1
-        self.block_angles += consecutive.reshape(self.num_layers, batch, seq).mean(-1).T.tolist()
+        self.window_angles += consecutive.reshape(self.num_layers, batch, seq).mean(-1).T.tolist()
 
     def angular_distance_matrix(self) -> list[list[float]]:
         """Row l, entry n-1: mean arccos(cos(x_l, x_{l+n})) / pi for n = 1..L-l (Gromov et al. 2024)."""
@@ -126,12 +126,12 @@ class RepresentationStatistics:
 
 
 @torch.no_grad()
-def removal_sweep(runner: BlockRunner, blocks: torch.Tensor, removals=(), batch_size: int = 4,
+def removal_sweep(runner: BlockRunner, windows: torch.Tensor, removals=(), batch_size: int = 4,
                   statistics: RepresentationStatistics | None = None, progress: bool = True,
                   desc: str = "layer sweep") -> dict:
     """Perplexity of the full model and of the model with each set of blocks in ``removals`` skipped.
 
-    One pass over ``blocks`` ([n, seq_len] token ids): each batch runs through the full model
+    One pass over ``windows`` ([n, seq_len] token ids): each batch runs through the full model
     once, keeping the residual stream at every block input; each removal then continues from
     the input of its first removed block, so skipping block l costs blocks l+1..L-1 and the
     head rather than a whole forward pass: about half the block work of L forward passes (the
@@ -139,14 +139,14 @@ def removal_sweep(runner: BlockRunner, blocks: torch.Tensor, removals=(), batch_
     Memory holds L+1 residual tensors of one batch; ``batch_size`` bounds it.
     ``statistics``, if given, sees every batch's stream.
     Returns ``perplexity``, ``removed`` (a perplexity per removal), ``tokens`` (positions scored),
-    and the mean NLL of each block: ``block_losses`` for the full model, ``removed_block_losses``
+    and the mean NLL of each window: ``window_losses`` for the full model, ``removed_window_losses``
     (one list per removal).
     """
-    full, removed = [], [[] for _ in removals]  # summed NLL of each block
-    batches = range(0, len(blocks), batch_size)
+    full, removed = [], [[] for _ in removals]  # summed NLL of each window
+    batches = range(0, len(windows), batch_size)
     with tqdm(total=len(batches) * (1 + len(removals)), desc=desc, disable=not progress, leave=False) as bar:
         for start in batches:
-            stream = runner.stream(blocks[start:start + batch_size].to(runner.model.device))
+            stream = runner.stream(windows[start:start + batch_size].to(runner.model.device))
             full += runner.nll(stream.residual[-1], stream.input_ids).tolist()
             if statistics is not None:
                 statistics.add(stream.residual)
@@ -154,16 +154,16 @@ def removal_sweep(runner: BlockRunner, blocks: torch.Tensor, removals=(), batch_
             for k, removal in enumerate(removals):
                 removed[k] += runner.nll_without(stream, removal).tolist()
                 bar.update()
-    scored = blocks.shape[1] - 1
+    scored = windows.shape[1] - 1
     tokens = len(full) * scored
     return {"perplexity": math.exp(sum(full) / tokens), "removed": [math.exp(sum(r) / tokens) for r in removed],
-            "tokens": tokens, "block_losses": [s / scored for s in full],
-            "removed_block_losses": [[s / scored for s in r] for r in removed]}
+            "tokens": tokens, "window_losses": [s / scored for s in full],
+            "removed_window_losses": [[s / scored for s in r] for r in removed]}
 
 
-def grad_norm_per_layer(model, blocks: torch.Tensor, batch_size: int = 4) -> list[list[float]]:
+def grad_norm_per_layer(model, windows: torch.Tensor, batch_size: int = 4) -> list[list[float]]:
     """L2 norm of the LM-loss gradient of each block's parameters, one list per batch of
-    ``batch_size`` blocks: the gradient of one minibatch step, as in training (the paper's
+    ``batch_size`` windows: the gradient of one minibatch step, as in training (the paper's
     per-layer gradient norms are those of training steps), and the spread across batches is
     what the report's uncertainty of a gradient-norm figure rests on.
 
@@ -171,9 +171,9 @@ def grad_norm_per_layer(model, blocks: torch.Tensor, batch_size: int = 4) -> lis
     """
     norms, layers = [], model_blocks(model)
     with torch.enable_grad():
-        for start in range(0, len(blocks), batch_size):
+        for start in range(0, len(windows), batch_size):
             model.zero_grad(set_to_none=True)
-            batch = blocks[start:start + batch_size].to(model.device)
+            batch = windows[start:start + batch_size].to(model.device)
             model(input_ids=batch, labels=batch, use_cache=False).loss.backward()
             norms.append([math.sqrt(sum(p.grad.float().pow(2).sum().item() for p in layer.parameters()
                                         if p.grad is not None)) for layer in layers])

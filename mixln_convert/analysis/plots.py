@@ -97,7 +97,7 @@ def plot_angular_matrix(result: dict, path: Path) -> None:
 
 
 def plot_grad_norms(result: dict, path: Path) -> None:
-    batches = len(result["per_block"]["grad_norm_per_layer"])
+    batches = len(result["per_window"]["grad_norm_per_layer"])
     fig, ax = _layer_figure(result, f"Gradient norm of each block's parameters (LM loss), mean over {batches} batches",
                             "gradient L2 norm")
     _bars(ax, result["grad_norm_per_layer"], result["layout"])

@@ -51,7 +51,7 @@ def _median_rms(batches) -> float:
 
 
 @torch.no_grad()
-def calibrate(prefix, blocks: torch.Tensor, batch_size: int = 4, progress: bool = True) -> dict:
+def calibrate(prefix, windows: torch.Tensor, batch_size: int = 4, progress: bool = True) -> dict:
     """Fit the Post-LN conversion of every block of ``prefix`` (see the module docstring).
 
     Returns per-block lists: ``input_scale`` and ``mid_scale`` (floats), ``post_attention_gain``
@@ -60,7 +60,7 @@ def calibrate(prefix, blocks: torch.Tensor, batch_size: int = 4, progress: bool 
     """
     eps = prefix.config.rms_norm_eps
     device = next(prefix.parameters()).device
-    batches = [blocks[s:s + batch_size].to(device) for s in range(0, len(blocks), batch_size)]
+    batches = [windows[s:s + batch_size].to(device) for s in range(0, len(windows), batch_size)]
     positions = [torch.arange(b.shape[1], device=device)[None] for b in batches]
     teacher = [prefix.embed_tokens(b).float() for b in batches]
     student = [t.clone() for t in teacher]

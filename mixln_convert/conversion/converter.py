@@ -10,49 +10,27 @@ from ..errors import MixLNError
 from ..io.atomic import atomic_output_dir
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable
-from ..io.writer import parse_size, tool_stamp, write_checkpoint
-from ..limits import check_positive, check_seed, check_seq_len, check_tokens
-from ..options import CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, MAX_SHARD_SIZE, STRATEGIES
+from ..io.writer import tool_stamp, write_checkpoint
+from ..limits import check_seq_len, parse_size
+from ..options import MAX_SHARD_SIZE, ConvertOptions
 from ..runtime import map_large_allocations
-from .layout import check_layout, post_ln_count
+from .layout import post_ln_count
 from .plan import ConversionPlan
 
 
-def parse_dtype(name: str | None) -> torch.dtype | None:
-    if name is None:
-        return None
-    dtypes = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-              "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-    if name not in dtypes:
-        raise MixLNError(f"--dtype: unknown dtype {name!r} (choose from {', '.join(dtypes)})")
-    return dtypes[name]
+TORCH_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+                "float16": torch.float16, "fp16": torch.float16}  # options.DTYPES, as torch's
 
 
-def convert(
-    src,
-    dst,
-    *,
-    alpha: float | None = None,
-    post_ln_layers: int | None = None,
-    layout: str = "mixln",
-    strategy: str = "calibrated",
-    scaled_init: bool = True,
-    calibration_data=None,
-    calibration_tokens: int = CALIBRATION_TOKENS,
-    calibration_seq_len: int = CALIBRATION_SEQ_LEN,
-    max_shard_size: str | int | None = None,
-    dtype: str | None = None,
-    seed: int = 0,
-    force: bool = False,
-    progress: bool = True,
-    statistics: dict | None = None,
-) -> Path:
+def convert(src, dst, options: ConvertOptions | None = None, *, force: bool = False, progress: bool = True,
+            statistics: dict | None = None, **settings) -> Path:
     """Convert the Pre-LN checkpoint ``src`` (HF folder or .gguf) into a Mix-LN folder ``dst``.
 
-    The first ``floor(alpha * L)`` blocks (or ``post_ln_layers``; default alpha 0.25) become
-    Post-LN; ``strategy`` says what their weights become (see :mod:`.plan`). ``layout="lns"``
-    makes a LayerNorm Scaling model instead (:mod:`.lns`): no block Post-LN, every block's norm
-    outputs scaled by 1/sqrt(l), its gains multiplied by sqrt(l) so that it computes the source's
+    ``options``: a :class:`~mixln_convert.options.ConvertOptions`, or its fields as ``settings``
+    (with ``options`` too: those fields replaced). The first ``floor(alpha * L)`` blocks (or
+    ``post_ln_layers``; default alpha 0.25) become Post-LN; ``strategy`` says what their weights
+    become (see :mod:`.plan`). ``layout="lns"`` makes a LayerNorm Scaling model instead (:mod:`.lns`):
+    no block Post-LN, every block's norm outputs scaled by 1/sqrt(l), its gains multiplied by sqrt(l) so that it computes the source's
     function (``strategy="scratch"``: freshly initialized, gains 1, as in the LNS paper). ``src``
     is never written; ``dst`` appears only when the whole conversion succeeded. Returns ``dst``.
 
@@ -65,14 +43,10 @@ def convert(
     one pass up to the largest count serves every smaller one; ``mixln-convert sweep``).
     """
     map_large_allocations()
-    if strategy not in STRATEGIES:
-        raise MixLNError(f"--strategy: unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
-    lns = check_layout(layout, alpha, post_ln_layers, strategy)
-    check_positive("--calibration-seq-len", calibration_seq_len)
-    check_tokens("--calibration-tokens", calibration_tokens)
-    check_seed(seed)
-    max_shard_bytes = None if max_shard_size is None else parse_size(max_shard_size)
-    out_dtype = parse_dtype(dtype)
+    options = ConvertOptions.given(options, settings)
+    max_shard_bytes = None if options.max_shard_size is None else parse_size(options.max_shard_size)
+    out_dtype = TORCH_DTYPES.get(options.dtype)
+    calibration_data, strategy = options.calibration_data, options.strategy
     inputs = {"SRC": src, "--calibration-data": calibration_data}
     if calibration_data is not None:
         check_readable(calibration_data, "--calibration-data")
@@ -80,9 +54,9 @@ def convert(
     source = open_checkpoint(src)
     arch = architecture_for(source.config, source.where)
     config = dict(source.config)
-    n_post = 0 if lns else post_ln_count(config["num_hidden_layers"], alpha, post_ln_layers)
+    n_post = 0 if options.lns else post_ln_count(config["num_hidden_layers"], options.alpha, options.post_ln_layers)
     if strategy == "calibrated" and n_post > 0:
-        check_seq_len("--calibration-seq-len", calibration_seq_len, config)
+        check_seq_len("--calibration-seq-len", options.calibration_seq_len, config)
     if max_shard_bytes is None:  # the writer buffers one output shard of computed tensors
         max_shard_bytes = min(parse_size(MAX_SHARD_SIZE), source.largest_shard_bytes())
     out_dtype = out_dtype or source.dtype()
@@ -92,18 +66,19 @@ def convert(
         stats = None
         if strategy == "calibrated" and n_post > 0:
             stats = first_blocks(statistics, n_post) if statistics else calibration_statistics(
-                source, arch, n_post, calibration_data, calibration_tokens, calibration_seq_len, progress)
-        plan = ConversionPlan(arch, config, n_post, strategy, scaled_init, seed, stats, out_dtype,
-                              lns_gains=lns and strategy != "scratch")
+                source, arch, n_post, calibration_data, options.calibration_tokens, options.calibration_seq_len,
+                progress)
+        plan = ConversionPlan(arch, config, n_post, strategy, options.scaled_init, options.seed, stats, out_dtype,
+                              lns_gains=options.lns and strategy != "scratch")
         # an LNS retrofit calibrates nothing: "exact" says what it is
         provenance = tool_stamp(source=str(Path(src).absolute()), strategy="exact" if plan.lns_gains else strategy,
-                                seed=seed, calibration=_provenance_of(stats))
+                                seed=options.seed, calibration=_provenance_of(stats))
         if strategy in ("reinit-post", "scratch"):
-            provenance["scaled_init"] = scaled_init
+            provenance["scaled_init"] = options.scaled_init
 
         def finished_config() -> dict:
-            return converted_config(config, arch, n_post, alpha, out_dtype,
-                                    {**provenance, "seconds": round(time.time() - started, 2)}, lns)
+            return converted_config(config, arch, n_post, options.alpha, out_dtype,
+                                    {**provenance, "seconds": round(time.time() - started, 2)}, options.lns)
 
         write_checkpoint(tmp, plan.tensors(source), finished_config, source, max_shard_bytes, desc="converting",
                          total=len(source.names()), progress=progress)
@@ -111,22 +86,22 @@ def convert(
 
 
 def calibration_statistics(source, arch, n_post, data, tokens, seq_len, progress) -> dict:
-    from ..data import read_texts, token_blocks
+    from ..data import read_texts, token_windows
     from ..surgery.prefix import load_prefix
     from .calibrate import calibrate
 
-    blocks = token_blocks(source.tokenizer, read_texts(data, split="calibration"), seq_len, tokens,
-                          flag="--calibration-seq-len", source=data or "embedded:calibration")
+    windows = token_windows(source.tokenizer, read_texts(data, split="calibration"), seq_len, tokens,
+                            flag="--calibration-seq-len", source=data or "embedded:calibration")
     device = "cuda" if torch.cuda.is_available() else "cpu"  # a few blocks: the GPU makes calibration instant
-    stats = calibrate(load_prefix(source, arch, n_post, device=device), blocks, progress=progress)
+    stats = calibrate(load_prefix(source, arch, n_post, device=device), windows, progress=progress)
     stats = {k: [v.cpu() if torch.is_tensor(v) else v for v in vs] for k, vs in stats.items()}
     for key, values in stats.items():
         for i, value in enumerate(values):
             if not torch.isfinite(torch.as_tensor(value)).all():
                 raise MixLNError(f"--calibration-data {data or 'embedded:calibration'}: calibration gave a "
                                  f"non-finite {key} in block {i}; the source's activations overflow on this text")
-    return {**stats, "data": str(data) if data else "embedded:calibration", "tokens": blocks.numel(),
-            "seq_len": blocks.shape[1]}
+    return {**stats, "data": str(data) if data else "embedded:calibration", "tokens": windows.numel(),
+            "seq_len": windows.shape[1]}
 
 
 def first_blocks(stats: dict, n: int) -> dict:

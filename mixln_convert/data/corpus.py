@@ -284,7 +284,7 @@ def read_texts(source=None, split: str = "validation") -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# token blocks
+# token windows
 
 
 def token_ids(tokenizer, texts: list[str], max_tokens: int | None = None) -> np.ndarray:

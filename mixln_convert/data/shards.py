@@ -6,8 +6,8 @@ split (``train``, ``validation``), files ``<split>-00000.bin``, ... of raw littl
 between documents, and ``mixln-tokens.json``: the settings they were made with (tokenizer hash,
 source files and sizes, the validation hold-out) and each shard's token count and sha256.
 
-The same layout as Megatron's and nanoGPT's ``.bin`` token files: ``np.memmap`` reads a block
-without reading anything else, so a training process touches only the blocks it trains on.
+The same layout as Megatron's and nanoGPT's ``.bin`` token files: ``np.memmap`` reads a window
+without reading anything else, so a training process touches only the windows it trains on.
 """
 
 import hashlib
@@ -177,7 +177,7 @@ def check_shards(folder: Path, manifest: dict, hashes: bool = False) -> None:
 
 class TokenShards:
     """One split of a tokenized folder as one token stream: ``len()`` and ``[a:b]`` slices (an
-    array), each shard memory-mapped on first use, so reading a block reads that block only.
+    array), each shard memory-mapped on first use, so reading a window reads that window only.
 
     Hashing every shard would read the whole corpus in every process, so a shard's content is
     checked where it is read instead: an id at or past ``id_limit`` (the tokenizer's size) is a
@@ -218,9 +218,9 @@ class TokenShards:
         return np.concatenate(pieces) if len(pieces) > 1 else (pieces[0] if pieces else np.zeros(0, self.dtype))
 
 
-class ShardBlocks:
-    """A token stream cut into ``n`` blocks of ``seq_len`` (the remainder dropped), read on demand:
-    what :func:`~.stream.blocks` gives for shards, as a reshaped array for an array."""
+class ShardWindows:
+    """A token stream cut into ``n`` windows of ``seq_len`` (the remainder dropped), read on demand:
+    what :func:`~.stream.windows` gives for shards, as a reshaped array for an array."""
 
     def __init__(self, stream: TokenShards, n: int, seq_len: int):
         self.stream, self.n, self.seq_len = stream, n, seq_len

@@ -1,5 +1,5 @@
 """The one data path of calibration, evaluation, heal and training: documents -> a token stream
-(EOS between documents) -> fixed-length blocks -> a seeded sampler that reshuffles at every pass.
+(EOS between documents) -> fixed-length windows -> a seeded sampler that reshuffles at every pass.
 
 Small text (calibration, evaluation, heal) becomes one cached int32 array; training data is a
 tokenized folder (:mod:`.shards`): the recipe's ``data.train`` itself, or its text tokenized once
@@ -18,10 +18,11 @@ import numpy as np
 from ..errors import MixLNError, warn
 from ..fetch import cache_dir
 from ..limits import check_processes
+from ..options import TokenizeOptions
 from ..io.hub import HubDataset
 from ..io.paths import resolved
 from .corpus import source_files, token_ids
-from .shards import MANIFEST, ShardBlocks, TokenShards, check_shards, is_tokens_folder, read_manifest
+from .shards import MANIFEST, ShardWindows, TokenShards, check_shards, is_tokens_folder, read_manifest
 from .tokenization import settings, source_sha256, tokenize, tokenizer_fingerprint
 
 
@@ -49,17 +50,17 @@ def token_stream(tokenizer, texts: list[str], max_tokens: int | None = None, wha
     return np.load(path, mmap_mode="r")
 
 
-def blocks(stream, seq_len: int, what: str, flag: str | None = "seq_len"):
-    """``stream`` (an array or :class:`TokenShards`) cut into [n, seq_len] blocks (a view, or blocks
+def windows(stream, seq_len: int, what: str, flag: str | None = "seq_len"):
+    """``stream`` (an array or :class:`TokenShards`) cut into [n, seq_len] windows (a view, or windows
     read on demand; the remainder is dropped). ``what`` names the text and ``flag`` the option that
-    set ``seq_len`` (None: the command fixes it) in the error when not one block fits."""
+    set ``seq_len`` (None: the command fixes it) in the error when not one window fits."""
     n = len(stream) // seq_len
     if n == 0:
         remedy = f"lower {flag} or give more text" if flag else "give more text"
-        raise MixLNError(f"{what}: gives only {len(stream)} tokens, less than one block of "
+        raise MixLNError(f"{what}: gives only {len(stream)} tokens, less than one window of "
                          f"{f'{flag} ' if flag else ''}{seq_len}{'' if flag else ' tokens'}: {remedy}")
     if isinstance(stream, TokenShards):
-        return ShardBlocks(stream, n, seq_len)
+        return ShardWindows(stream, n, seq_len)
     return stream[: n * seq_len].reshape(n, seq_len)
 
 
@@ -88,18 +89,19 @@ def load_splits(data, tokenizer, train_tokens: int, progress: bool = True) -> Sp
                              "folder, whose manifest fixes the validation split; set data.validation to null")
         folder = data.train
     else:
-        wanted = settings(tokenizer, data.train, data.validation, data.validation_fraction,
-                          max_tokens=train_tokens, max_validation_tokens=data.eval_tokens)
+        if data.num_proc:  # checked here as the recipe key, before the options name it --num-proc
+            check_processes("data.num_proc", data.num_proc)
+        options = TokenizeOptions(validation=data.validation, validation_fraction=data.validation_fraction,
+                                  num_proc=data.num_proc)
+        wanted = settings(tokenizer, data.train, options, max_tokens=train_tokens,
+                          max_validation_tokens=data.eval_tokens)
         key = hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()
         folder = cache_dir() / "tokens" / key[:32]
         if not is_tokens_folder(folder):
-            if data.num_proc:
-                check_processes("data.num_proc", data.num_proc)
             # runs on the same text share the folder: a second one waits for the first to finish it
-            tokenize(data.train, tokenizer, folder, validation=data.validation,
-                     validation_fraction=data.validation_fraction, num_proc=data.num_proc,
-                     max_tokens=train_tokens, max_validation_tokens=data.eval_tokens, force=True,
-                     progress=progress, wait=True, named=f"the token cache {folder} of data.train")
+            tokenize(data.train, tokenizer, folder, options, max_tokens=train_tokens,
+                     max_validation_tokens=data.eval_tokens, force=True, progress=progress, wait=True,
+                     named=f"the token cache {folder} of data.train")
     train, validation = open_tokens(folder, tokenizer)
     return Splits(train=train, validation=np.asarray(validation[: data.eval_tokens]))
 
@@ -120,14 +122,14 @@ def data_fingerprint(*sources: str | None) -> dict[str, str]:
     return found
 
 
-class PackedBlocks:
-    """``length`` training sequences drawn from ``blocks`` pass after pass, each pass in a fresh
+class PackedWindows:
+    """``length`` training sequences drawn from ``windows`` pass after pass, each pass in a fresh
     order seeded by (seed, pass). Sample i is a pure function of i, so the data position of a
     resumed run is simply the number of samples already drawn. The order is a
-    :class:`BlockOrder`, computed per sample: no array of the corpus's size is ever held."""
+    :class:`WindowOrder`, computed per sample: no array of the corpus's size is ever held."""
 
-    def __init__(self, blocks, length: int, seed: int):  # blocks: an [n, seq_len] array or ShardBlocks
-        self.blocks, self.length, self.seed = blocks, length, seed
+    def __init__(self, windows, length: int, seed: int):  # windows: an [n, seq_len] array or ShardWindows
+        self.windows, self.length, self.seed = windows, length, seed
 
     def __len__(self) -> int:
         return self.length
@@ -135,11 +137,11 @@ class PackedBlocks:
     def __getitem__(self, i: int):
         import torch
 
-        epoch, j = divmod(i, len(self.blocks))
-        return torch.from_numpy(self.blocks[BlockOrder(len(self.blocks), self.seed, epoch)(j)].astype(np.int64))
+        epoch, j = divmod(i, len(self.windows))
+        return torch.from_numpy(self.windows[WindowOrder(len(self.windows), self.seed, epoch)(j)].astype(np.int64))
 
 
-class BlockOrder:
+class WindowOrder:
     """A seeded pseudo-random permutation of range(n) evaluated one position at a time, in O(1)
     memory: a 4-round Feistel network over the smallest even bit width holding n, walking the
     cycle until the value falls inside range(n) (fewer than 4 steps expected)."""
@@ -174,10 +176,10 @@ class BlockOrder:
         return x
 
 
-def token_blocks(tokenizer, texts: list[str], seq_len: int, max_tokens: int | None = None, *,
-                 flag: str = "--seq-len", source=None):
-    """The documents' token stream cut into [n_blocks, seq_len] int64 blocks (which may span
-    documents): ``max_tokens`` tokens in whole blocks, at least one, and no more is tokenized.
+def token_windows(tokenizer, texts: list[str], seq_len: int, max_tokens: int | None = None, *,
+                  flag: str = "--seq-len", source=None):
+    """The documents' token stream cut into [n_windows, seq_len] int64 windows (which may span
+    documents): ``max_tokens`` tokens in whole windows, at least one, and no more is tokenized.
     Errors name ``flag`` (the option that set ``seq_len``) and ``source`` (where the text came from)."""
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
         raise MixLNError(f"{flag}: must be a positive integer, got {seq_len!r}")
@@ -185,8 +187,8 @@ def token_blocks(tokenizer, texts: list[str], seq_len: int, max_tokens: int | No
 
     want = None if max_tokens is None else max(1, max_tokens // seq_len) * seq_len
     what = str(source or "the text")
-    found = blocks(token_stream(tokenizer, texts, want, what), seq_len, what, flag)
+    found = windows(token_stream(tokenizer, texts, want, what), seq_len, what, flag)
     if want is not None and found.size < want:  # said, not silently capped: the result records what was used
-        warn(f"{what}: gives {found.size:,} tokens in blocks of {seq_len}, fewer than the {want:,} asked for; "
+        warn(f"{what}: gives {found.size:,} tokens in windows of {seq_len}, fewer than the {want:,} asked for; "
              "using those")
     return torch.from_numpy(found.astype(np.int64))

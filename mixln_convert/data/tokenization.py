@@ -32,7 +32,7 @@ from ..errors import MixLNError, warn
 from ..io.atomic import replace_dir, try_lock, wait_for_lock, write_atomic, write_failure
 from ..io.paths import resolved
 from ..io.hub import HubDataset
-from ..options import SHARD_TOKENS, VALIDATION_FRACTION
+from ..options import TokenizeOptions
 from .corpus import embedded_corpus, file_documents, source_files
 from .shards import (FORMAT, MANIFEST, TOKEN_SPLITS, VERSION, TokenShardWriter, check_shards, file_sha256,
                      read_manifest, token_dtype)
@@ -211,24 +211,22 @@ def _chunks(inputs, start: tuple[int, int]):
             yield (i, n), role, texts
 
 
-def settings(tokenizer, train, validation=None, validation_fraction: float = VALIDATION_FRACTION, seq_len: int | None = None,
-             shard_tokens: int = SHARD_TOKENS, max_tokens: int | None = None,
+def settings(tokenizer, train, options: TokenizeOptions = TokenizeOptions(), max_tokens: int | None = None,
              max_validation_tokens: int | None = None) -> dict:
     """What decides a tokenized folder's content: equal settings, equal shards. Each source file is
     recorded by its size and the sha256 of its whole content (one read, a fraction of what
     tokenizing it costs)."""
+    seq_len, shard_tokens = options.seq_len, options.shard_tokens
     if seq_len is not None:
-        if seq_len > shard_tokens:
-            raise MixLNError(f"--seq-len {seq_len} is more than --shard-tokens {shard_tokens}")
-        shard_tokens -= shard_tokens % seq_len  # a block never spans two shards
-    inputs = _inputs(train, validation)
+        shard_tokens -= shard_tokens % seq_len  # a window never spans two shards
+    inputs = _inputs(train, options.validation)
     encoder = Encoder(tokenizer)
     return {
         "format": FORMAT, "version": VERSION, "tokenizer_sha256": tokenizer_fingerprint(tokenizer),
         "eos_token_id": encoder.eos, "dtype": token_dtype(encoder.vocab_size), "shard_tokens": shard_tokens,
         "seq_len": seq_len, "max_tokens": max_tokens, "max_validation_tokens": max_validation_tokens,
         "validation": ({"rule": "the documents of the validation sources"} if inputs[0][0] == "validation" else
-                       {"rule": "sha256(document)[:8] < fraction * 2**64", "fraction": validation_fraction}),
+                       {"rule": "sha256(document)[:8] < fraction * 2**64", "fraction": options.validation_fraction}),
         "sources": [{"role": role, **record} for role, _, record in inputs],
     }
 
@@ -267,22 +265,20 @@ def _resumed(partial: Path, key: str, writers: dict) -> tuple[tuple[int, int], d
     return (0, 0), {s: 0 for s in TOKEN_SPLITS}
 
 
-def tokenize(train, tokenizer, out, *, validation=None, validation_fraction: float = VALIDATION_FRACTION, num_proc: int = 0,
-             seq_len: int | None = None, shard_tokens: int = SHARD_TOKENS, max_tokens: int | None = None,
+def tokenize(train, tokenizer, out, options: TokenizeOptions | None = None, *, max_tokens: int | None = None,
              max_validation_tokens: int | None = None, force: bool = False, progress: bool = True,
-             wait: bool = False, named: str | None = None) -> dict:
+             wait: bool = False, named: str | None = None, **fields) -> dict:
     """Tokenize the documents of ``train`` (a file, folder or glob; None: the embedded corpus) into the
-    tokenized folder ``out``; returns its manifest. ``validation`` (a source) is the validation split,
-    else a ``validation_fraction`` of the training documents held out by content hash; training
-    never sees a validation document. ``max_tokens``/``max_validation_tokens`` stop once both splits
-    have that many. ``num_proc`` worker processes tokenize (0: one per core for input over 16 MiB,
-    else none). ``out`` is written only when complete; an interrupted run resumes. Another run
+    tokenized folder ``out``; returns its manifest. ``options``: a
+    :class:`~mixln_convert.options.TokenizeOptions`, or its fields as keyword arguments (training
+    never sees a validation document). ``max_tokens``/``max_validation_tokens`` stop once both
+    splits have that many. ``out`` is written only when complete; an interrupted run resumes. Another run
     writing ``out`` is an error, or with ``wait`` (a shared cache) waited for, and its folder
     used. Messages call ``out`` ``named`` (default: ``--out OUT``)."""
     out = resolved(out)
     named = named or f"--out {out}"
-    wanted = settings(tokenizer, train, validation, validation_fraction, seq_len, shard_tokens, max_tokens,
-                      max_validation_tokens)
+    options = TokenizeOptions.given(options, fields)
+    wanted = settings(tokenizer, train, options, max_tokens, max_validation_tokens)
     partial = out.with_name(f".{out.name}.partial")
     while True:  # until the folder is there, made by another run, or this run holds the lock to write it
         try:
@@ -308,7 +304,8 @@ def tokenize(train, tokenizer, out, *, validation=None, validation_fraction: flo
         log.info(f"waiting for another run to finish tokenizing the same text ({partial})")
         wait_for_lock(partial)
     try:
-        return _build(wanted, out, partial, Encoder(tokenizer), train, validation, num_proc, progress)
+        return _build(wanted, out, partial, Encoder(tokenizer), train, options.validation, options.num_proc,
+                      progress)
     except MixLNError:  # bad input: a rerun needs other input, so nothing of this run can resume
         shutil.rmtree(partial, ignore_errors=True)
         raise

@@ -3,23 +3,22 @@
 import contextlib
 import json
 import time
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, fields
 from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..data import PackedBlocks, TokenShards, blocks, read_texts, token_blocks, token_stream
+from ..data import PackedWindows, TokenShards, read_texts, token_stream, token_windows, windows
 from ..errors import MixLNError, warn
 from ..evaluate import evaluate_documents, evaluate_perplexity
 from ..io.atomic import atomic_output_dir
 from ..io.paths import check_destination, check_readable
-from ..io.writer import parse_size, tool_stamp, write_checkpoint
-from ..limits import (check_batch_size, check_fraction, check_nonnegative, check_one_step, check_positive,
-                      check_positive_float, check_spike_factor, check_seed, check_seq_len, check_tokens)
+from ..io.writer import tool_stamp, write_checkpoint
+from ..limits import check_seq_len, parse_size
 from ..model.modeling_mixln import enable_checkpointing
-from ..options import EVAL_DATA, EVAL_TOKENS, HEAL_DTYPE, HEAL_DTYPES, LOSSES, MAX_SHARD_SIZE, HealSettings
+from ..options import EVAL_DATA, HealOptions
 from ..runtime import map_large_allocations
 from ..surgery.prefix import prefix_names
 from ..training.loop import (NonFiniteStep, StepGuard, adamw, block_grad_norms, clip_gradients, parameter_groups,
@@ -29,14 +28,16 @@ from .metrics import cached_teacher_metrics, check_finite, digest, warn_if_worse
 from .pair import load_models, open_pair, same_tokenizer
 
 
-def heal(converted, teacher, out, **settings) -> dict:
+def heal(converted, teacher, out, options: HealOptions | None = None, **settings) -> dict:
     """Heal the Mix-LN checkpoint ``converted`` against its Pre-LN original ``teacher``; write ``out``.
-    ``settings``: :class:`HealRun`'s keyword fields. Returns :meth:`HealRun.summary`."""
-    return HealRun(converted, teacher, out, **settings).run()
+    ``options``: a :class:`~mixln_convert.options.HealOptions`; ``settings``: :class:`HealRun`'s
+    keyword fields (with ``options``, those replaced). Returns :meth:`HealRun.summary`."""
+    given = {f.name: getattr(options, f.name) for f in fields(options)} if options is not None else {}
+    return HealRun(converted, teacher, out, **{**given, **settings}).run()
 
 
 @dataclass
-class HealRun(HealSettings):
+class HealRun(HealOptions):
     """A heal of ``converted``'s Post-LN blocks against ``teacher``, written to ``out``.
 
     Trains them on ``tokens`` tokens of ``data`` (a file, folder or glob, a list of documents or a
@@ -45,7 +46,7 @@ class HealRun(HealSettings):
     cosine decay, gradients clipped to ``grad_clip``. Before and after (and after each token count
     in ``eval_at``) it measures, on ``eval_tokens`` tokens of ``eval_data`` (a file, folder or glob;
     default the embedded validation split), the residual relative error and, with ``perplexity``,
-    the perplexity of the whole model in packed blocks and with each document scored on its own
+    the perplexity of the whole model in packed windows and with each document scored on its own
     (the teacher's once per run, for reference).
     ``dtype``: of the frozen weights, "fp32" or "bf16" (see :mod:`.pair`).
     ``activation_checkpointing``: keep only each block's input through a training step and
@@ -59,17 +60,7 @@ class HealRun(HealSettings):
     converted: str | Path
     teacher: str | Path
     out: str | Path
-    _: KW_ONLY  # the settings (HealSettings' too), keyword-only as heal() takes them
-    data: object = None
-    dtype: str = HEAL_DTYPE
-    warmup_ratio: float = 0.1
-    grad_clip: float = 1.0
-    eval_tokens: int = EVAL_TOKENS
-    eval_data: object = None
-    perplexity: bool = True
-    eval_at: tuple = ()
-    max_shard_size: str | int = MAX_SHARD_SIZE
-    seed: int = 0
+    _: KW_ONLY  # the options (HealOptions' too), keyword-only as heal() takes them
     force: bool = False
     progress: bool = True
     seq_len_flag: str | None = "--seq-len"
@@ -88,21 +79,7 @@ class HealRun(HealSettings):
 
     def check(self) -> dict:
         """Every check that needs no model, before anything is written, and the pair opened. Returns
-        the inputs the output must not replace."""
-        if self.loss not in LOSSES:
-            raise MixLNError(f"--loss: unknown loss {self.loss!r} (choose from {', '.join(LOSSES)})")
-        if self.dtype not in HEAL_DTYPES:
-            raise MixLNError(f"--dtype: unknown dtype {self.dtype!r} (choose from {', '.join(HEAL_DTYPES)})")
-        check_positive("--seq-len", self.seq_len)
-        check_batch_size("--batch-size", self.batch_size)
-        for flag, value in (("--tokens", self.tokens), ("--eval-tokens", self.eval_tokens)):
-            check_tokens(flag, value)
-        check_positive_float("--lr", self.lr)
-        check_fraction("warmup_ratio", self.warmup_ratio, high_open=True)
-        check_nonnegative("grad_clip", self.grad_clip)
-        check_spike_factor("--spike-factor", self.spike_factor)
-        check_seed(self.seed)
-        check_one_step(self.tokens, self.batch_size, self.seq_len)
+        the inputs the output must not replace (the numbers were checked when the run was made)."""
         self.steps = self.tokens // (self.batch_size * self.seq_len)
         self.max_shard_bytes = parse_size(self.max_shard_size)
         in_hand = isinstance(self.data, (list, np.ndarray, TokenShards))  # documents or a token stream, not a path
@@ -120,17 +97,17 @@ class HealRun(HealSettings):
         return inputs
 
     def setup(self) -> None:
-        """The training and held-out blocks, the models, the loss, and the teacher's figures."""
+        """The training and held-out windows, the models, the loss, and the teacher's figures."""
         self.started = time.time()
         if isinstance(self.data, (np.ndarray, TokenShards)):
             stream = self.data
         else:
             texts = self.data if isinstance(self.data, list) else read_texts(self.data, split="train")
             stream = token_stream(self.tokenizer, texts, self.tokens, _describe(self.data))
-        self.train_blocks = blocks(stream, self.seq_len, _describe(self.data), self.seq_len_flag)
+        self.train_windows = windows(stream, self.seq_len, _describe(self.data), self.seq_len_flag)
         self.documents = read_texts(self.eval_data, split="validation")  # scored packed, and one by one
-        self.eval_blocks = token_blocks(self.tokenizer, self.documents, self.seq_len, self.eval_tokens,
-                                        source=self.eval_data or EVAL_DATA)
+        self.eval_windows = token_windows(self.tokenizer, self.documents, self.seq_len, self.eval_tokens,
+                                          source=self.eval_data or EVAL_DATA)
         loss_class = distillation_loss(self.loss, self.activation_checkpointing)
         self.models = load_models(self.student_source, self.teacher_source, self.k,
                                   {"fp32": torch.float32, "bf16": torch.bfloat16}[self.dtype], self.device,
@@ -155,22 +132,22 @@ class HealRun(HealSettings):
         def measure() -> dict:
             teacher = self.models.teacher_model
             with self.precision():
-                return {"packed": evaluate_perplexity(teacher, self.eval_blocks, self.batch_size,
+                return {"packed": evaluate_perplexity(teacher, self.eval_windows, self.batch_size,
                                                       self.progress)["perplexity"],
                         "per_document": evaluate_documents(teacher, self.tokenizer, self.documents, self.seq_len,
                                                            self.batch_size, self.eval_tokens,
                                                            self.progress)["token_perplexity"]}
 
         return cached_teacher_metrics(
-            measure, teacher=self.teacher_source.fingerprint(), blocks=digest(self.eval_blocks.numpy().tobytes()),
+            measure, teacher=self.teacher_source.fingerprint(), windows=digest(self.eval_windows.numpy().tobytes()),
             documents=digest("\0".join(self.documents).encode()), seq_len=self.seq_len, eval_tokens=self.eval_tokens,
             batch_size=self.batch_size, dtype=self.dtype, device=self.device, torch=torch.__version__)
 
     def validate(self) -> dict:
         """The student's held-out figures as they stand: ``val_relative_error`` of the stream its prefix
         hands on against the teacher prefix's; with ``perplexity`` the whole model's ``val_loss`` and
-        ``val_ppl`` (packed blocks) and ``val_doc_ppl`` (each document on its own)."""
-        models, held_out, errors = self.models, self.eval_blocks, []
+        ``val_ppl`` (packed windows) and ``val_doc_ppl`` (each document on its own)."""
+        models, held_out, errors = self.models, self.eval_windows, []
         with self.precision():
             with torch.no_grad():
                 for start in range(0, len(held_out), self.batch_size):
@@ -196,8 +173,8 @@ class HealRun(HealSettings):
         optimizer = adamw(parameter_groups(layers, [], lr=self.lr, weight_decay=0.0))
         scheduler = warmup_cosine(optimizer, round(self.warmup_ratio * self.steps), self.steps)
         guard = StepGuard(self.spike_factor)
-        batches = torch.utils.data.DataLoader(PackedBlocks(self.train_blocks, self.steps * self.batch_size, self.seed),
-                                              batch_size=self.batch_size)
+        batches = torch.utils.data.DataLoader(
+            PackedWindows(self.train_windows, self.steps * self.batch_size, self.seed), batch_size=self.batch_size)
         pending, losses = sorted(self.eval_at), []
         with open(path, "w") as log:
             log.write(json.dumps({"step": 0, "tokens": 0, **before}) + "\n")
@@ -243,7 +220,7 @@ class HealRun(HealSettings):
             "perplexity": compared("val_ppl", "packed") if self.perplexity else None,
             "per_document_perplexity": compared("val_doc_ppl", "per_document") if self.perplexity else None,
             "evaluation": {"data": str(self.eval_data) if self.eval_data else EVAL_DATA,
-                           "tokens": self.eval_blocks[:, 1:].numel(), "seq_len": self.seq_len},
+                           "tokens": self.eval_windows[:, 1:].numel(), "seq_len": self.seq_len},
             "seconds": round(time.time() - self.started, 2),
         }
 

@@ -115,21 +115,23 @@ def timed(times: dict, name: str):
 
 
 class Stages:
-    """The stages of a multi-stage run (the demo, sweep, study), each in a folder of its own: its
-    result is written there with its sha256 when the stage is done, and with ``resume`` read back
-    instead of running the stage again (an edited or damaged one is refused, not half read);
-    ``times`` holds each stage's seconds."""
+    """The stages of a multi-stage run (the demo, sweep, study, train's arms), each in a folder of its
+    own: its result is written there with its sha256 when the stage is done, and with ``resume``
+    read back instead of running the stage again (an edited or damaged one is refused, not half
+    read); ``times`` holds each stage's seconds."""
 
     def __init__(self, resume: bool):
         self.resume, self.times = resume, {}
 
-    def run(self, name: str, folder: Path, work, atomic: bool = True):
+    def run(self, name: str, folder: Path, work, atomic: bool = True, record=None):
         """``work(folder)``'s result. ``atomic``: the stage works in a temporary folder renamed to
         ``folder`` when done, so an interrupted stage leaves nothing; else in ``folder`` itself (a
-        stage that resumes its own work, such as training)."""
-        done = folder / STAGE_RESULT
+        stage that resumes its own work, such as training). ``record``: (file name, reader) of the
+        result file ``work`` itself writes last into ``folder`` (a training arm's summary.json), read
+        back on resume instead of a result.json beside it."""
+        done = folder / (record[0] if record else STAGE_RESULT)
         if self.resume and done.is_file():
-            return read_checked(done, f"remove {folder} to run this stage again")
+            return record[1](done) if record else read_checked(done, f"remove {folder} to run this stage again")
         with timed(self.times, name):
             if atomic:
                 with atomic_output_dir(folder, force=True) as tmp:
@@ -138,8 +140,13 @@ class Stages:
             else:
                 folder.mkdir(parents=True, exist_ok=True)
                 result = work(folder)
-                write_checked(done, result)
+                if record is None:
+                    write_checked(done, result)
         return result
+
+    def done(self, folder: Path, record: str = STAGE_RESULT) -> bool:
+        """Whether a resumed run finds the stage in ``folder`` done (its result file there)."""
+        return self.resume and (folder / record).is_file()
 
 
 def write_checked(file: Path, result) -> None:
@@ -249,10 +256,10 @@ SUMMARY_FIELDS = {
     "layernorm_scaling": (lambda v: isinstance(v, bool), "true or false"),
     "heal_tokens": (_count, "a whole number >= 0"),
     "validation": (_evaluation, "an object with data (a string), tokens and seq_len (integers)"),
-    "initial_val_block_losses": (lambda v: _numbers(v) and len(v) > 0, "a non-empty list of numbers"),
-    "final_val_block_losses": (lambda v: _numbers(v) and len(v) > 0, "a non-empty list of numbers"),
+    "initial_val_window_losses": (lambda v: _numbers(v) and len(v) > 0, "a non-empty list of numbers"),
+    "final_val_window_losses": (lambda v: _numbers(v) and len(v) > 0, "a non-empty list of numbers"),
 }
-PER_BLOCK_TABLES = ("loss_without_layer", "angular_distance", "grad_norm_per_layer")  # rows of one value per layer
+PER_WINDOW_TABLES = ("loss_without_layer", "angular_distance", "grad_norm_per_layer")  # rows of one value per layer
 
 
 def _check_fields(record: dict, fields: dict, where: str, required=()) -> None:
@@ -283,8 +290,8 @@ def read_analysis(file: Path) -> dict:
     for key in layered:
         if len(analysis[key]) != num_layers:
             raise MixLNError(f"{file}: {key} has {len(analysis[key])} entries for {num_layers} layers")
-    if "per_block" in analysis:
-        _check_per_block(analysis, file)
+    if "per_window" in analysis:
+        _check_per_window(analysis, file)
     for task, drop in analysis.get("task_drop", {}).items():
         if len(drop["layer_drop"]) != num_layers:
             raise MixLNError(f"{file}: task_drop.{task}.layer_drop has {len(drop['layer_drop'])} entries for "
@@ -297,24 +304,24 @@ def has_layer_metrics(analysis: dict | None) -> bool:
     return bool(analysis) and "layer_drop" in analysis
 
 
-def _check_per_block(analysis: dict, file: Path) -> None:
-    """The per-block values the report bootstraps from: one loss per evaluation block, and per
-    block (or gradient batch) one value per layer; prune-curve losses per block likewise."""
-    per_block, num_layers = analysis["per_block"], analysis["num_layers"]
-    where = f"{file}: per_block"
-    if not isinstance(per_block, dict) or not _numbers(per_block.get("loss")) or not per_block["loss"]:
+def _check_per_window(analysis: dict, file: Path) -> None:
+    """The per-window values the report bootstraps from: one loss per evaluation window, and per
+    window (or gradient batch) one value per layer; prune-curve losses per window likewise."""
+    per_window, num_layers = analysis["per_window"], analysis["num_layers"]
+    where = f"{file}: per_window"
+    if not isinstance(per_window, dict) or not _numbers(per_window.get("loss")) or not per_window["loss"]:
         raise MixLNError(f"{where}: must be an object with loss, a non-empty list of numbers")
-    blocks = len(per_block["loss"])
-    for key in PER_BLOCK_TABLES if has_layer_metrics(analysis) else ():
-        table = per_block.get(key)
+    windows = len(per_window["loss"])
+    for key in PER_WINDOW_TABLES if has_layer_metrics(analysis) else ():
+        table = per_window.get(key)
         if not (isinstance(table, list) and table and all(_numbers(row) and len(row) == num_layers for row in table)):
             raise MixLNError(f"{where}.{key}: must be a non-empty list of rows of {num_layers} numbers")
-        if key != "grad_norm_per_layer" and len(table) != blocks:
-            raise MixLNError(f"{where}.{key}: {len(table)} rows for {blocks} evaluation blocks")
-    losses = analysis.get("prune_curve", {}).get("block_losses")
+        if key != "grad_norm_per_layer" and len(table) != windows:
+            raise MixLNError(f"{where}.{key}: {len(table)} rows for {windows} evaluation windows")
+    losses = analysis.get("prune_curve", {}).get("window_losses")
     if losses is not None and not (isinstance(losses, list) and len(losses) == len(analysis["prune_curve"]["removed"])
-                                   and all(_numbers(row) and len(row) == blocks for row in losses)):
-        raise MixLNError(f"{file}: prune_curve.block_losses: must hold one row of {blocks} numbers per removal")
+                                   and all(_numbers(row) and len(row) == windows for row in losses)):
+        raise MixLNError(f"{file}: prune_curve.window_losses: must hold one row of {windows} numbers per removal")
 
 
 def _read_json(file: Path) -> dict:

@@ -3,7 +3,6 @@
 
 import json
 import os
-import re
 import struct
 from importlib import resources
 from pathlib import Path
@@ -13,25 +12,11 @@ import torch
 from ..errors import MixLNError
 from .loader import StoredTensor
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 MODEL_CODE = ("configuration_mixln.py", "modeling_mixln.py")  # saved beside a Mix-LN checkpoint's weights
 # safetensors' names of the dtypes a checkpoint holds.
 _SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
                        torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
                        torch.uint8: "U8", torch.bool: "BOOL"}
-
-
-def parse_size(text: str | int, flag: str = "--max-shard-size") -> int:
-    """'5GB' -> 5e9, '500MiB' -> 500 * 2**20, 1000 -> 1000 (transformers' conventions); an error names ``flag``."""
-    if isinstance(text, int):
-        return text
-    match = _SIZE.match(str(text))
-    size = int(float(match.group(1)) * _UNITS[(match.group(2) or "").upper()]) if match else 0
-    if size < 1:
-        raise MixLNError(f"{flag}: cannot read size {text!r} (a positive size, e.g. 5GB, 500MB, 2GiB)")
-    return size
 
 
 def tool_stamp(**record) -> dict:

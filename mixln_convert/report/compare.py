@@ -14,25 +14,27 @@ from ..analysis.measures import coefficient_of_variation, deep_half
 from ..errors import MixLNError
 from ..io.paths import check_destination
 from ..io.runs import write_json
-from ..options import measured_on
+from ..options import CompareOptions, measured_on
 from . import uncertainty
 from .inputs import ARM_KINDS, PRUNE_FRACTIONS, Model, analysis_evaluation, load_inputs
 from .downstream import downstream_numbers
 from .uncertainty import LEVEL, Estimate, differs, estimate
 
-# Inputs without per-block values (older versions) have no interval: relative differences below
+# Inputs without per-window values (older versions) have no interval: relative differences below
 # 0.5% are called ties there (a judgement: 10^4-10^5 evaluation tokens rarely resolve less).
 TIE = 0.005
 PRUNE_VERDICT = "L/4"  # the pruning sentence compares models at this many removed blocks
 
 
-def compare(inputs, out, *, labels=(), allow_mismatch: bool = False, force: bool = False) -> dict:
+def compare(inputs, out, options: CompareOptions | None = None, *, force: bool = False, **settings) -> dict:
     """Write a report comparing ``inputs`` (analysis folders or files, train output folders) into
-    ``out``: report.md, report.html (figures embedded), the PNGs and comparison.json.
+    ``out``: report.md, report.html (figures embedded), the PNGs and comparison.json. ``options``: a
+    :class:`~mixln_convert.options.CompareOptions`, or its fields as ``settings``.
 
     Refuses analyses made with different tokenizers (their perplexities are not comparable)
     unless ``allow_mismatch``; returns {"summary": sentences, "notes": warnings, "models": numbers}.
     """
+    options = CompareOptions.given(options, settings)
     from ..io.atomic import atomic_output_dir
     from .downstream import beside_layer_drop, plot_task_drops
     from .plots import plot_report
@@ -41,8 +43,8 @@ def compare(inputs, out, *, labels=(), allow_mismatch: bool = False, force: bool
 
     protect = {f"#{i + 1}": path for i, path in enumerate(inputs)}
     check_destination(out, protect, force, flag="--out")
-    models = load_inputs(inputs, labels)
-    notes = check_tokenizers(models, allow_mismatch)
+    models = load_inputs(inputs, options.labels)
+    notes = check_tokenizers(models, options.allow_mismatch)
     estimates = {m.label: model_estimates(m) for m in models}
     numbers = {m.label: model_numbers(m, estimates[m.label]) for m in models}
     summary = _training_sentences(models, numbers, estimates) + _analysis_sentences(models, numbers, estimates)
@@ -78,30 +80,30 @@ def prune_points(analysis: dict) -> dict:
 
 def model_estimates(model: Model) -> dict[str, Estimate]:
     """Bootstrap estimates of the figures the summary compares, where the inputs hold the
-    per-block values (analyses and training runs of this version do)."""
+    per-window values (analyses and training runs of this version do)."""
     estimates = {}
-    if (validation := model.summary.get("validation")) and model.summary.get("final_val_block_losses"):
-        estimates["final_val_ppl"] = estimate(uncertainty.perplexity, model.summary["final_val_block_losses"],
+    if (validation := model.summary.get("validation")) and model.summary.get("final_val_window_losses"):
+        estimates["final_val_ppl"] = estimate(uncertainty.perplexity, model.summary["final_val_window_losses"],
                                               measured_on(validation))
     analysis = model.analysis
-    if not (analysis and "per_block" in analysis):
+    if not (analysis and "per_window" in analysis):
         return estimates
-    per_block, deep = analysis["per_block"], deep_half(analysis["num_layers"])
+    per_window, deep = analysis["per_window"], deep_half(analysis["num_layers"])
     where = measured_on(analysis_evaluation(analysis))
-    loss = np.asarray(per_block["loss"])[:, None]
+    loss = np.asarray(per_window["loss"])[:, None]
     estimates["perplexity"] = estimate(uncertainty.perplexity, loss[:, 0], where)
     if not model.layered:
         return estimates
     estimates["deep_layer_drop_relative"] = estimate(
-        uncertainty.relative_increase, np.hstack([loss, np.asarray(per_block["loss_without_layer"])[:, deep]]), where)
+        uncertainty.relative_increase, np.hstack([loss, np.asarray(per_window["loss_without_layer"])[:, deep]]), where)
     estimates["deep_angular_distance"] = estimate(uncertainty.mean_value,
-                                                  np.asarray(per_block["angular_distance"])[:, deep], where)
-    estimates["grad_norm_cv"] = estimate(uncertainty.variation_of_mean, per_block["grad_norm_per_layer"],
+                                                  np.asarray(per_window["angular_distance"])[:, deep], where)
+    estimates["grad_norm_cv"] = estimate(uncertainty.variation_of_mean, per_window["grad_norm_per_layer"],
                                          where + " (gradient batches)")
     curve = analysis.get("prune_curve", {})
     n = analysis["num_layers"] // PRUNE_FRACTIONS[PRUNE_VERDICT]
-    if "block_losses" in curve and n in curve["removed"]:
-        pruned = np.asarray(curve["block_losses"][curve["removed"].index(n)])[:, None]
+    if "window_losses" in curve and n in curve["removed"]:
+        pruned = np.asarray(curve["window_losses"][curve["removed"].index(n)])[:, None]
         estimates["prune_ratio"] = estimate(uncertainty.relative_increase, np.hstack([loss, pruned]), where)
     return estimates
 
@@ -162,7 +164,7 @@ def _with_interval(text: str, found: Estimate | None, percent: bool = False) -> 
 def _ranking(what: str, shown: dict, values: dict, verdict: str, highest: bool, found: dict) -> str:
     """'<what>: A 1.0 [interval], B 2.0; <verdict naming the best>.', where the best has the highest
     (or lowest) of ``values``. A model is tied with the best when the 95% bootstrap interval of
-    their difference includes 0 (``found``: label -> Estimate), or, for inputs without per-block
+    their difference includes 0 (``found``: label -> Estimate), or, for inputs without per-window
     values, when it is within TIE."""
     listed = ", ".join(f"{label} {text}" for label, text in shown.items())
     if len(values) < 2:
@@ -172,8 +174,8 @@ def _ranking(what: str, shown: dict, values: dict, verdict: str, highest: bool, 
     tied = [label for label in values if label == best or (
         not differs(found[label], found[best]) if bootstrapped else _tied(values[label], values[best]))]
     if len(tied) > 1:
-        why = (f"the {LEVEL:.0%} bootstrap interval of their difference over the evaluation blocks includes 0"
-               if bootstrapped else f"within {TIE:.1%}; no per-block values to bootstrap an interval from")
+        why = (f"the {LEVEL:.0%} bootstrap interval of their difference over the evaluation windows includes 0"
+               if bootstrapped else f"within {TIE:.1%}; no per-window values to bootstrap an interval from")
         return f"{what}: {listed}; {', '.join(tied[:-1])} and {tied[-1]} are too close to call ({why})."
     return f"{what}: {listed}; {verdict.format(best)}."
 
@@ -217,13 +219,13 @@ def _pair_sentences(m: Model, p: Model, numbers: dict, estimates: dict) -> list[
     if a is not None and b is not None:
         low, high = uncertainty.interval(a.draws / b.draws - 1)
         sentence += (f", {LEVEL:.0%} bootstrap interval [{_percent(low)}, {_percent(high)}] over the validation "
-                     "blocks)")
+                     "windows)")
         verdict = (f"too close to call: {tested['tokens_trained']:,} training tokens per arm and "
                    f"{tested['validation']['tokens']:,} validation tokens cannot decide between them"
                    if low <= 0 <= high else wins)
     else:
         sentence += ")"
-        verdict = (f"a tie (within {TIE:.1%}; no per-block values to bootstrap an interval from)"
+        verdict = (f"a tie (within {TIE:.1%}; no per-window values to bootstrap an interval from)"
                    if abs(change) < TIE else wins)
     sentence += f": {verdict}."
     if tested["tokens_trained"] != base["tokens_trained"]:
@@ -280,14 +282,14 @@ def _analysis_sentences(models: list[Model], numbers: dict, estimates: dict) -> 
     found = lambda name: {f["label"]: estimates[f["label"]].get(name) for f in analysed}  # noqa: E731
     wheres = {measured_on(f["evaluation"]) for f in analysed}
     sentences = [f"The analyses were measured on {' / '.join(sorted(wheres))}"
-                 + (" (not the same blocks for every model: compare with care)." if len(wheres) > 1 else ".")]
+                 + (" (not the same windows for every model: compare with care)." if len(wheres) > 1 else ".")]
     layered = [numbers[m.label] for m in models if m.layered]
     if layered:
         sentences += _layer_sentences(layered, estimates)
     else:
         sentences.append("No analysis holds the layer sweep (each was made with --no-layer-sweep), so no layer comparison.")
     during = [numbers[m.label] for m in models if "training_grad_norm_cv" in numbers[m.label]]
-    if during:  # one training step's gradient: no blocks to resample
+    if during:  # one training step's gradient: no windows to resample
         sentences.append(_ranking("The same at the last logged training step (one minibatch, no interval)",
                                   {f["label"]: f"{f['training_grad_norm_cv']:.3f}" for f in during},
                                   {f["label"]: f["training_grad_norm_cv"] for f in during},

@@ -76,7 +76,7 @@ class Model:
 
 
 def analysis_evaluation(analysis: dict) -> dict:
-    """The data, tokens and block length of an analysis (seq_len absent from older analyses)."""
+    """The data, tokens and window length of an analysis (seq_len absent from older analyses)."""
     return {"data": analysis.get("data", "unknown data"), "tokens": analysis.get("tokens", 0),
             "seq_len": analysis.get("seq_len", "unknown length")}
 

@@ -117,16 +117,16 @@ def plot_angular_matrices(models: list[Model], path: Path) -> None:
 
 
 def plot_grad_norms(models: list[Model], path: Path) -> None:
-    """Two panels, since they measure different things: the analysis's gradient (held-out blocks,
+    """Two panels, since they measure different things: the analysis's gradient (held-out windows,
     mean over its batches, the spread across batches as bars) and the last logged training step's."""
     fig, (analysis_ax, training_ax) = _figure("Gradient norm of each block's parameters", "block (layer index)",
                                               "gradient L2 norm", columns=2)
     analysed = _coloured(models, lambda m: m.layered)
     for m, color in analysed:
         norms = np.asarray(m.analysis["grad_norm_per_layer"])
-        batches = np.asarray(m.analysis.get("per_block", {}).get("grad_norm_per_layer", [norms]))
+        batches = np.asarray(m.analysis.get("per_window", {}).get("grad_norm_per_layer", [norms]))
         spread = np.clip([norms - batches.min(axis=0), batches.max(axis=0) - norms], 0, None)  # a hand-edited file
-        spread_of = f"mean of {len(batches)} batches, bars min-max" if "per_block" in m.analysis else "one gradient"
+        spread_of = f"mean of {len(batches)} batches, bars min-max" if "per_window" in m.analysis else "one gradient"
         analysis_ax.errorbar(range(len(norms)), norms, yerr=spread, color=color, marker="o", capsize=2,
                              label=f"{m.label} (analysis, {spread_of})")
     analysis_ax.set_title(f"analysis: LM loss on held-out text\n{_analysed_on(models)}", fontsize="medium")

@@ -118,7 +118,7 @@ def plot_perplexity(result: dict, path: Path) -> None:
         ax.axhline(np.mean([run["final_val_ppl"] for run in result["lns"]]), color="tab:green", linestyle="-.",
                    label="LNS retrofit, trained (validation)")
     scores = result["original"]["scores"]
-    ax.set(title=f"Perplexity by Post-LN ratio\n{scores['data']}, {scores['tokens']:,} tokens in blocks of "
+    ax.set(title=f"Perplexity by Post-LN ratio\n{scores['data']}, {scores['tokens']:,} tokens in windows of "
                  f"{scores['seq_len']}", xlabel="Post-LN blocks / L", ylabel="perplexity")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
@@ -181,7 +181,7 @@ def write_sweep_report(folder: Path, result: dict) -> None:
     for name, (plot, _) in images.items():
         plot(result, Path(folder) / name)
     budget = (f"heal {result['heal_tokens']:,} tokens, train {result['train_tokens']:,} tokens x {result['seeds']} "
-              f"seed(s); perplexities on {original['data']}, {original['tokens']:,} tokens in blocks of "
+              f"seed(s); perplexities on {original['data']}, {original['tokens']:,} tokens in windows of "
               f"{original['seq_len']} (per document: each document from its first token)")
     blocks = [
         ("h1", "Mix-LN alpha sweep"), ("p", f"`{result['source']}`, {result['num_layers']} blocks; {budget}."),

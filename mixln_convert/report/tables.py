@@ -8,9 +8,9 @@ from .inputs import PRUNE_FRACTIONS, Model
 from .render import MISSING
 
 PPL_NOTE = ("Validation perplexity is measured by the training run (summary.json, metrics.jsonl), analysis "
-            "perplexity by `mixln-convert analyze` (analysis.json), each on the text, token count and block "
-            "length in its 'measured on' column; at the defaults both score the same blocks and agree. Brackets: "
-            "95% bootstrap interval over the evaluation blocks.")
+            "perplexity by `mixln-convert analyze` (analysis.json), each on the text, token count and window "
+            "length in its 'measured on' column; at the defaults both score the same windows and agree. Brackets: "
+            "95% bootstrap interval over the evaluation windows.")
 
 
 def _ppl(value) -> str:

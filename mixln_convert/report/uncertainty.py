@@ -1,9 +1,9 @@
-"""Bootstrap intervals over evaluation blocks: how far a figure could move on other held-out text of
+"""Bootstrap intervals over evaluation windows: how far a figure could move on other held-out text of
 the same kind, and so which differences between models the report may call.
 
-Each figure is a statistic of per-block values (the mean NLL of each evaluation block, the angular
-distances within each block, the gradient norms of each batch). Resampling the blocks with
-replacement ``DRAWS`` times gives the statistic's spread. Figures measured on the same blocks
+Each figure is a statistic of per-window values (the mean NLL of each evaluation window, the angular
+distances within each window, the gradient norms of each batch). Resampling the windows with
+replacement ``DRAWS`` times gives the statistic's spread. Figures measured on the same windows
 resample the same rows (the generator is seeded by what was measured), so the draws of two
 models are paired and their difference keeps only the models' own disagreement.
 """
@@ -38,9 +38,9 @@ def interval(draws) -> tuple[float, float]:
 
 
 def estimate(statistic, samples, measured_on: str) -> Estimate:
-    """``statistic`` of ``samples`` ([n, ...], one row per evaluation block or batch) and of its
+    """``statistic`` of ``samples`` ([n, ...], one row per evaluation window or batch) and of its
     bootstrap resamples. ``statistic`` maps an array [draws, n, ...] to [draws]. ``measured_on``
-    names the blocks (data, block length, count): equal names give equal resamples."""
+    names the windows (data, window length, count): equal names give equal resamples."""
     samples = np.asarray(samples, dtype=float)
     seed = int.from_bytes(hashlib.sha256(f"{measured_on}|{len(samples)}".encode()).digest()[:8], "big")
     rows = np.random.default_rng(seed).integers(0, len(samples), (DRAWS, len(samples)))
@@ -48,13 +48,13 @@ def estimate(statistic, samples, measured_on: str) -> Estimate:
 
 
 def differs(a: Estimate, b: Estimate) -> bool:
-    """Whether the LEVEL interval of a - b (paired where both were measured on the same blocks) excludes 0."""
+    """Whether the LEVEL interval of a - b (paired where both were measured on the same windows) excludes 0."""
     low, high = interval(a.draws - b.draws)
     return low > 0 or high < 0
 
 
 def perplexity(losses) -> np.ndarray:
-    """exp of the mean block loss, per draw ([draws, n] -> [draws])."""
+    """exp of the mean window loss, per draw ([draws, n] -> [draws])."""
     return np.exp(losses.mean(axis=1))
 
 
@@ -67,7 +67,7 @@ def relative_increase(losses) -> np.ndarray:
 
 
 def mean_value(values) -> np.ndarray:
-    """Mean over blocks and columns ([draws, n, k] -> [draws])."""
+    """Mean over windows and columns ([draws, n, k] -> [draws])."""
     return values.mean(axis=(1, 2))
 
 

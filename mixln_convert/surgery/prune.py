@@ -8,14 +8,14 @@ import time
 from pathlib import Path
 
 from ..architectures import LNS_NORM_ROLES, lns_gain
-from ..analysis.choice import check_count, check_method, choose_layers, layer_scores, span_distances
+from ..analysis.choice import check_count, choose_layers, layer_scores, span_distances
 from ..errors import MixLNError
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination
 from ..io.atomic import atomic_output_dir
-from ..io.writer import parse_size, tool_stamp, write_checkpoint
-from ..limits import check_batch_size, check_positive, check_seq_len, check_tokens
-from ..options import BATCH_SIZE, MAX_SHARD_SIZE, PRUNE_SEQ_LEN, PRUNE_TOKENS
+from ..io.writer import tool_stamp, write_checkpoint
+from ..limits import check_seq_len, parse_size
+from ..options import PruneOptions
 
 _LAYER_RANGE = re.compile(r"([0-9]+)\s*(?:-\s*([0-9]+))?")  # ASCII digits only: '²'.isdigit() is True
 
@@ -40,27 +40,22 @@ def parse_layers(text: str, num_layers: int) -> list[int]:
     return sorted(layers)
 
 
-def prune(src, dst, *, layers: str | None = None, remove: int | None = None, method: str = "angular",
-          data=None, seq_len: int = PRUNE_SEQ_LEN, max_tokens: int = PRUNE_TOKENS, batch_size: int = BATCH_SIZE,
-          max_shard_size: str | int = MAX_SHARD_SIZE, force: bool = False, progress: bool = True) -> Path:
+def prune(src, dst, options: PruneOptions | None = None, *, force: bool = False, progress: bool = True,
+          **settings) -> Path:
     """Write ``src`` without some of its decoder blocks to ``dst``; returns ``dst``.
 
     Either ``layers`` names the blocks ('20-23,27'), or ``remove`` blocks are chosen by
     ``method`` (angular and drop measure ``src`` on ``data``, default the embedded calibration
-    split, ``max_tokens`` in blocks of ``seq_len``). The remaining blocks are renumbered and
+    split, ``max_tokens`` in windows of ``seq_len``). The remaining blocks are renumbered and
     ``num_hidden_layers`` updated; for a Mix-LN model ``post_ln_layers`` counts the Post-LN
     blocks left. A Mix-LN model left with no Post-LN block stays a Mix-LN checkpoint with
     ``post_ln_layers`` 0 (all Pre-LN, numerically a LLaMA): its model type and provenance are
     kept. What was removed, and why, is appended to ``mixln_provenance["pruned"]`` (Mix-LN) or
     to the top-level ``pruned`` list (plain LLaMA) of config.json.
     """
-    if (layers is None) == (remove is None):
-        raise MixLNError("--layers and --remove: give exactly one of them")
-    check_method(method)
-    check_positive("--seq-len", seq_len)
-    check_batch_size("--batch-size", batch_size)
-    check_tokens("--max-tokens", max_tokens)
-    max_shard_bytes = parse_size(max_shard_size)
+    options = PruneOptions.given(options, settings)
+    layers, remove, method, data = options.layers, options.remove, options.method, options.data
+    max_shard_bytes = parse_size(options.max_shard_size)
     inputs = {"CKPT": src, "--data": data}
     check_destination(dst, inputs, force, flag="OUT")
     source = open_checkpoint(src)
@@ -70,11 +65,10 @@ def prune(src, dst, *, layers: str | None = None, remove: int | None = None, met
     else:
         check_count(remove, num_layers)
         if method != "last":
-            check_seq_len("--seq-len", seq_len, source.config)
+            check_seq_len("--seq-len", options.seq_len, source.config)
     with atomic_output_dir(dst, force=force, protect=inputs) as tmp:
         started = time.time()
-        removed, reason = select_layers(source, num_layers, layers, remove, method, data, seq_len, max_tokens,
-                                        batch_size, progress)
+        removed, reason = select_layers(source, num_layers, options, progress)
         record = tool_stamp(source=str(Path(src).absolute()), num_layers_before=num_layers, removed_layers=removed,
                             **reason, seconds=round(time.time() - started, 2))
         write_checkpoint(tmp, kept_tensors(source, source.arch, removed),
@@ -83,21 +77,21 @@ def prune(src, dst, *, layers: str | None = None, remove: int | None = None, met
     return Path(dst)
 
 
-def select_layers(source, num_layers, layers, remove, method, data, seq_len, max_tokens, batch_size,
-                  progress) -> tuple[list[int], dict]:
+def select_layers(source, num_layers: int, options: PruneOptions, progress: bool) -> tuple[list[int], dict]:
     """The blocks to remove from ``source`` and why: the method and the scores it ranked by."""
+    layers, remove, method, data = options.layers, options.remove, options.method, options.data
     if layers is not None:
         return parse_layers(layers, num_layers), {"method": "explicit"}
     if method == "last":
         return choose_layers(method, remove, num_layers), {"method": method}
     import torch
 
-    from ..data import read_texts, token_blocks
+    from ..data import read_texts, token_windows
 
-    blocks = token_blocks(source.tokenizer, read_texts(data, split="calibration"), seq_len, max_tokens,
-                          source=data or "embedded:calibration")
-    scores = layer_scores(source.model(dtype=torch.float32), blocks, method, batch_size, progress)
-    reason = {"method": method, "data": str(data) if data else "embedded:calibration", "tokens": blocks.numel()}
+    windows = token_windows(source.tokenizer, read_texts(data, split="calibration"), options.seq_len,
+                            options.max_tokens, source=data or "embedded:calibration")
+    scores = layer_scores(source.model(dtype=torch.float32), windows, method, options.batch_size, progress)
+    reason = {"method": method, "data": str(data) if data else "embedded:calibration", "tokens": windows.numel()}
     if method == "angular":
         reason["angular_distance_by_start"] = span_distances(scores["angular_distance_matrix"], remove)
     else:

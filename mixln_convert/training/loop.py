@@ -6,7 +6,7 @@ The guard exists because a non-finite gradient with a finite loss is clipped int
 and AdamW then writes NaN weights even at lr 0: the loss alone does not tell. So the loss and the
 global gradient norm are both checked before any update, and a non-finite one stops the run with
 one line naming the step, the first block whose gradient is non-finite and the samples of the
-step (a batch is a pure function of its sample indices, :class:`~mixln_convert.data.PackedBlocks`,
+step (a batch is a pure function of its sample indices, :class:`~mixln_convert.data.PackedWindows`,
 so it can be replayed on CPU). A loss spike (``spike_factor`` times the mean of the last
 ``spike_window`` losses) skips the update instead, up to ``max_skips`` in a row.
 """

@@ -31,12 +31,10 @@ from ..architectures import model_blocks
 from ..errors import MixLNError
 from ..io.loader import open_checkpoint, read_json
 from ..io.validate import check_config, check_config_loads
-from ..io.writer import parse_size
-from ..limits import MAX_PROCESSES
-from ..options import DEVICES, TRAINING_STRATEGIES
+from ..limits import MAX_PROCESSES, MAX_SIZE, parse_size
+from ..options import EstimateOptions
 
 USABLE = 0.9
-MAX_MEMORY = 2**50  # 1 PiB per process: far beyond any device, so a typo's extra zeros are refused
 # bytes per token and vocabulary entry that the backward adds to the saved log-softmax: the fp32
 # gradients of the loss w.r.t. log-softmax's output and input, both alive at the peak
 LOSS_GRADIENTS = 8
@@ -66,7 +64,7 @@ def sized_for(recipe_file: Path) -> Hardware | None:
         match = _SIZED_FOR.match(line)
         if match:
             processes, memory = int(match.group(1)), int(float(match.group(2)) * 1e9)
-            if not (1 <= processes <= MAX_PROCESSES and 1 <= memory <= MAX_MEMORY):
+            if not (1 <= processes <= MAX_PROCESSES and 1 <= memory <= MAX_SIZE):
                 raise MixLNError(f"{recipe_file}: {line!r}: the processes must be in [1, {MAX_PROCESSES}] and the "
                                  "memory in (0, 1 PiB]")
             strategy = (match.group(4) or ("single" if processes == 1 else "ddp")).lower()
@@ -74,26 +72,18 @@ def sized_for(recipe_file: Path) -> Hardware | None:
     return None
 
 
-def choose_hardware(stated: Hardware | None, processes: int | None = None, strategy: str | None = None,
-                    device: str | None = None, memory: str | None = None) -> Hardware:
-    """The hardware of an estimate: each flag given, else what the recipe states, else one 80 GB GPU."""
-    stated = stated or DEFAULT_HARDWARE
-    processes = processes or stated.processes
-    if not (isinstance(processes, int) and 1 <= processes <= MAX_PROCESSES):
-        raise MixLNError(f"--processes: must be an integer in [1, {MAX_PROCESSES}], got {processes!r}")
+def choose_hardware(stated: Hardware | None, options: EstimateOptions | None = None, **settings) -> Hardware:
+    """The hardware of an estimate: each of the ``options`` (an EstimateOptions, or its fields as
+    ``settings``) given, else what the recipe states, else one 80 GB GPU."""
+    options, stated = EstimateOptions.given(options, settings), stated or DEFAULT_HARDWARE
+    processes = options.processes or stated.processes
+    strategy = options.strategy
     if strategy is None:  # a recipe sized for one GPU, estimated on several: replicated (DDP)
         strategy = stated.strategy if stated.strategy != "single" or processes == 1 else "ddp"
-    if strategy not in TRAINING_STRATEGIES:
-        raise MixLNError(f"--strategy: must be one of {', '.join(TRAINING_STRATEGIES)}, got {strategy!r}")
     if strategy == "single" and processes > 1:
         raise MixLNError(f"--strategy single runs one process, not {processes} (ddp or fsdp for several)")
-    device = device or stated.device
-    if device not in DEVICES:
-        raise MixLNError(f"--device: must be one of {', '.join(DEVICES)}, got {device!r}")
-    size = stated.memory if memory is None else parse_size(memory, "--memory")
-    if size > MAX_MEMORY:
-        raise MixLNError(f"--memory: {memory} is more than 1 PiB per process")
-    return Hardware(processes, strategy, device, size)
+    memory = stated.memory if options.memory is None else parse_size(options.memory, "--memory")
+    return Hardware(processes, strategy, options.device or stated.device, memory)
 
 
 @dataclass(frozen=True)

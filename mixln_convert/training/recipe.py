@@ -100,7 +100,7 @@ class Recipe:
     conversion: Conversion = field(default_factory=Conversion)
     heal: Heal = field(default_factory=Heal)
     data: Data = field(default_factory=Data)
-    seq_len: int = EVAL_SEQ_LEN  # the paper's (LLaMA-71M..1B); validation blocks have it too
+    seq_len: int = EVAL_SEQ_LEN  # the paper's (LLaMA-71M..1B); validation windows have it too
     micro_batch_size: int = 4  # sequences per forward pass and process
     global_batch_size: int = 32  # sequences per optimizer step, all processes and accumulation together
     max_tokens: int = 1_000_000  # training budget; steps = max_tokens // (global_batch_size * seq_len)

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from ..architectures import model_blocks
-from ..data import PackedBlocks, Splits, blocks
+from ..data import PackedWindows, Splits, windows
 from ..data.shards import file_sha256
 from ..errors import MixLNError, warn
 from ..evaluate import evaluate_perplexity
@@ -51,7 +51,7 @@ class Run:
     optimizer: torch.optim.Optimizer
     scheduler: object
     loader: DataLoader
-    validation: np.ndarray  # [m, seq_len] validation blocks
+    validation: np.ndarray  # [m, seq_len] validation windows
     steps: int
     step_tokens: int
     accumulation: int
@@ -95,9 +95,10 @@ def train_arm(recipe: Recipe, arm: str, folder: Path, source: str, splits: Split
         "final_val_loss": record["val_loss"], "final_val_ppl": record["val_ppl"],
         "initial_val_loss": initial["val_loss"], "initial_val_ppl": initial["val_ppl"],
         "validation": {"data": validation_source(recipe.data),
-                       "tokens": len(initial["val_block_losses"]) * (recipe.seq_len - 1),
+                       "tokens": len(initial["val_window_losses"]) * (recipe.seq_len - 1),
                        "seq_len": recipe.seq_len},
-        "initial_val_block_losses": initial["val_block_losses"], "final_val_block_losses": record["val_block_losses"],
+        "initial_val_window_losses": initial["val_window_losses"],
+        "final_val_window_losses": record["val_window_losses"],
         "tokens_per_s": (run.steps - start) * run.step_tokens / train_time, "parameters": run.parameters,
         "num_layers": run.config.num_hidden_layers, "post_ln_layers": getattr(run.config, "post_ln_layers", 0),
         "layernorm_scaling": getattr(run.config, "layernorm_scaling", False),
@@ -150,8 +151,8 @@ def setup(recipe: Recipe, folder: Path, source: str, splits: Splits, accumulatio
                                        weight_decay=optim.weight_decay, post_ln_lr_scale=optim.post_ln_lr_scale),
                       betas=optim.betas, eps=optim.eps)
     scheduler = warmup_cosine(optimizer, recipe.schedule.warmup_steps, steps, recipe.schedule.min_lr_ratio)
-    train_blocks, validation = split_blocks(recipe, splits)
-    data = PackedBlocks(train_blocks, steps * recipe.global_batch_size, recipe.seed)
+    train_windows, validation = split_windows(recipe, splits)
+    data = PackedWindows(train_windows, steps * recipe.global_batch_size, recipe.seed)
     loader = DataLoader(data, batch_size=recipe.micro_batch_size, **loader_options(accelerator.device))
     if recipe.fsdp:
         loader = accelerator.prepare(loader)
@@ -181,16 +182,16 @@ def refuse_accelerate_fsdp() -> None:
                          "recipe key fsdp: true")
 
 
-def split_blocks(recipe: Recipe, splits: Splits):
-    """The training and validation streams in blocks of ``seq_len``; refuses a split shorter than one block."""
-    return (blocks(splits.train, recipe.seq_len, recipe.data.train or "embedded:train"),
-            blocks(splits.validation, recipe.seq_len, validation_source(recipe.data)))
+def split_windows(recipe: Recipe, splits: Splits):
+    """The training and validation streams in windows of ``seq_len``; refuses a split shorter than one window."""
+    return (windows(splits.train, recipe.seq_len, recipe.data.train or "embedded:train"),
+            windows(splits.validation, recipe.seq_len, validation_source(recipe.data)))
 
 
 def fit(run: Run, recipe: Recipe, arm: str, folder: Path, start: int, progress: bool) -> tuple[dict, float]:
     """Optimizer steps ``start + 1 .. run.steps``, logging, validating and checkpointing as the
     recipe says; returns the last step's record and the seconds spent in steps."""
-    accelerator, model = run.accelerator, run.model
+    accelerator = run.accelerator
     main = accelerator.is_main_process
     batches = iter(accelerator.skip_first_batches(run.loader, start * run.accumulation) if start else run.loader)
     record, train_time = {}, 0.0
@@ -251,8 +252,8 @@ def _micro_step(run: Run, batch: torch.Tensor, last: bool) -> torch.Tensor:
 
 
 def validate(run: Run, batch_size: int) -> dict:
-    """Validation loss and the loss of each validation block (in block order), from which the
-    report bootstraps intervals: each process scores an equal share of the blocks (equal, so
+    """Validation loss and the loss of each validation window (in window order), from which the
+    report bootstraps intervals: each process scores an equal share of the windows (equal, so
     FSDP's collective forwards line up), then the shares are gathered."""
     accelerator, model = run.accelerator, run.model
     world, rank = accelerator.num_processes, accelerator.process_index
@@ -260,10 +261,10 @@ def validate(run: Run, batch_size: int) -> dict:
     model.eval()
     measured = evaluate_perplexity(model, torch.from_numpy(share.astype("int64")), batch_size, progress=False)
     model.train()
-    gathered = accelerator.gather(torch.tensor(measured["block_losses"], device=accelerator.device))
-    block_losses = gathered.view(world, -1).T.flatten().tolist()  # rank r held blocks r, r + world, ...
-    loss = sum(block_losses) / len(block_losses)
-    return {"val_loss": loss, "val_ppl": math.exp(loss), "val_block_losses": block_losses}
+    gathered = accelerator.gather(torch.tensor(measured["window_losses"], device=accelerator.device))
+    window_losses = gathered.view(world, -1).T.flatten().tolist()  # rank r held windows r, r + world, ...
+    loss = sum(window_losses) / len(window_losses)
+    return {"val_loss": loss, "val_ppl": math.exp(loss), "val_window_losses": window_losses}
 
 
 def validation_source(data) -> str:
