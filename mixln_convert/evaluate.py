@@ -13,8 +13,10 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .errors import MixLNError
+from .io.paths import check_readable, checkpoint_path
 from .limits import check_seq_len
 from .options import EVAL_DATA, EvalOptions
+from .runtime import map_large_allocations
 
 
 def window_nll(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -123,6 +125,9 @@ def prepare_scoring(ckpt, options: EvalOptions | None = None, **settings) -> Sco
     from .io.loader import open_checkpoint
 
     options = EvalOptions.given(options, settings)
+    ckpt = checkpoint_path(ckpt, "CKPT")
+    if options.data is not None:
+        check_readable(options.data, "--data")
     source = open_checkpoint(ckpt)
     packed = not options.tasks
     if not (packed or options.per_document):  # greedy continuations only: no text, no windows
@@ -164,6 +169,7 @@ def score_checkpoint(ckpt, options: EvalOptions | None = None, *, task_manager=N
     it loads) instead of the packed perplexity. ``options``: an
     :class:`~mixln_convert.options.EvalOptions`, or its fields as ``settings``; ``task_manager``, if
     given, is the :func:`~mixln_convert.downstream.known_tasks` of the options' tasks."""
+    map_large_allocations()
     options = EvalOptions.given(options, settings)
     if not options.tasks:
         return run_scoring(prepare_scoring(ckpt, options), progress=progress)

@@ -4,13 +4,14 @@ from pathlib import Path
 
 from .architectures import architecture_of_any
 from .io.loader import open_checkpoint
+from .io.paths import checkpoint_path
 
 NORM_ROLES = ("input_norm", "post_attention_norm", "post_feedforward_norm")
 CELL = 30  # width of a "mean ±std [min,max]" gain cell; wider values widen their row rather than being cut
 
 
 def describe(ckpt) -> dict:
-    source = open_checkpoint(ckpt)
+    source = open_checkpoint(checkpoint_path(ckpt, "CKPT"))
     config = source.config
     arch = architecture_of_any(config, str(ckpt))
     names = set(source.names())

@@ -102,6 +102,15 @@ class Options:
                 raise MixLNError(f"--{name.replace('_', '-')}: {why}; this run would ignore it")
 
 
+class ShardSized:
+    """Options that write a checkpoint: ``max_shard_size`` as given ('5GB', or bytes), in bytes (None:
+    the command's own default)."""
+
+    @property
+    def max_shard_bytes(self) -> int | None:
+        return None if self.max_shard_size is None else parse_size(self.max_shard_size)
+
+
 @dataclass(kw_only=True)
 class HealSettings:
     """The settings of a heal's training that a recipe's ``heal`` section holds too: healing/run.py's
@@ -116,7 +125,7 @@ class HealSettings:
 
 
 @dataclass(kw_only=True)
-class HealOptions(Options, HealSettings):
+class HealOptions(Options, HealSettings, ShardSized):
     """A heal's options (``mixln-convert heal``'s; healing/run.py's HealRun adds the models and the
     output): ``data`` to train on (a text path; the API also takes documents or a token stream in
     hand), ``dtype`` of the frozen weights, AdamW with ``warmup_ratio`` of the steps of warmup and
@@ -147,11 +156,11 @@ class HealOptions(Options, HealSettings):
         check_spike_factor("--spike-factor", self.spike_factor)
         check_seed(self.seed)
         check_one_step(self.tokens, self.batch_size, self.seq_len)
-        parse_size(self.max_shard_size)
+        self.max_shard_bytes  # parsed: a bad size is refused here, once
 
 
 @dataclass(frozen=True, kw_only=True)
-class ConvertOptions(Options):
+class ConvertOptions(Options, ShardSized):
     """What a conversion makes (``mixln-convert convert``'s options; conversion/converter.py acts on
     them): checked once, here, when made; each error names the flag. ``alpha`` None: ``post_ln_layers``,
     else ALPHA. The calibration options apply to the calibrated strategy of a Mix-LN layout only."""
@@ -182,8 +191,7 @@ class ConvertOptions(Options):
         check_positive("--calibration-seq-len", self.calibration_seq_len)
         check_tokens("--calibration-tokens", self.calibration_tokens)
         check_seed(self.seed)
-        if self.max_shard_size is not None:
-            parse_size(self.max_shard_size)
+        self.max_shard_bytes  # parsed: a bad size is refused here, once
         if self.lns:
             for flag, value in (("--alpha", self.alpha), ("--post-ln-layers", self.post_ln_layers)):
                 if value is not None:
@@ -266,7 +274,7 @@ class AnalyzeOptions(EvalOptions):
 
 
 @dataclass(frozen=True, kw_only=True)
-class PruneOptions(Measurement):
+class PruneOptions(Measurement, ShardSized):
     """``mixln-convert prune``'s options (surgery/prune.py): either ``layers`` names the blocks to
     remove ('20-23,27'), or ``remove`` blocks are chosen by ``method`` (angular and drop measure the
     model on the Measurement's text, default the embedded calibration split)."""
@@ -284,7 +292,7 @@ class PruneOptions(Measurement):
         if self.remove is not None:
             check_positive("--remove", self.remove)
         check_method(self.method)
-        parse_size(self.max_shard_size)
+        self.max_shard_bytes  # parsed: a bad size is refused here, once
 
 
 def check_method(method: str) -> None:
@@ -334,8 +342,11 @@ class EstimateOptions(Options):
                                      ("--device", self.device, DEVICES)):
             if value is not None and value not in choices:
                 raise MixLNError(f"{flag}: must be one of {', '.join(choices)}, got {value!r}")
-        if self.memory is not None:
-            parse_size(self.memory, "--memory")
+        self.memory_bytes  # parsed: a bad size is refused here, once
+
+    @property
+    def memory_bytes(self) -> int | None:
+        return None if self.memory is None else parse_size(self.memory, "--memory")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,7 +20,7 @@ from .errors import MixLNError, warn
 from .fetch import cache_dir
 from .io.atomic import scratch_dir, write_atomic
 from .io.loader import open_checkpoint
-from .io.paths import check_destination, check_not_input
+from .io.paths import check_destination, check_not_input, check_readable, checkpoint_path
 from .io.runs import SUMMARY, Stages, claim_run, read_summary, record_run, write_json
 from .limits import check_force_or_resume, check_one_step, check_seq_len, check_tokens
 from .options import DEMO_LR, EVAL_DATA, HEAL_BATCH_SIZE, HEAL_SEQ_LEN, ConvertOptions, DemoOptions, measured_on
@@ -78,9 +78,9 @@ def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool =
             for made in (out.iterdir() if existed else [out]) if out.exists() else []:
                 shutil.rmtree(made) if made.is_dir() and not made.is_symlink() else made.unlink()
         raise
-    summaries = {arm: stages.run(arm, out / arm, lambda folder, arm=arm: train_arm(
+    summaries = {arm: finished.get(arm) or stages.run(arm, out / arm, lambda folder, arm=arm: train_arm(
         recipe, arm, folder, sources[arm], splits, source.tokenizer, accumulation, resume, progress), atomic=False,
-        record=(SUMMARY, lambda file, arm=arm: _finished(file, arm))) for arm in arms}
+        record=SUMMARY) for arm in arms}
     state.destroy_process_group()
     return summaries
 
@@ -143,6 +143,9 @@ def convert_and_heal(src, dst, options: ConvertOptions | None = None, *, heal_to
     from .healing import heal
 
     options = ConvertOptions.given(options, settings)
+    src = checkpoint_path(src, "SRC")
+    if heal_data is not None:
+        check_readable(heal_data, "--heal-data")
     layers = open_checkpoint(src).config["num_hidden_layers"]
     if options.lns or post_ln_count(layers, options.alpha, options.post_ln_layers) == 0:
         # a heal trains the Post-LN blocks: said before converting
@@ -256,35 +259,21 @@ def run_demo(out, options: DemoOptions | None = None, *, force: bool = False, re
     from .report import compare
 
     options = DemoOptions.given(options, settings)
-    source, alpha, heal_tokens = options.source, options.alpha, options.heal_tokens
-    train_tokens, eval_tokens, prune_curve = options.train_tokens, options.eval_tokens, options.prune_curve
-    check_force_or_resume(force, resume)
-    settings = {"--source": None if source is None else str(Path(source).absolute()), "--alpha": alpha,
-                "--heal-tokens": heal_tokens, "--train-tokens": train_tokens, "--eval-tokens": eval_tokens,
-                "--prune-curve": prune_curve, "optim.lr": DEMO_LR}  # the lr: a demo before it was the recipe's
-    out = claim_run(out, "demo", settings, {"the model cache": cache_dir(), "--source": source}, resume, force)
-    if force and out.exists() and any(out.iterdir()):
-        shutil.rmtree(out)
-    changes = {"conversion.alpha": alpha, "heal.tokens": heal_tokens, "max_tokens": train_tokens, "optim.lr": DEMO_LR,
-               "eval_interval": max(1, train_tokens // 1024), "data.eval_tokens": eval_tokens}
-    if source is not None:
-        changes["source"] = str(Path(source).absolute())
-    recipe = load_recipe(DEMO_RECIPE, changes=changes, changed_by="demo")
+    heal_tokens, eval_tokens = options.heal_tokens, options.eval_tokens
+    out, recipe = _claim_demo(out, options, force, resume)
     original = recipe.source
     # training validation and every analysis score the same windows, so their perplexities agree
     where = measured_on({"data": EVAL_DATA, "tokens": eval_tokens, "seq_len": recipe.seq_len})
     log.info(f"[1/4] source model: {original}")
     healing = f"heal ({heal_tokens:,} tokens) + " if heal_tokens else ""
     log.info(f"[2/4] convert + {healing}recovery training of both arms ({recipe.max_tokens:,} tokens each) "
-          f"-> {out / 'train'}")
-    out.mkdir(parents=True, exist_ok=True)
-    record_run(out, "demo", settings)
+             f"-> {out / 'train'}")
     stages = Stages(resume)
     # training resumes within an arm itself: the stage works in its folder
     summaries = stages.run("train", out / "train", lambda folder: train(recipe, folder, resume=True), atomic=False)
     for summary in summaries.values():
         log.info(f"      {summary['arm']}: validation perplexity {summary['initial_val_ppl']:.2f} -> "
-              f"{summary['final_val_ppl']:.2f} ({where})")
+                 f"{summary['final_val_ppl']:.2f} ({where})")
     log.info(f"      (conversion, heal and training{_took(stages, 'train') or ': finished by an earlier run'})")
     checkpoints = {
         "original": original,
@@ -300,13 +289,35 @@ def run_demo(out, options: DemoOptions | None = None, *, force: bool = False, re
     for name, ckpt in checkpoints.items():
         result = stages.run(name, out / "analysis" / name, lambda folder, ckpt=ckpt, sweep=name in swept: analyze(
             ckpt, folder, seq_len=recipe.seq_len, max_tokens=eval_tokens, layer_sweep=sweep,
-            prune_curve=prune_curve and sweep, generate=True, force=True))
+            prune_curve=options.prune_curve and sweep, generate=True, force=True))
         took = _took(stages, name)
         log.info(f"      {name}: perplexity {result['perplexity']:.2f}; greedy continuations repeat "
-              f"{result['generation']['repeated_4gram_share']:.1%} of their 4-grams{f' (analysis{took})' if took else ''}")
+                 f"{result['generation']['repeated_4gram_share']:.1%} of their 4-grams"
+                 f"{f' (analysis{took})' if took else ''}")
     log.info(f"[4/4] report -> {out / 'report'}")
     return compare([out / "analysis" / name for name in checkpoints] + [out / "train"], out / "report",
                    labels=list(checkpoints) + ["train"], force=True)
+
+
+def _claim_demo(out, options: DemoOptions, force: bool, resume: bool) -> tuple[Path, Recipe]:
+    """Every check before any work, then ``out`` claimed for this demo (emptied with ``force``):
+    (``out`` resolved, the CPU recipe with the demo's settings)."""
+    source = options.source and str(Path(checkpoint_path(options.source, "--source")).absolute())
+    check_force_or_resume(force, resume)
+    settings = {"--source": source, "--alpha": options.alpha, "--heal-tokens": options.heal_tokens,
+                "--train-tokens": options.train_tokens, "--eval-tokens": options.eval_tokens,
+                "--prune-curve": options.prune_curve, "optim.lr": DEMO_LR}  # the lr: a demo before it was the recipe's
+    out = claim_run(out, "demo", settings, {"the model cache": cache_dir(), "--source": source}, resume, force)
+    if force and out.exists() and any(out.iterdir()):
+        shutil.rmtree(out)
+    changes = {"conversion.alpha": options.alpha, "heal.tokens": options.heal_tokens,
+               "max_tokens": options.train_tokens, "optim.lr": DEMO_LR,
+               "eval_interval": max(1, options.train_tokens // 1024), "data.eval_tokens": options.eval_tokens,
+               **({"source": source} if source else {})}
+    recipe = load_recipe(DEMO_RECIPE, changes=changes, changed_by="demo")
+    out.mkdir(parents=True, exist_ok=True)
+    record_run(out, "demo", settings)
+    return out, recipe
 
 
 def _took(stages: Stages, name: str) -> str:

@@ -1,4 +1,4 @@
-"""Process-wide tuning the heavy entry points (convert, heal, train, analyze) and the CLI apply."""
+"""Process-wide tuning the heavy entry points (convert, heal, train, analyze, eval, prune) and the CLI apply."""
 
 import ctypes
 import os

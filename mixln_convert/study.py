@@ -26,6 +26,7 @@ from pathlib import Path
 from .analysis.measures import coefficient_of_variation, deep_half, verdict
 from .data.corpus import check_text
 from .data.shards import is_tokens_folder
+from .io.paths import checkpoint_path
 from .io.runs import METRICS, Stages, claim_run, read_metrics, record_run, write_json
 from .options import STUDY_SCHEMES, StudyOptions
 from .report.study import CLAIMS, LNS_CLAIMS, write_study_report
@@ -72,6 +73,7 @@ def study(source, out, options: StudyOptions | None = None, *, resume: bool = Fa
     from .training import load_recipe
 
     options = StudyOptions.given(options, settings)
+    source = checkpoint_path(source, "SRC")
     recipe, overrides, alpha, seeds = options.recipe, options.overrides, options.alpha, options.seeds
     schemes, post_ln, lns, eval_tokens = options.schemes, options.post_ln, options.lns, options.eval_tokens
     out = Path(out).absolute()

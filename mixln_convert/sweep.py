@@ -22,7 +22,7 @@ from .data.shards import is_tokens_folder
 from .errors import MixLNError
 from .io.atomic import atomic_output_dir
 from .io.loader import open_checkpoint
-from .io.paths import check_readable
+from .io.paths import check_readable, checkpoint_path
 from .io.runs import METRICS, STAGE_RESULT, Stages, claim_run, read_metrics, record_run, timed, write_json
 from .limits import check_force_or_resume
 from .options import CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, MAX_GRAD_RATIO, MAX_PPL_INCREASE, SweepOptions
@@ -81,27 +81,21 @@ def gradient_figures(steps: list[list[float]], post_ln_layers: int) -> dict:
     return {"grad_norm_cv": cv, "post_pre_grad_ratio": ratio, "grad_steps": len(norms)}
 
 
-def sweep(src, out, options: SweepOptions | None = None, *, resume: bool = False, force: bool = False,
-          progress: bool = True, **settings) -> dict:
-    """Sweep the Post-LN ratio of ``src`` (HF folder or .gguf) into ``out``; returns the result
-    written to ``out/sweep.json`` (rows per Post-LN count, the original's and the control's
-    figures, with ``lns`` the LNS retrofit's trained like the control, the recommendation, the
-    time split) beside ``out/report``. ``options``: a :class:`~mixln_convert.options.SweepOptions`, or
-    its fields as ``settings``."""
+def _claim(src: str, out, options: SweepOptions, resume: bool, force: bool):
+    """Every check before any work, then ``out`` claimed for this sweep: (``out``, the source, {Post-LN
+    block count: the alphas giving it}, the training recipe)."""
     from .conversion.layout import post_ln_count
 
-    options = SweepOptions.given(options, settings)
     check_force_or_resume(force, resume)
-    data, eval_tokens = options.data, options.eval_tokens
+    data = options.data
     if data is not None:
         check_readable(data, "--data")
     out, source = Path(out), open_checkpoint(src)
     settings = _recorded(src, source, options)
     claim_run(out, "sweep", settings, {"SRC": src, "--data": data}, resume, force)
-    num_layers = source.config["num_hidden_layers"]
     counts: dict[int, list[float]] = {}
     for alpha in options.alphas:  # equal counts run once
-        counts.setdefault(post_ln_count(num_layers, alpha, None), []).append(alpha)
+        counts.setdefault(post_ln_count(source.config["num_hidden_layers"], alpha, None), []).append(alpha)
     training = _training_recipe(src, data, options.train_tokens)
     if data is not None and not is_tokens_folder(data):  # read by the heal and training only after the original's stage
         check_text(data, "--data")
@@ -109,6 +103,20 @@ def sweep(src, out, options: SweepOptions | None = None, *, resume: bool = False
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     record_run(out, "sweep", settings)
+    return out, source, counts, training
+
+
+def sweep(src, out, options: SweepOptions | None = None, *, resume: bool = False, force: bool = False,
+          progress: bool = True, **settings) -> dict:
+    """Sweep the Post-LN ratio of ``src`` (HF folder or .gguf) into ``out``; returns the result
+    written to ``out/sweep.json`` (rows per Post-LN count, the original's and the control's
+    figures, with ``lns`` the LNS retrofit's trained like the control, the recommendation, the
+    time split) beside ``out/report``. ``options``: a :class:`~mixln_convert.options.SweepOptions`, or
+    its fields as ``settings``."""
+    options = SweepOptions.given(options, settings)
+    src = checkpoint_path(src, "SRC")
+    out, source, counts, training = _claim(src, out, options, resume, force)
+    data, eval_tokens, num_layers = options.data, options.eval_tokens, source.config["num_hidden_layers"]
     stages = Stages(resume)
     times = {"stages_s": stages.times}
 
@@ -131,12 +139,12 @@ def sweep(src, out, options: SweepOptions | None = None, *, resume: bool = False
     rows = []
     for i, (n, given) in enumerate(sorted(counts.items()), 1):
         log.info(f"[alpha {i}/{len(counts)}] alpha {', '.join(f'{a:g}' for a in given)}: {n} of {num_layers} blocks "
-              f"Post-LN")
+                 "Post-LN")
         row = stages.run(f"post-ln-{n}", _folder(out, n), lambda tmp, n=n, given=given: _alpha(
             src, tmp, n, given, stats, options, training, original, controls, progress))
         log.info(f"      converted {row['converted']['perplexity']:.2f} (original "
-              f"{original['scores']['perplexity']:.2f})" + (f", healed {row['healed']['perplexity']:.2f}"
-                                                          if row["healed"] else ""))
+                 f"{original['scores']['perplexity']:.2f})" + (f", healed {row['healed']['perplexity']:.2f}"
+                                                             if row["healed"] else ""))
         rows.append(row)
 
     stage = "healed" if options.heal_tokens else "converted"

@@ -862,10 +862,8 @@ def test_a_signal_during_heal_leaves_no_temporary_folder(converted, tiny_llama, 
 FAST_REFUSALS = {
     "alpha": (["convert", "{src}", "{tmp}/dst", "--alpha", "1.5"], "'--alpha'"),
     "lns-with-alpha": (["convert", "{src}", "{tmp}/dst", "--layout", "lns", "--alpha", "0.25"], "--layout lns makes no"),
-    "existing-dst": (["convert", "{src}", "{tmp}/full"], "exists and is not empty"),
-    "no-such-checkpoint": (["eval", "{tmp}/no/such/folder"], "no such file or folder"),
-    "out-is-input": (["analyze", "{src}", "--out", "{src}", "--force"], "is the input CKPT"),
-    "data-missing": (["prune", "{src}", "{tmp}/dst", "--remove", "1", "--data", "{tmp}/gone.txt"], "--data"),
+    "heal-tokens": (["heal", "{src}", "--teacher", "{src}", "--tokens", "1"], "--tokens"),
+    "shard-size": (["prune", "{src}", "{tmp}/dst", "--remove", "1", "--max-shard-size", "lots"], "--max-shard-size"),
     # a known name beside the unknown one: only the unknown one is named (lm-eval's whole index is
     # read for it, ~15 s here, so this is the only eval case that asks it)
     "unknown-task": (["eval", "{src}", "--tasks", "mixln_langref_next,no_such_task"], "--tasks: unknown task no_such_task ("),
@@ -873,11 +871,10 @@ FAST_REFUSALS = {
 
 
 @pytest.mark.parametrize("case", FAST_REFUSALS)
-def test_refusals_that_need_no_weights_come_before_torch_is_imported(case, tiny_llama, tmp_path):
-    """The property that makes them answer within a second or two: torch (seconds to import) and
-    transformers are never imported before these checks."""
-    (tmp_path / "full").mkdir()
-    (tmp_path / "full" / "mine.txt").write_text("keep")
+def test_option_refusals_come_before_torch_is_imported(case, tiny_llama, tmp_path):
+    """The property that makes a bad option answer within a second: the options (options.py) are
+    checked before torch (seconds to import) and transformers are imported. Paths are checked by
+    the API function, before any weights are read (the tables above)."""
     argv, fragment = FAST_REFUSALS[case]
     argv = [a.format(src=tiny_llama, tmp=tmp_path) for a in argv]
     code = ("import sys\nfrom mixln_convert.cli import main\ntry:\n    main(%r)\nexcept SystemExit as e:\n"

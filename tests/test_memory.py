@@ -10,8 +10,8 @@ from tiny import tiny_config
 from transformers import LlamaForCausalLM
 
 from mixln_convert.errors import MixLNError
-from mixln_convert.training.memory import (Hardware, choose_hardware, estimate, model_shapes, saved_bytes,
-                                           sized_for)
+from mixln_convert.training.memory import (Hardware, choose_hardware, estimate, estimate_recipe, model_shapes,
+                                           saved_bytes, sized_for)
 from mixln_convert.training.recipe import RECIPES, load_recipe, shipped_file, shipped_recipes
 
 # Published shapes for the recipes whose sources are placeholders: LLaMA-1B as GaLore (and the
@@ -99,6 +99,20 @@ def test_shipped_recipes_fit_the_hardware_they_state(name, tmp_path, monkeypatch
     recipe = load_recipe(name, overrides)
     result = estimate(recipe, hardware, model_shapes(recipe.source))
     assert result.fits(recipe.activation_checkpointing), (name, result.total(recipe.activation_checkpointing))
+
+
+def test_estimate_recipe_is_the_estimate_of_the_recipe_on_its_hardware(tmp_path):
+    """The API function `estimate` prints: the recipe and its overrides, the hardware it states with
+    the options given over it, the source's shapes."""
+    source = config_only(tmp_path / "7b", **SHAPES["llama-7b-fsdp"])
+    overrides = [f"source={source}", "data.train=null"]
+    recipe = load_recipe("llama-7b-fsdp", overrides)
+    stated = sized_for(shipped_file("llama-7b-fsdp"))
+    assert estimate_recipe("llama-7b-fsdp", overrides) == estimate(recipe, stated, model_shapes(str(source)))
+    on_cpu = estimate_recipe("llama-7b-fsdp", overrides, processes=2, device="cpu", memory="24GiB")
+    assert on_cpu.hardware == Hardware(2, stated.strategy, "cpu", 24 * 2**30)
+    with pytest.raises(MixLNError, match="^--memory: "):
+        estimate_recipe("llama-7b-fsdp", overrides, memory="lots")
 
 
 def test_the_7b_recipe_needs_activation_checkpointing(tmp_path):

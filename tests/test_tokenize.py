@@ -117,6 +117,29 @@ def test_explicit_validation_documents_never_train(corpus, tokenizer, tmp_path):
     assert np.array_equal(stream(out, tokenizer, "validation"), token_ids(tokenizer, docs[:5]))
 
 
+def test_the_api_takes_a_checkpoint_for_its_tokenizer_and_never_writes_an_input(corpus, tiny_llama, tmp_path):
+    """tokenize() checks its paths itself (the CLI only parses): a checkpoint folder gives its
+    tokenizer, and an output that is an input is refused, --force or not, with the input unchanged."""
+    from mixln_convert.errors import MixLNError
+    from mixln_convert.io.loader import open_checkpoint
+
+    by_path = tokenize(corpus, str(tiny_llama), tmp_path / "a", validation_fraction=0.1, shard_tokens=SHARD,
+                       progress=False)
+    in_hand = tokenize(corpus, open_checkpoint(tiny_llama).tokenizer, tmp_path / "b", validation_fraction=0.1,
+                       shard_tokens=SHARD, progress=False)
+    assert by_path["tokenizer_sha256"] == in_hand["tokenizer_sha256"] and by_path["splits"] == in_hand["splits"]
+    before = files(corpus)
+    for out, named in ((corpus, "DATA"), (tiny_llama, "--tokenizer")):
+        with pytest.raises(MixLNError, match=f"^--out {out}: is the input {named} "):
+            tokenize(corpus, str(tiny_llama), out, force=True, progress=False)
+    with pytest.raises(MixLNError, match="^DATA .*gone.txt: no such file or folder"):
+        tokenize(tmp_path / "gone.txt", str(tiny_llama), tmp_path / "c", progress=False)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(MixLNError, match="exists and is not a folder"):
+        tokenize(corpus, str(tiny_llama), tmp_path / "file", force=True, progress=False)
+    assert files(corpus) == before and not (tmp_path / "c").exists() and (tmp_path / "file").read_text() == "x"
+
+
 def test_limits_and_seq_len(corpus, tokenizer, tmp_path):
     manifest = tokenize(corpus, tokenizer, tmp_path / "t", seq_len=100, shard_tokens=SHARD, max_tokens=10_000,
                         max_validation_tokens=500, progress=False)

@@ -13,7 +13,7 @@ from ..evaluate import check_finite_score, evaluate_documents, evaluate_perplexi
 from ..generation import greedy_continuations
 from ..io.atomic import atomic_output_dir
 from ..io.loader import open_checkpoint
-from ..io.paths import check_destination, check_readable
+from ..io.paths import check_destination, check_readable, checkpoint_path
 from ..io.runs import ANALYSIS, write_json
 from ..limits import check_seq_len
 from ..options import EVAL_DATA, AnalyzeOptions
@@ -43,58 +43,65 @@ def analyze(ckpt, out, options: AnalyzeOptions | None = None, *, force: bool = F
     """
     map_large_allocations()
     options = AnalyzeOptions.given(options, settings)
-    data, span, seq_len, batch_size = options.data, options.span, options.seq_len, options.batch_size
-    inputs = {"CKPT": ckpt, "--data": data}
-    if data is not None:
-        check_readable(data, "--data")
+    ckpt = checkpoint_path(ckpt, "CKPT")
+    inputs = {"CKPT": ckpt, "--data": options.data, "--include-path": options.include_path}
+    if options.data is not None:
+        check_readable(options.data, "--data")
     check_destination(out, inputs, force, flag="--out")
-    tasks = list(options.tasks)
-    if tasks and task_manager is None:
+    if options.tasks and task_manager is None:
         from ..downstream import known_tasks
 
         task_manager = known_tasks(options)
     source = open_checkpoint(ckpt)
     num_layers = source.config["num_hidden_layers"]
-    if span > num_layers:
-        raise MixLNError(f"--span: {span} exceeds the {num_layers} layers of this model")
-    check_seq_len("--seq-len", seq_len, source.config, "--allow-longer", options.allow_longer)
+    if options.span > num_layers:
+        raise MixLNError(f"--span: {options.span} exceeds the {num_layers} layers of this model")
+    check_seq_len("--seq-len", options.seq_len, source.config, "--allow-longer", options.allow_longer)
     with atomic_output_dir(out, force=force, protect=inputs) as tmp:
-        tokenizer = source.tokenizer
-        texts = read_texts(data, split="validation")
-        windows = token_windows(tokenizer, texts, seq_len, options.max_tokens, source=data or EVAL_DATA)
-        # angles and small perplexity differences need float32; a GPU where there is one, as heal and
-        # calibration use (every sweep is L forwards: minutes on CPU for a model a GPU runs in seconds)
-        model = source.model(dtype=torch.float32, device="cuda" if torch.cuda.is_available() else "cpu")
-        n_post = getattr(model.config, "post_ln_layers", 0)
-        result = {
-            "checkpoint": str(ckpt),
-            "data": str(data) if data else EVAL_DATA,
-            "seq_len": seq_len,
-            "num_layers": num_layers,
-            "post_ln_layers": n_post,
-            # LayerNorm Scaling: every block Pre-LN, its norm outputs scaled by 1/sqrt(l)
-            "layernorm_scaling": getattr(model.config, "layernorm_scaling", False),
-            "layout": ["Post-LN" if i < n_post else "Pre-LN" for i in range(num_layers)],
-            **(layer_metrics(model, windows, span, batch_size, progress)
-               if options.layer_sweep else perplexity_only(model, windows, batch_size, progress)),
-            "tokenizer_vocab_size": len(tokenizer),
-        }
-        check_finite_score(result["perplexity"], source.path, "perplexity")
-        if options.prune_curve:
-            result["prune_curve"] = pruning_curve(BlockRunner(model), windows, options.method, result, batch_size,
-                                                   progress)
-        if options.generate:
-            result["generation"] = greedy_continuations(model, tokenizer, progress=progress)
-        if options.per_document:
-            result["per_document"] = evaluate_documents(model, tokenizer, texts, seq_len, batch_size,
-                                                        options.max_tokens, progress)
-        if tasks:
-            from .task_drop import task_layer_drop
-
-            result["task_drop"] = {task: task_layer_drop(model, tokenizer, task, task_manager, limit=options.limit,
-                                                         batch_size=batch_size, progress=progress) for task in tasks}
+        result = measure(source, str(ckpt), options, task_manager, progress)
         write_json(tmp / ANALYSIS, result)
         plot_analysis(result, tmp)
+    return result
+
+
+def measure(source, name: str, options: AnalyzeOptions, task_manager, progress: bool) -> dict:
+    """The analysis of the opened checkpoint ``source`` (``name``: as the user gave it), as ``analyze``
+    writes it."""
+    data, seq_len, batch_size = options.data, options.seq_len, options.batch_size
+    tokenizer, num_layers = source.tokenizer, source.config["num_hidden_layers"]
+    texts = read_texts(data, split="validation")
+    windows = token_windows(tokenizer, texts, seq_len, options.max_tokens, source=data or EVAL_DATA)
+    # angles and small perplexity differences need float32; a GPU where there is one, as heal and
+    # calibration use (every sweep is L forwards: minutes on CPU for a model a GPU runs in seconds)
+    model = source.model(dtype=torch.float32, device="cuda" if torch.cuda.is_available() else "cpu")
+    n_post = getattr(model.config, "post_ln_layers", 0)
+    result = {
+        "checkpoint": name,
+        "data": str(data) if data else EVAL_DATA,
+        "seq_len": seq_len,
+        "num_layers": num_layers,
+        "post_ln_layers": n_post,
+        # LayerNorm Scaling: every block Pre-LN, its norm outputs scaled by 1/sqrt(l)
+        "layernorm_scaling": getattr(model.config, "layernorm_scaling", False),
+        "layout": ["Post-LN" if i < n_post else "Pre-LN" for i in range(num_layers)],
+        **(layer_metrics(model, windows, options.span, batch_size, progress)
+           if options.layer_sweep else perplexity_only(model, windows, batch_size, progress)),
+        "tokenizer_vocab_size": len(tokenizer),
+    }
+    check_finite_score(result["perplexity"], source.path, "perplexity")
+    if options.prune_curve:
+        result["prune_curve"] = pruning_curve(BlockRunner(model), windows, options.method, result, batch_size, progress)
+    if options.generate:
+        result["generation"] = greedy_continuations(model, tokenizer, progress=progress)
+    if options.per_document:
+        result["per_document"] = evaluate_documents(model, tokenizer, texts, seq_len, batch_size, options.max_tokens,
+                                                    progress)
+    if options.tasks:
+        from .task_drop import task_layer_drop
+
+        result["task_drop"] = {task: task_layer_drop(model, tokenizer, task, task_manager, limit=options.limit,
+                                                     batch_size=batch_size, progress=progress)
+                               for task in options.tasks}
     return result
 
 

@@ -9,7 +9,7 @@ from ..architectures import architecture_for
 from ..errors import MixLNError
 from ..io.atomic import atomic_output_dir
 from ..io.loader import open_checkpoint
-from ..io.paths import check_destination, check_readable
+from ..io.paths import check_destination, check_readable, checkpoint_path
 from ..io.writer import tool_stamp, write_checkpoint
 from ..limits import check_seq_len, parse_size
 from ..options import MAX_SHARD_SIZE, ConvertOptions
@@ -44,7 +44,8 @@ def convert(src, dst, options: ConvertOptions | None = None, *, force: bool = Fa
     """
     map_large_allocations()
     options = ConvertOptions.given(options, settings)
-    max_shard_bytes = None if options.max_shard_size is None else parse_size(options.max_shard_size)
+    src = checkpoint_path(src, "SRC")
+    max_shard_bytes = options.max_shard_bytes
     out_dtype = TORCH_DTYPES.get(options.dtype)
     calibration_data, strategy = options.calibration_data, options.strategy
     inputs = {"SRC": src, "--calibration-data": calibration_data}

@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from ..errors import MixLNError, warn
 from ..io.atomic import replace_dir, try_lock, wait_for_lock, write_atomic, write_failure
-from ..io.paths import resolved
+from ..io.paths import check_not_input, check_readable, checkpoint_path, resolved
 from ..io.hub import HubDataset
 from ..options import TokenizeOptions
 from .corpus import embedded_corpus, file_documents, source_files
@@ -265,19 +265,41 @@ def _resumed(partial: Path, key: str, writers: dict) -> tuple[tuple[int, int], d
     return (0, 0), {s: 0 for s in TOKEN_SPLITS}
 
 
+def _check_paths(train, tokenizer, out, validation, named: str, force: bool):
+    """``out`` resolved and the tokenizer, once the inputs are there and ``out`` may be written (a
+    folder of an earlier tokenization is the caller's to compare)."""
+    tokenizer_path = tokenizer if isinstance(tokenizer, (str, os.PathLike)) else None
+    if tokenizer_path is not None:
+        tokenizer_path = checkpoint_path(tokenizer_path, "--tokenizer")
+    for flag, path in (("DATA", train), ("--validation", validation)):
+        if isinstance(path, (str, os.PathLike)):
+            check_readable(path, flag)
+    out = check_not_input(out, {"DATA": train, "--tokenizer": tokenizer_path, "--validation": validation}, "--out")
+    if out.exists() and not out.is_dir():
+        raise MixLNError(f"{named}: exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file() and not force:
+        raise MixLNError(f"{named}: exists and is not empty (use --force to replace it)")
+    if tokenizer_path is None:
+        return out, tokenizer
+    from ..io.loader import open_checkpoint  # here: it imports torch
+
+    return out, open_checkpoint(tokenizer_path).tokenizer
+
+
 def tokenize(train, tokenizer, out, options: TokenizeOptions | None = None, *, max_tokens: int | None = None,
              max_validation_tokens: int | None = None, force: bool = False, progress: bool = True,
              wait: bool = False, named: str | None = None, **fields) -> dict:
-    """Tokenize the documents of ``train`` (a file, folder or glob; None: the embedded corpus) into the
+    """Tokenize the documents of ``train`` (a file, folder or glob; None: the embedded corpus) with
+    ``tokenizer`` (one in hand, or a checkpoint's: a folder, .gguf or Hub model name) into the
     tokenized folder ``out``; returns its manifest. ``options``: a
     :class:`~mixln_convert.options.TokenizeOptions`, or its fields as keyword arguments (training
     never sees a validation document). ``max_tokens``/``max_validation_tokens`` stop once both
     splits have that many. ``out`` is written only when complete; an interrupted run resumes. Another run
     writing ``out`` is an error, or with ``wait`` (a shared cache) waited for, and its folder
     used. Messages call ``out`` ``named`` (default: ``--out OUT``)."""
-    out = resolved(out)
-    named = named or f"--out {out}"
     options = TokenizeOptions.given(options, fields)
+    named = named or f"--out {out}"
+    out, tokenizer = _check_paths(train, tokenizer, out, options.validation, named, force)
     wanted = settings(tokenizer, train, options, max_tokens, max_validation_tokens)
     partial = out.with_name(f".{out.name}.partial")
     while True:  # until the folder is there, made by another run, or this run holds the lock to write it

@@ -14,9 +14,9 @@ from ..data import PackedWindows, TokenShards, read_texts, token_stream, token_w
 from ..errors import MixLNError, warn
 from ..evaluate import evaluate_documents, evaluate_perplexity
 from ..io.atomic import atomic_output_dir
-from ..io.paths import check_destination, check_readable
+from ..io.paths import check_destination, check_readable, checkpoint_path
 from ..io.writer import tool_stamp, write_checkpoint
-from ..limits import check_seq_len, parse_size
+from ..limits import check_seq_len
 from ..model.modeling_mixln import enable_checkpointing
 from ..options import EVAL_DATA, HealOptions
 from ..runtime import map_large_allocations
@@ -81,7 +81,8 @@ class HealRun(HealOptions):
         """Every check that needs no model, before anything is written, and the pair opened. Returns
         the inputs the output must not replace (the numbers were checked when the run was made)."""
         self.steps = self.tokens // (self.batch_size * self.seq_len)
-        self.max_shard_bytes = parse_size(self.max_shard_size)
+        self.converted = checkpoint_path(self.converted, "CONVERTED")
+        self.teacher = checkpoint_path(self.teacher, "--teacher")
         in_hand = isinstance(self.data, (list, np.ndarray, TokenShards))  # documents or a token stream, not a path
         inputs = {"CONVERTED": self.converted, "--teacher": self.teacher, "--data": None if in_hand else self.data,
                   "--eval-data": self.eval_data}

@@ -95,9 +95,12 @@ def check_readable(path, flag: str) -> None:
     _check_paths(path, flag)
 
 
-def checkpoint_path(path, flag: str) -> str:
+def checkpoint_path(path, flag: str):
     """A checkpoint argument as a local path: a path that exists, as given, or a Hub model name's
-    snapshot folder, fetched into the Hugging Face cache (:mod:`.hub`)."""
+    snapshot folder, fetched into the Hugging Face cache (:mod:`.hub`). A checkpoint already open
+    (not a path) passes through."""
+    if not isinstance(path, (str, os.PathLike)):
+        return path
     model = hub_name(path, "model")
     if model is not None:
         return model_snapshot(model, flag)

@@ -123,15 +123,15 @@ class Stages:
     def __init__(self, resume: bool):
         self.resume, self.times = resume, {}
 
-    def run(self, name: str, folder: Path, work, atomic: bool = True, record=None):
+    def run(self, name: str, folder: Path, work, atomic: bool = True, record: str | None = None):
         """``work(folder)``'s result. ``atomic``: the stage works in a temporary folder renamed to
         ``folder`` when done, so an interrupted stage leaves nothing; else in ``folder`` itself (a
-        stage that resumes its own work, such as training). ``record``: (file name, reader) of the
-        result file ``work`` itself writes last into ``folder`` (a training arm's summary.json), read
-        back on resume instead of a result.json beside it."""
-        done = folder / (record[0] if record else STAGE_RESULT)
-        if self.resume and done.is_file():
-            return record[1](done) if record else read_checked(done, f"remove {folder} to run this stage again")
+        stage that resumes its own work, such as training). ``record``: the result file ``work``
+        itself writes last into ``folder`` (a training arm's summary.json); the caller reads a done
+        one back itself (:meth:`done`), as this never does."""
+        done = folder / (record or STAGE_RESULT)
+        if self.resume and record is None and done.is_file():
+            return read_checked(done, f"remove {folder} to run this stage again")
         with timed(self.times, name):
             if atomic:
                 with atomic_output_dir(folder, force=True) as tmp:

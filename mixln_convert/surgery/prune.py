@@ -11,11 +11,12 @@ from ..architectures import LNS_NORM_ROLES, lns_gain
 from ..analysis.choice import check_count, choose_layers, layer_scores, span_distances
 from ..errors import MixLNError
 from ..io.loader import open_checkpoint
-from ..io.paths import check_destination
+from ..io.paths import check_destination, check_readable, checkpoint_path
 from ..io.atomic import atomic_output_dir
 from ..io.writer import tool_stamp, write_checkpoint
-from ..limits import check_seq_len, parse_size
+from ..limits import check_seq_len
 from ..options import PruneOptions
+from ..runtime import map_large_allocations
 
 _LAYER_RANGE = re.compile(r"([0-9]+)\s*(?:-\s*([0-9]+))?")  # ASCII digits only: '²'.isdigit() is True
 
@@ -53,9 +54,13 @@ def prune(src, dst, options: PruneOptions | None = None, *, force: bool = False,
     kept. What was removed, and why, is appended to ``mixln_provenance["pruned"]`` (Mix-LN) or
     to the top-level ``pruned`` list (plain LLaMA) of config.json.
     """
+    map_large_allocations()
     options = PruneOptions.given(options, settings)
     layers, remove, method, data = options.layers, options.remove, options.method, options.data
-    max_shard_bytes = parse_size(options.max_shard_size)
+    max_shard_bytes = options.max_shard_bytes
+    src = checkpoint_path(src, "CKPT")
+    if data is not None:
+        check_readable(data, "--data")
     inputs = {"CKPT": src, "--data": data}
     check_destination(dst, inputs, force, flag="OUT")
     source = open_checkpoint(src)

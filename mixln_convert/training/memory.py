@@ -31,8 +31,9 @@ from ..architectures import model_blocks
 from ..errors import MixLNError
 from ..io.loader import open_checkpoint, read_json
 from ..io.validate import check_config, check_config_loads
-from ..limits import MAX_PROCESSES, MAX_SIZE, parse_size
+from ..limits import MAX_PROCESSES, MAX_SIZE
 from ..options import EstimateOptions
+from .recipe import Recipe, load_recipe, recipe_path
 
 USABLE = 0.9
 # bytes per token and vocabulary entry that the backward adds to the saved log-softmax: the fp32
@@ -82,7 +83,7 @@ def choose_hardware(stated: Hardware | None, options: EstimateOptions | None = N
         strategy = stated.strategy if stated.strategy != "single" or processes == 1 else "ddp"
     if strategy == "single" and processes > 1:
         raise MixLNError(f"--strategy single runs one process, not {processes} (ddp or fsdp for several)")
-    memory = stated.memory if options.memory is None else parse_size(options.memory, "--memory")
+    memory = stated.memory if options.memory is None else options.memory_bytes
     return Hardware(processes, strategy, options.device or stated.device, memory)
 
 
@@ -219,7 +220,16 @@ def compute_bytes(precision: str, device: str) -> int:
     return 2 if precision == "bf16" or (precision == "auto" and device == "gpu") else 4
 
 
-def estimate(recipe: dict, hardware: Hardware, shapes: Shapes) -> Estimate:
+def estimate_recipe(recipe_file, overrides=(), options: EstimateOptions | None = None, **settings) -> Estimate:
+    """``mixln-convert estimate``: what the recipe (a file, or a shipped recipe's name) with its
+    ``overrides`` ('key=value') costs on the hardware :func:`choose_hardware` picks from ``options``
+    (an EstimateOptions, or its fields as ``settings``)."""
+    recipe = load_recipe(recipe_file, overrides)
+    hardware = choose_hardware(sized_for(recipe_path(recipe_file)), options, **settings)
+    return estimate(recipe, hardware, model_shapes(recipe.source))
+
+
+def estimate(recipe: Recipe, hardware: Hardware, shapes: Shapes) -> Estimate:
     """The memory per process and the compute per step of ``recipe`` (loaded by ``load_recipe``)."""
     n, p = shapes.parameters, hardware.processes
     compute = compute_bytes(recipe.precision, hardware.device)
