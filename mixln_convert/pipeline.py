@@ -307,14 +307,15 @@ def _claim_demo(out, options: DemoOptions, force: bool, resume: bool) -> tuple[P
     settings = {"--source": source, "--alpha": options.alpha, "--heal-tokens": options.heal_tokens,
                 "--train-tokens": options.train_tokens, "--eval-tokens": options.eval_tokens,
                 "--prune-curve": options.prune_curve, "optim.lr": DEMO_LR}  # the lr: a demo before it was the recipe's
-    out = claim_run(out, "demo", settings, {"the model cache": cache_dir(), "--source": source}, resume, force)
-    if force and out.exists() and any(out.iterdir()):
-        shutil.rmtree(out)
     changes = {"conversion.alpha": options.alpha, "heal.tokens": options.heal_tokens,
                "max_tokens": options.train_tokens, "optim.lr": DEMO_LR,
                "eval_interval": max(1, options.train_tokens // 1024), "data.eval_tokens": options.eval_tokens,
                **({"source": source} if source else {})}
     recipe = load_recipe(DEMO_RECIPE, changes=changes, changed_by="demo")
+    open_checkpoint(recipe.source)  # a bad --source is refused before --force empties out (opened once: cached)
+    out = claim_run(out, "demo", settings, {"the model cache": cache_dir(), "--source": source}, resume, force)
+    if force and out.exists() and any(out.iterdir()):
+        shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     record_run(out, "demo", settings)
     return out, recipe

@@ -70,6 +70,18 @@ def test_a_demo_begun_at_another_training_lr_is_not_resumed(tiny_llama, tmp_path
     assert [p.name for p in out.iterdir()] == ["run.json"]
 
 
+def test_a_demo_with_a_source_that_is_no_checkpoint_leaves_a_forced_out_as_it_was(tmp_path, cli):
+    """--source is opened before --force empties --out: a text file given as the model is refused in
+    one line and the folder keeps what it held (it used to be emptied and left with a half-begun run)."""
+    (tmp_path / "notes.txt").write_text("not a model")
+    out = tmp_path / "demo"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep")
+    result = cli("demo", "--source", tmp_path / "notes.txt", "--out", out, "--force")
+    assert result.exit_code != 0 and "expected a checkpoint folder or a .gguf file" in result.output
+    assert [p.name for p in out.iterdir()] == ["mine.txt"] and (out / "mine.txt").read_text() == "keep"
+
+
 def test_timed_records_a_block_that_finished_only():
     times = {}
     with timed(times, "finished"):
