@@ -703,7 +703,7 @@ def heal(converted, teacher, out, force, **settings):
     teacher (with --loss residual a step costs about k/L of a training step). Writes a converted
     checkpoint folder with heal_metrics.jsonl."""
     options = HealOptions(**settings)
-    out = out or str(Path(converted).with_name(Path(converted).name + "-healed"))
+    out = out or _healed_beside(converted)
     from .healing import heal as run
 
     result = run(converted, teacher, out, options, force=force)
@@ -721,6 +721,17 @@ def heal(converted, teacher, out, force, **settings):
                    f"converted {doc['before']:.3f} ({doc['before'] / doc['teacher']:.3f}x) -> healed "
                    f"{doc['after']:.3f} ({doc['after'] / doc['teacher']:.3f}x)")
     click.echo(f"wrote {out}")
+
+
+def _healed_beside(converted: str) -> str:
+    """heal's default --out: CONVERTED-healed beside a local CONVERTED; NAME-healed in the current
+    folder for a Hub model ORG/NAME[@REVISION] (not a folder ORG/ made for it)."""
+    from .io.hub import hub_name
+
+    hub = hub_name(converted, "model")
+    if hub is not None:
+        return f"{hub.repo.split('/')[-1]}-healed"
+    return str(Path(converted).with_name(Path(converted).name + "-healed"))
 
 
 @main.command()

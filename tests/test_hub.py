@@ -180,3 +180,13 @@ def test_the_environment_is_honoured_and_a_name_the_cache_lacks_is_refused(home)
     assert [line for line in done.stderr.splitlines() if line.startswith("Error:")] == [
         f"Error: CKPT org/absent: no such file or folder, and the Hugging Face cache {home / 'hub'} holds no model "
         "org/absent (offline mode: HF_HUB_OFFLINE)"]
+
+
+def test_heal_names_its_default_output_after_a_hub_model_in_the_current_folder(tmp_path):
+    """CONVERTED-healed lies beside a local CONVERTED; for a Hub model ORG/NAME it is NAME-healed here,
+    not a folder ORG/ made for it."""
+    from mixln_convert.cli import _healed_beside
+
+    (tmp_path / "org" / "model").mkdir(parents=True)
+    assert _healed_beside(str(tmp_path / "org" / "model")) == str(tmp_path / "org" / "model-healed")
+    assert _healed_beside("some-org/some-model@v1.0") == "some-model-healed"
