@@ -663,7 +663,8 @@ def sweep(src, out, alphas, resume, force, **settings):
 @_data_option("Training text (default split: train), best of the kind the model will be scored on: a heal "
               "carries over to other kinds of text only in part.")
 @click.option("--tokens", type=TOKENS, default=HealOptions.tokens, show_default=True, help="Training tokens.")
-@click.option("--out", default=None, metavar="DIR", help="Output folder.  [default: CONVERTED-healed]")
+@click.option("--out", default=None, metavar="DIR",
+              help="Output folder.  [default: CONVERTED-healed beside it; NAME-healed here for a Hub model ORG/NAME]")
 @click.option("--seq-len", type=POSITIVE, default=HealOptions.seq_len, show_default=True,
               help="Tokens per training window.")
 @click.option("--batch-size", type=BATCH, default=HealOptions.batch_size, show_default=True,
