@@ -21,7 +21,7 @@ from .fetch import cache_dir
 from .io.atomic import scratch_dir, write_atomic
 from .io.loader import open_checkpoint
 from .io.paths import check_destination, check_not_input, check_readable, checkpoint_path
-from .io.runs import SUMMARY, Stages, claim_run, read_summary, record_run, write_json
+from .io.runs import SUMMARY, Stages, claim_run, read_summary, start_run, write_json
 from .limits import check_force_or_resume, check_one_step, check_seq_len, check_tokens
 from .options import DEMO_LR, EVAL_DATA, HEAL_BATCH_SIZE, HEAL_SEQ_LEN, ConvertOptions, DemoOptions, measured_on
 from .runtime import map_large_allocations
@@ -314,10 +314,7 @@ def _claim_demo(out, options: DemoOptions, force: bool, resume: bool) -> tuple[P
     recipe = load_recipe(DEMO_RECIPE, changes=changes, changed_by="demo")
     open_checkpoint(recipe.source)  # a bad --source is refused before --force empties out (opened once: cached)
     out = claim_run(out, "demo", settings, {"the model cache": cache_dir(), "--source": source}, resume, force)
-    if force and out.exists() and any(out.iterdir()):
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-    record_run(out, "demo", settings)
+    start_run(out, "demo", settings, force)
     return out, recipe
 
 

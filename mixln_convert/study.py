@@ -27,7 +27,7 @@ from .analysis.measures import coefficient_of_variation, deep_half, verdict
 from .data.corpus import check_text
 from .data.shards import is_tokens_folder
 from .io.paths import checkpoint_path
-from .io.runs import METRICS, Stages, claim_run, read_metrics, record_run, write_json
+from .io.runs import METRICS, Stages, claim_run, read_metrics, start_run, write_json
 from .options import STUDY_SCHEMES, StudyOptions
 from .report.study import CLAIMS, LNS_CLAIMS, write_study_report
 from .training.recipe import Recipe
@@ -94,8 +94,7 @@ def study(source, out, options: StudyOptions | None = None, *, resume: bool = Fa
     if lns:  # recorded only when given: a study begun before the LNS arm existed still resumes
         settings["--lns"] = True
     claim_run(out, "study", settings, {"SRC": source}, resume, force_hint=False)
-    out.mkdir(parents=True, exist_ok=True)
-    record_run(out, "study", settings)
+    start_run(out, "study", settings)
     started, stages = time.time(), Stages(resume)
     runs = [stages.run(plan.name, plan.folder,
                        lambda folder, plan=plan: _run(plan, stages, eval_tokens, progress), atomic=False)

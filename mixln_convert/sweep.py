@@ -9,7 +9,6 @@ alpha's outputs appear atomically in ``OUT/post-ln-NN``, so a killed sweep resum
 """
 
 import logging
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from .errors import MixLNError
 from .io.atomic import atomic_output_dir
 from .io.loader import open_checkpoint
 from .io.paths import check_readable, checkpoint_path
-from .io.runs import METRICS, STAGE_RESULT, Stages, claim_run, read_metrics, record_run, timed, write_json
+from .io.runs import METRICS, STAGE_RESULT, Stages, claim_run, read_metrics, start_run, timed, write_json
 from .limits import check_force_or_resume
 from .options import CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, MAX_GRAD_RATIO, MAX_PPL_INCREASE, SweepOptions
 
@@ -99,10 +98,7 @@ def _claim(src: str, out, options: SweepOptions, resume: bool, force: bool):
     training = _training_recipe(src, data, options.train_tokens)
     if data is not None and not is_tokens_folder(data):  # read by the heal and training only after the original's stage
         check_text(data, "--data")
-    if force and out.exists() and any(out.iterdir()):
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-    record_run(out, "sweep", settings)
+    start_run(out, "sweep", settings, force)
     return out, source, counts, training
 
 

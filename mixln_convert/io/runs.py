@@ -9,6 +9,7 @@ is one line naming the file and the record or key.
 import hashlib
 import json
 import math
+import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -54,8 +55,12 @@ def claim_run(out, kind: str, settings: dict, inputs: dict, resume: bool, force:
     return target
 
 
-def record_run(out: Path, kind: str, settings: dict) -> None:
-    """Write the record :func:`claim_run` compares a --resume with; ``out`` exists."""
+def start_run(out: Path, kind: str, settings: dict, force: bool = False) -> None:
+    """``out``, once :func:`claim_run` let this run have it, made ready: emptied with ``force``, made,
+    and holding the record :func:`claim_run` compares a --resume with."""
+    if force and out.exists() and any(out.iterdir()):
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
     if not (out / RECORD).is_file():
         write_json(out / RECORD, {"kind": kind, "settings": settings}, indent=1)
 
