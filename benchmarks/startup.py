@@ -1,7 +1,8 @@
-"""How fast the command line answers: wall time of `mixln-convert --help` and of a refusal that
-needs no weights, against `python -c pass` and `python -c "import torch"`, fastest of N, side by
-side in one run (the test suite asserts the property behind it: neither torch nor transformers
-is imported before these answer).
+"""How fast the command line answers: wall time of `mixln-convert --help`, of a bad option and of a
+missing path, against `python -c pass` and `python -c "import torch"`, fastest of N, side by side
+in one run. The test suite asserts the property behind the first two: neither torch nor
+transformers is imported before they answer. A path is checked by the API function, after torch
+is imported.
 
     python benchmarks/startup.py [--repeats 5]
 """
