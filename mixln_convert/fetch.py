@@ -42,7 +42,8 @@ def _download(cmd: list[str], folder: Path, pattern: str, what: str, sha256: str
     if sha256 is not None:
         digest = hashlib.sha256(found.read_bytes()).hexdigest()
         if digest != sha256:
-            raise MixLNError(f"{found}: sha256 {digest}, but {what} is pinned at {sha256}; remove the file to fetch it again")
+            raise MixLNError(f"{found}: sha256 {digest}, but {what} is pinned at {sha256}; remove the file to "
+                             "fetch it again")
     return found
 
 

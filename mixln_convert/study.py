@@ -89,7 +89,8 @@ def study(source, out, options: StudyOptions | None = None, *, resume: bool = Fa
         if text is not None and not is_tokens_folder(text):
             check_text(text, f"data.{key}")
     settings = {"SRC": str(Path(source).absolute()), "SRC's files": open_checkpoint(source).fingerprint(),
-                "--recipe and --set": plans[0].recipe.to_dict(), "--alpha": alpha, "--seeds": seeds, "--init": list(schemes),
+                "--recipe and --set": plans[0].recipe.to_dict(), "--alpha": alpha, "--seeds": seeds,
+                "--init": list(schemes),
                 "--post-ln": post_ln, "--eval-tokens": eval_tokens}
     if lns:  # recorded only when given: a study begun before the LNS arm existed still resumes
         settings["--lns"] = True

@@ -187,7 +187,8 @@ def _training_recipe(src, data, train_tokens: int):
     if train_tokens < step_tokens:
         raise MixLNError(f"--train-tokens: {train_tokens} is less than one training step ({step_tokens} tokens)")
     # validate at the end only: the report compares final perplexities
-    return defaults.replace({"max_tokens": train_tokens, "eval_interval": train_tokens // step_tokens}, "--train-tokens")
+    return defaults.replace({"max_tokens": train_tokens, "eval_interval": train_tokens // step_tokens},
+                            "--train-tokens")
 
 
 def _calibrate(source, blocks: int, times: dict, progress: bool):

@@ -141,7 +141,8 @@ def architecture_for(config: dict, where: str) -> Architecture:
     """
     model_type = config.get("model_type")
     if converted_architecture(config):
-        raise MixLNError(f"{where}: already a Mix-LN checkpoint (model_type {model_type!r}); convert its Pre-LN source instead")
+        raise MixLNError(f"{where}: already a Mix-LN checkpoint (model_type {model_type!r}); convert its Pre-LN "
+                         "source instead")
     declared = config.get("architectures") or []
     for arch in all_architectures():
         if model_type == arch.model_type and (not declared or set(declared) & set(arch.architectures)):
@@ -166,7 +167,8 @@ def architecture_of_gguf(gguf_arch: str, where: str) -> Architecture:
         if arch.gguf_architecture == gguf_arch and arch.gguf:
             return arch
     supported = sorted({a.gguf_architecture for a in all_architectures()})
-    raise MixLNError(f"{where}: GGUF architecture {gguf_arch!r} is not supported (expected {', '.join(map(repr, supported))})")
+    raise MixLNError(f"{where}: GGUF architecture {gguf_arch!r} is not supported "
+                     f"(expected {', '.join(map(repr, supported))})")
 
 
 def architecture_of_any(config: dict, where: str) -> Architecture:

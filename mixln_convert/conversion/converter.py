@@ -30,7 +30,8 @@ def convert(src, dst, options: ConvertOptions | None = None, *, force: bool = Fa
     (with ``options`` too: those fields replaced). The first ``floor(alpha * L)`` blocks (or
     ``post_ln_layers``; default alpha 0.25) become Post-LN; ``strategy`` says what their weights
     become (see :mod:`.plan`). ``layout="lns"`` makes a LayerNorm Scaling model instead (:mod:`.lns`):
-    no block Post-LN, every block's norm outputs scaled by 1/sqrt(l), its gains multiplied by sqrt(l) so that it computes the source's
+    no block Post-LN, every block's norm outputs scaled by 1/sqrt(l), its gains multiplied by sqrt(l)
+    so that it computes the source's
     function (``strategy="scratch"``: freshly initialized, gains 1, as in the LNS paper). ``src``
     is never written; ``dst`` appears only when the whole conversion succeeded. Returns ``dst``.
 

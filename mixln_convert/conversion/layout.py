@@ -12,7 +12,8 @@ def post_ln_count(num_layers: int, alpha: float | None = None, post_ln_layers: i
         if alpha is not None:
             raise MixLNError("--alpha and --post-ln-layers are exclusive: give one")
         if not 0 <= post_ln_layers <= num_layers:
-            raise MixLNError(f"--post-ln-layers: {post_ln_layers} is outside [0, {num_layers}] for this {num_layers}-layer model")
+            raise MixLNError(f"--post-ln-layers: {post_ln_layers} is outside [0, {num_layers}] for this "
+                             f"{num_layers}-layer model")
         return post_ln_layers
     alpha = ALPHA if alpha is None else alpha
     if not (0.0 <= alpha <= 1.0) or math.isnan(alpha):

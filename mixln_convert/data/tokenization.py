@@ -349,7 +349,8 @@ def _build(wanted, out: Path, partial: Path, encoder: Encoder, train, validation
            progress: bool) -> dict:
     inputs = _inputs(train, validation)
     limits = {"train": wanted["max_tokens"], "validation": wanted["max_validation_tokens"]}
-    writers = {s: TokenShardWriter(partial, s, wanted["dtype"], wanted["shard_tokens"], limits[s]) for s in TOKEN_SPLITS}
+    writers = {s: TokenShardWriter(partial, s, wanted["dtype"], wanted["shard_tokens"], limits[s])
+               for s in TOKEN_SPLITS}
     key = hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()
     position, documents = _resumed(partial, key, writers)
     excluded = frozenset(_digest(text) for role, item, _ in inputs if role == "validation" for text in _documents(item))

@@ -97,7 +97,8 @@ def model_snapshot(name: HubName, flag: str) -> str:
     try:
         info = HfApi().model_info(name.repo, revision=name.revision)
     except GatedRepoError:
-        raise MixLNError(f"{where}: a gated model; ask for access on its Hub page, then log in (hf auth login)") from None
+        raise MixLNError(f"{where}: a gated model; ask for access on its Hub page, then log in "
+                         "(hf auth login)") from None
     except RepositoryNotFoundError:
         raise MixLNError(f"{where}: no such file or folder, nor a model on the Hugging Face Hub (a private one needs "
                          "a login: hf auth login)") from None

@@ -352,4 +352,6 @@ def open_checkpoint(path) -> Checkpoint:
 def _open(path: str, mtime_ns: int, size: int, inode: int) -> Checkpoint:
     from .gguf import GGUFCheckpoint  # here: it builds on Checkpoint, above
 
-    return GGUFCheckpoint(Path(path)) if path.endswith(".gguf") and os.path.isfile(path) else FolderCheckpoint(Path(path))
+    if path.endswith(".gguf") and os.path.isfile(path):
+        return GGUFCheckpoint(Path(path))
+    return FolderCheckpoint(Path(path))

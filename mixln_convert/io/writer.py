@@ -71,7 +71,8 @@ def write_safetensors(path: Path, tensors: list[tuple[str, StoredTensor]], metad
     for name, stored in tensors:
         tensor = stored.tensor
         if tensor.dtype not in _SAFETENSORS_DTYPES:
-            raise MixLNError(f"{path.parent}: tensor {name} has dtype {tensor.dtype}, which this writer does not handle")
+            raise MixLNError(f"{path.parent}: tensor {name} has dtype {tensor.dtype}, which this writer does "
+                             "not handle")
         header[name] = {"dtype": _SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
                         "data_offsets": [offset, offset + tensor.nbytes]}
         offset += tensor.nbytes

@@ -287,7 +287,8 @@ def _analysis_sentences(models: list[Model], numbers: dict, estimates: dict) -> 
     if layered:
         sentences += _layer_sentences(layered, estimates)
     else:
-        sentences.append("No analysis holds the layer sweep (each was made with --no-layer-sweep), so no layer comparison.")
+        sentences.append("No analysis holds the layer sweep (each was made with --no-layer-sweep), so no layer "
+                         "comparison.")
     during = [numbers[m.label] for m in models if "training_grad_norm_cv" in numbers[m.label]]
     if during:  # one training step's gradient: no windows to resample
         sentences.append(_ranking("The same at the last logged training step (one minibatch, no interval)",

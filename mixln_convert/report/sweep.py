@@ -148,7 +148,8 @@ def plot_gradients(result: dict, path: Path) -> None:
     spread_ax, ratio_ax = fig.subplots(1, 2)
     alphas = [row["post_ln_layers"] / result["num_layers"] for row in result["rows"]]
     spread_ax.plot(alphas, [row["grad_norm_cv"] for row in result["rows"]], marker="o", linestyle="none")
-    spread_ax.set(title="spread across blocks (std / mean)", xlabel="Post-LN blocks / L", ylabel="coefficient of variation")
+    spread_ax.set(title="spread across blocks (std / mean)", xlabel="Post-LN blocks / L",
+                  ylabel="coefficient of variation")
     ratios = [(a, row["post_pre_grad_ratio"]) for a, row in zip(alphas, result["rows"])
               if row["post_pre_grad_ratio"] is not None]
     ratio_ax.plot([a for a, _ in ratios], [r for _, r in ratios], marker="o", linestyle="none")
@@ -165,7 +166,8 @@ def plot_gradients(result: dict, path: Path) -> None:
 
 def time_rows(result: dict) -> list[list[str]]:
     times = result["times"]
-    rows = [["calibration (once, for every alpha)", f"{times['calibration_s']:.1f} s"]] if "calibration_s" in times else []
+    rows = ([["calibration (once, for every alpha)", f"{times['calibration_s']:.1f} s"]] if "calibration_s" in times
+            else [])
     for row in result["rows"]:
         for key, seconds in row["times"].items():
             rows.append([f"{row['post_ln_layers']} Post-LN: {key.removesuffix('_s')}", f"{seconds:.1f} s"])

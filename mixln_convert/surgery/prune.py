@@ -32,7 +32,8 @@ def parse_layers(text: str, num_layers: int) -> list[int]:
         if first > last:
             raise MixLNError(f"--layers: range {part!r} is empty (write low-high)")
         if last >= num_layers:
-            raise MixLNError(f"--layers: layer {last} is outside [0, {num_layers - 1}] for this {num_layers}-layer model")
+            raise MixLNError(f"--layers: layer {last} is outside [0, {num_layers - 1}] for this "
+                             f"{num_layers}-layer model")
         layers.update(range(first, last + 1))
     if not layers:
         raise MixLNError(f"--layers: {text!r} selects no layer")

@@ -109,7 +109,8 @@ def train_arm(recipe: Recipe, arm: str, folder: Path, source: str, splits: Split
     }
     if run.accelerator.is_main_process:
         write_json(folder / SUMMARY, summary)
-    for tracker in run.accelerator.trackers:  # not end_training(): it would destroy the process group the next arm needs
+    # not end_training(): it would destroy the process group the next arm needs
+    for tracker in run.accelerator.trackers:
         tracker.finish()
     run.accelerator.free_memory()
     return summary
