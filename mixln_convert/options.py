@@ -156,7 +156,7 @@ class HealOptions(Options, HealSettings, ShardSized):
         check_spike_factor("--spike-factor", self.spike_factor)
         check_seed(self.seed)
         check_one_step(self.tokens, self.batch_size, self.seq_len)
-        self.max_shard_bytes  # parsed: a bad size is refused here, once
+        self.max_shard_bytes  # parsed: a bad size is refused when the options are made
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,7 +191,7 @@ class ConvertOptions(Options, ShardSized):
         check_positive("--calibration-seq-len", self.calibration_seq_len)
         check_tokens("--calibration-tokens", self.calibration_tokens)
         check_seed(self.seed)
-        self.max_shard_bytes  # parsed: a bad size is refused here, once
+        self.max_shard_bytes  # parsed: a bad size is refused when the options are made
         if self.lns:
             for flag, value in (("--alpha", self.alpha), ("--post-ln-layers", self.post_ln_layers)):
                 if value is not None:
@@ -292,7 +292,7 @@ class PruneOptions(Measurement, ShardSized):
         if self.remove is not None:
             check_positive("--remove", self.remove)
         check_method(self.method)
-        self.max_shard_bytes  # parsed: a bad size is refused here, once
+        self.max_shard_bytes  # parsed: a bad size is refused when the options are made
 
 
 def check_method(method: str) -> None:
@@ -342,7 +342,7 @@ class EstimateOptions(Options):
                                      ("--device", self.device, DEVICES)):
             if value is not None and value not in choices:
                 raise MixLNError(f"{flag}: must be one of {', '.join(choices)}, got {value!r}")
-        self.memory_bytes  # parsed: a bad size is refused here, once
+        self.memory_bytes  # parsed: a bad size is refused when the options are made
 
     @property
     def memory_bytes(self) -> int | None:
