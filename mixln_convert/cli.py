@@ -8,7 +8,6 @@ commands that need them, so ``--help`` and bad options answer at once.
 
 import json
 import logging
-import math
 import os
 import signal
 import sys
@@ -89,37 +88,14 @@ class OneLineError(click.ClickException):
         self.exit_code = exit_code
 
 
-class Finite(click.ParamType):
-    """A float in a range, refusing nan and inf (click.FloatRange lets nan through)."""
-
-    name = "float"
-
-    def __init__(self, low=None, high=None, low_open=False, high_open=False):
-        self.low, self.high, self.low_open, self.high_open = low, high, low_open, high_open
-
-    def convert(self, value, param, ctx):
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            self.fail(f"{value!r} is not a number", param, ctx)
-        above = self.low is None or (number > self.low if self.low_open else number >= self.low)
-        below = self.high is None or (number < self.high if self.high_open else number <= self.high)
-        if not (math.isfinite(number) and above and below):
-            low = "-inf" if self.low is None else self.low
-            high = "inf" if self.high is None else self.high
-            opening = "(" if self.low_open or self.low is None else "["
-            closing = ")" if self.high_open or self.high is None else "]"
-            interval = f"{opening}{low}, {high}{closing}"
-            self.fail(f"{value} is not in {interval}", param, ctx)
-        return number
-
-
 POSITIVE = click.IntRange(min=1)
 TOKENS = click.IntRange(1, MAX_TOKENS)
 TOKENS_OR_ZERO = click.IntRange(0, MAX_TOKENS)
 BATCH = click.IntRange(1, MAX_BATCH)
 EXAMPLES = click.IntRange(1, MAX_EXAMPLES)
 SEED = click.IntRange(0, 2**32 - 1)
+# nan passes click's FloatRange: the options refuse it (and every other bad value) once more, naming the flag
+FRACTION, OPEN_FRACTION = click.FloatRange(0, 1), click.FloatRange(0, 1, min_open=True, max_open=True)
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -177,7 +153,7 @@ _ALLOW_LONGER = click.option("--allow-longer", is_flag=True,
 @main.command()
 @click.argument("src", type=click.Path(path_type=str))
 @click.argument("dst", type=click.Path(path_type=str))
-@click.option("--alpha", type=Finite(0, 1), default=ConvertOptions.alpha,  # None: --post-ln-layers may be given
+@click.option("--alpha", type=FRACTION, default=ConvertOptions.alpha,  # None: --post-ln-layers may be given
               help=f"Fraction of leading layers made Post-LN: floor(alpha * L).  [default: {ALPHA}]")
 @click.option("--post-ln-layers", type=click.IntRange(min=0), default=ConvertOptions.post_ln_layers,
               help="Exact number of leading Post-LN layers (instead of --alpha).")
@@ -341,7 +317,7 @@ def fetch():
 @click.option("--validation", default=TokenizeOptions.validation, metavar="PATH",
               help="Validation text (file, folder or glob); its documents are never trained on.  "
                    "[default: --validation-fraction of DATA's documents]")
-@click.option("--validation-fraction", type=Finite(0, 1, low_open=True, high_open=True),
+@click.option("--validation-fraction", type=OPEN_FRACTION,
               default=TokenizeOptions.validation_fraction, show_default=True,
               help="Share of DATA's documents held out for validation, by content hash.")
 @click.option("--num-proc", type=POSITIVE, default=None,  # None: TokenizeOptions' 0, one per core
@@ -458,7 +434,7 @@ def prune(ckpt, out, force, **settings):
               help="Training recipe of every run (a shipped name or a YAML file).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a recipe key for every run, e.g. --set max_tokens=2e6 (repeatable).")
-@click.option("--alpha", type=Finite(0, 1, low_open=True, high_open=True), default=StudyOptions.alpha,
+@click.option("--alpha", type=OPEN_FRACTION, default=StudyOptions.alpha,
               show_default=True, help="The Mix-LN arm's Post-LN ratio.")
 @click.option("--seeds", type=POSITIVE, default=StudyOptions.seeds, show_default=True,
               help="Seeds per arm and scheme (initialization and data order); verdicts need 2 or more.")
@@ -587,7 +563,7 @@ def estimate(recipe_file, overrides, **settings):
 @main.command()
 @click.option("--out", default="mixln-demo", show_default=True, type=click.Path(path_type=str),
               help="Folder for everything the demo writes.")
-@click.option("--alpha", type=Finite(0, 1), default=DemoOptions.alpha, show_default=True,
+@click.option("--alpha", type=FRACTION, default=DemoOptions.alpha, show_default=True,
               help="Fraction of leading layers made Post-LN.")
 @click.option("--heal-tokens", type=TOKENS_OR_ZERO, default=DemoOptions.heal_tokens, show_default=True, metavar="N",
               help="Heal the conversion on N tokens before training (as `mixln-convert heal`; 1,024 a step). "
@@ -634,10 +610,10 @@ def demo(out, force, resume, **settings):
               help="Training seeds per arm (with --train-tokens).")
 @click.option("--eval-tokens", type=TOKENS, default=SweepOptions.eval_tokens, show_default=True, metavar="N",
               help="Held-out tokens each stage is scored and analyzed on (windows of 256).")
-@click.option("--max-ppl-increase", type=Finite(0, None), default=SweepOptions.max_ppl_increase, show_default=True,
+@click.option("--max-ppl-increase", type=click.FloatRange(0), default=SweepOptions.max_ppl_increase, show_default=True,
               metavar="X",
               help="Rule: the healed (else converted) perplexity at most X above the original's (0.10 = 10%).")
-@click.option("--max-grad-ratio", type=Finite(1, None), default=SweepOptions.max_grad_ratio, show_default=True,
+@click.option("--max-grad-ratio", type=click.FloatRange(1), default=SweepOptions.max_grad_ratio, show_default=True,
               metavar="Y",
               help="Rule: the largest Post-LN block gradient norm at most Y times the Pre-LN blocks' mean.")
 @click.option("--lns", is_flag=True,
@@ -680,13 +656,13 @@ def sweep(src, out, alphas, resume, force, **settings):
               help="Tokens per training window.")
 @click.option("--batch-size", type=BATCH, default=HealOptions.batch_size, show_default=True,
               help="Windows per step.")
-@click.option("--lr", type=Finite(0, None, low_open=True), default=HealOptions.lr, show_default=True,
+@click.option("--lr", type=click.FloatRange(0, min_open=True), default=HealOptions.lr, show_default=True,
               help="Peak learning rate (warmup, then cosine).")
 @click.option("--loss", type=click.Choice(LOSSES), default=HealOptions.loss, show_default=True,
               help="kl (KL divergence of the final logits; runs both whole models, ~3.5x the FLOPs of a residual "
                    "step, but recovers far more per token) or residual (relative error of the stream entering the "
                    "first Pre-LN block; runs the Post-LN blocks only).")
-@click.option("--spike-factor", type=Finite(0, 1000), default=HealOptions.spike_factor, show_default=True,
+@click.option("--spike-factor", type=click.FloatRange(0, 1000), default=HealOptions.spike_factor, show_default=True,
               metavar="X",
               help="Skip the update of a step whose loss exceeds X times the mean of the last 20 steps' (more than 5 "
                    "in a row stop the heal); 0: no check. Non-finite losses and gradients always stop it.")

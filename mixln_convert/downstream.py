@@ -1,12 +1,7 @@
-"""Downstream evaluation: lm-evaluation-harness tasks on a model this tool has already loaded.
-
-The model and tokenizer (from any checkpoint the tool reads: GGUF, plain LLaMA or Mix-LN, no
-remote code) are wrapped in lm-eval's ``HFLM`` and run through ``simple_evaluate``, so every
-figure is lm-eval's own, as ``lm_eval --model hf`` computes it on the same folder. lm-eval is an
-optional dependency (``pip install 'mixln-convert[eval]'``); it is imported only here.
-
-Tasks are looked up in the shipped offline tasks (:mod:`mixln_convert.tasks`), the user's
-``--include-path`` and, only when a name is in neither, lm-eval's own task list (indexing its
+"""Downstream evaluation: lm-evaluation-harness tasks on a model this tool has already loaded, wrapped
+in lm-eval's ``HFLM`` and run through ``simple_evaluate``, so every figure is lm-eval's own. lm-eval
+is an optional dependency, imported only here. Tasks are looked up in the shipped offline tasks, the
+user's ``--include-path`` and, only when a name is in neither, lm-eval's own task list (indexing its
 thousands of YAML files takes seconds).
 """
 
@@ -24,26 +19,19 @@ from .limits import check_batch_size, check_limit
 INSTALL = "pip install 'mixln-convert[eval]'"
 
 
-def require_lm_eval(flag: str) -> None:
-    """A one-line error naming ``flag`` and the install command when lm-eval is missing."""
-    if importlib.util.find_spec("lm_eval") is None:
-        raise MixLNError(f"{flag}: lm-evaluation-harness is not installed; {INSTALL}")
-
-
 def known_tasks(options):
-    """The lm-eval TaskManager that knows the tasks of ``options`` (an EvalOptions or
-    AnalyzeOptions), lm-eval installed: a one-line error naming the flag otherwise, before any
-    model loads (torch-free, so the CLI asks it first)."""
-    require_lm_eval(options.TASKS_FLAG)
+    """The lm-eval TaskManager that knows the tasks of ``options`` (an EvalOptions or AnalyzeOptions), lm-eval
+    installed: a one-line error naming the flag otherwise, before any model loads (torch-free: the CLI asks first)."""
+    if importlib.util.find_spec("lm_eval") is None:
+        raise MixLNError(f"{options.TASKS_FLAG}: lm-evaluation-harness is not installed; {INSTALL}")
     return task_manager(list(options.tasks), options.include_path, options.TASKS_FLAG)
 
 
 def task_manager(names: list[str], include_path=None, flag: str = "--tasks"):
-    """An lm-eval ``TaskManager`` that knows every name in ``names``, or a MixLNError naming the
-    unknown ones."""
+    """An lm-eval ``TaskManager`` that knows every name in ``names``, or a MixLNError naming the unknown ones."""
     from lm_eval.tasks import TaskManager
 
-    from .tasks import shipped_tasks_dir
+    from .tasks import SHIPPED_TASKS, shipped_tasks_dir
 
     paths = [str(shipped_tasks_dir()), *([str(include_path)] if include_path else [])]
     with _quiet():
@@ -54,8 +42,6 @@ def task_manager(names: list[str], include_path=None, flag: str = "--tasks"):
     if unknown and include_path:
         _check_task_files(include_path)
     if unknown:
-        from .tasks import SHIPPED_TASKS
-
         raise MixLNError(f"{flag}: unknown task {', '.join(unknown)} (shipped: {', '.join(SHIPPED_TASKS)}; "
                          "lm-eval's own: `lm_eval ls tasks`; your own YAML: --include-path DIR)")
     return manager
@@ -95,23 +81,9 @@ def _quiet():
         logger.setLevel(level)
 
 
-@contextmanager
-def _without_environment_report(evaluator):
-    """simple_evaluate adds the git hash of the working folder (running `git`, which prints
-    "fatal: not a git repository" outside one) and an environment report (pip and nvidia-smi
-    subprocesses, ~1 s) to its results; this tool reports neither, so both are skipped."""
-    saved = evaluator.get_git_commit_hash, evaluator.add_env_info
-    evaluator.get_git_commit_hash, evaluator.add_env_info = (lambda: None), (lambda storage: None)
-    try:
-        yield
-    finally:
-        evaluator.get_git_commit_hash, evaluator.add_env_info = saved
-
-
 def hf_lm(model, tokenizer, batch_size: int, lm_class=None):
-    """lm-eval's ``HFLM`` (or its subclass ``lm_class``) on the in-memory ``model``. HFLM sets a
-    padding token on the tokenizer it is given, so it gets a copy: the checkpoint's cached
-    tokenizer stays as loaded."""
+    """lm-eval's ``HFLM`` (or its subclass ``lm_class``) on the in-memory ``model``. HFLM sets a padding token
+    on the tokenizer it is given, so it gets a copy: the checkpoint's cached tokenizer stays as loaded."""
     from lm_eval.models.huggingface import HFLM
 
     with _quiet():
@@ -122,9 +94,13 @@ def run_tasks(lm, names: list[str], manager, limit: int | None = None, bootstrap
     """lm-eval's ``simple_evaluate`` of ``lm`` on ``names``, reshaped: {task: {"metrics": {name:
     value}, "stderr": {name: value or None}, "higher_is_better": {name: bool}, "samples": n,
     "output_type": ...}}. ``bootstrap_iters`` as lm-eval's (0: no standard errors)."""
+    from unittest import mock
+
     from lm_eval import evaluator
 
-    with _quiet(), _without_environment_report(evaluator):
+    # simple_evaluate adds the folder's git hash (running `git`, which prints "fatal: not a git repository"
+    # outside one) and an environment report (pip and nvidia-smi subprocesses): this tool reports neither.
+    with _quiet(), mock.patch.multiple(evaluator, get_git_commit_hash=lambda: None, add_env_info=lambda storage: None):
         raw = evaluator.simple_evaluate(model=lm, tasks=names, task_manager=manager, limit=limit, log_samples=False,
                                         bootstrap_iters=bootstrap_iters)
     results = {}

@@ -5,10 +5,8 @@ import warnings
 
 
 class MixLNError(Exception):
-    """A user-facing error: bad input, a refused destination, an unsupported checkpoint.
-
-    The message must name the file, flag or value at fault, on one line.
-    """
+    """A user-facing error (bad input, a refused destination, an unsupported checkpoint); its
+    message must name the file, flag or value at fault, on one line."""
 
 
 class MixLNWarning(UserWarning):

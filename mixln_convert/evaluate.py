@@ -1,8 +1,6 @@
 """Perplexity on held-out text: packed windows (``evaluate_perplexity``, what training validates
 with) and each document on its own from its first token (``evaluate_documents``, how
-lm-evaluation-harness scores perplexity tasks); ``score_checkpoint`` runs both (or lm-eval tasks)
-on a checkpoint with the evaluation definition of :mod:`.options` (``prepare_scoring`` checks and
-reads, then ``run_scoring`` scores)."""
+lm-evaluation-harness scores perplexity tasks); ``score_checkpoint`` runs both (or lm-eval tasks)."""
 
 import math
 import re
@@ -13,6 +11,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .errors import MixLNError
+from .generation import greedy_continuations
 from .io.paths import check_readable, checkpoint_path
 from .limits import check_seq_len
 from .options import EVAL_DATA, EvalOptions
@@ -29,12 +28,9 @@ def window_nll(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate_perplexity(model, windows: torch.Tensor, batch_size: int = 4, progress: bool = True) -> dict:
-    """Token-level perplexity of ``model`` on ``windows`` ([n, seq_len] token ids).
-
-    Every position but the first of each window is predicted; returns ``perplexity``,
-    ``loss`` (mean negative log-likelihood, nats), ``tokens`` (positions scored) and
-    ``window_losses`` (the mean NLL of each window, from which the report bootstraps intervals).
-    """
+    """Token-level perplexity of ``model`` on ``windows`` ([n, seq_len] token ids), every position but
+    the first predicted; ``loss`` is in nats, ``window_losses`` (each window's mean NLL) are what the
+    report bootstraps intervals from."""
     device = next(model.parameters()).device
     window_sums = []
     for start in tqdm(range(0, len(windows), batch_size), desc="evaluating", disable=not progress, leave=False):
@@ -54,9 +50,7 @@ def evaluate_documents(model, tokenizer, texts: list[str], max_length: int, batc
     there is none), and a document longer than ``max_length`` in windows that predict every token
     once with up to ``max_length`` tokens of context. Documents are taken in order until
     ``max_tokens`` tokens are scored; the document that reaches it is cut there (one huge
-    document must not cost more than the budget). Returns ``documents``, ``tokens``, ``words``, ``bytes``,
-    ``loss`` (nats per token), ``token_perplexity``, ``word_perplexity``, ``byte_perplexity`` and
-    ``bits_per_byte``."""
+    document must not cost more than the budget). ``loss`` is in nats per token."""
     device = next(model.parameters()).device
     prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     windows, counts = [], {"documents": 0, "tokens": 0, "words": 0, "bytes": 0}
@@ -68,12 +62,10 @@ def evaluate_documents(model, tokenizer, texts: list[str], max_length: int, batc
             ids = ids[:max_tokens - counts["tokens"]]
             text = tokenizer.decode(ids)  # words and bytes of the part scored
         full = [prefix, *ids]  # full[i] predicts ids[i]
-        done = 0
-        while done < len(ids):
+        for done in range(0, len(ids), max_length):
             end = min(done + max_length, len(ids))
             start = max(0, end - max_length)  # as much context as the window holds
             windows.append((full[start:end], ids[start:end], done - start))  # inputs, targets, first scored
-            done = end
         counts["documents"] += 1
         counts["tokens"] += len(ids)
         counts["words"] += len(re.split(r"\s+", text.strip()))
@@ -108,8 +100,7 @@ def check_finite_score(value: float, checkpoint, what: str) -> None:
 
 @dataclass
 class Scoring:
-    """What `eval` will score, read and checked before any model runs (or any task): the open
-    checkpoint, the options, the held-out documents and, when packed, their windows."""
+    """What `eval` will score, read and checked before any model runs (or any task)."""
 
     source: object  # an open :class:`~.io.loader.Checkpoint`
     options: EvalOptions
@@ -155,20 +146,15 @@ def run_scoring(scoring: Scoring, model=None, *, progress: bool = True) -> dict:
                                                     options.batch_size, options.max_tokens, progress)
         check_finite_score(result["per_document"]["token_perplexity"], source.path, "per-document perplexity")
     if options.generate:
-        from .generation import greedy_continuations
-
         result["generation"] = greedy_continuations(model, source.tokenizer, progress=progress)
     return result
 
 
 def score_checkpoint(ckpt, options: EvalOptions | None = None, *, task_manager=None, progress: bool = True,
                      **settings) -> dict:
-    """What ``mixln-convert eval`` prints: ``ckpt`` scored on the first ``max_tokens`` tokens of
-    ``data`` in packed windows of ``seq_len``, and as :func:`run_scoring` says; with ``tasks``,
-    lm-evaluation-harness tasks on the model loaded once (the tasks known, and the text read, before
-    it loads) instead of the packed perplexity. ``options``: an
-    :class:`~mixln_convert.options.EvalOptions`, or its fields as ``settings``; ``task_manager``, if
-    given, is the :func:`~mixln_convert.downstream.known_tasks` of the options' tasks."""
+    """What ``mixln-convert eval`` prints (see :func:`run_scoring`); with ``tasks``, lm-evaluation-harness
+    tasks on the model loaded once (the tasks known, and the text read, before it loads) instead of the
+    packed perplexity. ``task_manager``, if given, is the :func:`~.downstream.known_tasks` of the options'."""
     map_large_allocations()
     options = EvalOptions.given(options, settings)
     if not options.tasks:

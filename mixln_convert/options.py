@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .errors import MixLNError
-from .limits import (MAX_PROCESSES, check_alpha_count, check_batch_size, check_fraction, check_limit,
+from .limits import (MAX_PROCESSES, check_alpha_count, check_batch_size, check_choice, check_fraction, check_limit,
                      check_nonnegative, check_one_step, check_positive, check_positive_float, check_processes,
-                     check_seed, check_seeds, check_spike_factor, check_task_count, check_tokens, parse_size)
+                     check_seed, check_seeds, check_spike_factor, check_task_count, check_tokens, is_number,
+                     parse_size)
 
 STRATEGIES = ("calibrated", "move", "reinit-post", "scratch")  # conversion/plan.py
 # conversion/converter.py: Mix-LN (the first blocks Post-LN) or LayerNorm Scaling (architectures/__init__.py)
@@ -77,10 +78,6 @@ DEMO_EVAL_TOKENS = 8 * EVAL_SEQ_LEN
 DEMO_LR = HEAL_LR
 
 
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 class Options:
     """A command's typed options (a frozen dataclass below): the CLI's defaults are its fields', and
     making one checks it, torch-free, each error naming the flag; the API function of the command
@@ -143,9 +140,8 @@ class HealOptions(Options, HealSettings, ShardSized):
     seed: int = 0
 
     def __post_init__(self):
-        for flag, value, choices in (("--loss", self.loss, LOSSES), ("--dtype", self.dtype, HEAL_DTYPES)):
-            if value not in choices:
-                raise MixLNError(f"{flag}: unknown {flag[2:]} {value!r} (choose from {', '.join(choices)})")
+        check_choice("--loss", self.loss, LOSSES)
+        check_choice("--dtype", self.dtype, HEAL_DTYPES)
         check_positive("--seq-len", self.seq_len)
         check_batch_size("--batch-size", self.batch_size)
         for flag, value in (("--tokens", self.tokens), ("--eval-tokens", self.eval_tokens)):
@@ -177,14 +173,12 @@ class ConvertOptions(Options, ShardSized):
     seed: int = 0
 
     def __post_init__(self):
-        for flag, value, choices in (("--layout", self.layout, LAYOUTS), ("--strategy", self.strategy, STRATEGIES),
-                                     ("--dtype", self.dtype, (None, *DTYPES))):
-            if value not in choices:
-                known = ", ".join(filter(None, choices))
-                raise MixLNError(f"{flag}: unknown {flag[2:]} {value!r} (choose from {known})")
+        check_choice("--layout", self.layout, LAYOUTS)
+        check_choice("--strategy", self.strategy, STRATEGIES)
+        check_choice("--dtype", self.dtype, (None, *DTYPES))
         if self.alpha is not None and self.post_ln_layers is not None:
             raise MixLNError("--alpha and --post-ln-layers are exclusive: give one")
-        if self.alpha is not None and not (_is_number(self.alpha) and 0.0 <= self.alpha <= 1.0):
+        if self.alpha is not None and not (is_number(self.alpha) and 0.0 <= self.alpha <= 1.0):
             raise MixLNError(f"--alpha: {self.alpha} is outside [0, 1]")
         if self.post_ln_layers is not None:
             check_tokens("--post-ln-layers", self.post_ln_layers, zero_ok=True)
@@ -267,7 +261,7 @@ class AnalyzeOptions(EvalOptions):
     def __post_init__(self):
         super().__post_init__()
         check_positive("--span", self.span)
-        check_method(self.method)
+        check_choice("--method", self.method, METHODS)
         if not self.layer_sweep and (self.prune_curve or self.tasks):
             raise MixLNError(f"{'--prune-curve' if self.prune_curve else '--task'} ranks or drops blocks by the layer "
                              "sweep, which --no-layer-sweep skips")
@@ -291,13 +285,8 @@ class PruneOptions(Measurement, ShardSized):
             raise MixLNError("--layers and --remove: give exactly one of them")
         if self.remove is not None:
             check_positive("--remove", self.remove)
-        check_method(self.method)
+        check_choice("--method", self.method, METHODS)
         self.max_shard_bytes  # parsed: a bad size is refused when the options are made
-
-
-def check_method(method: str) -> None:
-    if method not in METHODS:
-        raise MixLNError(f"--method: unknown method {method!r} (choose from {', '.join(METHODS)})")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -338,10 +327,8 @@ class EstimateOptions(Options):
     def __post_init__(self):
         if self.processes is not None and not (type(self.processes) is int and 1 <= self.processes <= MAX_PROCESSES):
             raise MixLNError(f"--processes: must be an integer in [1, {MAX_PROCESSES}], got {self.processes!r}")
-        for flag, value, choices in (("--strategy", self.strategy, TRAINING_STRATEGIES),
-                                     ("--device", self.device, DEVICES)):
-            if value is not None and value not in choices:
-                raise MixLNError(f"{flag}: must be one of {', '.join(choices)}, got {value!r}")
+        check_choice("--strategy", self.strategy, (None, *TRAINING_STRATEGIES))
+        check_choice("--device", self.device, (None, *DEVICES))
         self.memory_bytes  # parsed: a bad size is refused when the options are made
 
     @property
@@ -436,7 +423,7 @@ class StudyOptions(Options):
     def __post_init__(self):
         check_seeds("--seeds", self.seeds)
         check_tokens("--eval-tokens", self.eval_tokens)
-        if not (_is_number(self.alpha) and 0 < self.alpha < 1):
+        if not (is_number(self.alpha) and 0 < self.alpha < 1):
             raise MixLNError(f"--alpha: {self.alpha} is not in (0, 1): the Mix-LN arm needs Post-LN and Pre-LN "
                              "blocks")
         unknown = [s for s in self.schemes if s not in STUDY_SCHEMES]

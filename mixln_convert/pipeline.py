@@ -1,11 +1,6 @@
 """The pipeline, convert -> heal -> train -> analyze -> report, as ``train`` and the demo run it.
-Each stage is the function its command runs; this module only chains them:
-
-- :func:`train`: a run folder for a recipe; the Mix-LN arm's source converted (and healed) from
-  the recipe's source, the Pre-LN arm the source itself, the LNS arm the source retrofitted to
-  LayerNorm Scaling (exact; from scratch every arm is initialized by the same plan); all trained
-  on the same token stream.
-- :func:`run_demo`: SmolLM2-135M (or ``source``) through every stage into one report.
+Each stage is the function its command runs; this module only chains them: :func:`train` (every
+arm of a recipe on the same token stream) and :func:`run_demo` (every stage into one report).
 """
 
 import json
@@ -34,11 +29,8 @@ DEMO_RECIPE = "smollm2-135m-cpu"  # shipped with the package
 
 def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool = True) -> dict:
     """Train each arm of ``arms`` (default: the recipe's ``arms``) in turn into ``out``; returns
-    {arm: summary}.
-
-    With ``resume`` an interrupted run continues from each arm's last checkpoint (finished arms
-    are kept as they are); the recipe must be the one the run started with.
-    """
+    {arm: summary}. With ``resume`` an interrupted run continues from each arm's last checkpoint
+    (finished arms are kept as they are); the recipe must be the one the run started with."""
     map_large_allocations()
     from accelerate import PartialState
     from accelerate.utils import parse_flag_from_env
@@ -86,19 +78,17 @@ def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool =
 
 
 def prepare(recipe: Recipe, arm: str, folder: Path, splits, progress: bool) -> str:
-    """The checkpoint an arm trains from: the source for the Pre-LN arm; for the Mix-LN arm the
-    recipe's converted model, else the source converted into ``folder/converted`` and, with
-    ``heal.tokens``, healed into ``folder/healed`` on the run's own training stream; for the LNS
-    arm the source converted exactly into ``folder/converted`` (nothing to heal).
-
-    With ``conversion.strategy: scratch`` the Pre-LN arm is initialized too, into
-    ``folder/initialized``, by the same seeded plan at alpha 0, and the LNS arm by that plan with
-    its gains left at 1 (the LNS paper's setting): every tensor the layouts share starts equal, so
-    a gap between the arms is the layout's, not the initialization's."""
+    """The checkpoint an arm trains from: the source (Pre-LN); the source converted exactly into
+    ``folder/converted`` (LNS); the recipe's converted model, else the source converted into ``folder/converted``
+    and, with ``heal.tokens``, healed into ``folder/healed`` on the run's own training stream (Mix-LN). From
+    scratch (``conversion.strategy: scratch``) every arm is initialized by the same seeded plan (Pre-LN into
+    ``folder/initialized`` at alpha 0, LNS with its gains at 1): every tensor the layouts share starts equal,
+    so a gap between the arms is the layout's, not the initialization's."""
     from accelerate import PartialState
 
     from .conversion.converter import convert
     from .healing import heal
+    from .training.trainer import mixed_precision
 
     conversion = recipe.conversion
     from_scratch = conversion.strategy == "scratch"
@@ -119,24 +109,16 @@ def prepare(recipe: Recipe, arm: str, folder: Path, splits, progress: bool) -> s
         healed = folder / "healed"
         if not (healed / "config.json").is_file():
             heal(converted, recipe.source, healed, data=splits.train, perplexity=False, seed=recipe.seed,
-                 progress=progress, seq_len_flag="heal.seq_len", dtype=heal_dtype(recipe.precision),
-                 **asdict(recipe.heal))
+                 progress=progress, seq_len_flag="heal.seq_len",
+                 dtype="bf16" if mixed_precision(recipe.precision) == "bf16" else "fp32", **asdict(recipe.heal))
     return str(healed)
-
-
-def heal_dtype(precision: str) -> str:
-    """The heal's dtype for a recipe's ``precision``: a bf16 run heals in bf16 too."""
-    from .training.trainer import mixed_precision
-
-    return "bf16" if mixed_precision(precision) == "bf16" else "fp32"
 
 
 def convert_and_heal(src, dst, options: ConvertOptions | None = None, *, heal_tokens: int, heal_data=None,
                      force: bool = False, progress: bool = True, **settings) -> dict:
-    """One command from a pretrained model to a usable Mix-LN one: ``src`` converted (with ``options``
-    or ``settings``, as :func:`~mixln_convert.conversion.converter.convert` takes them) into a
-    temporary folder beside ``dst``, then healed on ``heal_tokens`` tokens into ``dst``. Returns
-    heal's result."""
+    """One command from a pretrained model to a usable Mix-LN one: ``src`` converted (``options`` or
+    ``settings``, as :func:`~mixln_convert.conversion.converter.convert` takes them) into a temporary
+    folder beside ``dst``, then healed on ``heal_tokens`` tokens into ``dst``; returns heal's result."""
     from .conversion.converter import convert
     from .conversion.layout import post_ln_count
     from .data import read_texts, token_stream, windows
@@ -179,9 +161,8 @@ def _claim(out: Path, recipe: Recipe, resume: bool) -> bool:
     """Refuse to mix two runs in one folder, or a folder that is an input; True when ``out`` holds
     nothing yet (absent or empty: all it will hold is this run's)."""
     saved = out / "recipe.yaml"
-    inputs = {"source": recipe.source, "converted": recipe.converted, "data.train": recipe.data.train,
-              "data.validation": recipe.data.validation}
-    check_not_input(out, inputs, "--out")
+    check_not_input(out, {"source": recipe.source, "converted": recipe.converted, "data.train": recipe.data.train,
+                          "data.validation": recipe.data.validation}, "--out")
     if saved.is_file():
         if not resume:
             raise MixLNError(f"{out}: holds a training run already; add --resume to continue it, "
@@ -248,23 +229,20 @@ def _finished(file: Path, arm: str) -> dict:
 
 def run_demo(out, options: DemoOptions | None = None, *, force: bool = False, resume: bool = False,
              **settings) -> dict:
-    """Every stage on ``options.source`` (default: SmolLM2-135M-Instruct from PyPI) into ``out``, with
-    the CPU recipe's settings (at lr ``DEMO_LR``): convert, heal (``heal_tokens``; 0 skips it), train
-    both arms, analyze each stage (the layer sweep and ``prune_curve`` on the original and the
-    trained arms), compare; returns the comparison (its ``summary`` sentences, ...). ``options``: a
-    :class:`~mixln_convert.options.DemoOptions`, or its fields as ``settings``. ``resume`` keeps
-    what an earlier run with the same settings finished (trained arms, analyses) and continues from
-    there; ``force`` starts afresh."""
+    """Every stage on ``options.source`` (default: SmolLM2-135M-Instruct) into ``out`` with the CPU
+    recipe at lr ``DEMO_LR``: convert, heal (``heal_tokens``; 0 skips it), train both arms, analyze each
+    stage, compare; returns the comparison. ``options``: a :class:`~mixln_convert.options.DemoOptions`, or
+    its fields as ``settings``. ``resume`` keeps what an earlier run with the same settings finished;
+    ``force`` starts afresh."""
     from .analysis.analyze import analyze
     from .report import compare
 
     options = DemoOptions.given(options, settings)
     heal_tokens, eval_tokens = options.heal_tokens, options.eval_tokens
     out, recipe = _claim_demo(out, options, force, resume)
-    original = recipe.source
     # training validation and every analysis score the same windows, so their perplexities agree
     where = measured_on({"data": EVAL_DATA, "tokens": eval_tokens, "seq_len": recipe.seq_len})
-    log.info(f"[1/4] source model: {original}")
+    log.info(f"[1/4] source model: {recipe.source}")
     healing = f"heal ({heal_tokens:,} tokens) + " if heal_tokens else ""
     log.info(f"[2/4] convert + {healing}recovery training of both arms ({recipe.max_tokens:,} tokens each) "
              f"-> {out / 'train'}")
@@ -276,7 +254,7 @@ def run_demo(out, options: DemoOptions | None = None, *, force: bool = False, re
                  f"{summary['final_val_ppl']:.2f} ({where})")
     log.info(f"      (conversion, heal and training{_took(stages, 'train') or ': finished by an earlier run'})")
     checkpoints = {
-        "original": original,
+        "original": recipe.source,
         "converted": out / "train" / "mixln" / "converted",
         **({"healed": out / "train" / "mixln" / "healed"} if heal_tokens else {}),
         "mixln-trained": out / "train" / "mixln" / "final",

@@ -1,21 +1,14 @@
 """``study()``: the Mix-LN paper's from-scratch comparison, run through the engine.
 
-For each initialization scheme (scaled init on, off) and seed, a Pre-LN, a Mix-LN and a Post-LN
-arm (and, if asked, a LayerNorm Scaling one: its successor, arXiv 2502.05795) are trained by
-:func:`~mixln_convert.pipeline.train` with ``conversion.strategy: scratch``: every arm is
-initialized by the same seeded plan, so tensors the layouts share start equal, and all arms of a
-seed read the same tokens in the same order. Each final model goes through
-:func:`~mixln_convert.analysis.analyze.analyze`. The paper's three claims (Mix-LN reaches a lower
-perplexity, its deep blocks matter more, its per-block gradient norms are more uniform) then each
-get a verdict per scheme, decided against the spread between seeds
-(:func:`~mixln_convert.analysis.measures.verdict`), and so do the
-LNS paper's two (lower perplexity, deep blocks matter more) for the LNS arm; the report is
-``report/study.py``'s.
+For each initialization scheme (scaled init on, off) and seed, a Pre-LN, a Mix-LN and a Post-LN arm (and, if
+asked, a LayerNorm Scaling one: its successor, arXiv 2502.05795) are trained with ``conversion.strategy:
+scratch``: every arm is initialized by the same seeded plan, so tensors the layouts share start equal, and all
+arms of a seed read the same tokens in the same order. Each final model is analyzed; the Mix-LN paper's three
+claims and the LNS paper's two then each get a verdict per scheme, decided against the spread between seeds.
 
-Layout of ``out``: ``<scheme>/seed-<s>/<arm>/`` is one training run folder (``train --out``) with
-the arm's analysis in ``analysis/``; ``study.json`` at the top, ``report/`` (report.md,
-report.html, the figures) beside it. ``resume`` continues an interrupted study: finished runs are kept,
-interrupted ones resume from their last checkpoint.
+Layout of ``out``: ``<scheme>/seed-<s>/<arm>/`` is one training run folder (``train --out``) with the arm's
+analysis in ``analysis/``; ``study.json`` and ``report/`` at the top. ``resume`` keeps finished runs and
+resumes interrupted ones from their last checkpoint.
 """
 
 import statistics
@@ -65,10 +58,8 @@ def study(source, out, options: StudyOptions | None = None, *, resume: bool = Fa
           **settings) -> dict:
     """Train and analyze every (scheme, seed, arm) into ``out``; returns the study (``study.json``).
 
-    ``options``: a :class:`~mixln_convert.options.StudyOptions`, or its fields as ``settings``; its
-    ``overrides`` are the recipe's ``--set`` values (shape of the budget: seq_len, batch sizes,
-    max_tokens, lr, intervals). ``source`` gives the model's shape and tokenizer, its weights are
-    not used."""
+    ``options``: a :class:`~mixln_convert.options.StudyOptions`, or its fields as ``settings``. ``source``
+    gives the model's shape and tokenizer; its weights are not used."""
     from .io.loader import open_checkpoint
     from .training import load_recipe
 
@@ -90,8 +81,7 @@ def study(source, out, options: StudyOptions | None = None, *, resume: bool = Fa
             check_text(text, f"data.{key}")
     settings = {"SRC": str(Path(source).absolute()), "SRC's files": open_checkpoint(source).fingerprint(),
                 "--recipe and --set": plans[0].recipe.to_dict(), "--alpha": alpha, "--seeds": seeds,
-                "--init": list(schemes),
-                "--post-ln": post_ln, "--eval-tokens": eval_tokens}
+                "--init": list(schemes), "--post-ln": post_ln, "--eval-tokens": eval_tokens}
     if lns:  # recorded only when given: a study begun before the LNS arm existed still resumes
         settings["--lns"] = True
     claim_run(out, "study", settings, {"SRC": source}, resume, force_hint=False)
@@ -143,9 +133,7 @@ def _slug(arm: str) -> str:
 
 
 def measure(arm_dir: Path, summary: dict, analysis: dict) -> dict:
-    """The figures the claims are judged on: final validation perplexity and the curve that led to
-    it, the mean relative perplexity increase from dropping one block of the deep half, and the
-    coefficient of variation across blocks of the per-block gradient norms (analysis batches)."""
+    """The figures the claims are judged on (:data:`CLAIMS`), with the curves and profiles they summarize."""
     curve = [(r["tokens"], r["val_ppl"]) for r in read_metrics(arm_dir / METRICS) if "val_ppl" in r]
     drop = [d / analysis["perplexity"] for d in analysis["layer_drop"]]
     grads = analysis["grad_norm_per_layer"]

@@ -1,11 +1,9 @@
-"""``sweep()``: which Post-LN ratio suits this model? Each alpha's calibrated conversion (one
-calibration pass serves them all: block i's statistics depend only on blocks before it), an
-optional heal and short continued pre-training beside a Pre-LN control trained once per seed on
-the same data and order (and, if asked, the LayerNorm Scaling retrofit trained alike), the
-analysis of each, one report and a recommendation by a stated rule.
+"""``sweep()``: which Post-LN ratio suits this model? Each alpha's calibrated conversion (one calibration
+pass serves them all: block i's statistics depend only on blocks before it), an optional heal and short
+continued pre-training beside a Pre-LN control trained once per seed on the same data and order (and, if
+asked, the LayerNorm Scaling retrofit trained alike), the analysis of each, one report and a recommendation.
 
-Every stage is the function its own command runs (convert, heal, train, analyze, eval); each
-alpha's outputs appear atomically in ``OUT/post-ln-NN``, so a killed sweep resumes where it stopped.
+Each alpha's outputs appear atomically in ``OUT/post-ln-NN``, so a killed sweep resumes where it stopped.
 """
 
 import logging
@@ -33,9 +31,7 @@ FIRST_STEPS = 4  # gradient norms "over the first steps": this many training ste
 
 @dataclass(frozen=True)
 class Rule:
-    """The recommendation: the largest alpha whose stage perplexity stays within
-    ``max_ppl_increase`` of the original's and whose largest Post-LN block gradient norm over the
-    first steps stays within ``max_grad_ratio`` times the Pre-LN blocks' mean."""
+    """The rule the recommendation follows (stated by :meth:`describe`)."""
 
     max_ppl_increase: float = MAX_PPL_INCREASE
     max_grad_ratio: float = MAX_GRAD_RATIO
@@ -69,20 +65,18 @@ def recommend(rows: list[dict], original_ppl: float, rule: Rule, stage: str) -> 
 
 
 def gradient_figures(steps: list[list[float]], post_ln_layers: int) -> dict:
-    """Spread of per-block gradient norms over ``steps`` (one list per step): the mean over steps
-    of their coefficient of variation, and the largest ratio of a Post-LN block's norm to the
-    Pre-LN blocks' mean (None without both kinds of block)."""
+    """Spread of per-block gradient norms over the first ``steps`` (one list per step): the mean CV, and the
+    largest Post-LN block's norm over the Pre-LN blocks' mean (None without both kinds of block)."""
     norms = np.asarray(steps[:FIRST_STEPS], dtype=float)
     cv = float(coefficient_of_variation(norms, axis=1).mean())
-    ratio = None
-    if 0 < post_ln_layers < norms.shape[1]:
-        ratio = float((norms[:, :post_ln_layers].max(axis=1) / norms[:, post_ln_layers:].mean(axis=1)).max())
+    ratio = (float((norms[:, :post_ln_layers].max(axis=1) / norms[:, post_ln_layers:].mean(axis=1)).max())
+             if 0 < post_ln_layers < norms.shape[1] else None)
     return {"grad_norm_cv": cv, "post_pre_grad_ratio": ratio, "grad_steps": len(norms)}
 
 
 def _claim(src: str, out, options: SweepOptions, resume: bool, force: bool):
-    """Every check before any work, then ``out`` claimed for this sweep: (``out``, the source, {Post-LN
-    block count: the alphas giving it}, the training recipe)."""
+    """Every check before any work, then ``out`` claimed: (``out``, the source, {Post-LN count: its alphas},
+    the training recipe)."""
     from .conversion.layout import post_ln_count
 
     check_force_or_resume(force, resume)
@@ -90,7 +84,13 @@ def _claim(src: str, out, options: SweepOptions, resume: bool, force: bool):
     if data is not None:
         check_readable(data, "--data")
     out, source = Path(out), open_checkpoint(src)
-    settings = _recorded(src, source, options)
+    # what every stage's result depends on, which a resume must find unchanged (not the alphas: each block
+    # count is a stage of its own, so a resume may add some; not the rule: it only reads the results)
+    settings = {"SRC": str(Path(src).absolute()), "SRC's files": source.fingerprint(),
+                "--heal-tokens": options.heal_tokens, "--train-tokens": options.train_tokens,
+                "--data": data_fingerprint(data), "--seeds": options.seeds, "--eval-tokens": options.eval_tokens}
+    if options.lns:  # recorded only when given: a sweep begun before the LNS arm existed still resumes
+        settings["--lns"] = True
     claim_run(out, "sweep", settings, {"SRC": src, "--data": data}, resume, force)
     counts: dict[int, list[float]] = {}
     for alpha in options.alphas:  # equal counts run once
@@ -104,10 +104,8 @@ def _claim(src: str, out, options: SweepOptions, resume: bool, force: bool):
 
 def sweep(src, out, options: SweepOptions | None = None, *, resume: bool = False, force: bool = False,
           progress: bool = True, **settings) -> dict:
-    """Sweep the Post-LN ratio of ``src`` (HF folder or .gguf) into ``out``; returns the result
-    written to ``out/sweep.json`` (rows per Post-LN count, the original's and the control's
-    figures, with ``lns`` the LNS retrofit's trained like the control, the recommendation, the
-    time split) beside ``out/report``. ``options``: a :class:`~mixln_convert.options.SweepOptions`, or
+    """Sweep the Post-LN ratio of ``src`` (HF folder or .gguf) into ``out``; returns the result written to
+    ``out/sweep.json`` beside ``out/report``. ``options``: a :class:`~mixln_convert.options.SweepOptions`, or
     its fields as ``settings``."""
     options = SweepOptions.given(options, settings)
     src = checkpoint_path(src, "SRC")
@@ -158,18 +156,6 @@ def sweep(src, out, options: SweepOptions | None = None, *, resume: bool = False
         write_sweep_report(tmp, result)
     write_json(out / "sweep.json", result)
     return result
-
-
-def _recorded(src, source, options: SweepOptions) -> dict:
-    """What every stage's result depends on, which a resume must find unchanged (not the alphas: each
-    block count is a stage of its own, so a resume may add some; not the rule: it only reads the results)."""
-    settings = {"SRC": str(Path(src).absolute()), "SRC's files": source.fingerprint(),
-                "--heal-tokens": options.heal_tokens, "--train-tokens": options.train_tokens,
-                "--data": data_fingerprint(options.data), "--seeds": options.seeds,
-                "--eval-tokens": options.eval_tokens}
-    if options.lns:  # recorded only when given: a sweep begun before the LNS arm existed still resumes
-        settings["--lns"] = True
-    return settings
 
 
 def _training_recipe(src, data, train_tokens: int):

@@ -1,9 +1,7 @@
-"""``analyze()``: per-layer metrics of a checkpoint, written as ``DIR/analysis.json`` and plots.
-
-The metrics follow the Mix-LN paper's layer analysis (arXiv 2412.13795; docs/mixln.md):
-perplexity increase when a block is skipped, angular distance between block inputs (Gromov
-et al. 2024), block influence (ShortGPT) and gradient norms per block.
-"""
+"""``analyze()``: per-layer metrics of a checkpoint, written as ``DIR/analysis.json`` and plots, after
+the Mix-LN paper's layer analysis (arXiv 2412.13795; docs/mixln.md): perplexity increase when a block
+is skipped, angular distance between block inputs (Gromov et al. 2024), block influence (ShortGPT)
+and gradient norms per block."""
 
 import torch
 
@@ -29,17 +27,12 @@ def analyze(ckpt, out, options: AnalyzeOptions | None = None, *, force: bool = F
     ``out/analysis.json`` and PNG plots; returns the analysis.
 
     ``options``: an :class:`~mixln_convert.options.AnalyzeOptions`, or its fields as ``settings``.
-    ``data`` defaults to the embedded validation split, cut into ``max_tokens`` tokens in windows
-    of ``seq_len`` (at most the model's max_position_embeddings unless ``allow_longer``). Without
-    ``layer_sweep`` only the perplexity (and what the options below add) is measured, not the layer
-    sweep and gradient norms, which cost the model's L forwards and a backward pass. ``span``
-    is the n of the per-layer angular distance (inputs of blocks l and l+n). ``prune_curve`` adds
-    the perplexity with N = 1..L/2 blocks removed by ``method``; ``generate`` greedy continuations
-    of fixed prompts and their repeated-4-gram share (:mod:`..generation`). ``per_document`` adds each
-    held-out document scored on its own (:func:`~mixln_convert.evaluate.evaluate_documents`, windows
-    of ``seq_len``); ``tasks`` (lm-eval task names: shipped, lm-eval's or in ``include_path``)
-    add the layer drop on each task's metric, at most ``limit`` examples each; ``task_manager``,
-    if given, is their :func:`mixln_convert.downstream.known_tasks`.
+    ``data`` (default the embedded validation split) is cut into ``max_tokens`` tokens in windows of
+    ``seq_len``. Without ``layer_sweep`` the layer sweep and gradient norms (L forwards and a backward)
+    are skipped. ``span``: the n of the angular distance between the inputs of blocks l and l+n.
+    ``prune_curve``, ``generate``, ``per_document`` and ``tasks`` (lm-eval task names, at most ``limit``
+    examples each) add their measurements; ``task_manager``, if given, is the tasks'
+    :func:`mixln_convert.downstream.known_tasks`.
     """
     map_large_allocations()
     options = AnalyzeOptions.given(options, settings)
@@ -65,14 +58,12 @@ def analyze(ckpt, out, options: AnalyzeOptions | None = None, *, force: bool = F
 
 
 def measure(source, name: str, options: AnalyzeOptions, task_manager, progress: bool) -> dict:
-    """The analysis of the opened checkpoint ``source`` (``name``: as the user gave it), as ``analyze``
-    writes it."""
+    """The analysis of the opened checkpoint ``source`` (``name``: as the user gave it)."""
     data, seq_len, batch_size = options.data, options.seq_len, options.batch_size
     tokenizer, num_layers = source.tokenizer, source.config["num_hidden_layers"]
     texts = read_texts(data, split="validation")
     windows = token_windows(tokenizer, texts, seq_len, options.max_tokens, source=data or EVAL_DATA)
-    # angles and small perplexity differences need float32; a GPU where there is one, as heal and
-    # calibration use (every sweep is L forwards: minutes on CPU for a model a GPU runs in seconds)
+    # angles and small perplexity differences need float32; a GPU where there is one (every sweep is L forwards)
     model = source.model(dtype=torch.float32, device="cuda" if torch.cuda.is_available() else "cpu")
     n_post = getattr(model.config, "post_ln_layers", 0)
     result = {
@@ -109,9 +100,8 @@ def layer_metrics(model, windows: torch.Tensor, span: int, batch_size: int, prog
     """Perplexity, layer drop, angular distances and block influence (one sweep), and gradient
     norms; with the per-window (and per-batch) values the report bootstraps its intervals from."""
     runner = BlockRunner(model)
-    num_layers = runner.num_layers
-    statistics = RepresentationStatistics(num_layers)
-    sweep = removal_sweep(runner, windows, [[l] for l in range(num_layers)], batch_size, statistics, progress)
+    statistics = RepresentationStatistics(runner.num_layers)
+    sweep = removal_sweep(runner, windows, [[l] for l in range(runner.num_layers)], batch_size, statistics, progress)
     matrix = statistics.angular_distance_matrix()
     grad_norms = grad_norm_per_layer(model, windows, batch_size)
     return {

@@ -1,15 +1,11 @@
 """The rules that choose which N decoder blocks to remove (``METHODS``), for ``prune`` and ``analyze``'s
-pruning curve:
-
-- ``angular`` (Gromov et al. 2024, "The Unreasonable Ineffectiveness of the Deeper Layers"):
-  the N consecutive blocks l..l+N-1 whose input x_l and output x_{l+N} are closest,
-  by token-averaged angular distance arccos(cos) / pi on calibration text;
-- ``drop``: the N blocks whose removal alone raises perplexity least;
-- ``last``: the N deepest blocks, just before the final norm.
-"""
+pruning curve: ``angular`` (Gromov et al. 2024), the N consecutive blocks l..l+N-1 whose input x_l and
+output x_{l+N} are closest by token-averaged angular distance; ``drop``, the N blocks whose removal
+alone raises perplexity least; ``last``, the N deepest blocks."""
 
 from ..errors import MixLNError
-from ..options import check_method
+from ..limits import check_choice
+from ..options import METHODS
 
 
 def check_count(n: int, num_layers: int) -> None:
@@ -20,7 +16,7 @@ def check_count(n: int, num_layers: int) -> None:
 def choose_layers(method: str, n: int, num_layers: int, scores: dict | None = None) -> list[int]:
     """The ``n`` blocks ``method`` removes. ``scores`` holds what the method ranks by:
     ``angular_distance_matrix`` (angular) or ``layer_drop`` (drop); see :func:`layer_scores`."""
-    check_method(method)
+    check_choice("--method", method, METHODS)
     check_count(n, num_layers)
     if method == "angular":
         distances = span_distances(scores["angular_distance_matrix"], n)

@@ -1,10 +1,8 @@
 """A causal LM run one decoder block at a time, and the per-layer metrics built on it.
 
-``model(...)`` runs every block in one go; the layer analyses need the residual stream at each
-block input and the model's output with some blocks skipped. :class:`BlockRunner` takes the
-steps of transformers' ``LlamaModel.forward`` (embeddings, rotary position embeddings, causal
-mask, blocks, final norm, head) but can start at any block and skip any, for plain LLaMA and
-Mix-LN models alike (both kinds of block take the same arguments).
+The layer analyses need the residual stream at each block input and the output with some blocks
+skipped: :class:`BlockRunner` takes the steps of transformers' ``LlamaModel.forward`` but can start
+at any block and skip any (LLaMA and Mix-LN blocks take the same arguments).
 """
 
 import math
@@ -43,13 +41,11 @@ class BlockRunner:
 
         hidden = self.decoder.embed_tokens(input_ids)
         position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
-        # create_causal_mask returns None where SDPA can use its own causal path, a mask otherwise; no
-        # attention mask and no cache, given by position (transformers 5.17 names the cache
-        # past_key_values, later releases cache)
+        # no attention mask and no cache, given by position (transformers 5.17 names the cache past_key_values,
+        # later releases cache); None where SDPA can use its own causal path
         mask = create_causal_mask(self.decoder.config, hidden, None, None, position_ids=position_ids)
-        kwargs = {"attention_mask": mask, "position_ids": position_ids,
-                  "position_embeddings": self.decoder.rotary_emb(hidden, position_ids=position_ids)}
-        return hidden, kwargs
+        return hidden, {"attention_mask": mask, "position_ids": position_ids,
+                        "position_embeddings": self.decoder.rotary_emb(hidden, position_ids=position_ids)}
 
     def run(self, hidden: torch.Tensor, block_kwargs: dict, start: int = 0, skip=frozenset()) -> torch.Tensor:
         """The residual stream after blocks ``start``..L-1 but those in ``skip``, from ``hidden``
@@ -89,10 +85,8 @@ class BlockRunner:
 
 
 class RepresentationStatistics:
-    """Token-averaged similarity of the residual stream between every pair of block boundaries.
-
-    Boundary k is the input of block k, boundary L the last block's output before the final norm.
-    """
+    """Token-averaged similarity of the residual stream between every pair of block boundaries
+    (boundary k: the input of block k; boundary L: the last block's output before the final norm)."""
 
     def __init__(self, num_layers: int):
         self.num_layers = num_layers
@@ -129,19 +123,12 @@ class RepresentationStatistics:
 def removal_sweep(runner: BlockRunner, windows: torch.Tensor, removals=(), batch_size: int = 4,
                   statistics: RepresentationStatistics | None = None, progress: bool = True,
                   desc: str = "layer sweep") -> dict:
-    """Perplexity of the full model and of the model with each set of blocks in ``removals`` skipped.
-
-    One pass over ``windows`` ([n, seq_len] token ids): each batch runs through the full model
-    once, keeping the residual stream at every block input; each removal then continues from
-    the input of its first removed block, so skipping block l costs blocks l+1..L-1 and the
-    head rather than a whole forward pass: about half the block work of L forward passes (the
-    head still runs once per removal; see benchmarks/layer_drop.py).
-    Memory holds L+1 residual tensors of one batch; ``batch_size`` bounds it.
-    ``statistics``, if given, sees every batch's stream.
-    Returns ``perplexity``, ``removed`` (a perplexity per removal), ``tokens`` (positions scored),
-    and the mean NLL of each window: ``window_losses`` for the full model, ``removed_window_losses``
-    (one list per removal).
-    """
+    """Perplexity of the full model and of the model with each set of blocks in ``removals`` skipped,
+    in one pass over ``windows`` ([n, seq_len] token ids): each batch runs through the full model once,
+    and each removal continues from the stored input of its first removed block rather than rerunning
+    the blocks before it. Memory holds L+1 residual tensors of one batch; ``statistics``, if given,
+    sees every batch's stream. Returns ``perplexity``, ``removed`` (one per removal), ``tokens``
+    (positions scored) and each window's mean NLL: ``window_losses``, ``removed_window_losses``."""
     full, removed = [], [[] for _ in removals]  # summed NLL of each window
     batches = range(0, len(windows), batch_size)
     with tqdm(total=len(batches) * (1 + len(removals)), desc=desc, disable=not progress, leave=False) as bar:
@@ -162,13 +149,9 @@ def removal_sweep(runner: BlockRunner, windows: torch.Tensor, removals=(), batch
 
 
 def grad_norm_per_layer(model, windows: torch.Tensor, batch_size: int = 4) -> list[list[float]]:
-    """L2 norm of the LM-loss gradient of each block's parameters, one list per batch of
-    ``batch_size`` windows: the gradient of one minibatch step, as in training (the paper's
-    per-layer gradient norms are those of training steps), and the spread across batches is
-    what the report's uncertainty of a gradient-norm figure rests on.
-
-    The model's parameters are left without gradients afterwards.
-    """
+    """L2 norm of the LM-loss gradient of each block's parameters, one list per batch of ``batch_size``
+    windows: one minibatch step's, as the paper's training-step norms are, and the spread across batches
+    is what the report's uncertainty rests on. The parameters are left without gradients."""
     norms, layers = [], model_blocks(model)
     with torch.enable_grad():
         for start in range(0, len(windows), batch_size):

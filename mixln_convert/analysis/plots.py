@@ -1,7 +1,5 @@
-"""Figures of an analysis (see :func:`.analyze.analyze`), one PNG per metric.
-
-matplotlib's object API renders on the Agg canvas: no pyplot state, no display needed.
-"""
+"""Figures of an analysis, one PNG per metric; matplotlib's object API renders on the Agg canvas: no
+pyplot state, no display needed."""
 
 import re
 from pathlib import Path

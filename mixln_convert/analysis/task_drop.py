@@ -1,33 +1,21 @@
-"""Layer drop on an lm-evaluation-harness task: the task metric with block l skipped, minus the
-full model's (the Mix-LN paper's per-layer figure), all in memory, with the prefix reused.
-
-lm-eval turns a task into loglikelihood requests and its answers into metrics. Here the model
-scores every request once for all L+1 variants (full, block 0 skipped, ...): each batch runs
-through the full model once, keeping the residual stream at every block input (the
-:class:`~.layers.BlockRunner` of the perplexity sweep), and skipping block l continues from
-the input of block l. lm-eval's metric pass is then replayed per variant from those scores, so
-the figures are lm-eval's metrics of lm-eval's requests; no model copy is ever saved.
-"""
+"""Layer drop on an lm-evaluation-harness task: the task metric with block l skipped, minus the full
+model's (the Mix-LN paper's per-layer figure). Every request is scored once for all L+1 variants, in
+memory; lm-eval's metric pass is then replayed per variant from those scores, so the figures are
+lm-eval's metrics of lm-eval's requests."""
 
 import torch
 import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 from tqdm.auto import tqdm
 
 from ..downstream import hf_lm, primary_metric, run_tasks
 from .layers import BlockRunner
 
 
-def _request_key(context: list[int], continuation: list[int]) -> tuple:
-    return tuple(context), tuple(continuation)
-
-
 class VariantScorer:
     """Scores lm-eval's (context, continuation) token requests under every variant in one pass.
-
-    ``variants`` are sets of blocks to skip (the empty set is the full model); ``scores[key][v]``
-    is (log-likelihood of the continuation, whether it is the greedy continuation) under
-    variant v, as lm-eval's HFLM defines both.
-    """
+    ``variants``: sets of blocks to skip (the empty set is the full model); ``scores[key][v]``: the
+    continuation's (log-likelihood, whether greedy) under variant v, as lm-eval's HFLM defines both."""
 
     def __init__(self, model, variants: list[frozenset], max_length: int, batch_size: int, bar):
         self.runner = BlockRunner(model)
@@ -40,16 +28,14 @@ class VariantScorer:
     @torch.no_grad()
     def score(self, requests: list[tuple[list[int], list[int]]]) -> None:
         """Score the requests not scored yet; longest first, so each batch pads little."""
-        todo = sorted({_request_key(c, k) for c, k in requests} - self.scores.keys(), key=lambda r: -sum(map(len, r)))
+        todo = sorted({(tuple(c), tuple(k)) for c, k in requests} - self.scores.keys(), key=lambda r: -sum(map(len, r)))
         device = self.runner.model.device
         for start in range(0, len(todo), self.batch_size):
             batch = todo[start:start + self.batch_size]
             # as HFLM: the last max_length + 1 tokens, the last of them only predicted
             inputs = [(list(c) + list(k))[-(self.max_length + 1):][:-1] for c, k in batch]
-            width = max(map(len, inputs))
-            ids = torch.zeros(len(batch), width, dtype=torch.long)  # right padding changes no earlier position
-            for row, tokens in enumerate(inputs):
-                ids[row, :len(tokens)] = torch.tensor(tokens)
+            # right padding (zeros) changes no earlier position
+            ids = pad_sequence([torch.tensor(tokens, dtype=torch.long) for tokens in inputs], batch_first=True)
             stream = self.runner.stream(ids.to(device))
             # the positions that predict each continuation: only they go through the head
             positions = [torch.arange(len(tokens) - len(k), len(tokens), device=device)
@@ -74,9 +60,8 @@ class VariantScorer:
 
 
 def _replaying_lm(model, tokenizer, batch_size: int, variants: list[frozenset], bar):
-    """An HFLM whose loglikelihoods come from a :class:`VariantScorer`, for the variant in
-    ``lm.variant``: lm-eval builds the requests (tokenization, rolling windows) and the metrics,
-    the scorer the numbers."""
+    """An HFLM whose loglikelihoods come from a :class:`VariantScorer`, for the variant in ``lm.variant``:
+    lm-eval builds the requests (tokenization, rolling windows) and the metrics, the scorer the numbers."""
     from lm_eval.models.huggingface import HFLM
 
     class ReplayingLM(HFLM):
@@ -85,7 +70,7 @@ def _replaying_lm(model, tokenizer, batch_size: int, variants: list[frozenset], 
         def _loglikelihood_tokens(self, requests, disable_tqdm=False, override_bs=None):
             pairs = [(context, continuation) for _, context, continuation in requests]
             self.scorer.score(pairs)
-            return [self.scorer.scores[_request_key(c, k)][self.variant] for c, k in pairs]
+            return [self.scorer.scores[tuple(c), tuple(k)][self.variant] for c, k in pairs]
 
     lm = hf_lm(model, tokenizer, batch_size, ReplayingLM)
     lm.scorer = VariantScorer(model, variants, lm.max_length, batch_size, bar)
@@ -94,10 +79,9 @@ def _replaying_lm(model, tokenizer, batch_size: int, variants: list[frozenset], 
 
 def task_layer_drop(model, tokenizer, task: str, manager, *, limit: int | None = None, batch_size: int = 4,
                     progress: bool = True) -> dict:
-    """``task``'s primary metric (the first its YAML lists) of the full model and with each
-    block skipped: {"task", "metric", "higher_is_better", "value" (full model), "layer_drop"
-    (per block: skipped minus full), "samples", "limit"}. ``manager``: a TaskManager that knows
-    ``task`` (:func:`~mixln_convert.downstream.task_manager`)."""
+    """``task``'s primary metric (the first its YAML lists) of the full model and with each block skipped:
+    {"task", "metric", "higher_is_better", "value" (full model), "layer_drop" (per block: skipped minus
+    full), "samples", "limit"}. ``manager``: a TaskManager that knows ``task``."""
     num_layers = model.config.num_hidden_layers
     variants = [frozenset(), *(frozenset({l}) for l in range(num_layers))]
     values = []

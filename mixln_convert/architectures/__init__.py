@@ -1,16 +1,14 @@
 """Architecture descriptions as data (one JSON file per family, mergekit style).
 
-Each file names the source architecture, the tensor names of the embeddings, final norm,
-LM head and of one decoder layer, the causal LM's submodule that holds the decoder (its
-embeddings, blocks and final norm: their tensor names start with it), and what a converted
-checkpoint is called; a family that
-shares another's names says ``"extends": "llama.json"`` and lists only what differs (tables
-merge key by key). The converter only asks an :class:`Architecture` for names, so a family
-whose blocks are LLaMA's under another name is a JSON file alone (``mistral.json``); one whose
-blocks hold more tensors lists them as roles of its own (``qwen2.json``'s q/k/v biases,
-``qwen3.json``'s per-head q/k norms, which every strategy carries over as the source has them)
-and needs its Mix-LN block and config classes in ``model/`` (built on transformers' classes of
-the family), which the ``converted`` table names.
+Each file names the source architecture, the tensor names of the embeddings, final norm, LM head and
+of one decoder layer, the causal LM's submodule that holds the decoder (the tensor names of its
+embeddings, blocks and final norm start with it), and what a converted checkpoint is called; a family
+that shares another's names says ``"extends": "llama.json"`` and lists only what differs (tables merge
+key by key). The converter only asks an :class:`Architecture` for names, so a family whose blocks are
+LLaMA's under another name is a JSON file alone (``mistral.json``); one whose blocks hold more tensors
+lists them as roles of its own (``qwen3.json``'s per-head q/k norms, which every strategy carries over
+as the source has them) and needs its Mix-LN block and config classes in ``model/``, which the
+``converted`` table names.
 """
 
 import json
@@ -23,11 +21,10 @@ from importlib import resources
 from ..errors import MixLNError
 
 # LayerNorm Scaling (LNS; arXiv 2502.05795): an LNS model multiplies each norm output of block l
-# (counted from 1: layer index i + 1) by 1/sqrt(l) in its forward (model/modeling_mixln.py). A
-# Pre-LN model becomes an LNS model computing the same function when these norms' gains are
-# multiplied by sqrt(l): the scaling cancels. Only training then differs: AdamW moves a gain by
-# about the learning rate whatever its size, so a retrofitted gain's effective step is 1/sqrt(l)
-# of the Pre-LN one's. The conversion applies it; pruning, which renumbers blocks, rescales by it.
+# (counted from 1: layer index i + 1) by 1/sqrt(l). A Pre-LN model becomes an LNS model computing
+# the same function when these norms' gains are multiplied by sqrt(l): the scaling cancels. Only
+# training then differs: AdamW moves a gain by about the learning rate whatever its size, so a
+# retrofitted gain's effective step is 1/sqrt(l) of the Pre-LN one's.
 LNS_NORM_ROLES = ("input_norm", "post_attention_norm")
 
 
@@ -82,14 +79,13 @@ class Architecture:
 
     def gguf_names(self, num_layers: int) -> dict[str, str]:
         """{GGUF tensor name: checkpoint tensor name} of a ``num_layers``-deep model."""
-        table = self.gguf
-        names = {table[key]: getattr(self, key) for key in ("embed", "final_norm", "lm_head")}
+        names = {self.gguf[key]: getattr(self, key) for key in ("embed", "final_norm", "lm_head")}
         for i in range(num_layers):
-            for role, gguf_names in table["layer"].items():
+            prefix = self.gguf["layer_prefix"].format(i=i)
+            for role, gguf_names in self.gguf["layer"].items():
                 ours = self.layer_tensor(i, role)
                 gguf_names = [gguf_names] if isinstance(gguf_names, str) else gguf_names
                 ours = [ours] if isinstance(ours, str) else ours
-                prefix = table["layer_prefix"].format(i=i)
                 names.update({prefix + g: o for g, o in zip(gguf_names, ours)})
         return names
 
@@ -135,10 +131,8 @@ def model_blocks(model):
 
 
 def architecture_for(config: dict, where: str) -> Architecture:
-    """The architecture of a source checkpoint's ``config.json`` contents; ``where`` names the file.
-
-    Refuses checkpoints that are already converted and families no JSON file describes.
-    """
+    """The architecture of a source checkpoint's ``config.json`` contents (``where`` names the file);
+    refuses checkpoints that are already converted and families no JSON file describes."""
     model_type = config.get("model_type")
     if converted_architecture(config):
         raise MixLNError(f"{where}: already a Mix-LN checkpoint (model_type {model_type!r}); convert its Pre-LN "

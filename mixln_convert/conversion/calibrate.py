@@ -1,16 +1,12 @@
-"""Calibration of the Post-LN blocks of a converted model against the original Pre-LN model.
-
-Only the embeddings and the first ``n`` blocks are loaded and run: that is all the Post-LN
-blocks depend on, so calibrating a 70B model costs a few of its layers.
+"""Calibration of the Post-LN blocks of a converted model against the original Pre-LN model, on the
+embeddings and first ``n`` blocks only: all the Post-LN blocks depend on (a few layers of a 70B model).
 
 The conversion of block i (see :mod:`.plan`) needs four things:
 
-- ``input_scale[i]``: the RMS of the residual stream entering the block. The block's q/k/v
-  projections get ``input_layernorm.weight / input_scale[i]`` folded into their input columns,
-  so that they see what the Pre-LN norm gave them.
+- ``input_scale[i]``: the RMS of the residual stream entering the block; ``input_layernorm.weight /
+  input_scale[i]`` is folded into the q/k/v input columns, so that they see what the Pre-LN norm gave.
 - ``post_attention_gain[i]``: the gain of the Post-LN norm after the attention add.
-- ``mid_scale[i]``: the RMS of that norm's output, folded with ``post_attention_layernorm.weight``
-  into gate/up.
+- ``mid_scale[i]``: the RMS of that norm's output, folded with ``post_attention_layernorm.weight`` into gate/up.
 - ``post_feedforward_gain[i]``: the gain of the norm after the MLP add -- the residual stream the
   next block (and, after the last Post-LN block, the Pre-LN blocks) receives.
 
@@ -20,12 +16,11 @@ fitted block by block on the converted model's own activations (so errors do not
 unseen), each gain vector by per-channel least squares against the original stream. Unweighted
 least squares lets the few tokens with massive activations (residual RMS in the thousands, in a
 handful of channels) set those channels' gains, which keeps them massive after the Post-LN norm;
-the later Pre-LN layers rely on them. Every variant tried, with its perplexity: docs/measurements.md.
+the later Pre-LN layers rely on them.
 """
 
 import torch
 from tqdm.auto import tqdm
-
 
 
 def _unit(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -52,12 +47,9 @@ def _median_rms(batches) -> float:
 
 @torch.no_grad()
 def calibrate(prefix, windows: torch.Tensor, batch_size: int = 4, progress: bool = True) -> dict:
-    """Fit the Post-LN conversion of every block of ``prefix`` (see the module docstring).
-
-    Returns per-block lists: ``input_scale`` and ``mid_scale`` (floats), ``post_attention_gain``
-    and ``post_feedforward_gain`` (vectors of hidden size), and ``relative_error`` (float): the
-    mean per-token relative error of the converted stream after each block, what is left to heal.
-    """
+    """Fit the Post-LN conversion of every block of ``prefix``. Returns per-block lists: the four
+    values of the module docstring and ``relative_error``, the mean per-token relative error of the
+    converted stream after each block: what is left to heal."""
     eps = prefix.config.rms_norm_eps
     device = next(prefix.parameters()).device
     batches = [windows[s:s + batch_size].to(device) for s in range(0, len(windows), batch_size)]

@@ -24,30 +24,24 @@ TORCH_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": tor
 
 def convert(src, dst, options: ConvertOptions | None = None, *, force: bool = False, progress: bool = True,
             statistics: dict | None = None, **settings) -> Path:
-    """Convert the Pre-LN checkpoint ``src`` (HF folder or .gguf) into a Mix-LN folder ``dst``.
+    """Convert the Pre-LN checkpoint ``src`` (HF folder or .gguf) into a Mix-LN folder ``dst``; returns ``dst``.
 
     ``options``: a :class:`~mixln_convert.options.ConvertOptions`, or its fields as ``settings``
-    (with ``options`` too: those fields replaced). The first ``floor(alpha * L)`` blocks (or
-    ``post_ln_layers``; default alpha 0.25) become Post-LN; ``strategy`` says what their weights
-    become (see :mod:`.plan`). ``layout="lns"`` makes a LayerNorm Scaling model instead (:mod:`.lns`):
-    no block Post-LN, every block's norm outputs scaled by 1/sqrt(l), its gains multiplied by sqrt(l)
-    so that it computes the source's
-    function (``strategy="scratch"``: freshly initialized, gains 1, as in the LNS paper). ``src``
-    is never written; ``dst`` appears only when the whole conversion succeeded. Returns ``dst``.
+    (with ``options`` too: those fields replaced). The first ``floor(alpha * L)`` blocks (or ``post_ln_layers``;
+    default alpha 0.25) become Post-LN; ``strategy`` says what their weights become (see :mod:`.plan`).
+    ``layout="lns"`` makes a LayerNorm Scaling model instead: every block's norm outputs scaled by
+    1/sqrt(l), its gains by sqrt(l) so that it computes the source's function (``strategy="scratch"``:
+    fresh, gains 1, as in the LNS paper). ``src`` is never written; ``dst`` appears only when the whole
+    conversion succeeded. Memory stays within one output shard (default the source's largest, at most 5GB).
 
-    Tensors stream from the source's shards to the output's, so memory stays within one shard
-    plus ~1 GiB: output shards default to the source's largest shard, at most 5GB (a larger
-    ``max_shard_size`` lets the buffer of computed tensors grow to it).
-
-    ``statistics``: the :func:`calibration_statistics` of this source for at least as many
-    blocks, reused instead of calibrating again (block i's depend only on blocks before it, so
-    one pass up to the largest count serves every smaller one; ``mixln-convert sweep``).
+    ``statistics``: the :func:`calibration_statistics` of this source for at least as many blocks,
+    reused instead of calibrating again (block i's depend only on blocks before it, so one pass up to
+    the largest count serves every smaller one; ``mixln-convert sweep``).
     """
     map_large_allocations()
     options = ConvertOptions.given(options, settings)
     src = checkpoint_path(src, "SRC")
     max_shard_bytes = options.max_shard_bytes
-    out_dtype = TORCH_DTYPES.get(options.dtype)
     calibration_data, strategy = options.calibration_data, options.strategy
     inputs = {"SRC": src, "--calibration-data": calibration_data}
     if calibration_data is not None:
@@ -61,7 +55,7 @@ def convert(src, dst, options: ConvertOptions | None = None, *, force: bool = Fa
         check_seq_len("--calibration-seq-len", options.calibration_seq_len, config)
     if max_shard_bytes is None:  # the writer buffers one output shard of computed tensors
         max_shard_bytes = min(parse_size(MAX_SHARD_SIZE), source.largest_shard_bytes())
-    out_dtype = out_dtype or source.dtype()
+    out_dtype = TORCH_DTYPES.get(options.dtype) or source.dtype()
 
     with atomic_output_dir(dst, force=force, protect=inputs) as tmp:
         started = time.time()
@@ -72,9 +66,12 @@ def convert(src, dst, options: ConvertOptions | None = None, *, force: bool = Fa
                 progress)
         plan = ConversionPlan(arch, config, n_post, strategy, options.scaled_init, options.seed, stats, out_dtype,
                               lns_gains=options.lns and strategy != "scratch")
+        # the fitted gain vectors are in the weights, their means here
+        calibration = None if stats is None else {k: [v.mean().item() for v in vs] if k.endswith("_gain") else vs
+                                                  for k, vs in stats.items()}
         # an LNS retrofit calibrates nothing: "exact" says what it is
         provenance = tool_stamp(source=str(Path(src).absolute()), strategy="exact" if plan.lns_gains else strategy,
-                                seed=options.seed, calibration=_provenance_of(stats))
+                                seed=options.seed, calibration=calibration)
         if strategy in ("reinit-post", "scratch"):
             provenance["scaled_init"] = options.scaled_init
 
@@ -113,25 +110,17 @@ def first_blocks(stats: dict, n: int) -> dict:
     return {key: value[:n] if isinstance(value, list) else value for key, value in stats.items()}
 
 
-def _provenance_of(stats: dict | None) -> dict | None:
-    """The calibration statistics as JSON: the fitted gain vectors are in the weights, their means here."""
-    if stats is None:
-        return None
-    return {k: [v.mean().item() for v in vs] if k.endswith("_gain") else vs for k, vs in stats.items()}
-
-
 def converted_config(source_config: dict, arch, n_post: int, alpha, dtype, provenance: dict,
                      layernorm_scaling: bool) -> dict:
     """config.json of the converted model: the source's, with the Mix-LN model type and layout."""
-    config = dict(source_config)
-    config.update(
-        model_type=arch.converted["model_type"],
-        architectures=[arch.converted["architecture"]],
-        auto_map=arch.converted["auto_map"],
-        post_ln_layers=n_post,
-        layernorm_scaling=layernorm_scaling,
-        alpha=alpha,
-        dtype=str(dtype).removeprefix("torch."),
-        mixln_provenance=provenance,
-    )
-    return config
+    return {
+        **source_config,
+        "model_type": arch.converted["model_type"],
+        "architectures": [arch.converted["architecture"]],
+        "auto_map": arch.converted["auto_map"],
+        "post_ln_layers": n_post,
+        "layernorm_scaling": layernorm_scaling,
+        "alpha": alpha,
+        "dtype": str(dtype).removeprefix("torch."),
+        "mixln_provenance": provenance,
+    }

@@ -1,9 +1,6 @@
-"""Fresh weights for layers that are initialized rather than carried over.
-
-LLaMA's own scheme (normal(0, initializer_range) for linears and embeddings, ones for RMSNorm
-gains), with the Mix-LN paper's scaled initialization as an option: ``o_proj`` and
-``down_proj`` (the projections that write into the residual stream) use
-std = initializer_range / sqrt(2 L) (Shoeybi et al. 2019).
+"""Fresh weights for layers that are initialized rather than carried over: LLaMA's own scheme, with
+the Mix-LN paper's scaled initialization as an option (the projections that write into the residual
+stream get std = initializer_range / sqrt(2 L), Shoeybi et al. 2019).
 
 Every tensor is drawn from its own generator seeded by (seed, tensor name), so a tensor's
 value does not depend on the order tensors are written in: streaming stays reproducible.

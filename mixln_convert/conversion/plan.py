@@ -1,8 +1,7 @@
 """What each output tensor of a conversion is: the logic, kept apart from reading and writing.
 
-A plan walks the source's tensor names once and yields ``(name, tensor)`` for the output, one
-tensor at a time (so a conversion can stream; one carried over as stored is a ``StoredTensor``,
-which the writer copies file to file). Per strategy, a Post-LN layer i (i < n_post):
+A plan yields ``(name, tensor)`` for each output tensor, one at a time, so that a conversion can
+stream. Per strategy, a Post-LN layer i (i < n_post):
 
 ==============  ====================  =====================  ====================
 strategy        input_layernorm       post_attention gain    post_feedforward gain
@@ -13,17 +12,14 @@ reinit-post     dropped               ones                   ones (layer re-init
 scratch         every tensor of the model is freshly initialized
 ==============  ====================  =====================  ====================
 
-``lns_gains`` (the LNS retrofit, :func:`~mixln_convert.architectures.lns_gain`; no Post-LN
-block) multiplies every block's norm gains by sqrt(layer index + 1) and carries every other
-tensor over.
+``lns_gains`` (the LNS retrofit: no Post-LN block) multiplies every block's norm gains by
+sqrt(layer index + 1) and carries every other tensor over.
 
-``calibrated`` folds ``gain / typical_rms`` into the input columns of the projections that
-read a norm's output, because a Post-LN block feeds them a residual stream normalized to a
-constant RMS instead of the Pre-LN norm's output (docs/mixln.md). A family's own tensors stay
-as the source has them (fresh where the layer is re-initialized): Qwen2's q/k/v biases are
-added after the product with the scaled columns, which computes W (gain * x / rms) + b, the
-Pre-LN projection of a token at the typical RMS, bias included; Qwen3's per-head q/k norms act
-on the projections' outputs.
+``calibrated`` folds ``gain / typical_rms`` into the input columns of the projections that read a
+norm's output (:mod:`.calibrate`). A family's own tensors stay as the source has them (fresh where
+the layer is re-initialized): Qwen2's q/k/v biases are added after the product with the scaled
+columns, which computes W (gain * x / rms) + b, the Pre-LN projection of a token at the typical RMS,
+bias included; Qwen3's per-head q/k norms act on the projections' outputs.
 """
 
 from dataclasses import dataclass, field
@@ -53,10 +49,8 @@ class ConversionPlan:
     roles: dict = field(init=False)  # per-layer tensor suffix -> role ("attention_inputs", ...)
 
     def __post_init__(self):
-        self.roles = {}
-        for role, names in self.arch.layer.items():
-            for n in names if isinstance(names, list) else [names]:
-                self.roles[n] = role
+        self.roles = {n: role for role, names in self.arch.layer.items()
+                      for n in (names if isinstance(names, list) else [names])}
 
     def _fresh(self, name: str, role: str | None, shape) -> torch.Tensor:
         if (role or "").endswith("biases"):  # Qwen2's q/k/v biases: zeros, as transformers initializes them
@@ -81,14 +75,11 @@ class ConversionPlan:
 
     def _scratch(self, source, name: str, i: int | None):
         shape = source.shape(name)
-        if i is None:
-            yield name, self._fresh(name, None, shape).to(self.dtype)
-            return
-        role = self._role(name, i)
-        if i < self.n_post and role == "input_norm":
+        role = None if i is None else self._role(name, i)
+        if role == "input_norm" and i < self.n_post:
             return
         yield name, self._fresh(name, role, shape).to(self.dtype)
-        if i < self.n_post and role == "post_attention_norm":
+        if role == "post_attention_norm" and i < self.n_post:
             pf = self.arch.layer_tensor(i, "post_feedforward_norm")
             yield pf, self._fresh(pf, "post_feedforward_norm", shape).to(self.dtype)
 
@@ -117,13 +108,10 @@ class ConversionPlan:
             tensor = tensor * (gain / self.stats[scale][i])[None, :]
         else:  # as stored: moved tensors stream through uncopied
             tensor = source.stored(name)
-        if role == "post_attention_norm":
-            pf_name = self.arch.layer_tensor(i, "post_feedforward_norm")
-            pf = torch.ones(source.shape(name))
-            if self.strategy == "calibrated":
-                tensor = self.stats["post_attention_gain"][i].clone()
-                pf = self.stats["post_feedforward_gain"][i].clone()
-            yield name, tensor.to(self.dtype)
-            yield pf_name, pf.to(self.dtype)
-            return
+        calibrated_norm = role == "post_attention_norm" and self.strategy == "calibrated"
+        if calibrated_norm:
+            tensor = self.stats["post_attention_gain"][i].clone()
         yield name, tensor.to(self.dtype)
+        if role == "post_attention_norm":
+            pf = self.stats["post_feedforward_gain"][i].clone() if calibrated_norm else torch.ones(source.shape(name))
+            yield self.arch.layer_tensor(i, "post_feedforward_norm"), pf.to(self.dtype)

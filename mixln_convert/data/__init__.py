@@ -1,6 +1,4 @@
-"""The one data path: documents (the embedded corpus or user files) -> a token stream (a cached
-array for small text, a tokenized folder of shards for training) -> fixed-length windows -> a
-seeded sampler; calibration, evaluation, heal and training all use it."""
+"""The one data path of calibration, evaluation, heal and training (:mod:`.stream`)."""
 
 from .corpus import SPLITS, embedded_corpus, read_texts
 from .shards import TokenShards

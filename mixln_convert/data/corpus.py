@@ -43,9 +43,6 @@ ENGLISH_DOCUMENTS, ENGLISH_MANIFEST = "documents.jsonl.xz", "manifest.json"
 # prefix of one: calibration, evaluation and heal read only the first tokens of theirs).
 SHARES = {"docstrings": 1 / 3, "austen": 1 / 3, "wikipedia": 1 / 3}
 
-# ---------------------------------------------------------------------------------------------
-# the embedded corpus
-
 
 def _split_of(key: str) -> str:
     # hashlib, not hash(): the assignment must not change with PYTHONHASHSEED or across runs.
@@ -133,18 +130,11 @@ def _split_corpus() -> dict[str, tuple[str, ...]]:
 
 def embedded_corpus(split: str) -> list[str]:
     """The embedded corpus's documents of one split: ~10% calibration, ~25% validation, the rest
-    train, of each source's documents; the sources interleaved at their SHARES.
-
-    The docstrings are only ~1.3M characters, hence the large held-out shares: validation needs
-    ~300k characters of them for a stable perplexity, calibration ~100k.
-    """
+    train, of each source's documents; the sources interleaved at their SHARES. The held-out shares
+    are large because the docstrings are few: validation needs enough of them for a stable perplexity."""
     if split not in SPLITS:
         raise MixLNError(f"unknown split {split!r}: expected one of {', '.join(SPLITS)}")
     return list(_split_corpus()[split])  # a copy, so callers cannot edit the cache
-
-
-# ---------------------------------------------------------------------------------------------
-# user-given text files
 
 
 def _format(path: Path) -> str | None:
@@ -154,10 +144,8 @@ def _format(path: Path) -> str | None:
 
 def _expand(path: Path) -> list[Path]:
     if path.is_dir():
-        found = sorted(
-            p for p in path.rglob("*")
-            if p.is_file() and _format(p) and not any(part.startswith(".") for part in p.relative_to(path).parts)
-        )
+        found = sorted(p for p in path.rglob("*") if p.is_file() and _format(p)
+                       and not any(part.startswith(".") for part in p.relative_to(path).parts))
         if not found:
             raise MixLNError(f"{path}: folder holds no {'/'.join(FORMATS)} files")
         return found
@@ -218,11 +206,9 @@ def _parquet_documents(path: Path) -> Iterator[str]:
         file = pq.ParquetFile(path)
         if "text" not in file.schema_arrow.names:
             raise MixLNError(f"{path}: parquet file has no 'text' column")
-        row = 0
-        for batch in file.iter_batches(batch_size=PARQUET_BATCH, columns=["text"]):  # a row group at most in memory
-            for text in batch.column(0).to_pylist():
-                yield _text_of({"text": text}, path, f"row {row}")
-                row += 1
+        batches = file.iter_batches(batch_size=PARQUET_BATCH, columns=["text"])  # a row group at most in memory
+        for row, text in enumerate(itertools.chain.from_iterable(b.column(0).to_pylist() for b in batches)):
+            yield _text_of({"text": text}, path, f"row {row}")
     except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
         raise MixLNError(f"{path}: cannot read parquet: {e}".replace("\n", " ")) from None
 
@@ -263,18 +249,14 @@ def check_text(source, flag: str) -> None:
     dataset = hub_name(source, "dataset")
     if dataset is not None:
         HubDataset(dataset).builder(flag)
-        return
-    if not sum(1 for f in source_files(source) for _ in file_documents(f)):
+    elif not sum(1 for f in source_files(source) for _ in file_documents(f)):
         raise MixLNError(f"{flag} {source}: no text found (empty file or all documents empty)")
 
 
 def read_texts(source=None, split: str = "validation") -> list[str]:
     """Documents from `source`: None (the embedded corpus's `split`), a file, a folder, a glob or a
-    Hub dataset (its split prepared in the datasets cache, then read).
-
-    For a user-given source `split` is ignored: the user chose the text (a Hub dataset's split is in
-    its name, train unless named).
-    """
+    Hub dataset (its split prepared in the datasets cache, then read). A user-given source ignores
+    `split`: the user chose the text (a Hub dataset's split is in its name, train unless named)."""
     if source is None:
         return embedded_corpus(split)
     texts = [t for f in source_files(source) for t in file_documents(f)]
@@ -283,17 +265,11 @@ def read_texts(source=None, split: str = "validation") -> list[str]:
     return texts
 
 
-# ---------------------------------------------------------------------------------------------
-# token windows
-
-
 def token_ids(tokenizer, texts: list[str], max_tokens: int | None = None) -> np.ndarray:
     """The documents' token ids in one int32 array, EOS between documents; with ``max_tokens``
     tokenizing stops once that many are in hand (more may be returned), so a huge corpus stays cheap.
-
     Documents are encoded a batch at a time (the fast tokenizer spreads a batch over its threads)
-    and kept as int32 arrays: 4 bytes a token, where a Python list of ints takes ~36.
-    """
+    and kept as int32 arrays: 4 bytes a token, where a Python list of ints takes ~36."""
     eos = tokenizer.eos_token_id
     if eos is None:
         raise MixLNError("the tokenizer has no eos_token_id to separate documents with")

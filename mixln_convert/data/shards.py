@@ -1,13 +1,11 @@
-"""The tokenized-folder format: fixed-size shards of token ids and their manifest.
+"""The tokenized-folder format (written by ``mixln-convert tokenize``, or by ``train`` into the user cache).
 
-A folder written by ``mixln-convert tokenize`` (or by ``train`` into the user cache) holds, per
-split (``train``, ``validation``), files ``<split>-00000.bin``, ... of raw little-endian token ids
-(uint16 where the vocabulary fits, else int32), each ``shard_tokens`` long but the last, EOS
-between documents, and ``mixln-tokens.json``: the settings they were made with (tokenizer hash,
-source files and sizes, the validation hold-out) and each shard's token count and sha256.
-
-The same layout as Megatron's and nanoGPT's ``.bin`` token files: ``np.memmap`` reads a window
-without reading anything else, so a training process touches only the windows it trains on.
+Per split (``train``, ``validation``): files ``<split>-00000.bin``, ... of raw little-endian token
+ids (uint16 where the vocabulary fits, else int32), each ``shard_tokens`` long but the last, EOS
+between documents; and ``mixln-tokens.json``: the settings they were made with (tokenizer hash,
+source files and sizes, the validation hold-out) and each shard's token count and sha256. The
+layout of Megatron's and nanoGPT's ``.bin`` token files: ``np.memmap`` reads a window without
+reading anything else, so a training process touches only the windows it trains on.
 """
 
 import hashlib
@@ -36,23 +34,16 @@ def shard_name(split: str, index: int) -> str:
 
 def file_sha256(path: Path, size: int | None = None) -> str:
     """sha256 of the first ``size`` bytes of ``path`` (all of it by default), read 16 MiB at a time."""
-    digest, left = hashlib.sha256(), size
+    digest, left = hashlib.sha256(), float("inf") if size is None else size
     with open(path, "rb") as f:
-        while left is None or left > 0:
-            piece = f.read(2**24 if left is None else min(2**24, left))
-            if not piece:
-                break
+        while left > 0 and (piece := f.read(min(2**24, left))):
             digest.update(piece)
-            left = None if left is None else left - len(piece)
+            left -= len(piece)
     return digest.hexdigest()
 
 
 class TokenShardWriter:
-    """Appends one split's token ids to fixed-size shard files, at most ``limit`` tokens in all.
-
-    Its :meth:`state` (each shard's name, tokens and, once full, sha256) is what a resumed run
-    hands back to :meth:`resume`, which checks the full shards and cuts the last one back to its
-    recorded length (a killed run may have written past it)."""
+    """Appends one split's token ids to fixed-size shard files, at most ``limit`` tokens in all."""
 
     def __init__(self, folder: Path, split: str, dtype: str, shard_tokens: int, limit: int | None = None):
         self.folder, self.split, self.dtype = folder, split, DTYPES[dtype]
@@ -62,7 +53,8 @@ class TokenShardWriter:
         self._digest = None  # sha256 of the shard being filled
 
     def resume(self, shards: list[dict]) -> None:
-        """Continue after ``shards`` (a :meth:`state`); raises ValueError if the files disagree with it."""
+        """Continue after ``shards`` (a :meth:`state` of a killed run): the full shards checked, the last
+        cut back to its recorded length (the run may have written past it); ValueError if the files disagree."""
         for shard in shards[:-1]:
             path = self.folder / shard["file"]
             if shard["tokens"] != self.shard_tokens or path.stat().st_size != shard["tokens"] * self.dtype.itemsize \
@@ -75,10 +67,9 @@ class TokenShardWriter:
             size = shards[-1]["tokens"] * self.dtype.itemsize
             if last.stat().st_size < size:
                 raise ValueError(f"{last} is shorter than recorded")
+            self._digest = hashlib.sha256()
             with open(last, "r+b") as f:
                 f.truncate(size)
-            self._digest = hashlib.sha256()
-            with open(last, "rb") as f:
                 while piece := f.read(2**24):
                     self._digest.update(piece)
 
@@ -194,11 +185,6 @@ class TokenShards:
     def __len__(self) -> int:
         return int(self.starts[-1])
 
-    def _shard(self, k: int) -> np.memmap:
-        if k not in self.maps:
-            self.maps[k] = np.memmap(self.folder / self.shards[k]["file"], dtype=self.dtype, mode="r")
-        return self.maps[k]
-
     def __getitem__(self, where: slice) -> np.ndarray:
         start, stop, step = where.indices(len(self))
         if step != 1:
@@ -206,7 +192,9 @@ class TokenShards:
         pieces, k = [], int(np.searchsorted(self.starts, start, side="right")) - 1
         while start < stop:
             offset = start - int(self.starts[k])
-            piece = self._shard(k)[offset: offset + stop - start]
+            if k not in self.maps:
+                self.maps[k] = np.memmap(self.folder / self.shards[k]["file"], dtype=self.dtype, mode="r")
+            piece = self.maps[k][offset: offset + stop - start]
             if self.id_limit is not None and len(piece) and int(piece.max()) >= self.id_limit:
                 at = int(np.argmax(piece >= self.id_limit))
                 raise MixLNError(f"{self.folder / self.shards[k]['file']}: token {offset + at} is id {int(piece[at])}, "

@@ -6,11 +6,9 @@ output depends on the documents and settings only, never on the number of worker
 cut from the document sequence alone and their results appended in order.
 
 The folder is built in ``.TOKENS.partial`` beside TOKENS (locked while a run writes it) and
-renamed into place when complete. After every chunk the partial folder's ``progress.json``
-records how far the run got (input file, document) and each shard's length and, once full, its
-sha256; a killed run resumes from there, checking the full shards and cutting the last one back
-to its recorded length. A rerun on the same inputs and settings finds the finished folder and
-writes nothing.
+renamed into place when complete; its ``progress.json``, written after every chunk (how far the
+run got, each shard's length and sha256), lets a killed run resume. A rerun on the same inputs
+and settings finds the finished folder and writes nothing.
 """
 
 import hashlib
@@ -22,7 +20,7 @@ import shutil
 import signal
 from collections import deque
 from functools import lru_cache
-from itertools import chain
+from itertools import chain, islice
 from pathlib import Path
 
 import numpy as np
@@ -89,11 +87,7 @@ class Encoder:
         return {**self.__dict__, "tokenizer": None if self.definition is not None else self.tokenizer}
 
 
-# ---------------------------------------------------------------------------------------------
-# worker side: one chunk of documents -> the token ids of each split
-
-
-_WORKER: dict = {}
+_WORKER: dict = {}  # a worker process's settings; below, the worker side: a chunk of documents -> token ids
 
 
 def _init_worker(encoder: Encoder, fraction: float | None, excluded: frozenset, pooled: bool) -> None:
@@ -151,10 +145,6 @@ def _results(tasks, workers: int, initargs: tuple):
             yield pending.popleft().get()
 
 
-# ---------------------------------------------------------------------------------------------
-# main side: inputs, settings, resume
-
-
 def _inputs(train, validation) -> list[tuple[str, object, dict]]:
     """(role, file, Hub dataset or embedded split, manifest record) of each input, validation first: a
     document's split is decided as soon as it is read."""
@@ -195,13 +185,10 @@ def _documents(item) -> object:
 def _chunks(inputs, start: tuple[int, int]):
     """``(position after it, role, texts)`` tasks from input ``start[0]``, document ``start[1]``
     on; a chunk holds about CHUNK_CHARS of text and never spans two inputs."""
-    for i in range(start[0], len(inputs)):
-        role, item, _ = inputs[i]
+    for i, (role, item, _) in enumerate(inputs[start[0]:], start[0]):
         done = start[1] if i == start[0] else 0
         texts, size = [], 0
-        for n, text in enumerate(_documents(item), 1):
-            if n <= done:
-                continue
+        for n, text in enumerate(islice(_documents(item), done, None), done + 1):
             texts.append(text)
             size += len(text)
             if size >= CHUNK_CHARS:
@@ -268,9 +255,7 @@ def _resumed(partial: Path, key: str, writers: dict) -> tuple[tuple[int, int], d
 def _check_paths(train, tokenizer, out, validation, named: str, force: bool):
     """``out`` resolved and the tokenizer, once the inputs are there and ``out`` may be written (a
     folder of an earlier tokenization is the caller's to compare)."""
-    tokenizer_path = tokenizer if isinstance(tokenizer, (str, os.PathLike)) else None
-    if tokenizer_path is not None:
-        tokenizer_path = checkpoint_path(tokenizer_path, "--tokenizer")
+    tokenizer_path = checkpoint_path(tokenizer, "--tokenizer") if isinstance(tokenizer, (str, os.PathLike)) else None
     for flag, path in (("DATA", train), ("--validation", validation)):
         if isinstance(path, (str, os.PathLike)):
             check_readable(path, flag)

@@ -26,10 +26,9 @@ class Residual:
 
 
 class KL:
-    """``kl``: :func:`distribution_kl` of the final next-token distributions; runs both whole models
-    (still training the k blocks only), several times the FLOPs of a ``residual`` step, but it is
-    the loss that recovers perplexity: matching the stream at one depth does not pin down what the
-    later blocks read from it (measured curves: docs/measurements.md, ``benchmarks/heal_curve.py``)."""
+    """``kl``: :func:`distribution_kl` of the final next-token distributions; runs both whole models,
+    several times the FLOPs of a ``residual`` step, but it is the loss that recovers perplexity: matching
+    the stream at one depth does not pin down what the later blocks read from it."""
 
     whole_models = True
 
@@ -68,10 +67,9 @@ def relative_error(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor
 
 def chunked_kl(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, student_head, teacher_head,
                chunk_tokens: int = 128) -> torch.Tensor:
-    """:func:`distribution_kl` of ``student_head(student_hidden)`` against ``teacher_head(teacher_hidden)``
-    (final hidden states, [..., hidden]), ``chunk_tokens`` positions at a time: each chunk's logits
-    are recomputed in the backward instead of kept, so a step holds one chunk's vocabulary-sized
-    tensors, not the whole batch's, for two more passes of the heads."""
+    """:func:`distribution_kl` of ``student_head(student_hidden)`` against ``teacher_head(teacher_hidden)``,
+    ``chunk_tokens`` positions at a time: each chunk's logits are recomputed in the backward, so a step
+    holds one chunk's vocabulary-sized tensors, not the whole batch's, for two more passes of the heads."""
     student_hidden, teacher_hidden = student_hidden.flatten(0, -2), teacher_hidden.flatten(0, -2)
     total = 0.0
     for start in range(0, len(student_hidden), chunk_tokens):

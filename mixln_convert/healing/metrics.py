@@ -1,5 +1,6 @@
 """The teacher's held-out figures, kept between heals, and how a heal judges its own (diverged, or worse)."""
 
+import contextlib
 import hashlib
 import json
 import math
@@ -14,12 +15,10 @@ def cached_teacher_metrics(measure, **key) -> dict:
     the teacher's files, the scored tokens and documents, the settings): a sweep or a rerun heals
     against the same teacher many times. An unreadable cache entry is measured again."""
     path = cache_dir() / "teacher-metrics" / f"{digest(json.dumps(key, sort_keys=True).encode())}.json"
-    try:
+    with contextlib.suppress(OSError, ValueError):
         figures = json.loads(path.read_text())
         if all(isinstance(figures.get(k), float) for k in ("packed", "per_document")):
             return figures
-    except (OSError, ValueError):
-        pass
     figures = measure()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -45,7 +44,7 @@ def warn_if_worse(losses: list[float], ppl_before, ppl_after, lr: float, doc_bef
     """A heal that ends worse than it started (training loss over its last tenth of steps above the
     first step's, or held-out perplexity up) has almost always diverged; say so, still writing it.
     Per-document perplexity up while packed went down is a heal too short for the first positions
-    of a document (measured: docs/measurements.md), not a divergence."""
+    of a document, not a divergence."""
     tail = losses[-max(1, len(losses) // 10):]
     signs = []
     if len(losses) > 1 and sum(tail) / len(tail) > losses[0]:

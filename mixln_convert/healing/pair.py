@@ -1,11 +1,7 @@
 """The pair a heal runs: the converted checkpoint (the student) and the Pre-LN original it was
-converted from (the teacher), checked to belong together, and their models.
-
-Memory: the ``kl`` loss and the perplexity evaluations run both whole models, over one copy of
-what the two share (embeddings, Pre-LN blocks, final norm, head: :mod:`..surgery.shared_tail`);
-beside it there are only the teacher's first k blocks, the student's and their AdamW state. A
-heal in "bf16" keeps every frozen weight in bf16 and computes under bf16 autocast; the trained
-blocks and their optimizer state stay float32.
+converted from (the teacher), checked to belong together, and their models (whole models share one
+copy of their common tail: :mod:`..surgery.shared_tail`). A heal in "bf16" keeps every frozen weight
+in bf16 and computes under bf16 autocast; the trained blocks and their optimizer state stay float32.
 """
 
 from dataclasses import dataclass, field
@@ -21,10 +17,9 @@ from ..surgery.shared_tail import load_pair
 
 @dataclass
 class Models:
-    """The heal's models: ``student_prefix`` and ``teacher_prefix``, each one's embeddings and first
-    k blocks (the student's blocks are the trained ones); ``student_model`` and ``teacher_model``, the whole
-    models around those very blocks over one shared tail, None unless loaded; ``unshared``: the
-    tensors outside the first k blocks the teacher keeps its own copies of (they differ)."""
+    """The heal's models: each one's embeddings and first k blocks (``*_prefix``; the student's are
+    trained), the whole models around those very blocks (``*_model``, None unless loaded), and the
+    tensors outside the first k blocks the teacher keeps its own copies of (``unshared``: they differ)."""
 
     student_prefix: torch.nn.Module
     teacher_prefix: torch.nn.Module
@@ -34,8 +29,7 @@ class Models:
 
 
 def load_models(student_source, teacher_source, k: int, frozen: torch.dtype, device: str, whole: bool) -> Models:
-    """The pair's :class:`Models`, the whole models too with ``whole``: only the student's first k
-    blocks train; the weights frozen beside them are in ``frozen`` (see the module's docstring)."""
+    """The pair's :class:`Models`, the whole models too with ``whole``; the frozen weights in ``frozen``."""
     arch = student_source.arch
     if not whole:
         student = load_prefix(student_source, arch, k, device=device)
@@ -53,8 +47,7 @@ def open_pair(converted, teacher):
     if not student_source.is_mixln:
         raise MixLNError(f"{converted}: not a Mix-LN checkpoint (model_type {config.get('model_type')!r}); "
                          "convert it first (mixln-convert convert)")
-    k = config.get("post_ln_layers", 0)
-    if k == 0:
+    if config.get("post_ln_layers", 0) == 0:
         raise MixLNError(f"{converted}: has no Post-LN layer (post_ln_layers 0); there is nothing to heal")
     teacher_source = open_checkpoint(teacher)
     if teacher_source.is_mixln:

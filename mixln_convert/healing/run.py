@@ -38,23 +38,12 @@ def heal(converted, teacher, out, options: HealOptions | None = None, **settings
 
 @dataclass
 class HealRun(HealOptions):
-    """A heal of ``converted``'s Post-LN blocks against ``teacher``, written to ``out``.
-
-    Trains them on ``tokens`` tokens of ``data`` (a file, folder or glob, a list of documents or a
-    1-D token stream; default the embedded corpus's train split) in batches of ``batch_size`` x
-    ``seq_len``, AdamW at peak ``lr`` with linear warmup over ``warmup_ratio`` of the steps then
-    cosine decay, gradients clipped to ``grad_clip``. Before and after (and after each token count
-    in ``eval_at``) it measures, on ``eval_tokens`` tokens of ``eval_data`` (a file, folder or glob;
-    default the embedded validation split), the residual relative error and, with ``perplexity``,
-    the perplexity of the whole model in packed windows and with each document scored on its own
-    (the teacher's once per run, for reference).
-    ``dtype``: of the frozen weights, "fp32" or "bf16" (see :mod:`.pair`).
-    ``activation_checkpointing``: keep only each block's input through a training step and
-    recompute the rest in the backward (one more forward of the blocks the loss runs through, for
-    activations that no longer grow with the depth: see :func:`_recomputing`), and with the ``kl``
-    loss the logits too (:class:`.losses.ChunkedKL`).
-    ``seq_len_flag``: the option or recipe key that set ``seq_len``, for messages (None: the caller
-    fixes the length).
+    """A heal of ``converted``'s Post-LN blocks against ``teacher``, written to ``out``, with the
+    :class:`~mixln_convert.options.HealOptions` (``data`` also a list of documents or a 1-D token stream).
+    ``activation_checkpointing``: keep only each block's input through a training step and recompute
+    the rest in the backward (one more forward, for activations that no longer grow with the depth: see
+    :func:`_recomputing`), and with the ``kl`` loss the logits too (:class:`.losses.ChunkedKL`).
+    ``seq_len_flag``: the option or recipe key that set ``seq_len``, for messages (None: the caller fixes the length).
     """
 
     converted: str | Path
@@ -66,7 +55,6 @@ class HealRun(HealOptions):
     seq_len_flag: str | None = "--seq-len"
 
     def run(self) -> dict:
-        """The heal, start to end."""
         map_large_allocations()
         inputs = self.check()
         with atomic_output_dir(self.out, force=self.force, protect=inputs) as tmp:
@@ -78,8 +66,8 @@ class HealRun(HealOptions):
         return result
 
     def check(self) -> dict:
-        """Every check that needs no model, before anything is written, and the pair opened. Returns
-        the inputs the output must not replace (the numbers were checked when the run was made)."""
+        """Every check that needs no model (the numbers were checked when the run was made), before
+        anything is written, and the pair opened; returns the inputs the output must not replace."""
         self.steps = self.tokens // (self.batch_size * self.seq_len)
         self.converted = checkpoint_path(self.converted, "CONVERTED")
         self.teacher = checkpoint_path(self.teacher, "--teacher")
@@ -145,9 +133,8 @@ class HealRun(HealOptions):
             batch_size=self.batch_size, dtype=self.dtype, device=self.device, torch=torch.__version__)
 
     def validate(self) -> dict:
-        """The student's held-out figures as they stand: ``val_relative_error`` of the stream its prefix
-        hands on against the teacher prefix's; with ``perplexity`` the whole model's ``val_loss`` and
-        ``val_ppl`` (packed windows) and ``val_doc_ppl`` (each document on its own)."""
+        """The student's held-out figures as they stand: ``val_relative_error`` of its prefix's stream;
+        with ``perplexity`` ``val_loss``, ``val_ppl`` (packed windows) and ``val_doc_ppl`` (per document)."""
         models, held_out, errors = self.models, self.eval_windows, []
         with self.precision():
             with torch.no_grad():
@@ -206,10 +193,7 @@ class HealRun(HealOptions):
         return record
 
     def summary(self, before: dict, after: dict) -> dict:
-        """:func:`heal`'s result, from the figures ``before`` and ``after`` the heal: ``out``,
-        ``post_ln_layers``, ``steps``, ``tokens``, ``loss``, ``lr``, ``seconds``, ``relative_error``
-        and ``perplexity`` (each {"before", "after"}; perplexity also "teacher", None without
-        ``perplexity``), and the rest of the settings and figures the provenance records."""
+        """:func:`heal`'s result (and the provenance's record), from the figures ``before`` and ``after``."""
         def compared(key: str, teacher: str):
             return {"teacher": self.teacher_figures[teacher], "before": before[key], "after": after[key]}
 
@@ -247,9 +231,9 @@ class HealRun(HealOptions):
 @contextlib.contextmanager
 def _recomputing(layers, enabled: bool):
     """Around a training forward: the blocks ``layers`` in training mode, the one state in which
-    transformers checkpoints them (see :class:`HealRun`'s ``activation_checkpointing``). The blocks
-    alone are switched, not their submodules, so attention stays in eval mode (no dropout: a heal
-    distils, it does not regularize), and the evaluations between steps find them unchanged."""
+    transformers checkpoints them. The blocks alone are switched, not their submodules, so attention
+    stays in eval mode (no dropout: a heal distils, it does not regularize), and the evaluations
+    between steps find them unchanged."""
     for layer in layers if enabled else ():
         layer.training = True
     try:

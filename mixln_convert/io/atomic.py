@@ -1,10 +1,7 @@
 """Atomic files and folders: an output appears complete or not at all, with the user's umask.
 
-A command writes into a hidden temporary folder beside the destination and renames it into
-place at the very end, so a run that fails or is killed leaves no half-written output behind: at
-worst a ``.DST.tmp-*`` folder, removed on failure, and removed by the next run to the same DST
-when a killed run (SIGKILL) left it behind. Imports neither torch nor transformers (tokenizing
-worker processes use it).
+A command writes into a hidden ``.DST.tmp-*`` folder renamed into place at the very end; one a killed run
+left is removed by the next run to DST. Imports neither torch nor transformers (tokenizing workers use it).
 """
 
 import errno
@@ -24,9 +21,8 @@ except ImportError:  # Windows: no flock, so temporary folders left by killed ru
 
 
 def try_lock(folder: Path) -> int | None:
-    """An exclusive lock on ``folder``, held until the returned descriptor is closed or the
-    process dies (the kernel drops it even on SIGKILL); None if another process holds it, or
-    if this system or file system has no such locks."""
+    """An exclusive lock on ``folder``, held until the returned descriptor is closed or the process dies (the
+    kernel drops it even on SIGKILL); None if another process holds it, or this system has no such locks."""
     if fcntl is None:
         return None
     try:
@@ -56,15 +52,6 @@ def wait_for_lock(folder: Path) -> None:
         os.close(fd)
 
 
-def _remove_stale_temporaries(dst: Path) -> None:
-    """Remove the temporary folders of ``dst`` whose run is gone (their lock died with it); a
-    run to the same DST that is still going holds its lock and is left alone."""
-    for folder in dst.parent.iterdir():
-        if folder.name.startswith(f".{dst.name}.tmp-") and (fd := try_lock(folder)) is not None:
-            shutil.rmtree(folder, ignore_errors=True)
-            os.close(fd)
-
-
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -75,12 +62,9 @@ def _umask() -> int:
 def atomic_output_dir(dst, force: bool = False, protect=None):
     """Yield a temporary folder that becomes ``dst`` when the block succeeds.
 
-    Refuses (see :func:`.paths.check_destination`) a non-empty ``dst`` unless ``force``, and any
-    ``dst`` that is, contains or lies inside one of the ``protect`` inputs ({what: path}).
-    Temporary folders of ``dst`` left by killed runs are removed first: a half-written 70B model
-    is 140 GB of disk. The folder gets the user's umask (mkdtemp alone gives 0700). An OSError
-    while writing (a full disk) becomes a one-line error naming ``dst``; the temporary folder goes.
-    """
+    Refuses a non-empty ``dst`` unless ``force``, and any ``dst`` that is, contains or lies inside one
+    of the ``protect`` inputs ({what: path}). An OSError while writing (a full disk) becomes a one-line
+    error naming ``dst``; the temporary folder goes."""
     dst = check_destination(dst, protect or {}, force)
     with scratch_dir(dst) as tmp:
         try:
@@ -91,8 +75,7 @@ def atomic_output_dir(dst, force: bool = False, protect=None):
 
 
 def replace_dir(tmp: Path, dst: Path) -> None:
-    """Rename the complete folder ``tmp`` to ``dst``, replacing an old ``dst`` (moved aside first,
-    so a reader never sees half of each)."""
+    """Rename the complete folder ``tmp`` to ``dst``, an old ``dst`` moved aside first (no reader sees half of each)."""
     if dst.exists():
         old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
         dst.rename(old)
@@ -104,9 +87,9 @@ def replace_dir(tmp: Path, dst: Path) -> None:
 
 @contextmanager
 def scratch_dir(dst: Path):
-    """A temporary folder beside ``dst`` (``.DST.tmp-*``, the user's umask), locked while this
-    process lives and removed when the block ends, however it ends. Those of killed runs (their
-    lock died with them) are removed first."""
+    """A temporary folder beside ``dst`` (``.DST.tmp-*``, the user's umask: mkdtemp alone gives 0700), locked
+    while this process lives and removed when the block ends, however it ends. Those of killed runs (their
+    lock died with them) are removed first: a half-written model may fill the disk."""
     try:
         dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
@@ -115,8 +98,11 @@ def scratch_dir(dst: Path):
         raise MixLNError(f"{dst}: cannot write the output folder ({e.strerror})") from None
     lock = try_lock(tmp)  # marks tmp as alive before looking for dead ones
     try:
-        if lock is not None:
-            _remove_stale_temporaries(dst)
+        if lock is not None:  # a run to the same DST that is still going holds its lock: left alone
+            for folder in dst.parent.iterdir():
+                if folder.name.startswith(f".{dst.name}.tmp-") and (fd := try_lock(folder)) is not None:
+                    shutil.rmtree(folder, ignore_errors=True)
+                    os.close(fd)
         yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # nothing left to remove once renamed into place

@@ -1,6 +1,5 @@
-"""The files of an HF checkpoint folder: what :mod:`.loader` reads and what a Hub snapshot
-(:mod:`.hub`) fetches, named once for both. No imports: a Hub name is resolved before torch is.
-"""
+"""The files of an HF checkpoint folder that :mod:`.loader` reads and a Hub snapshot (:mod:`.hub`)
+fetches. No imports: a Hub name is resolved before torch is."""
 
 # (index, single file) of each weight format, in the order the loader prefers them
 WEIGHT_FILES = (("model.safetensors.index.json", "model.safetensors"),

@@ -16,9 +16,8 @@ from .validate import check_config, check_finite, check_tensors
 
 class GGUFCheckpoint(Checkpoint):
     """A .gguf file: its tensor table and metadata checked from the header, read once per process;
-    ``get(name)`` dequantizes one tensor (gguf-py) to float32. transformers gives the config and
-    the tokenizer, as it reads them, but not the weights: its loader parses the whole header again
-    for the config and maps every tensor name through gguf-py's tables, ~10x the dequantization."""
+    ``get(name)`` dequantizes one tensor (gguf-py) to float32. transformers gives the config and the
+    tokenizer, but not the weights: its loader reparses the header and maps every name, far slower."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -48,7 +47,7 @@ class GGUFCheckpoint(Checkpoint):
     @cached_property
     def _hf_config(self):
         """transformers' config of the GGUF (read from its metadata, no weights)."""
-        from transformers import AutoConfig
+        from transformers import AutoConfig, __version__
 
         try:
             config = AutoConfig.from_pretrained(self.path.parent, gguf_file=self.path.name)
@@ -57,15 +56,8 @@ class GGUFCheckpoint(Checkpoint):
         if hasattr(config, "quantization_config"):  # the dequantized weights are plain tensors
             del config.quantization_config
         config.architectures = [self.arch.name]
-        self._check_read_alike(config)
-        return config
-
-    def _check_read_alike(self, config) -> None:
-        """transformers' reading of the sizes against the file's own: it reads some families' metadata
-        in part (Qwen3's head_dim: never, its default 128 instead of attention.key_length), and a
-        model of a config that differs would not hold the file's tensors."""
-        from transformers import __version__
-
+        # transformers reads some families' metadata in part (Qwen3's head_dim: never, its default 128
+        # instead of attention.key_length), and a model of a config that differs would not hold the tensors
         for key, value in self._layout.items():
             read = getattr(config, key, None)
             if key == "head_dim" and read is None:  # Qwen2's config has none: hidden_size / heads
@@ -73,6 +65,7 @@ class GGUFCheckpoint(Checkpoint):
             if key != "max_position_embeddings" and value is not None and read != value:
                 raise MixLNError(f"{self.path}: transformers {__version__} reads {key} {read!r} from this GGUF, "
                                  f"whose metadata and tensors say {value!r}; it cannot load the file")
+        return config
 
     @cached_property
     def config(self) -> dict:
@@ -83,9 +76,8 @@ class GGUFCheckpoint(Checkpoint):
 
     def get(self, name: str) -> torch.Tensor:
         """The tensor dequantized to float32, a fresh copy (the file stays memory-mapped read-only).
-        llama.cpp stores LLaMA's q_proj and k_proj with each head's rotary halves interleaved (its
-        "norm" rope; ``interleaved_rotary`` in architectures/*.json); undone here. Qwen's rope is
-        llama.cpp's "neox" one, HF's own order: stored as it is."""
+        llama.cpp stores LLaMA's q_proj and k_proj with each head's rotary halves interleaved (its "norm"
+        rope; ``interleaved_rotary`` in architectures/*.json), undone here; Qwen's "neox" rope is HF's order."""
         import numpy as np
         from gguf import dequantize
 

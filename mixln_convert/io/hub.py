@@ -1,23 +1,16 @@
 """Hugging Face Hub names where a checkpoint or a text is taken: judged and resolved here only.
 
-A model, ``ORG/NAME[@REVISION]`` (SRC, CKPT, CONVERTED, --teacher, --tokenizer, --source, a
-recipe's ``source`` and ``converted``), becomes its snapshot folder in the Hugging Face cache,
-holding only what a checkpoint is read from (:mod:`.checkpoint_files`: config.json, the weights in
-one format -- safetensors where the repo has them, else .bin -- with their index, the tokenizer
-and generation files); the folder is then validated and read like any other. A dataset,
-``ORG/NAME[:CONFIG[:SPLIT]][@REVISION]`` (--data and the other text options, tokenize's DATA, a
-recipe's ``data.train`` and ``data.validation``), is read through the ``datasets`` library: its
-``text`` column, split ``train`` unless one is named, streamed by ``tokenize``.
-
-REVISION (a branch, tag or commit) pins what is read; without it, ``main``. Both libraries keep
-their own settings: ``HF_HUB_OFFLINE`` (``HF_DATASETS_OFFLINE``), ``HF_HOME``, ``HF_HUB_CACHE``,
-``HF_DATASETS_CACHE``, ``HF_ENDPOINT``, the login token. Offline or with the Hub out of reach,
-what the caches hold is used, as transformers does; a name they do not hold is one error line.
+A model, ``ORG/NAME[@REVISION]``, becomes its snapshot folder in the Hugging Face cache, holding
+only what a checkpoint is read from (:mod:`.checkpoint_files`), then validated and read like any
+folder. A dataset, ``ORG/NAME[:CONFIG[:SPLIT]][@REVISION]``, is read through ``datasets``: its
+``text`` column, split ``train`` unless one is named. REVISION (a branch, tag or commit) pins what
+is read; without it, ``main``. Both libraries keep their own settings (``HF_HUB_OFFLINE``,
+``HF_HOME``, ``HF_ENDPOINT``, the login token, ...); offline or with the Hub out of reach, what the
+caches hold is used, as transformers does.
 
 Path or name: a path that exists always wins, and a ``Path`` object is always a path; a string
-that does not exist is a name when it has the shape above (one '/' between names the Hub
-allows); anything else stays "no such file or folder". Nothing here imports torch or
-transformers, so a bad name is refused at once.
+that does not exist is a name when it has the shape above; anything else stays "no such file or
+folder". Nothing here imports torch or transformers, so a bad name is refused at once.
 """
 
 import fnmatch
@@ -80,10 +73,6 @@ def _allowed(repo: str) -> bool:
 def _reason(error: Exception) -> str:
     first = (str(error).strip().splitlines() or [""])[0][:300]
     return f"{type(error).__name__}: {first}" if first else type(error).__name__
-
-
-# ---------------------------------------------------------------------------------------------
-# models
 
 
 def model_snapshot(name: HubName, flag: str) -> str:
@@ -168,10 +157,6 @@ def _shards(index: Path, where: str) -> list[str]:
         return sorted(set(json.loads(index.read_text())["weight_map"].values()))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise MixLNError(f"{where}: {index.name} is not a weight index ({_reason(e)})") from None
-
-
-# ---------------------------------------------------------------------------------------------
-# datasets
 
 
 class HubDataset:

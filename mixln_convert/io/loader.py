@@ -1,15 +1,9 @@
 """One Checkpoint type for every input: an HF folder (safetensors or .bin, sharded or not) or a
 GGUF file, opened, classified and validated once per process (:func:`open_checkpoint`).
 
-A checkpoint gives its config, architecture, tokenizer, lazy tensors and, when asked, the whole
-model. Nothing here loads a whole model to get one tensor: safetensors shards are memory-mapped
-and read per tensor, and ``stored(name)`` gives a tensor with where its bytes lie, so that a
-writer can copy them file to file; .bin shards are memory-mapped with
-``torch.load(mmap=True, weights_only=True)`` (never plain unpickling); a GGUF file
-(:mod:`.gguf`) is memory-mapped too and dequantized one tensor at a time.
-
-Before any of that, the file headers are checked against the config (:mod:`.validate`); every
-tensor read is checked for NaN/inf, and so is every model loaded whole.
+Nothing here loads a whole model to get one tensor: shards are memory-mapped and read per tensor
+(.bin ones with ``torch.load(mmap=True, weights_only=True)``, never plain unpickling). File headers
+are checked against the config first; every tensor read, and every model loaded whole, for NaN/inf.
 """
 
 import fnmatch
@@ -52,8 +46,7 @@ class StoredTensor:
     offset: int = 0
 
     def to(self, dtype: torch.dtype) -> "StoredTensor | torch.Tensor":
-        """As ``Tensor.to``: itself where the tensor has ``dtype`` already (still copied file to
-        file), else the tensor cast."""
+        """As ``Tensor.to``: itself if already ``dtype`` (still copied file to file), else the cast tensor."""
         return self if self.tensor.dtype == dtype else self.tensor.to(dtype)
 
 
@@ -63,8 +56,7 @@ _MAX_HEADER = 100 * 2**20  # safetensors' own limit on a header's size
 
 
 class Checkpoint(ABC):
-    """A validated input checkpoint: ``config`` (a dict), ``arch``, tensors by name, the
-    tokenizer and, on request, the whole model."""
+    """A validated input checkpoint: ``config`` (a dict), ``arch``, tensors by name, the tokenizer and the model."""
 
     path: Path
     config: dict
@@ -80,8 +72,7 @@ class Checkpoint(ABC):
         return str(self.path / "config.json") if self.path.is_dir() else str(self.path)
 
     def fingerprint(self) -> str:
-        """A key that changes whenever one of the checkpoint's files does (name, size, mtime): for
-        results computed from its weights and cached across runs."""
+        """A key changing whenever one of the checkpoint's files does (name, size, mtime), for cross-run caches."""
         files = [self.path] if self.path.is_file() else sorted(p for p in self.path.iterdir() if p.is_file())
         listing = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]
         return hashlib.sha256(json.dumps([str(self.path), listing]).encode()).hexdigest()
@@ -111,13 +102,12 @@ class Checkpoint(ABC):
     @abstractmethod
     def _load_model(self, dtype): ...
 
-    @abstractmethod
-    def _tokenizer_args(self) -> tuple[Path, dict]: ...
+    def _tokenizer_args(self) -> tuple[Path, dict]:
+        return self.path, {}
 
     def check_loadable(self) -> None:
-        """What transformers itself refuses in the config, as one line naming it; checked once, when a
-        tokenizer or model is first built (it imports transformers, which a streaming conversion never
-        does). A GGUF's config is transformers' own reading already."""
+        """What transformers itself refuses in the config, as one line naming it; checked once a tokenizer or model
+        is built (a streaming conversion never imports transformers). A GGUF's config is transformers' reading."""
 
     @cached_property
     def tokenizer(self):
@@ -160,16 +150,11 @@ class FolderCheckpoint(Checkpoint):
         self._headers = {}  # safetensors shard -> {tensor name: header entry with the file offset}
         self.shard_of = self._index()  # tensor name -> shard file
         check_tensors({name: self.shape(name) for name in self.shard_of}, self.config, self.arch, str(self.path))
-        if self.config.get("tie_word_embeddings") and self.arch.lm_head in self.shard_of:
-            self._check_tied_head()
-
-    def _check_tied_head(self) -> None:
-        """A config that ties the head to the embeddings, over weights that hold a head of their
-        own: transformers 5 uses that head where it differs from the embeddings, 4.x the
-        embeddings, so the model would be whatever the loading version makes of it. Refused,
-        unless the head equals the embeddings (a tied head saved anyway)."""
         head, embed = self.arch.lm_head, self.arch.embed
-        if not torch.equal(self.get(head), self.get(embed)):
+        # a tied config over a head of its own: transformers 5 uses that head where it differs from the
+        # embeddings, 4.x the embeddings; refused unless they are equal (a tied head saved anyway)
+        tied_apart = self.config.get("tie_word_embeddings") and head in self.shard_of
+        if tied_apart and not torch.equal(self.get(head), self.get(embed)):
             raise MixLNError(f"{self.path / self.shard_of[head]}: tensor {head} differs from {embed}, but "
                              f"{self.where} declares tie_word_embeddings true; set it to false to use the head, "
                              f"or remove {head} to tie")
@@ -205,9 +190,7 @@ class FolderCheckpoint(Checkpoint):
         return dict(weight_map)
 
     def _shard_names(self, shard: str) -> list[str]:
-        if shard.endswith(".safetensors"):
-            return list(self._header(shard))
-        return list(self._open(shard).keys())
+        return list(self._header(shard) if shard.endswith(".safetensors") else self._open(shard).keys())
 
     def _open(self, shard: str):
         """The open handle of ``shard`` (for names and shapes, and .bin tensors); one at a time."""
@@ -235,9 +218,8 @@ class FolderCheckpoint(Checkpoint):
         return state
 
     def _header(self, shard: str) -> dict[str, dict]:
-        """A safetensors shard's header, checked against the file: an 8-byte header length, a JSON
-        header of dtypes, shapes and offsets relative to its end, then the bytes (all of them:
-        a truncated shard is refused here, before any work)."""
+        """A safetensors shard's header, checked against the file (all its bytes: a truncated shard is
+        refused here, before any work)."""
         if shard in self._headers:
             return self._headers[shard]
         file = self.path / shard
@@ -323,9 +305,6 @@ class FolderCheckpoint(Checkpoint):
             return AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype or "auto")
         except (OSError, ValueError, KeyError) as e:
             raise MixLNError(f"{self.path}: cannot load the model ({str(e).splitlines()[0]})") from None
-
-    def _tokenizer_args(self) -> tuple[Path, dict]:
-        return self.path, {}
 
 
 def open_checkpoint(path) -> Checkpoint:

@@ -29,10 +29,6 @@ def resolved(path) -> Path:
     return Path(os.path.realpath(os.path.expanduser(str(path))))
 
 
-def _related(a: Path, b: Path) -> bool:
-    return a == b or a.is_relative_to(b) or b.is_relative_to(a)
-
-
 def _named(path) -> list[str]:
     """The path an argument names, or each match of its glob pattern."""
     text = os.path.expanduser(str(path))
@@ -62,7 +58,7 @@ def check_not_input(dst, inputs: dict, flag: str = "DST") -> Path:
         if value is None:
             continue
         for path in input_paths(value):
-            if _related(target, path):
+            if target == path or target.is_relative_to(path) or path.is_relative_to(target):
                 how = "is" if target == path else "contains" if path.is_relative_to(target) else "lies inside"
                 raise MixLNError(f"{flag} {dst}: {how} the input {what} {path}; an input is never written "
                                  "(--force does not change this)")
@@ -70,10 +66,8 @@ def check_not_input(dst, inputs: dict, flag: str = "DST") -> Path:
 
 
 def check_destination(dst, inputs: dict, force: bool = False, flag: str = "DST") -> Path:
-    """Refuse ``dst`` (named ``flag`` in messages) before any work when it is, contains or lies
-    inside one of ``inputs`` ({what: path or None}; globs count by their matches), when it
-    exists and is not a folder, or when it is a non-empty folder and ``force`` is not set.
-    Returns ``dst`` resolved."""
+    """:func:`check_not_input`, and refuse ``dst`` before any work when it exists and is not a folder,
+    is a non-empty folder and ``force`` is not set, or cannot be created. Returns ``dst`` resolved."""
     target = check_not_input(dst, inputs, flag)
     if target.exists() and not target.is_dir():
         raise MixLNError(f"{flag} {dst}: exists and is not a folder")

@@ -1,20 +1,17 @@
-"""What the commands leave in their run folders, read and written here only: a training arm's
-``metrics.jsonl`` and ``summary.json``, ``analysis.json``, the results of study, sweep and compare,
-``run.json``, the kind and settings of a demo, sweep or study that --resume must match
-(:func:`claim_run`: a folder of the user's, or another source's results, is never reused), and
-each stage's ``result.json`` (:class:`Stages`). Each reader checks what its callers use; a failure
-is one line naming the file and the record or key.
+"""What the commands leave in their run folders, read and written here only: metrics, summaries,
+analyses, ``run.json`` (what --resume must match, :func:`claim_run`) and each stage's result
+(:class:`Stages`). Each reader checks what its callers use; a failure is one line naming the file and key.
 """
 
 import hashlib
 import json
-import math
 import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import MixLNError
+from ..limits import is_finite_number
 from .atomic import atomic_output_dir, write_atomic
 from .paths import check_destination
 
@@ -102,7 +99,15 @@ def cut_metrics(file: Path, step: int) -> None:
 
 def read_metrics(file: Path) -> list[dict]:
     """The records of ``file`` (a metrics.jsonl), each checked; blank lines are skipped."""
-    metrics = [record for record in _read_jsonl(file) if record]
+    try:
+        lines = file.read_text().splitlines()
+        metrics = [record for line in lines if line.strip() and (record := json.loads(line))]
+    except OSError as e:
+        raise MixLNError(f"{file}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise MixLNError(f"{file}: not UTF-8 text") from None
+    except json.JSONDecodeError as e:
+        raise MixLNError(f"{file}: not one JSON object per line ({e})") from None
     for n, record in enumerate(metrics, 1):
         if not isinstance(record, dict):
             raise MixLNError(f"{file}: record {n} is not a JSON object")
@@ -112,28 +117,24 @@ def read_metrics(file: Path) -> list[dict]:
 
 @contextmanager
 def timed(times: dict, name: str):
-    """``times[name]``: the seconds the ``with`` block took, once it ends without an error (a stage
-    that failed has no time)."""
+    """``times[name]``: the seconds the ``with`` block took, if it ends without an error (a failed stage has none)."""
     started = time.perf_counter()
     yield
     times[name] = round(time.perf_counter() - started, 2)
 
 
 class Stages:
-    """The stages of a multi-stage run (the demo, sweep, study, train's arms), each in a folder of its
-    own: its result is written there with its sha256 when the stage is done, and with ``resume``
-    read back instead of running the stage again (an edited or damaged one is refused, not half
-    read); ``times`` holds each stage's seconds."""
+    """The stages of a multi-stage run, each in a folder of its own: its result is written there with its
+    sha256 when done and, with ``resume``, read back instead of running the stage again (an edited or
+    damaged one is refused, not half read); ``times`` holds each stage's seconds."""
 
     def __init__(self, resume: bool):
         self.resume, self.times = resume, {}
 
     def run(self, name: str, folder: Path, work, atomic: bool = True, record: str | None = None):
-        """``work(folder)``'s result. ``atomic``: the stage works in a temporary folder renamed to
-        ``folder`` when done, so an interrupted stage leaves nothing; else in ``folder`` itself (a
-        stage that resumes its own work, such as training). ``record``: the result file ``work``
-        itself writes last into ``folder`` (a training arm's summary.json); the caller reads a done
-        one back itself (:meth:`done`), as this never does."""
+        """``work(folder)``'s result. ``atomic``: work in a temporary folder renamed to ``folder`` when done, so an
+        interrupted stage leaves nothing; else in ``folder`` itself (a stage resuming its own work: training).
+        ``record``: the result file ``work`` writes last itself (an arm's summary.json), read back by the caller."""
         done = folder / (record or STAGE_RESULT)
         if self.resume and record is None and done.is_file():
             return read_checked(done, f"remove {folder} to run this stage again")
@@ -160,8 +161,7 @@ def write_checked(file: Path, result) -> None:
 
 
 def read_checked(file: Path, redo: str):
-    """The result :func:`write_checked` wrote into ``file``; if it does not match its sha256, an
-    error saying ``redo`` (how to make it again)."""
+    """The result :func:`write_checked` wrote into ``file``; if its sha256 does not match, an error saying ``redo``."""
     try:
         stored = json.loads(file.read_text())
         if stored["sha256"] != _digest(stored["result"]):
@@ -188,17 +188,12 @@ def read_summary(file: Path, required=FINISHED) -> dict:
     summary = _read_json(file)
     if not isinstance(summary, dict):
         raise MixLNError(f"{file}: not a JSON object")
-    _check_fields(summary, {**SUMMARY_FIELDS, "arm": (lambda v: isinstance(v, str), "a string")}, str(file),
-                  required)
+    _check_fields(summary, SUMMARY_FIELDS, str(file), required)
     return summary
 
 
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _numbers(value) -> bool:
-    return isinstance(value, list) and all(_number(v) for v in value)
+    return isinstance(value, list) and all(is_finite_number(v) for v in value)
 
 
 def _count(value) -> bool:
@@ -211,7 +206,7 @@ PER_DOCUMENT_KEYS = ("documents", "tokens", "token_perplexity", "word_perplexity
 def _task_drop(value) -> bool:
     """One task of ``analyze --task``: its metric, direction, full-model value, examples and per-layer drop."""
     return (isinstance(value, dict) and isinstance(value.get("metric"), str)
-            and isinstance(value.get("higher_is_better"), bool) and _number(value.get("value"))
+            and isinstance(value.get("higher_is_better"), bool) and is_finite_number(value.get("value"))
             and _count(value.get("samples")) and _numbers(value.get("layer_drop")))
 
 
@@ -221,13 +216,13 @@ ANALYSIS_FIELDS = {
     "num_layers": (lambda v: _count(v) and v > 0, "a positive integer"),
     "post_ln_layers": (_count, "an integer >= 0"),
     "layernorm_scaling": (lambda v: isinstance(v, bool), "true or false"),
-    "perplexity": (lambda v: _number(v) and v > 0, "a positive number"),
+    "perplexity": (lambda v: is_finite_number(v) and v > 0, "a positive number"),
     "layer_drop": (_numbers, "a list of numbers"),
     "angular_distance_matrix": (lambda v: isinstance(v, list) and all(_numbers(row) for row in v),
                                 "a list of lists of numbers"),
     "grad_norm_per_layer": (_numbers, "a list of numbers"),
     "tokenizer_vocab_size": (lambda v: v is None or _count(v), "an integer"),
-    "generation": (lambda v: isinstance(v, dict) and _number(v.get("repeated_4gram_share"))
+    "generation": (lambda v: isinstance(v, dict) and is_finite_number(v.get("repeated_4gram_share"))
                    and isinstance(v.get("continuations"), list)
                    and all(isinstance(c, dict) and isinstance(c.get("prompt"), str) and isinstance(c.get("text"), str)
                            for c in v["continuations"]),
@@ -237,14 +232,12 @@ ANALYSIS_FIELDS = {
                     "an object with method, removed and perplexity lists of one length"),
     "task_drop": (lambda v: isinstance(v, dict) and all(_task_drop(d) for d in v.values()),
                   "an object of tasks, each with metric, higher_is_better, value, samples and a layer_drop list"),
-    "per_document": (lambda v: isinstance(v, dict) and all(_number(v.get(k)) for k in PER_DOCUMENT_KEYS),
+    "per_document": (lambda v: isinstance(v, dict) and all(is_finite_number(v.get(k)) for k in PER_DOCUMENT_KEYS),
                      f"an object with numbers {', '.join(PER_DOCUMENT_KEYS)}"),
 }
 METRIC_FIELDS = {
-    "step": (lambda v: _count(v), "an integer >= 0"),
-    "tokens": (lambda v: _count(v), "an integer >= 0"),
-    "loss": (_number, "a number"), "val_loss": (_number, "a number"), "val_ppl": (_number, "a number"),
-    "lr": (_number, "a number"), "grad_norm": (_number, "a number"),
+    "step": (_count, "an integer >= 0"), "tokens": (_count, "an integer >= 0"),
+    **{key: (is_finite_number, "a number") for key in ("loss", "val_loss", "val_ppl", "lr", "grad_norm")},
     "grad_norm_per_layer": (_numbers, "a list of numbers"),
 }
 
@@ -255,7 +248,7 @@ def _evaluation(value) -> bool:
 
 
 SUMMARY_FIELDS = {
-    **{key: (_number, "a number") for key in (
+    **{key: (is_finite_number, "a number") for key in (
         "tokens", "steps", "wall_time_s", "final_val_loss", "final_val_ppl", "initial_val_loss", "initial_val_ppl",
         "tokens_per_s", "num_layers", "post_ln_layers")},
     "layernorm_scaling": (lambda v: isinstance(v, bool), "true or false"),
@@ -263,6 +256,7 @@ SUMMARY_FIELDS = {
     "validation": (_evaluation, "an object with data (a string), tokens and seq_len (integers)"),
     "initial_val_window_losses": (lambda v: _numbers(v) and len(v) > 0, "a non-empty list of numbers"),
     "final_val_window_losses": (lambda v: _numbers(v) and len(v) > 0, "a non-empty list of numbers"),
+    "arm": (lambda v: isinstance(v, str), "a string"),
 }
 PER_WINDOW_TABLES = ("loss_without_layer", "angular_distance", "grad_norm_per_layer")  # rows of one value per layer
 
@@ -334,16 +328,3 @@ def _read_json(file: Path) -> dict:
         return json.loads(file.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise MixLNError(f"{file}: cannot read JSON ({e})") from None
-
-
-def _read_jsonl(file: Path) -> list[dict]:
-    try:
-        lines = file.read_text().splitlines()
-    except OSError as e:
-        raise MixLNError(f"{file}: cannot read ({e.strerror})") from None
-    except UnicodeDecodeError:
-        raise MixLNError(f"{file}: not UTF-8 text") from None
-    try:
-        return [json.loads(line) if line.strip() else {} for line in lines]
-    except json.JSONDecodeError as e:
-        raise MixLNError(f"{file}: not one JSON object per line ({e})") from None

@@ -1,14 +1,12 @@
 """A checkpoint checked against its config before any work: config keys and types, the tensor
-table the architecture needs (every layer, nothing beyond the last), shapes, and values.
-
-A reader builds the table of tensor names and shapes from file headers alone (safetensors
-headers, GGUF tensor infos), so these checks cost no weight reads; values are checked as tensors
-are read (:func:`check_finite`).
+table the architecture needs (every layer, nothing beyond the last) and shapes, from file headers
+alone (no weight reads); values are checked as tensors are read (:func:`check_finite`).
 """
 
 import math
 
 from ..errors import MixLNError
+from ..limits import is_finite_number, is_number
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 REQUIRED_SIZES = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
@@ -21,10 +19,6 @@ DEFAULT_ACTIVATION = "silu"  # LLaMA's
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def check_config(config, where: str) -> None:
@@ -53,7 +47,7 @@ def check_config(config, where: str) -> None:
         if config.get(key) is not None and not isinstance(config[key], bool):
             raise MixLNError(f"{where}: {key} must be true or false, got {config[key]!r}")
     eps = config.get("rms_norm_eps", 1e-6)
-    if not (_is_number(eps) and 0 < eps < 1):
+    if not (is_number(eps) and 0 < eps < 1):
         raise MixLNError(f"{where}: rms_norm_eps must be a number in (0, 1), got {eps!r}")
     for key in ("dtype", "torch_dtype"):
         if config.get(key) is not None and config[key] not in FLOAT_DTYPES:
@@ -66,11 +60,10 @@ def check_config(config, where: str) -> None:
         if not isinstance(activation, str) or activation not in ACT2FN:
             raise MixLNError(f"{where}: hidden_act {activation!r} is not an activation transformers knows "
                              f"({', '.join(ACT2FN)})")
-    if "post_ln_layers" in config:
-        k = config["post_ln_layers"]
-        if not (_is_int(k) and 0 <= k <= config["num_hidden_layers"]):
-            raise MixLNError(f"{where}: post_ln_layers must be an integer in [0, num_hidden_layers "
-                             f"{config['num_hidden_layers']}], got {k!r}")
+    k = config.get("post_ln_layers", 0)
+    if not (_is_int(k) and 0 <= k <= config["num_hidden_layers"]):
+        raise MixLNError(f"{where}: post_ln_layers must be an integer in [0, num_hidden_layers "
+                         f"{config['num_hidden_layers']}], got {k!r}")
     if config.get("layernorm_scaling") is not None:
         if not isinstance(config["layernorm_scaling"], bool):
             raise MixLNError(f"{where}: layernorm_scaling must be true or false, got {config['layernorm_scaling']!r}")
@@ -80,16 +73,15 @@ def check_config(config, where: str) -> None:
 
 
 def check_rope(config: dict, where: str) -> None:
-    """The rotary embedding as the installed transformers will build it: ``rope_parameters`` (and
-    the older ``rope_scaling``) objects whose type transformers knows, with the fields that type
-    needs (transformers' own check), giving finite frequencies. The default type, most
-    checkpoints', needs nothing of transformers, so a streaming conversion does not import it."""
+    """The rotary embedding as the installed transformers will build it: a rope type it knows, with the
+    fields that type needs, giving finite frequencies. The default type, most checkpoints', needs
+    nothing of transformers, so a streaming conversion does not import it."""
     for key in ROPE_KEYS:
         if config.get(key) is not None and not isinstance(config[key], dict):
             raise MixLNError(f"{where}: {key} must be an object, got {config[key]!r}")
     for key, theta in (("rope_theta", config.get("rope_theta")),
                        *((f"{key}.rope_theta", (config.get(key) or {}).get("rope_theta")) for key in ROPE_KEYS)):
-        if theta is not None and not (_is_number(theta) and math.isfinite(theta) and theta > 0):
+        if theta is not None and not (is_finite_number(theta) and theta > 0):
             raise MixLNError(f"{where}: {key} must be a positive number, got {theta!r}")
     for key in ROPE_KEYS:
         rope = config.get(key)
@@ -118,9 +110,8 @@ def check_rope(config: dict, where: str) -> None:
 
 
 def check_config_loads(config: dict, where: str):
-    """What transformers itself checks when it builds the config (rope scaling keys, layer types,
-    initializer range, ...), as a one-line error naming ``where``, before any model is built;
-    returns transformers' config."""
+    """Transformers' config of ``config``; what transformers refuses in it (rope scaling keys, layer types,
+    ...) is a one-line error naming ``where``, before any model is built."""
     from transformers import AutoConfig
 
     from ..model import register  # noqa: F401  (the Mix-LN config class, for a converted checkpoint)
@@ -151,12 +142,10 @@ def expected_shapes(config: dict, arch, post_ln_layers: int) -> dict[str, tuple[
     weights.update(zip(arch.layer.get("attention_input_biases", []), [(q,), (kv,), (kv,)]))
     weights.update({name: (head_dim,) for name in arch.layer.get("attention_head_norms", [])})
     biases = {}
-    if config.get("attention_bias"):
-        biases.update({name: shape[:1] for name, shape in weights.items()
-                       if name in arch.layer["attention_inputs"] or name == arch.layer["attention_output"]})
-    if config.get("mlp_bias"):
-        biases.update({name: shape[:1] for name, shape in weights.items()
-                       if name in arch.layer["mlp_inputs"] or name == arch.layer["mlp_output"]})
+    for part in ("attention", "mlp"):
+        if config.get(f"{part}_bias"):
+            roles = [*arch.layer[f"{part}_inputs"], arch.layer[f"{part}_output"]]
+            biases.update({name: shape[:1] for name, shape in weights.items() if name in roles})
     for i in range(config["num_hidden_layers"]):
         prefix = arch.layer_prefix.format(i=i)
         norms = ["post_attention_norm", "post_feedforward_norm"] if i < post_ln_layers else ["input_norm",
@@ -180,8 +169,7 @@ def check_tensors(shapes: dict[str, tuple[int, ...]], config: dict, arch, where:
         per_layer = len([n for n in expected if arch.layer_of(n) == checked - 1])
         count = len(missing) + (num_layers - checked) * per_layer
         more = f" (and {count - 1} more)" if count > 1 else ""
-        raise MixLNError(f"{where}: tensor {missing[0]} is missing{more}; the config asks for "
-                         f"{num_layers} layers")
+        raise MixLNError(f"{where}: tensor {missing[0]} is missing{more}; the config asks for {num_layers} layers")
     for name, shape in shapes.items():
         if name in expected:
             if tuple(shape) != expected[name]:
@@ -201,7 +189,7 @@ def check_tensors(shapes: dict[str, tuple[int, ...]], config: dict, arch, where:
 
 def check_finite(name: str, tensor, where: str) -> None:
     """Refuse a floating tensor holding NaN or inf. min/max propagate NaN and reach +-inf, and run at
-    memory speed without a scratch copy (isfinite() allocates a mask and runs ~40x slower)."""
+    memory speed without the scratch mask isfinite() allocates."""
     import torch
 
     if not tensor.is_floating_point() or tensor.numel() == 0:

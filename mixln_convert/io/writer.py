@@ -33,11 +33,9 @@ _DROPPED_CONFIG = ("quantization_config", "_name_or_path", "torch_dtype")
 
 def write_checkpoint(folder: Path, tensors, config: dict, source, max_shard_bytes: int, *, desc: str,
                      total: int | None = None, progress: bool = True) -> None:
-    """The one rewrite pipe of convert, heal and prune: ``tensors`` ((name, tensor) pairs, streamed;
-    a :class:`StoredTensor` where a source tensor passes through unchanged) as safetensors shards,
-    ``config`` as config.json, the source's tokenizer and extras, and, for a Mix-LN config (one
-    with ``auto_map``), the modeling code from this package. ``config`` may be a function that
-    gives it once the tensors are written, so a provenance can state their cost."""
+    """The one rewrite pipe of convert, heal and prune: ``tensors`` ((name, tensor or :class:`StoredTensor`)
+    pairs, streamed) as safetensors shards, ``config`` (or a function giving it once they are written, so a
+    provenance can state their cost) as config.json, the source's extras, and a Mix-LN config's model code."""
     from tqdm.auto import tqdm
 
     writer = ShardedWriter(folder, max_shard_bytes)
@@ -60,13 +58,9 @@ def copy_model_code(folder: Path) -> None:
 
 
 def write_safetensors(path: Path, tensors: list[tuple[str, StoredTensor]], metadata: dict) -> None:
-    """Write ``tensors`` (CPU, contiguous) as one safetensors file, emptying the list as it goes.
-
-    A tensor whose bytes lie unchanged in a source file is copied file to file by the kernel
-    (``copy_file_range``, as ``cp`` does), so it never passes through this process. Others are
-    written from memory and dropped at once: safetensors' ``save_file`` would hold them all until
-    the file is complete, a tensor memory-mapped from the source counting as memory meanwhile.
-    """
+    """Write ``tensors`` (CPU, contiguous) as one safetensors file, emptying the list as it goes: a
+    tensor whose bytes lie unchanged in a source file is copied by the kernel (``copy_file_range``); others
+    are written and dropped at once (safetensors' ``save_file`` would hold them all in memory till the end)."""
     header, offset = {"__metadata__": metadata}, 0
     for name, stored in tensors:
         tensor = stored.tensor
@@ -112,14 +106,9 @@ def _copy_file_range(stored: StoredTensor, file) -> bool:
 
 
 class ShardedWriter:
-    """Collect tensors and write them as ``model-XXXXX-of-YYYYY.safetensors`` shards.
-
-    A shard is flushed as soon as the next tensor would exceed ``max_shard_bytes``, so memory
-    holds at most one shard of computed tensors (source tensors passed through unchanged cost
-    nothing: the kernel copies them file to file). The index
-    (``model.safetensors.index.json``) is written last, by :meth:`close`; a checkpoint that
-    fits one shard is saved as ``model.safetensors``, like transformers does.
-    """
+    """Collect tensors and write them as ``model-XXXXX-of-YYYYY.safetensors`` shards, each flushed as soon
+    as the next tensor would exceed ``max_shard_bytes`` (so memory holds at most one shard of computed
+    tensors); :meth:`close` writes the index last, or one ``model.safetensors``, as transformers does."""
 
     def __init__(self, folder: Path, max_shard_bytes: int):
         self.folder = Path(folder)
@@ -157,9 +146,7 @@ class ShardedWriter:
         for k, name in enumerate(names):
             self._temp_name(k).rename(self.folder / name)
         if n > 1:
-            index = {
-                "metadata": {"total_size": self.total_bytes},
-                "weight_map": {t: names[k] for k, shard in enumerate(self.shards) for t in shard},
-            }
+            weight_map = {t: names[k] for k, shard in enumerate(self.shards) for t in shard}
+            index = {"metadata": {"total_size": self.total_bytes}, "weight_map": weight_map}
             (self.folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
         return names

@@ -1,6 +1,5 @@
-"""The reports: analyses and training runs side by side (``mixln-convert compare``), and the study's
-and the sweep's (:mod:`.study`, :mod:`.sweep`). They read results; the commands that make them
-import them, never the other way round."""
+"""The reports: analyses and training runs side by side (``mixln-convert compare``), the study's and the
+sweep's. They read results; the commands that make them import them, never the other way round."""
 
 from .compare import compare
 

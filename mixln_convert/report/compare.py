@@ -1,11 +1,8 @@
 """``compare()``: the numbers that put models side by side, and a plain-language summary made from them.
 
-Per model (:func:`model_numbers`): validation perplexity before and after training, what
-removing one block of the deeper half costs, the angular distance the deeper blocks make,
-how uniform gradient norms are across blocks, and perplexity under pruning. The Mix-LN paper
-(arXiv 2412.13795) expects Mix-LN's deep blocks to matter more and its gradients to be more
-uniform than Pre-LN's, its successor LayerNorm Scaling (LNS, arXiv 2502.05795) the deep blocks to
-matter more and a lower perplexity; the summary says whether these models show it.
+The Mix-LN paper (arXiv 2412.13795) expects Mix-LN's deep blocks to matter more and its gradients to be more
+uniform than Pre-LN's, its successor LayerNorm Scaling (LNS, arXiv 2502.05795) the deep blocks to matter more
+and a lower perplexity; the summary says whether these models show it.
 """
 
 import numpy as np
@@ -27,13 +24,10 @@ PRUNE_VERDICT = "L/4"  # the pruning sentence compares models at this many remov
 
 
 def compare(inputs, out, options: CompareOptions | None = None, *, force: bool = False, **settings) -> dict:
-    """Write a report comparing ``inputs`` (analysis folders or files, train output folders) into
-    ``out``: report.md, report.html (figures embedded), the PNGs and comparison.json. ``options``: a
-    :class:`~mixln_convert.options.CompareOptions`, or its fields as ``settings``.
-
-    Refuses analyses made with different tokenizers (their perplexities are not comparable)
-    unless ``allow_mismatch``; returns {"summary": sentences, "notes": warnings, "models": numbers}.
-    """
+    """Write a report comparing ``inputs`` (analysis folders or files, train output folders) into ``out``:
+    report.md, report.html (figures embedded), the PNGs and comparison.json; returns {"summary": sentences,
+    "notes": warnings, "models": numbers}. ``options``: a :class:`~mixln_convert.options.CompareOptions`, or
+    its fields as ``settings``. Analyses made with different tokenizers are refused unless ``allow_mismatch``."""
     options = CompareOptions.given(options, settings)
     from ..io.atomic import atomic_output_dir
     from .downstream import beside_layer_drop, plot_task_drops
@@ -121,8 +115,20 @@ def model_numbers(model: Model, estimates: dict[str, Estimate]) -> dict:
             numbers["training_grad_norm_cv"] = float(coefficient_of_variation(norms))
     if analysis := model.analysis:
         numbers.update(perplexity=analysis["perplexity"], evaluation=analysis_evaluation(analysis))
-        if model.layered:
-            numbers.update(_layer_numbers(analysis))
+        if model.layered:  # what the layer sweep says of the deeper half of the blocks
+            deep = deep_half(analysis["num_layers"])
+            drops = np.asarray(analysis["layer_drop"][deep])
+            numbers.update(
+                deep_layer_drop=float(drops.mean()),
+                deep_layer_drop_median=float(np.median(drops)),
+                deep_layer_drop_relative=float(drops.mean()) / analysis["perplexity"],
+                # the block that carries the mean, and its share of the deep blocks' summed increase
+                deep_layer_drop_top=[int(drops.argmax()) + deep.start,
+                                     float(drops.max() / drops.sum()) if drops.sum() > 0 else None],
+                # span 1 (consecutive block inputs) whatever --span the analysis was made with
+                deep_angular_distance=float(np.mean([row[0] for row in analysis["angular_distance_matrix"][deep]])),
+                grad_norm_cv=float(coefficient_of_variation(analysis["grad_norm_per_layer"])),
+            )
         if "generation" in analysis:
             numbers["repeated_4gram_share"] = analysis["generation"]["repeated_4gram_share"]
         if "prune_curve" in analysis:
@@ -131,23 +137,6 @@ def model_numbers(model: Model, estimates: dict[str, Estimate]) -> dict:
     numbers["intervals"] = {name: e.interval for name, e in estimates.items()}
     numbers.update(downstream_numbers(model))
     return numbers
-
-
-def _layer_numbers(analysis: dict) -> dict:
-    """What the layer sweep says of the deeper half of the blocks, and how uniform the gradient norms are."""
-    deep = deep_half(analysis["num_layers"])
-    drops = np.asarray(analysis["layer_drop"][deep])
-    return dict(
-        deep_layer_drop=float(drops.mean()),
-        deep_layer_drop_median=float(np.median(drops)),
-        deep_layer_drop_relative=float(drops.mean()) / analysis["perplexity"],
-        # the block that carries the mean, and its share of the deep blocks' summed increase
-        deep_layer_drop_top=[int(drops.argmax()) + deep.start,
-                             float(drops.max() / drops.sum()) if drops.sum() > 0 else None],
-        # span 1 (consecutive block inputs) whatever --span the analysis was made with
-        deep_angular_distance=float(np.mean([row[0] for row in analysis["angular_distance_matrix"][deep]])),
-        grad_norm_cv=float(coefficient_of_variation(analysis["grad_norm_per_layer"])),
-    )
 
 
 def _tied(a: float, b: float) -> bool:
@@ -162,10 +151,9 @@ def _with_interval(text: str, found: Estimate | None, percent: bool = False) -> 
 
 
 def _ranking(what: str, shown: dict, values: dict, verdict: str, highest: bool, found: dict) -> str:
-    """'<what>: A 1.0 [interval], B 2.0; <verdict naming the best>.', where the best has the highest
-    (or lowest) of ``values``. A model is tied with the best when the 95% bootstrap interval of
-    their difference includes 0 (``found``: label -> Estimate), or, for inputs without per-window
-    values, when it is within TIE."""
+    """'<what>: A 1.0 [interval], B 2.0; <verdict naming the best>.', the best having the highest (or lowest)
+    of ``values``. A model is tied with the best when the bootstrap interval of their difference includes 0
+    (``found``: label -> Estimate), or, for inputs without per-window values, when it is within TIE."""
     listed = ", ".join(f"{label} {text}" for label, text in shown.items())
     if len(values) < 2:
         return f"{what}: {listed} (only one model to show)."
@@ -204,9 +192,8 @@ def _training_sentences(models: list[Model], numbers: dict, estimates: dict) -> 
 
 
 def _pair_sentences(m: Model, p: Model, numbers: dict, estimates: dict) -> list[str]:
-    """The trained arm ``m`` against the baseline arm ``p``: their final validation perplexities and
-    a verdict only where the bootstrap interval of the ratio excludes 1; where ``m`` and ``p`` are
-    the arms of one run, where each started."""
+    """The trained arm ``m`` against the baseline arm ``p``: final validation perplexities, a verdict only where
+    the bootstrap interval of the ratio excludes 1, and where each started if they are the arms of one run."""
     tested, base = numbers[m.label], numbers[p.label]
     name, base_name = ARM_KINDS[m.arm], ARM_KINDS[p.arm]
     if tested["final_val_ppl"] is None or base["final_val_ppl"] is None:
@@ -231,23 +218,20 @@ def _pair_sentences(m: Model, p: Model, numbers: dict, estimates: dict) -> list[
     if tested["tokens_trained"] != base["tokens_trained"]:
         sentence += (f" They trained on different token counts ({tested['tokens_trained']:,} vs "
                      f"{base['tokens_trained']:,}), so this is not like for like.")
-    sentences = [sentence]
     if m.source != p.source or p.arm != "preln" or None in (tested["initial_val_ppl"], base["initial_val_ppl"]):
-        return sentences
+        return [sentence]
     original, converted = base["initial_val_ppl"], tested["initial_val_ppl"]  # Pre-LN starts from the original
     after = (f"after training {name} is at {tested['final_val_ppl'] / original:.2f}x the original and Pre-LN at "
              f"{base['final_val_ppl'] / original:.2f}x.")
     if m.arm == "lns":  # the retrofit is exact: a start away from Pre-LN's says the conversion is not
-        sentences.append(f"Before training LNS scored {converted:.2f} and Pre-LN {original:.2f} "
-                         f"({converted / original:.4f}x: from a pretrained source the LNS retrofit computes its "
-                         f"function, so 1.0000x up to rounding; from scratch they differ); {after}")
-    else:
-        # with a heal the arm starts from the healed model, so its first figure is the healed one
-        heal_tokens = m.summary.get("heal_tokens", 0)  # absent from summaries written before it was recorded
-        healed = f" and a heal on {heal_tokens:,} tokens" if heal_tokens else ""
-        sentences.append(f"Conversion{healed} took validation perplexity from {original:.2f} (original) to "
-                         f"{converted:.2f} ({converted / original:.2f}x); {after}")
-    return sentences
+        return [sentence, f"Before training LNS scored {converted:.2f} and Pre-LN {original:.2f} "
+                          f"({converted / original:.4f}x: from a pretrained source the LNS retrofit computes its "
+                          f"function, so 1.0000x up to rounding; from scratch they differ); {after}"]
+    # with a heal the arm starts from the healed model, so its first figure is the healed one
+    heal_tokens = m.summary.get("heal_tokens", 0)  # absent from summaries written before it was recorded
+    healed = f" and a heal on {heal_tokens:,} tokens" if heal_tokens else ""
+    return [sentence, f"Conversion{healed} took validation perplexity from {original:.2f} (original) to "
+                      f"{converted:.2f} ({converted / original:.2f}x); {after}"]
 
 
 def _percent(x: float) -> str:
@@ -279,7 +263,6 @@ def _analysis_sentences(models: list[Model], numbers: dict, estimates: dict) -> 
     if not analysed:
         return ["No analysis given, so no layer comparison (pass `mixln-convert analyze` output, or an arm folder "
                 "with analysis/analysis.json)."]
-    found = lambda name: {f["label"]: estimates[f["label"]].get(name) for f in analysed}  # noqa: E731
     wheres = {measured_on(f["evaluation"]) for f in analysed}
     sentences = [f"The analyses were measured on {' / '.join(sorted(wheres))}"
                  + (" (not the same windows for every model: compare with care)." if len(wheres) > 1 else ".")]
@@ -300,29 +283,25 @@ def _analysis_sentences(models: list[Model], numbers: dict, estimates: dict) -> 
         sentences.append("Greedy continuations of the fixed prompts (see What the models write): "
                          + ", ".join(f"{f['label']} {f['repeated_4gram_share']:.1%}" for f in written)
                          + " of their 4-grams repeat an earlier one (lower is more varied).")
-    return sentences + [_pruning_sentence(analysed, found("prune_ratio"))]
+    return sentences + [_pruning_sentence(analysed, {f["label"]: estimates[f["label"]].get("prune_ratio")
+                                                     for f in analysed})]
 
 
 def _layer_sentences(layered: list[dict], estimates: dict) -> list[str]:
     """The layer sweep's rankings: deep-block removal, angular distance, gradient-norm uniformity."""
-    found = lambda name: {f["label"]: estimates[f["label"]].get(name) for f in layered}  # noqa: E731
-    drop = found("deep_layer_drop_relative")
-    return [
-        _ranking("Removing one block of the deeper half raises perplexity on average by",
-                 {f["label"]: _deep_drop_text(f, drop[f["label"]]) for f in layered},
-                 {f["label"]: f["deep_layer_drop_relative"] for f in layered},
-                 "relative to each model's perplexity, the deep blocks matter most in {}", True, drop),
-        _ranking("Mean angular distance between consecutive block inputs in the deeper half",
-                 {f["label"]: _with_interval(f"{f['deep_angular_distance']:.4f}", estimates[f["label"]].get(
-                     "deep_angular_distance")) for f in layered},
-                 {f["label"]: f["deep_angular_distance"] for f in layered},
-                 "the deep blocks change the representation most in {}", True, found("deep_angular_distance")),
-        _ranking("Coefficient of variation of the gradient norm across blocks (std/mean, lower is more uniform)",
-                 {f["label"]: _with_interval(f"{f['grad_norm_cv']:.3f}", estimates[f["label"]].get("grad_norm_cv"))
-                  for f in layered},
-                 {f["label"]: f["grad_norm_cv"] for f in layered},
-                 "most uniform in {}", False, found("grad_norm_cv")),
-    ]
+    sentences = []
+    for what, name, form, verdict, highest in (
+            ("Removing one block of the deeper half raises perplexity on average by", "deep_layer_drop_relative",
+             None, "relative to each model's perplexity, the deep blocks matter most in {}", True),
+            ("Mean angular distance between consecutive block inputs in the deeper half", "deep_angular_distance",
+             ".4f", "the deep blocks change the representation most in {}", True),
+            ("Coefficient of variation of the gradient norm across blocks (std/mean, lower is more uniform)",
+             "grad_norm_cv", ".3f", "most uniform in {}", False)):
+        found = {f["label"]: estimates[f["label"]].get(name) for f in layered}
+        shown = {f["label"]: _with_interval(f"{f[name]:{form}}", found[f["label"]]) if form
+                 else _deep_drop_text(f, found[f["label"]]) for f in layered}
+        sentences.append(_ranking(what, shown, {f["label"]: f[name] for f in layered}, verdict, highest, found))
+    return sentences
 
 
 def _pruning_sentence(analysed: list[dict], found: dict) -> str:
@@ -342,4 +321,4 @@ def _pruning_sentence(analysed: list[dict], found: dict) -> str:
     methods = sorted({f["prune_method"] for f in curves})
     by = f"chosen by '{methods[0]}'" if len(methods) == 1 else f"chosen by different methods ({', '.join(methods)})"
     return _ranking(f"With N = {PRUNE_VERDICT} blocks removed ({by}), perplexity grows", shown, ratios,
-                    "{} keeps the most of its quality", False, {label: found.get(label) for label in ratios})
+                    "{} keeps the most of its quality", False, found)

@@ -1,6 +1,5 @@
-"""The downstream part of a comparison: lm-evaluation-harness task metrics (``analyze --task``)
-and per-document perplexity (``analyze --per-document``) of each model, as numbers, tables and
-one per-layer task-drop figure per task, placed beside the perplexity layer-drop figure."""
+"""The downstream part of a comparison: lm-evaluation-harness task metrics (``analyze --task``) and per-document
+perplexity (``analyze --per-document``) of each model, as numbers, tables and one task-drop figure per task."""
 
 from pathlib import Path
 
@@ -29,15 +28,11 @@ def downstream_numbers(model: Model) -> dict:
     return numbers
 
 
-def _tasks(numbers: dict) -> list[str]:
-    return list(dict.fromkeys(task for f in numbers.values() for task in f.get("tasks", {})))
-
-
 def downstream_blocks(numbers: dict) -> list:
     """Report blocks: a model x task table and a per-document perplexity table, each only when
     some model has its numbers."""
     blocks = []
-    if tasks := _tasks(numbers):
+    if tasks := list(dict.fromkeys(task for f in numbers.values() for task in f.get("tasks", {}))):
         metrics = {task: next(f["tasks"][task] for f in numbers.values() if task in f.get("tasks", {}))
                    for task in tasks}
         header = ["model", "layout", *(f"{task} {m['metric']} ({'higher' if m['higher_is_better'] else 'lower'} "
@@ -85,15 +80,15 @@ def plot_task_drops(models: list[Model], folder: Path) -> dict[str, str]:
                         label=f"{m.label}, {m.layout} (full model {drop['value']:.4g})")
                 values += drop["layer_drop"]
                 metric = drop["metric"]
-        ax.set(title=f"Change of {task} {metric} when one block is skipped", xlabel="block (layer index)",
-               ylabel=f"{metric} change")
+        title = f"Change of {task} {metric} when one block is skipped"
+        ax.set(title=title, xlabel="block (layer index)", ylabel=f"{metric} change")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.axhline(0, color="black", linewidth=0.8)
         ax.grid(alpha=0.3)
         scale_layer_drop_axis(ax, values)
         fig.legend(loc="outside lower center", fontsize="small")
         fig.savefig(Path(folder) / task_drop_file(task), dpi=120)
-        written[task_drop_file(task)] = f"Change of {task} {metric} when one block is skipped"
+        written[task_drop_file(task)] = title
     return written
 
 

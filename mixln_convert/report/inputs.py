@@ -1,6 +1,5 @@
-"""The models ``mixln-convert compare`` puts side by side, from analysis folders (``analysis.json``
-of ``mixln-convert analyze``) and train output folders (``recipe.yaml`` and one folder per arm,
-``mixln-convert train``); the files are read by :mod:`mixln_convert.io.runs`.
+"""The models ``mixln-convert compare`` puts side by side, from analysis folders (``analysis.json`` of
+``mixln-convert analyze``) and train output folders (``recipe.yaml`` and one folder per arm, ``mixln-convert train``).
 """
 
 from dataclasses import dataclass, field
@@ -71,7 +70,6 @@ class Model:
         return [t for t, _ in points], [v for _, v in points]
 
     def training_grad_norms(self) -> list[float] | None:
-        """The last ``grad_norm_per_layer`` logged during training."""
         return next((r["grad_norm_per_layer"] for r in reversed(self.metrics) if "grad_norm_per_layer" in r), None)
 
 
@@ -99,7 +97,6 @@ def load_inputs(paths, labels=()) -> list[Model]:
 
 
 def _load(path: Path, label: str | None) -> list[Model]:
-    name = label or path.absolute().name
     if (path.is_file() and path.suffix == ".json") or (path / ANALYSIS).is_file():
         file = path if path.is_file() else path / ANALYSIS
         return [Model(label or file.absolute().parent.name, path, analysis=read_analysis(file))]
@@ -107,7 +104,7 @@ def _load(path: Path, label: str | None) -> list[Model]:
         arms = [arm for arm in ARM_KINDS if (path / arm).is_dir()]
         if not arms:
             raise MixLNError(f"{path}: train output folder without an arm folder ({' or '.join(ARM_KINDS)})")
-        return [_load_arm(path, arm, f"{name}/{arm}") for arm in arms]
+        return [_load_arm(path, arm, f"{label or path.absolute().name}/{arm}") for arm in arms]
     if not path.exists():
         raise MixLNError(f"{path}: no such file or folder")
     is_checkpoint = (path / "config.json").is_file() or path.suffix == ".gguf"

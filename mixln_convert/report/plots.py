@@ -1,8 +1,5 @@
-"""Figures of a comparison: every model overlaid on one plot per metric (heatmaps side by side).
-
-Each model keeps one colour in every figure. Same Agg-only object API as the per-model plots
-of :mod:`mixln_convert.analysis.plots`, whose heatmap drawing is reused.
-"""
+"""Figures of a comparison: every model overlaid on one plot per metric (heatmaps side by side), each model in
+one colour throughout; Agg-only object API, as the per-model plots of :mod:`mixln_convert.analysis.plots`."""
 
 from pathlib import Path
 
@@ -29,7 +26,6 @@ def _figure(title: str, xlabel: str, ylabel: str, measured: str = "", columns: i
 
 
 def _analysed_on(models: list[Model]) -> str:
-    """What the analyses of ``models`` were measured on, one line."""
     return " / ".join(sorted({measured_on(analysis_evaluation(m.analysis)) for m in models if m.analysis}))
 
 

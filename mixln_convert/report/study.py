@@ -1,6 +1,5 @@
-"""The from-scratch study's report (:mod:`mixln_convert.study`): a table of every arm's figures
-over seeds, each claim's verdict with its numbers, and the figures (validation curves of every
-run on one plot, layer-drop and gradient-norm profiles per arm)."""
+"""The from-scratch study's report (:mod:`mixln_convert.study`): a table of every arm's figures over seeds,
+each claim's verdict with its numbers, the validation curves and the layer-drop and gradient-norm profiles."""
 
 import statistics
 from pathlib import Path
@@ -24,10 +23,6 @@ FIGURES = {"final_val_ppl": ("final validation perplexity", "{:.2f}"),
            "grad_norm_cv": ("gradient-norm CV across blocks", "{:.3f}")}
 
 
-def _runs(result: dict, scheme: str, arm: str) -> list[dict]:
-    return [r for r in result["runs"] if r["scheme"] == scheme and r["arm"] == arm]
-
-
 def _over_seeds(runs: list[dict], key: str, form: str) -> str:
     values = [r[key] for r in runs]
     text = form.format(statistics.mean(values))
@@ -38,7 +33,7 @@ def table_rows(result: dict) -> list[list[str]]:
     rows = []
     for scheme in result["schemes"]:
         for arm in result["arms"]:
-            runs = _runs(result, scheme, arm)
+            runs = [r for r in result["runs"] if r["scheme"] == scheme and r["arm"] == arm]
             moved = [abs(r["last_interval_change"]) for r in runs if r["last_interval_change"] is not None]
             rows.append([scheme, arm, *(_over_seeds(runs, key, form) for key, (_, form) in FIGURES.items()),
                          f"{max(moved):.1%}" if moved else "-",
@@ -49,11 +44,10 @@ def table_rows(result: dict) -> list[list[str]]:
 def _claim_sentences(result: dict, found_by_scheme: dict, tested: str, paper: str) -> list[str]:
     """One sentence per scheme and claim of ``found_by_scheme`` ({scheme: {claim: verdict}}) for
     the arm kind ``tested`` against Pre-LN, as ``paper`` claims it."""
-    forms = {claim: FIGURES[figure][1] for claim, (figure, _) in CLAIMS.items()}
     sentences = []
     for scheme in result["schemes"]:
         for claim, found in found_by_scheme[scheme].items():
-            form = forms[claim]
+            form = FIGURES[CLAIMS[claim][0]][1]
             sentences.append(
                 f"**{claim}** ({tested}, {scheme} init): {found['outcome']}. {tested} {form.format(found['tested'])} "
                 f"vs Pre-LN {form.format(found['baseline'])} ({paper}: {found['direction']} for {tested}); gap "

@@ -1,7 +1,5 @@
-"""The report of ``mixln-convert sweep``: one row per Post-LN count, perplexity against alpha,
-the layer-drop profiles overlaid, gradient-norm spread against alpha, and the recommendation
-with its rule (and, with ``--lns``, the LNS retrofit against the control); rendered by the same
-code as the compare report (:mod:`.render`)."""
+"""The report of ``mixln-convert sweep``: one row per Post-LN count, perplexity, layer-drop profiles and
+gradient-norm spread against alpha, and the recommendation with its rule (with ``--lns``, the LNS retrofit too)."""
 
 from pathlib import Path
 
@@ -19,7 +17,6 @@ def _ratio(value: float | None, original: float) -> str:
 
 
 def _trained(row: dict) -> float | None:
-    """Mean final validation perplexity of the trained seeds."""
     return float(np.mean([run["final_val_ppl"] for run in row["trained"]])) if row["trained"] else None
 
 
@@ -32,14 +29,11 @@ def table_rows(result: dict) -> list[list[str]]:
     original = result["original"]["scores"]
     rows = []
     for row in result["rows"]:
-        healed = row["healed"] or {}
         grad = row["post_pre_grad_ratio"]
         failures = result["recommendation"]["failures"][str(row["post_ln_layers"])]
         rows.append([", ".join(f"{a:g}" for a in row["alphas"]), f"{row['post_ln_layers']} / {result['num_layers']}",
-                     _ratio(row["converted"]["perplexity"], original["perplexity"]),
-                     _ratio(row["converted"]["per_document_perplexity"], original["per_document_perplexity"]),
-                     _ratio(healed.get("perplexity"), original["perplexity"]),
-                     _ratio(healed.get("per_document_perplexity"), original["per_document_perplexity"]),
+                     *(_ratio(stage.get(key), original[key]) for stage in (row["converted"], row["healed"] or {})
+                       for key in ("perplexity", "per_document_perplexity")),
                      _spread(row["trained"]) if row["trained"] else MISSING,
                      f"{row['grad_norm_cv']:.3f}", MISSING if grad is None else f"{grad:.2f}",
                      "passes" if not failures else "; ".join(failures)])
@@ -62,8 +56,8 @@ def verdict_sentences(result: dict) -> list[str]:
             sentences.append("That is no Post-LN block at all: no Mix-LN layout passed the rule.")
     trained = {row["post_ln_layers"]: _trained(row) for row in result["rows"] if row["trained"]}
     if result["control"] and trained:
-        control = float(np.mean([run["final_val_ppl"] for run in result["control"]]))
         spread = [run["final_val_ppl"] for run in result["control"]]
+        control = float(np.mean(spread))
         beating = {n: ppl for n, ppl in trained.items() if n > 0 and ppl < min(spread)}
         if beating:
             listed = ", ".join(f"{n} Post-LN blocks {ppl:.2f}" for n, ppl in sorted(beating.items()))
@@ -76,8 +70,8 @@ def verdict_sentences(result: dict) -> list[str]:
         if result["lns"]:
             sentences.append(_lns_sentence(result))
     else:
-        best = min((row["healed"] or row["converted"])["perplexity"] for row in result["rows"]
-                   if row["post_ln_layers"] > 0) if any(row["post_ln_layers"] for row in result["rows"]) else None
+        best = min(((row["healed"] or row["converted"])["perplexity"] for row in result["rows"]
+                    if row["post_ln_layers"] > 0), default=None)
         if best is not None and best >= original:
             sentences.append(f"No Mix-LN layout beats the original Pre-LN model ({original:.2f}) without training: "
                              "conversion and heal only limit the loss (`--train-tokens` compares against a trained "
@@ -112,8 +106,8 @@ def plot_perplexity(result: dict, path: Path) -> None:
         ax.plot(alphas, values, marker="o", linestyle="none", label=name)
     ax.axhline(result["original"]["scores"]["perplexity"], color="grey", linestyle="--", label="original (Pre-LN)")
     if result["control"]:
-        control = np.mean([run["final_val_ppl"] for run in result["control"]])
-        ax.axhline(control, color="black", linestyle=":", label="Pre-LN control, trained (validation)")
+        ax.axhline(np.mean([run["final_val_ppl"] for run in result["control"]]), color="black", linestyle=":",
+                   label="Pre-LN control, trained (validation)")
     if result["lns"]:
         ax.axhline(np.mean([run["final_val_ppl"] for run in result["lns"]]), color="tab:green", linestyle="-.",
                    label="LNS retrofit, trained (validation)")
@@ -158,9 +152,9 @@ def plot_gradients(result: dict, path: Path) -> None:
     ratio_ax.legend(fontsize="small")
     for ax in (spread_ax, ratio_ax):
         ax.grid(alpha=0.3)
-    source = result["rows"][0]["gradients_from"] if result["rows"] else ""
-    fig.suptitle(f"Gradient norms per block over the first {result['rows'][0]['grad_steps']} {source}"
-                 if result["rows"] else "Gradient norms per block")
+    first = result["rows"][0] if result["rows"] else None
+    fig.suptitle(f"Gradient norms per block over the first {first['grad_steps']} {first['gradients_from']}"
+                 if first else "Gradient norms per block")
     fig.savefig(path, dpi=120)
 
 

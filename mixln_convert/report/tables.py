@@ -26,12 +26,9 @@ def _duration(seconds) -> str:
 
 
 def _ppl_interval(f: dict, name: str) -> str:
-    value = f.get(name)
-    if value is None:
-        return MISSING
-    if (interval := f["intervals"].get(name)) is None:
-        return _ppl(value)
-    return f"{_ppl(value)} [{interval[0]:,.2f}, {interval[1]:,.2f}]"
+    if f.get(name) is None or (interval := f["intervals"].get(name)) is None:
+        return _ppl(f.get(name))
+    return f"{_ppl(f[name])} [{interval[0]:,.2f}, {interval[1]:,.2f}]"
 
 
 def _where(where: dict | None) -> str:
@@ -49,14 +46,12 @@ def perplexity_rows(models: list[Model], numbers: dict) -> list[list[str]]:
             rows.append([m.label, m.layout, f"analysed: {Path(m.analysis['checkpoint']).name}", MISSING, MISSING,
                          analysed, analysis_where, MISSING, MISSING])
             continue
-        start = "before training (original)" if m.arm == "preln" else "before training (converted)"
         validation_where = _where(f.get("validation"))
-        rows.append([m.label, m.layout, start, _ppl(f["initial_val_ppl"]), validation_where, MISSING, MISSING, "0",
-                     MISSING])
+        rows.append([m.label, m.layout, f"before training ({'original' if m.arm == 'preln' else 'converted'})",
+                     _ppl(f["initial_val_ppl"]), validation_where, MISSING, MISSING, "0", MISSING])
         rows.append([m.label, m.layout, "after training" if f["finished"] else "training (unfinished)",
-                     _ppl_interval(f, "final_val_ppl"), validation_where, analysed,
-                     analysis_where if m.analysis else MISSING, f"{f['tokens_trained']:,}",
-                     _duration(f["wall_time_s"])])
+                     _ppl_interval(f, "final_val_ppl"), validation_where, analysed, analysis_where,
+                     f"{f['tokens_trained']:,}", _duration(f["wall_time_s"])])
     return rows
 
 
@@ -102,8 +97,7 @@ def report_blocks(models: list[Model], numbers: dict, summary: list[str], notes:
                    ("table", ["prompt", *(m.label for m in writers)], rows)]
     blocks += downstream_blocks(numbers)
     if images:
-        blocks.append(("h2", "Figures"))
-        blocks += [("img", name, caption) for name, caption in images.items()]
+        blocks += [("h2", "Figures"), *(("img", name, caption) for name, caption in images.items())]
     blocks += [("h2", "Inputs"), ("ul", [f"{m.label}: `{m.source}`" for m in models])]
     if notes:
         blocks += [("h2", "Warnings"), ("ul", notes)]

@@ -1,11 +1,9 @@
-"""Bootstrap intervals over evaluation windows: how far a figure could move on other held-out text of
-the same kind, and so which differences between models the report may call.
+"""Bootstrap intervals over evaluation windows: how far a figure could move on other held-out text of the
+same kind, and so which differences between models the report may call.
 
-Each figure is a statistic of per-window values (the mean NLL of each evaluation window, the angular
-distances within each window, the gradient norms of each batch). Resampling the windows with
-replacement ``DRAWS`` times gives the statistic's spread. Figures measured on the same windows
-resample the same rows (the generator is seeded by what was measured), so the draws of two
-models are paired and their difference keeps only the models' own disagreement.
+Each figure is a statistic of per-window (or per-batch) values, resampled with replacement ``DRAWS`` times.
+Figures measured on the same windows resample the same rows (the generator is seeded by what was measured),
+so the draws of two models are paired and their difference keeps only the models' own disagreement.
 """
 
 import hashlib
@@ -59,8 +57,7 @@ def perplexity(losses) -> np.ndarray:
 
 
 def relative_increase(losses) -> np.ndarray:
-    """Mean over columns 1.. of exp(mean loss of column c - mean loss of column 0) - 1: the mean
-    relative perplexity increase of the variants in columns 1.. over the model in column 0
+    """The mean relative perplexity increase of the variants in columns 1.. over the model in column 0
     ([draws, n, 1 + k] -> [draws])."""
     means = losses.mean(axis=1)
     return (np.exp(means[:, 1:] - means[:, :1]) - 1).mean(axis=1)

@@ -1,8 +1,5 @@
-"""The first blocks of a checkpoint as a model of their own, read tensor by tensor.
-
-Calibration (the original's first blocks) and healing (the converted model's first blocks,
-taught by the original's) need only the embeddings and the first ``num_layers`` blocks:
-loading those alone makes both cost a few layers of a 70B model, not the whole of it.
+"""The first blocks of a checkpoint as a model of their own, read tensor by tensor: calibration and
+healing need only the embeddings and the first blocks, a few layers of a 70B model, not the whole of it.
 """
 
 import torch
@@ -14,9 +11,8 @@ def prefix_names(source, arch, num_layers: int) -> list[str]:
 
 
 def _prefix_model(source, num_layers: int):
-    """An empty (meta) base model of the source's family (``LlamaModel``, ``Qwen2Model``...; the
-    family's Mix-LN model for a converted source) of ``num_layers`` blocks whose final norm is the
-    identity, so that it returns the residual stream."""
+    """An empty (meta) base model of the source's family (its Mix-LN model for a converted source) of
+    ``num_layers`` blocks whose final norm is the identity, so that it returns the residual stream."""
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_MAPPING
 
@@ -35,11 +31,8 @@ def _prefix_model(source, num_layers: int):
 
 
 def load_prefix(source, arch, num_layers: int, dtype=torch.float32, device="cpu"):
-    """transformers' base model of the source's family (its Mix-LN model for a converted source)
-    holding the source's embeddings and first ``num_layers`` blocks; its final norm is the
-    identity, so it returns the residual stream. Attention is SDPA: causal without an explicit
-    mask, also in manual block calls.
-    """
+    """:func:`_prefix_model` holding the source's embeddings and first ``num_layers`` blocks. Attention is
+    SDPA: causal without an explicit mask, also in manual block calls."""
     model = _prefix_model(source, num_layers)
     state = {name.removeprefix(arch.decoder + "."): source.get(name).to(dtype)
              for name in prefix_names(source, arch, num_layers)}

@@ -44,21 +44,15 @@ def parse_layers(text: str, num_layers: int) -> list[int]:
 
 def prune(src, dst, options: PruneOptions | None = None, *, force: bool = False, progress: bool = True,
           **settings) -> Path:
-    """Write ``src`` without some of its decoder blocks to ``dst``; returns ``dst``.
-
-    Either ``layers`` names the blocks ('20-23,27'), or ``remove`` blocks are chosen by
-    ``method`` (angular and drop measure ``src`` on ``data``, default the embedded calibration
-    split, ``max_tokens`` in windows of ``seq_len``). The remaining blocks are renumbered and
-    ``num_hidden_layers`` updated; for a Mix-LN model ``post_ln_layers`` counts the Post-LN
-    blocks left. A Mix-LN model left with no Post-LN block stays a Mix-LN checkpoint with
-    ``post_ln_layers`` 0 (all Pre-LN, numerically a LLaMA): its model type and provenance are
-    kept. What was removed, and why, is appended to ``mixln_provenance["pruned"]`` (Mix-LN) or
-    to the top-level ``pruned`` list (plain LLaMA) of config.json.
+    """Write ``src`` to ``dst`` without the decoder blocks that its :class:`~mixln_convert.options.PruneOptions`
+    name or choose; returns ``dst``. The remaining blocks are renumbered; a Mix-LN model left with
+    no Post-LN block stays a Mix-LN checkpoint with ``post_ln_layers`` 0 (numerically a LLaMA). What was
+    removed, and why, is appended to ``mixln_provenance["pruned"]`` (Mix-LN) or to the top-level
+    ``pruned`` list (plain LLaMA) of config.json.
     """
     map_large_allocations()
     options = PruneOptions.given(options, settings)
     layers, remove, method, data = options.layers, options.remove, options.method, options.data
-    max_shard_bytes = options.max_shard_bytes
     src = checkpoint_path(src, "CKPT")
     if data is not None:
         check_readable(data, "--data")
@@ -78,8 +72,8 @@ def prune(src, dst, options: PruneOptions | None = None, *, force: bool = False,
         record = tool_stamp(source=str(Path(src).absolute()), num_layers_before=num_layers, removed_layers=removed,
                             **reason, seconds=round(time.time() - started, 2))
         write_checkpoint(tmp, kept_tensors(source, source.arch, removed),
-                         pruned_config(source.config, source.is_mixln, removed, record), source, max_shard_bytes,
-                         desc="pruning", total=len(source.names()), progress=progress)
+                         pruned_config(source.config, source.is_mixln, removed, record), source,
+                         options.max_shard_bytes, desc="pruning", total=len(source.names()), progress=progress)
     return Path(dst)
 
 

@@ -1,13 +1,10 @@
 """The converted model and its teacher as two whole models over one copy of what they share.
 
-A conversion rewrites only the first k = ``post_ln_layers`` blocks: every other tensor
-(embeddings, blocks k..L-1, final norm, head) is the source's, cast to the output dtype
-(conversion/plan.py, ``ConversionPlan.tensors``). So a heal need not hold that tail twice:
-the teacher's model is given the student's very Parameter objects for it, and runs its own
-first k blocks into them. Sharing is decided tensor by tensor at load time, on the values: a
-tail tensor the conversion did change (``scratch`` re-draws every tensor, ``--dtype bf16``
-rounds a float32 source, a teacher of another depth has other blocks) stays the teacher's own,
-so the two models compute exactly what they would apart, only with more memory.
+A conversion rewrites only the first k = ``post_ln_layers`` blocks, so a heal need not hold the
+rest twice: the teacher's model is given the student's very Parameter objects for it. Sharing is
+decided tensor by tensor at load time, on the values: a tail tensor the conversion did change
+(``scratch``, ``--dtype bf16`` of a float32 source, a teacher of another depth) stays the teacher's
+own, so the two models compute exactly what they would apart, only with more memory.
 """
 
 import torch
@@ -16,11 +13,9 @@ from ..errors import MixLNError
 
 
 def load_pair(student_source, teacher_source, arch, k: int, dtype=torch.float32, device="cpu"):
-    """``(student, teacher, unshared)``: whole causal LMs in eval mode, the student's first ``k``
-    blocks float32 and trainable, every other tensor frozen in ``dtype`` (the teacher's first
-    blocks too); the teacher holds the student's own Parameters wherever the two checkpoints
-    agree bit for bit. ``unshared``: the names of the student's frozen tensors the teacher could
-    not share. Each tensor is read once, from the memory-mapped checkpoints."""
+    """``(student, teacher, unshared)``: whole causal LMs in eval mode, the student's first ``k`` blocks
+    float32 and trainable, every other tensor frozen in ``dtype``; the teacher holds the student's own
+    Parameters wherever the two agree bit for bit, ``unshared`` names the frozen tensors it could not."""
 
     def trained(name: str) -> bool:
         return arch.layer_of(name) is not None and arch.layer_of(name) < k

@@ -1,9 +1,6 @@
-"""The offline lm-evaluation-harness tasks that ship with mixln-convert (built by
-scripts/build_tasks.py; docs/downstream.md says what each measures).
-
-This folder is an lm-eval ``--include_path``: its YAML files name the tasks, ``langref.py``
-loads their JSONL from beside it, wherever the package is installed.
-"""
+"""The offline lm-evaluation-harness tasks that ship with mixln-convert (built by scripts/build_tasks.py;
+docs/downstream.md says what each measures). This folder is an lm-eval ``--include_path``: its YAML
+files name the tasks, ``langref.py`` loads their JSONL from beside it, wherever the package is installed."""
 
 from importlib.resources import files
 from pathlib import Path

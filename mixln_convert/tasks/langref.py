@@ -4,13 +4,12 @@ the JSONL beside this file, read with no download and no datasets cache."""
 import json
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-
 
 def _test_split(name: str):
     import datasets
 
-    rows = [json.loads(line) for line in (HERE / name).read_text(encoding="utf-8").splitlines() if line.strip()]
+    text = Path(__file__).resolve().with_name(name).read_text(encoding="utf-8")
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)})
 
 

@@ -45,9 +45,8 @@ def adamw(groups: list[dict], *, betas=(0.9, 0.999), eps: float = 1e-8) -> torch
     temporaries the size of the trained weights); DTensor shards (FSDP2) take the foreach path."""
     from torch.distributed.tensor import DTensor
 
-    params = [p for group in groups for p in group["params"]]
     fused = all(p.device.type in ("cpu", "cuda") and not isinstance(p, DTensor) and p.is_floating_point()
-                for p in params)
+                for group in groups for p in group["params"])
     return torch.optim.AdamW(groups, betas=tuple(betas), eps=eps, fused=fused or None)
 
 
@@ -125,10 +124,9 @@ def clip_gradients(parameters, max_norm: float) -> float:
 
 def take_step(optimizer, scheduler, guard: StepGuard, *, step: int, loss: float, clip, block_norms,
               samples: range) -> dict:
-    """The update after a backward: ``clip()`` (the global gradient norm, gradients clipped),
-    the guard, then AdamW and the schedule; the gradients are cleared either way. Returns the
-    step's ``loss``, ``grad_norm``, ``lr`` (the first group's) and ``skipped`` when the guard
-    held the update back."""
+    """The update after a backward: ``clip()`` (the global gradient norm, gradients clipped), the guard,
+    then AdamW and the schedule; the gradients are cleared either way. Returns the step's ``loss``,
+    ``grad_norm``, ``lr`` (the first group's) and ``skipped`` when the guard held the update back."""
     record = {"loss": loss, "lr": scheduler.get_last_lr()[0], "grad_norm": clip()}
     if guard.check(step, loss, record["grad_norm"], block_norms, samples):
         optimizer.step()

@@ -1,7 +1,7 @@
 """What a training recipe costs, known before any weight is loaded: the model is built from its
-config alone (a folder's config.json, a GGUF's metadata) on the meta device, where tensors have
-shapes and no storage, and the parameter count, per-process memory and FLOPs per optimizer step
-follow from those shapes, the recipe and the hardware (processes, strategy, memory per device).
+config alone (a folder's config.json, a GGUF's metadata) on the meta device, and the parameter
+count, per-process memory and FLOPs per optimizer step follow from its shapes, the recipe and the
+hardware (processes, strategy, memory per device).
 
 Memory per process, in bytes:
 
@@ -17,8 +17,8 @@ Memory per process, in bytes:
 
 A run fits when this is at most ``USABLE`` of the device's memory; the rest is for what is not
 counted: the CUDA context, NCCL buffers, the caching allocator's fragmentation, and AdamW's
-temporaries at the optimizer step (none when fused; one shard-sized buffer under FSDP, whose
-DTensors take the foreach path), taken after the activations are freed.
+temporaries at the optimizer step (none when fused; one shard-sized buffer under FSDP),
+taken after the activations are freed.
 """
 
 import re
@@ -62,8 +62,7 @@ def sized_for(recipe_file: Path) -> Hardware | None:
     for line in Path(recipe_file).read_text().splitlines():
         if not line.startswith("#"):
             return None
-        match = _SIZED_FOR.match(line)
-        if match:
+        if match := _SIZED_FOR.match(line):
             processes, memory = int(match.group(1)), int(float(match.group(2)) * 1e9)
             if not (1 <= processes <= MAX_PROCESSES and 1 <= memory <= MAX_SIZE):
                 raise MixLNError(f"{recipe_file}: {line!r}: the processes must be in [1, {MAX_PROCESSES}] and the "
@@ -141,14 +140,10 @@ def model_shapes(source: str) -> Shapes:
 
 def block_bytes_per_token(s: Shapes, compute: int) -> int:
     """Bytes a Pre-LN LLaMA block saves for its backward, per token (a Post-LN block saves a few
-    hidden widths less); ``compute``: 2 under bf16 autocast, 4 in fp32.
-
-    The Megatron-style count (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-    Transformer Models", section 4.1: each tensor autograd keeps, by its width and bytes) redone
-    for this block as transformers runs it: RMSNorm, SwiGLU MLP, SDPA/flash attention (which
-    keeps no seq_len x seq_len scores) and no dropout; tests/test_memory.py checks it against
-    the tensors autograd saves.
-    """
+    hidden widths less); ``compute``: 2 under bf16 autocast, 4 in fp32. The Megatron-style count
+    (Korthikanti et al. 2022, section 4.1: each tensor autograd keeps, by its width and bytes) redone
+    for this block as transformers runs it: RMSNorm, SwiGLU MLP, SDPA/flash attention (which keeps
+    no seq_len x seq_len scores) and no dropout; tests/test_memory.py checks it against autograd."""
     h, c = s.hidden, compute
     norms = 2 * (4 * h + 4 * h)  # each RMSNorm keeps its fp32 input and normalized output
     # the projections' inputs: in fp32 the norms' outputs (q/k/v share one, gate/up the other);
@@ -175,10 +170,8 @@ def activation_bytes(s: Shapes, tokens: int, compute: int, checkpointing: bool) 
     """Activation memory at its peak, the start of the backward: what the forward saved and the
     loss's gradients over the vocabulary. With activation checkpointing a block keeps only its fp32
     input, and the backward recomputes one block's activations at a time."""
-    if checkpointing:
-        blocks = s.layers * 4 * s.hidden + block_bytes_per_token(s, compute)
-    else:
-        blocks = s.layers * block_bytes_per_token(s, compute)
+    blocks = (s.layers * 4 * s.hidden + block_bytes_per_token(s, compute) if checkpointing
+              else s.layers * block_bytes_per_token(s, compute))
     return tokens * (blocks + head_bytes_per_token(s, compute) + LOSS_GRADIENTS * s.vocab)
 
 
@@ -215,11 +208,6 @@ class Estimate:
         return 12 * self.shapes.layers * self.shapes.q_dim * self.micro_batch[1] * self.step_tokens
 
 
-def compute_bytes(precision: str, device: str) -> int:
-    """2 for bf16 autocast, 4 for fp32: a recipe's ``precision: auto`` is bf16 on a GPU, fp32 on CPU."""
-    return 2 if precision == "bf16" or (precision == "auto" and device == "gpu") else 4
-
-
 def estimate_recipe(recipe_file, overrides=(), options: EstimateOptions | None = None, **settings) -> Estimate:
     """``mixln-convert estimate``: what the recipe (a file, or a shipped recipe's name) with its
     ``overrides`` ('key=value') costs on the hardware :func:`choose_hardware` picks from ``options``
@@ -232,7 +220,8 @@ def estimate_recipe(recipe_file, overrides=(), options: EstimateOptions | None =
 def estimate(recipe: Recipe, hardware: Hardware, shapes: Shapes) -> Estimate:
     """The memory per process and the compute per step of ``recipe`` (loaded by ``load_recipe``)."""
     n, p = shapes.parameters, hardware.processes
-    compute = compute_bytes(recipe.precision, hardware.device)
+    # 2 for bf16 autocast, 4 for fp32: a recipe's ``precision: auto`` is bf16 on a GPU, fp32 on CPU
+    compute = 2 if recipe.precision == "bf16" or (recipe.precision == "auto" and hardware.device == "gpu") else 4
     sharded = p if hardware.strategy == "fsdp" else 1
     share = "" if sharded == 1 else f", 1/{p} each"
     state = {f"weights (fp32 masters{share})": 4 * n // sharded,

@@ -1,12 +1,8 @@
 """Training recipes: nested dataclasses (:class:`Recipe` and its sections) whose defaults are the
 recipe defaults, read from a YAML file of (nested) keys, overridden with ``--set dotted.key=value``,
-type-checked and validated once, before any work starts.
-
-A key that is not a field is an error, so a typo never silently trains with a default. The
-shipped recipes and accelerate configs live in the repository's top-level ``recipes/`` (linked as
-``mixln_convert/recipes``, so the wheel carries them as package data): ``train NAME`` takes one by
-name, or any YAML file by path. Code that runs a recipe differently (the demo, ``sweep``,
-``study``) calls :meth:`Recipe.replace` with typed values, checked like ``--set``.
+type-checked and validated once, before any work starts. A key that is not a field is an error, so a
+typo never silently trains with a default. ``train NAME`` takes a shipped recipe (``recipes/``) by
+name, or any YAML file by path.
 """
 
 import dataclasses
@@ -60,10 +56,9 @@ class Data:
 
 @dataclass(frozen=True)
 class Optim:
-    """AdamW. lr: the paper's from scratch; a pretrained source usually wants less (3e-4, 1e-4).
-    post_ln_lr_scale: the Post-LN blocks' lr as a multiple of lr (right after a conversion their
-    gradients are ~15x the Pre-LN blocks'; 0.25 recovered more than 1 in the CPU rehearsal of
-    docs/training.md, one run: a default to revisit on GPUs, not a finding)."""
+    """AdamW. lr: the paper's from scratch; a pretrained source usually wants less. post_ln_lr_scale:
+    the Post-LN blocks' lr as a multiple of lr (right after a conversion their gradients are far
+    larger than the Pre-LN blocks'; docs/training.md has the rehearsal behind the default)."""
     lr: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.95)
     weight_decay: float = 0.1
@@ -93,9 +88,8 @@ class Recipe:
     compares it."""
     source: str | None = None  # the Pre-LN model: HF folder, .gguf, Hub name ORG/NAME[@REVISION], or "smollm2"
     converted: str | None = None  # an already converted Mix-LN checkpoint; None: source converted into OUT/mixln
-    # what `train` runs (its --arm overrides it), one arm after the other on the same data, order and
-    # budget: mixln (the source converted), preln (the source itself, the control), lns (the source
-    # retrofitted to LayerNorm Scaling, exactly: architectures/__init__.py)
+    # what `train` runs (its --arm overrides it), one arm after the other on the same data: mixln (the
+    # source converted), preln (the source itself, the control), lns (retrofitted to LayerNorm Scaling)
     arms: tuple[str, ...] = DEFAULT_ARMS
     conversion: Conversion = field(default_factory=Conversion)
     heal: Heal = field(default_factory=Heal)
@@ -135,10 +129,10 @@ class Recipe:
     def replace(self, changes: dict, changed_by: str = "the caller") -> "Recipe":
         """A copy with ``changes`` ({"dotted.key": value}) applied, typed, resolved and checked like
         ``--set`` items (``changed_by`` names them in an error)."""
-        values = _flatten(self.to_dict())
+        values, origin = _flatten(self.to_dict()), {}
         for key, value in changes.items():
-            _assign(values, key, value, changed_by)
-        return _complete(values, dict.fromkeys(changes, changed_by), changed_by)  # it was valid before
+            _assign(values, origin, key, value, changed_by)
+        return _complete(values, origin, changed_by)  # it was valid before
 
 
 def _plain(value):
@@ -161,7 +155,6 @@ def _fields(cls=Recipe, prefix: str = "") -> dict:
 
 
 FIELDS = _fields()
-SECTIONS = {key.split(".")[0] for key in FIELDS if "." in key}
 PATH_KEYS = ("source", "converted", "data.train", "data.validation")  # strings or None, resolved to paths
 CHECKPOINT_KEYS = ("source", "converted")  # the other path keys name text
 
@@ -180,10 +173,6 @@ class _RecipeLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
-def _parse(text: str):
-    return yaml.load(text, Loader=_RecipeLoader)
-
-
 def _flatten(tree: dict, prefix: str = "") -> dict:
     flat = {}
     for key, value in tree.items():
@@ -194,14 +183,15 @@ def _flatten(tree: dict, prefix: str = "") -> dict:
     return flat
 
 
-def _assign(values: dict, dotted: str, value, where: str) -> None:
-    """``values[dotted] = value`` for a key of the recipe; else a one-line error."""
+def _assign(values: dict, origin: dict, dotted: str, value, where: str) -> None:
+    """``values[dotted] = value`` and ``origin[dotted] = where`` for a key of the recipe; else a one-line error."""
     if dotted not in FIELDS:
         inside = [key for key in FIELDS if key.startswith(f"{dotted}.")]
         if inside:
             raise MixLNError(f"{where}: {dotted!r} is a section, not a key: set one of {', '.join(inside)}")
         raise MixLNError(f"{where}: unknown key {dotted!r}")
     values[dotted] = value
+    origin[dotted] = where
 
 
 def _typed(key: str, value, where: str):
@@ -276,9 +266,8 @@ def _check(r: dict, where: str, origin: dict) -> None:
          "conversion.strategy")
     need(bool(r["arms"]) and set(r["arms"]) <= set(ARMS) and len(set(r["arms"])) == len(r["arms"]),
          f"arms must list distinct arms of {', '.join(ARMS)}, got {list(r['arms'])!r}", "arms")
-    need(r["heal.loss"] in LOSSES, f"heal.loss must be one of {', '.join(LOSSES)}", "heal.loss")
-    need(r["precision"] in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}", "precision")
-    need(r["attention"] in ATTENTIONS, f"attention must be one of {', '.join(ATTENTIONS)}", "attention")
+    for key, allowed in (("heal.loss", LOSSES), ("precision", PRECISIONS), ("attention", ATTENTIONS)):
+        need(r[key] in allowed, f"{key} must be one of {', '.join(allowed)}", key)
     # counts of tokens, or of steps and sequences (a run has fewer of those than tokens): one bound
     for key in ("max_tokens", "data.eval_tokens", "seq_len", "micro_batch_size", "global_batch_size", "log_interval",
                 "eval_interval", "checkpoint_interval", "grad_norm_interval", "heal.seq_len", "heal.batch_size"):
@@ -288,9 +277,8 @@ def _check(r: dict, where: str, origin: dict) -> None:
     number("data.num_proc", lambda v: v >= 0, "an integer >= 0")  # at most the cores: data/stream.py, once known
     number("conversion.alpha", lambda v: 0 <= v <= 1, "in [0, 1]")
     number("data.validation_fraction", lambda v: 0 < v < 1, "in (0, 1)")
-    number("optim.lr", lambda v: v > 0, "a number > 0")
-    number("heal.lr", lambda v: v > 0, "a number > 0")
-    number("optim.eps", lambda v: v > 0, "a number > 0")
+    for key in ("optim.lr", "heal.lr", "optim.eps"):
+        number(key, lambda v: v > 0, "a number > 0")
     number("optim.weight_decay", lambda v: v >= 0, "a number >= 0")
     number("grad_clip", lambda v: v >= 0, "a number >= 0 (0 disables clipping)")
     number("schedule.min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]")
@@ -336,8 +324,7 @@ RECIPES = resources.files("mixln_convert") / "recipes"
 
 
 def shipped_recipes(folder=RECIPES) -> dict[str, str]:
-    """{name: first comment line} of the recipes (or, given their folder, accelerate configs)
-    that ship with the package."""
+    """{name: first comment line} of the shipped recipes (or, given their folder, accelerate configs)."""
     found = {}
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".yaml"):
@@ -375,15 +362,13 @@ def recipe_path(name_or_path) -> Path:
 def load_recipe(path, overrides=(), changes: dict | None = None, changed_by: str = "the caller") -> Recipe:
     """The fully resolved recipe of the YAML file ``path`` with ``overrides`` (the user's
     "dotted.key=value" items), then ``changes`` ({"dotted.key": value}, typed and checked alike;
-    ``changed_by`` names them in an error): how the demo, sweep and study set what they run.
-
-    Paths become absolute (``source: smollm2`` the cached SmolLM2 GGUF, fetched if missing; a Hub
-    model name its snapshot folder; a Hub dataset name stays a name, checked); any unknown key,
-    wrong type, missing file or impossible budget raises a one-line MixLNError.
-    """
+    ``changed_by`` names them in an error). Paths become absolute (``source: smollm2``: the cached
+    SmolLM2 GGUF, fetched if missing; a Hub model name: its snapshot folder; a Hub dataset name stays
+    a name, checked); any unknown key, wrong type, missing file or impossible budget raises a one-line
+    MixLNError."""
     path = recipe_path(path)
     try:
-        loaded = _parse(path.read_text()) or {}
+        loaded = yaml.load(path.read_text(), Loader=_RecipeLoader) or {}
     except OSError as e:
         raise MixLNError(f"{path}: cannot read the recipe ({e.strerror})") from None
     except UnicodeDecodeError:
@@ -395,19 +380,16 @@ def load_recipe(path, overrides=(), changes: dict | None = None, changed_by: str
     values = {key: default for key, (_, default) in FIELDS.items()}
     origin = {}  # dotted key -> what set it (the file, or the --set item), for messages
     for key, value in _flatten(loaded).items():
-        _assign(values, str(key), value, str(path))
-        origin[str(key)] = str(path)
+        _assign(values, origin, str(key), value, str(path))
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep:
             raise MixLNError(f"--set {item}: expected KEY=VALUE, e.g. --set optim.lr=3e-4")
         try:
-            value = _parse(text)
+            value = yaml.load(text, Loader=_RecipeLoader)
         except yaml.YAMLError:
             raise MixLNError(f"--set {item}: the value is not valid YAML") from None
-        _assign(values, key.strip(), value, f"--set {item}")
-        origin[key.strip()] = f"--set {item}"
+        _assign(values, origin, key.strip(), value, f"--set {item}")
     for key, value in (changes or {}).items():
-        _assign(values, key, value, changed_by)
-        origin[key] = changed_by
+        _assign(values, origin, key, value, changed_by)
     return _complete(values, origin, str(path))

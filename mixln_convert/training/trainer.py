@@ -1,12 +1,9 @@
 """The continued pre-training loop on accelerate: one CPU process, one GPU, DDP or FSDP run the
 same code (``accelerate launch`` chooses). It trains one prepared source (a checkpoint folder
-or .gguf) on a token stream; :mod:`mixln_convert.pipeline` prepares the arms (conversion, heal)
-and runs them one after the other on the same data order, budget and hyper-parameters.
+or .gguf) on a token stream; :mod:`mixln_convert.pipeline` prepares and chains the arms.
 
 Output per arm folder: ``metrics.jsonl``, ``checkpoints/step-N/`` (accelerate state: model,
 optimizer, scheduler, RNG), ``final/`` (a from_pretrained folder with tokenizer) and ``summary.json``.
-Each step of :func:`train_arm` is a function: :func:`setup` -> :func:`fit` (with
-:func:`validate` at the evaluation steps) -> :func:`save`.
 """
 
 import json
@@ -22,7 +19,7 @@ import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
-from accelerate.utils import is_tensorboard_available, set_seed
+from accelerate.utils import broadcast_object_list, is_tensorboard_available, set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
@@ -119,10 +116,11 @@ def train_arm(recipe: Recipe, arm: str, folder: Path, source: str, splits: Split
 def setup(recipe: Recipe, folder: Path, source: str, splits: Splits, accumulation: int) -> Run:
     """The accelerator, the model (fp32 master weights; bf16 is autocast, or FSDP2's parameter
     dtype), AdamW, the schedule and the seeded data order. Single process and DDP are prepared by
-    accelerate; with ``fsdp: true`` the trainer shards the model itself (:mod:`.sharding`), so the
-    sharding is one code path on GPUs and on CPU (gloo) alike, and each arm wraps its own model's
-    blocks (an accelerate FSDP plugin outlives its first arm and looks for that arm's block class)."""
-    refuse_accelerate_fsdp()
+    accelerate; ``fsdp: true`` is sharded by the trainer itself (:mod:`.sharding` says why)."""
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true"):
+        raise MixLNError("the accelerate config asks for FSDP (distributed_type: FSDP); the trainer shards the model "
+                         "itself: launch with the multi-GPU config (mixln-convert recipes --path fsdp) and the "
+                         "recipe key fsdp: true")
     # accelerate keeps one AcceleratorState per process: without a reset, the next arm (or run)
     # would inherit this one's precision and plugins. The process group (PartialState) stays.
     AcceleratorState._reset_state(reset_partial_state=False)
@@ -136,7 +134,6 @@ def setup(recipe: Recipe, folder: Path, source: str, splits: Splits, accumulatio
     )
     accelerator.init_trackers("tensorboard")
     set_seed(recipe.seed)
-    steps = recipe.steps
     model = load_model(source, dtype=torch.float32).train()
     model.set_attn_implementation(recipe.attention)
     parameters = sum(p.numel() for p in model.parameters())
@@ -147,40 +144,28 @@ def setup(recipe: Recipe, folder: Path, source: str, splits: Splits, accumulatio
     if recipe.compile:
         for layer in model_blocks(model):  # per block: the state dict keeps its names, a recompile is per shape
             layer.compile()
+    inside = {id(p) for p in model_blocks(model).parameters()}
+    outside = [p for p in model.parameters() if id(p) not in inside]
     optim = recipe.optim
-    optimizer = adamw(parameter_groups(model_blocks(model), _outside_blocks(model), lr=optim.lr,
-                                       weight_decay=optim.weight_decay, post_ln_lr_scale=optim.post_ln_lr_scale),
-                      betas=optim.betas, eps=optim.eps)
-    scheduler = warmup_cosine(optimizer, recipe.schedule.warmup_steps, steps, recipe.schedule.min_lr_ratio)
+    optimizer = adamw(parameter_groups(model_blocks(model), outside, lr=optim.lr, weight_decay=optim.weight_decay,
+                                       post_ln_lr_scale=optim.post_ln_lr_scale), betas=optim.betas, eps=optim.eps)
+    scheduler = warmup_cosine(optimizer, recipe.schedule.warmup_steps, recipe.steps, recipe.schedule.min_lr_ratio)
     train_windows, validation = split_windows(recipe, splits)
-    data = PackedWindows(train_windows, steps * recipe.global_batch_size, recipe.seed)
+    data = PackedWindows(train_windows, recipe.steps * recipe.global_batch_size, recipe.seed)
     loader = DataLoader(data, batch_size=recipe.micro_batch_size, **loader_options(accelerator.device))
     if recipe.fsdp:
         loader = accelerator.prepare(loader)
     else:
         model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
-    guard = StepGuard(**asdict(recipe.guard))
-    return Run(accelerator, model, optimizer, scheduler, loader, validation, steps,
-               recipe.global_batch_size * recipe.seq_len, accumulation, parameters, guard,
+    return Run(accelerator, model, optimizer, scheduler, loader, validation, recipe.steps,
+               recipe.global_batch_size * recipe.seq_len, accumulation, parameters, StepGuard(**asdict(recipe.guard)),
                recipe.global_batch_size)
-
-
-def _outside_blocks(model) -> list[torch.nn.Parameter]:
-    inside = {id(p) for p in model_blocks(model).parameters()}
-    return [p for p in model.parameters() if id(p) not in inside]
 
 
 def loader_options(device: torch.device) -> dict:
     """On a GPU, batches are prepared by two workers into pinned memory while the step runs; on
     CPU the step itself needs the cores."""
     return {"pin_memory": True, "num_workers": 2, "persistent_workers": True} if device.type == "cuda" else {}
-
-
-def refuse_accelerate_fsdp() -> None:
-    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true"):
-        raise MixLNError("the accelerate config asks for FSDP (distributed_type: FSDP); the trainer shards the model "
-                         "itself: launch with the multi-GPU config (mixln-convert recipes --path fsdp) and the "
-                         "recipe key fsdp: true")
 
 
 def split_windows(recipe: Recipe, splits: Splits):
@@ -202,20 +187,17 @@ def fit(run: Run, recipe: Recipe, arm: str, folder: Path, start: int, progress: 
         tick = time.perf_counter()
         loss = torch.zeros((), device=accelerator.device)
         for micro in range(run.accumulation):
-            batch = next(batches)
-            micro_loss = _micro_step(run, batch, last=micro == run.accumulation - 1)
-            loss += micro_loss / run.accumulation
+            loss += _micro_step(run, next(batches), last=micro == run.accumulation - 1) / run.accumulation
         record = {"step": done, "tokens": done * run.step_tokens}
         if done % recipe.grad_norm_interval == 0 or done == run.steps:
             record["grad_norm_per_layer"] = run.block_norms()
-        samples = range((done - 1) * run.global_batch_size, done * run.global_batch_size)
         try:
             record.update(take_step(run.optimizer, run.scheduler, run.guard, step=done,
                                     loss=accelerator.reduce(loss, "mean").item(),
                                     clip=lambda: clip_gradients(run.model.parameters(), recipe.grad_clip),
                                     block_norms=lambda: (record.get("grad_norm_per_layer") or run.block_norms(),
                                                          run.layers),
-                                    samples=samples))
+                                    samples=range((done - 1) * run.global_batch_size, done * run.global_batch_size)))
         except MixLNError as e:
             found = _checkpoints(folder)
             last = found[-1][1] if found else "none, the run starts from its source"
@@ -245,10 +227,10 @@ def _micro_step(run: Run, batch: torch.Tensor, last: bool) -> torch.Tensor:
         run.model.set_requires_gradient_sync(last)
         loss = run.model(input_ids=batch, labels=batch, use_cache=False).loss
         (loss / run.accumulation).backward()
-        return loss.detach()
-    with run.accelerator.accumulate(run.model):
-        loss = run.model(input_ids=batch, labels=batch, use_cache=False).loss
-        run.accelerator.backward(loss)
+    else:
+        with run.accelerator.accumulate(run.model):
+            loss = run.model(input_ids=batch, labels=batch, use_cache=False).loss
+            run.accelerator.backward(loss)
     return loss.detach()
 
 
@@ -272,9 +254,7 @@ def validation_source(data) -> str:
     """What a recipe's ``data`` section validates on, as reports name it."""
     if data.validation is not None:
         return str(data.validation)
-    if data.train is not None:
-        return f"{data.train} (held-out documents)"
-    return EVAL_DATA
+    return EVAL_DATA if data.train is None else f"{data.train} (held-out documents)"
 
 
 def save(run: Run, tokenizer, folder: Path) -> None:
@@ -304,9 +284,8 @@ CHECKSUMS = "mixln-checksums.json"  # in each checkpoint: every file's size and 
 def _checkpoints(folder: Path) -> list[tuple[int, Path]]:
     """(step, folder) of every complete checkpoint, by step; other names (a user's copy such as
     step-4.bak, a save in progress) are not checkpoints."""
-    found = [(int(p.name.removeprefix("step-")), p) for p in (folder / "checkpoints").glob("step-*")
-             if p.is_dir() and p.name.removeprefix("step-").isdigit()]
-    return sorted(found)
+    return sorted((int(p.name.removeprefix("step-")), p) for p in (folder / "checkpoints").glob("step-*")
+                  if p.is_dir() and p.name.removeprefix("step-").isdigit())
 
 
 def _saved_files(checkpoint: Path) -> dict[str, Path]:
@@ -385,8 +364,6 @@ def _restore(run: Run, folder: Path) -> int:
     """Load the last checkpoint whose files are the ones saved (checksums, checked by the main
     process for all) and that loads; a damaged one is skipped with a warning. Drops the metrics
     logged after it; returns its step (0: none)."""
-    from accelerate.utils import broadcast_object_list
-
     accelerator = run.accelerator
     step = 0
     for found_step, checkpoint in reversed(_checkpoints(folder)):
