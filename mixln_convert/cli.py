@@ -1,10 +1,6 @@
-"""The ``mixln-convert`` command line: a thin layer over the Python API.
-
-Each command makes its typed options (:mod:`.options`: checked once, there, torch-free), hands
-them to the API function, which checks the paths (inputs there, outputs not inputs) before any
-work, and prints its result. Heavy libraries (torch, transformers) are imported inside the
-commands that need them, so ``--help`` and bad options answer at once.
-"""
+"""The ``mixln-convert`` command line: a thin layer over the Python API. Each command makes its
+typed options (:mod:`.options`), hands them to the API function and prints its result. Torch and
+transformers are imported inside the commands that need them, so ``--help`` and bad options answer at once."""
 
 import json
 import logging
@@ -34,16 +30,12 @@ class Group(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
-        except click.exceptions.Exit:
-            raise
         except click.UsageError as e:
             raise OneLineError(e.format_message(), exit_code=2) from None
-        except click.ClickException:
-            raise
+        except (click.exceptions.Exit, click.ClickException, BrokenPipeError):
+            raise  # a BrokenPipeError: the reader stopped (`| head`): click ends quietly, as other tools do
         except MixLNError as e:
             raise OneLineError(str(e)) from None
-        except BrokenPipeError:  # the reader stopped (`| head`): click ends quietly, as other tools do
-            raise
         except OSError as e:
             where = f"{e.filename}: " if e.filename else ""
             raise OneLineError(f"{where}{e.strerror or e}") from None
@@ -129,10 +121,8 @@ def _data_option(help_text):
                              "and Python's standard-library docstrings).")
 
 
-_SEQ_LEN_HELP = "Tokens per evaluated window (at most the model's max_position_embeddings)."
-
-
-def _measured(options, tokens_help: str, batch_help: str = "Windows per forward pass.", seq_len_help=_SEQ_LEN_HELP):
+def _measured(options, tokens_help: str, batch_help: str = "Windows per forward pass.",
+              seq_len_help="Tokens per evaluated window (at most the model's max_position_embeddings)."):
     """--seq-len, --max-tokens and --batch-size: the text a command measures on (a Measurement's fields)."""
     def add(command):
         for option in (click.option("--batch-size", type=BATCH, default=options.batch_size, show_default=True,
@@ -220,8 +210,7 @@ def convert(src, dst, heal_tokens, heal_data, force, **settings):
 
 _TASKS_HELP = ("lm-evaluation-harness tasks (`pip install 'mixln-convert[eval]'`): the shipped offline "
                "mixln_langref_ppl and mixln_langref_next (they ship with the package), lm-eval's own "
-               "(e.g. hellaswag,arc_easy, "
-               "from your datasets cache) or yours in --include-path.")
+               "(e.g. hellaswag,arc_easy, from your datasets cache) or yours in --include-path.")
 _INCLUDE_PATH = click.option("--include-path", type=click.Path(exists=True, file_okay=False, path_type=str),
                              default=None, metavar="DIR", help="A folder of your own lm-eval task YAML files.")
 _LIMIT = click.option("--limit", type=EXAMPLES, default=None, metavar="N",
@@ -263,25 +252,24 @@ def eval_(ckpt, tasks, as_json, **settings):
     from .evaluate import score_checkpoint
 
     result = score_checkpoint(ckpt, options, task_manager=manager)
-    names, limit, per_document, generate = options.tasks, options.limit, options.per_document, options.generate
     if as_json:
         click.echo(json.dumps(result))
         return
-    if names:
+    if options.tasks:
         from .downstream import format_task_table
 
-        limited = f", at most {limit} examples each" if limit else ""
+        limited = f", at most {options.limit} examples each" if options.limit else ""
         click.echo(f"{ckpt}: lm-evaluation-harness {result['lm_eval_version']}{limited}")
         for line in format_task_table(result["tasks"]):
             click.echo(f"  {line}")
     else:
         click.echo(f"{ckpt}: perplexity {result['perplexity']:.3f} on {measured_on(result)} (packed)")
-    if per_document:
+    if options.per_document:
         d = result["per_document"]
         click.echo(f"{ckpt}: per document ({d['documents']} documents, {d['tokens']} tokens, each from its first "
                    f"token): token perplexity {d['token_perplexity']:.3f}, word perplexity "
                    f"{d['word_perplexity']:.3f}, bits per byte {d['bits_per_byte']:.4f}")
-    if generate:
+    if options.generate:
         g = result["generation"]
         click.echo(f"{ckpt}: greedy continuations of {len(g['continuations'])} prompts ({g['new_tokens']} tokens): "
                    f"{g['repeated_4gram_share']:.1%} of their 4-grams repeat an earlier one")
@@ -513,12 +501,11 @@ def train(recipe_file, overrides, arm_names, out, resume, list_recipes):
 def _print_recipes() -> None:
     from .training.recipe import RECIPES, shipped_recipes
 
-    click.echo("recipes (mixln-convert train NAME):")
-    for name, description in shipped_recipes().items():
-        click.echo(f"  {name:<20} {description}")
-    click.echo("accelerate configs (accelerate launch --config_file \"$(mixln-convert recipes --path NAME)\"):")
-    for name, description in shipped_recipes(RECIPES / "accelerate").items():
-        click.echo(f"  {name:<20} {description}")
+    accelerate = "accelerate configs (accelerate launch --config_file \"$(mixln-convert recipes --path NAME)\"):"
+    for title, folder in (("recipes (mixln-convert train NAME):", RECIPES), (accelerate, RECIPES / "accelerate")):
+        click.echo(title)
+        for name, description in shipped_recipes(folder).items():
+            click.echo(f"  {name:<20} {description}")
 
 
 @main.command()
@@ -569,9 +556,8 @@ def estimate(recipe_file, overrides, **settings):
               help="Heal the conversion on N tokens before training (as `mixln-convert heal`; 1,024 a step). "
                    "0: no heal.")
 @click.option("--train-tokens", type=TOKENS, default=DemoOptions.train_tokens, show_default=True, metavar="N",
-              help="Training tokens per arm (the smollm2-135m-cpu recipe, 1,024 tokens a step, at lr "
-                   f"{DEMO_LR:g}); more "
-                   "for a real recovery.")
+              help=f"Training tokens per arm (the smollm2-135m-cpu recipe, 1,024 tokens a step, at lr {DEMO_LR:g}); "
+                   "more for a real recovery.")
 @click.option("--eval-tokens", type=TOKENS, default=DemoOptions.eval_tokens, show_default=True, metavar="N",
               help="Held-out tokens every stage is measured on, by training validation and analysis alike.")
 @click.option("--prune-curve/--no-prune-curve", default=DemoOptions.prune_curve, show_default=True,
@@ -700,14 +686,11 @@ def heal(converted, teacher, out, force, **settings):
                f"steps, {result['seconds']:.0f} s): residual relative error {error['before']:.4f} -> "
                f"{error['after']:.4f}")
     if result["perplexity"]:
-        ppl = result["perplexity"]
-        click.echo(f"held-out perplexity ({measured_on(result['evaluation'])}): teacher {ppl['teacher']:.3f}, "
-                   f"converted {ppl['before']:.3f} ({ppl['before'] / ppl['teacher']:.3f}x) -> healed "
-                   f"{ppl['after']:.3f} ({ppl['after'] / ppl['teacher']:.3f}x)")
-        doc = result["per_document_perplexity"]
-        click.echo(f"held-out perplexity, each document from its first token: teacher {doc['teacher']:.3f}, "
-                   f"converted {doc['before']:.3f} ({doc['before'] / doc['teacher']:.3f}x) -> healed "
-                   f"{doc['after']:.3f} ({doc['after'] / doc['teacher']:.3f}x)")
+        for what, p in ((f" ({measured_on(result['evaluation'])})", result["perplexity"]),
+                        (", each document from its first token", result["per_document_perplexity"])):
+            click.echo(f"held-out perplexity{what}: teacher {p['teacher']:.3f}, "
+                       f"converted {p['before']:.3f} ({p['before'] / p['teacher']:.3f}x) -> healed "
+                       f"{p['after']:.3f} ({p['after'] / p['teacher']:.3f}x)")
     click.echo(f"wrote {out}")
 
 

@@ -1,7 +1,6 @@
-"""The commands' options, in one torch-free place: the fixed choices and the defaults (the CLI
-offers the choices as ``click.Choice``), the one evaluation definition, and a typed dataclass of
-each command's options, checked once when made (the CLI makes one before torch is imported; the
-API takes one, or its fields as keyword arguments) and giving the CLI its defaults."""
+"""The commands' options, torch-free: the fixed choices and defaults, the one evaluation definition,
+and a typed dataclass of each command's options, checked when made (the CLI makes one before torch
+is imported) and giving the CLI its defaults."""
 
 import dataclasses
 import math
@@ -24,17 +23,15 @@ DEFAULT_ARMS = ("mixln", "preln")
 METHODS = ("angular", "drop", "last")  # analysis/choice.py: how N blocks to remove are chosen
 LOSSES = ("kl", "residual")  # healing/losses.py
 HEAL_DTYPES = ("fp32", "bf16")  # healing/: of the frozen weights (the trained blocks stay float32)
-# The heal's peak learning rate. 1e-4 diverged on SmolLM2-135M's calibrated conversion (the KL
-# loss jumped 3x once warmup passed ~8e-5 and the heal ended worse than it started); 3e-5 heals it.
+# The heal's peak learning rate: 1e-4 diverged on SmolLM2-135M's calibrated conversion (README).
 HEAL_LR = 3e-5
 HEAL_SEQ_LEN, HEAL_BATCH_SIZE = 256, 4  # healing/: a step of 4 x 256 tokens
 HEAL_TOKENS = 65_536  # healing/: 64 steps
 HEAL_LOSS, HEAL_DTYPE = "kl", "fp32"  # healing/: the defaults of LOSSES and HEAL_DTYPES
 
 ALPHA = 0.25  # conversion/layout.py: the share of leading blocks made Post-LN unless told otherwise
-# conversion/converter.py's calibrated gains. Short windows fit the Post-LN gains better (down to a
-# point; docs/measurements.md): each window's first positions carry the massive activations, and
-# short windows give the fit more of them.
+# conversion/converter.py's calibrated gains. Short windows fit better (docs/measurements.md): each
+# window's first positions carry the massive activations, and short windows give the fit more of them.
 CALIBRATION_TOKENS, CALIBRATION_SEQ_LEN = 8192, 128
 PRUNE_SEQ_LEN, PRUNE_TOKENS = 256, 8 * 256  # surgery/prune.py: the windows --method angular/drop measure
 BATCH_SIZE = 4  # windows per forward pass of a measurement (eval, analyze, prune)
@@ -51,13 +48,12 @@ ATTENTIONS = ("sdpa", "eager")
 TRAINING_STRATEGIES = ("single", "ddp", "fsdp")  # training/memory.py: one process, replicated, sharded
 DEVICES = ("gpu", "cpu")  # training/memory.py: what a recipe's hardware is
 
-# The one evaluation definition: every perplexity the tool reports (eval, analyze, heal, training
-# validation, the demo) is measured on the first EVAL_TOKENS tokens of the held-out text (default:
-# the embedded corpus's validation split) in packed windows of EVAL_SEQ_LEN, unless a flag or recipe
-# key says otherwise, and each result records the data, token count and window length it used.
+# The one evaluation definition: every perplexity the tool reports is measured on the first EVAL_TOKENS
+# tokens of the held-out text in packed windows of EVAL_SEQ_LEN unless a flag or recipe key says
+# otherwise, and each result records the data, token count and window length it used.
 EVAL_DATA = "embedded:validation"
 EVAL_SEQ_LEN = 256  # the paper's sequence length; short enough for 2 CPU cores
-EVAL_TOKENS = 8192  # 32 windows: enough for a bootstrap interval, seconds per pass for a 135M model on CPU
+EVAL_TOKENS = 8192  # 32 windows: enough for a bootstrap interval, and quick on CPU
 STUDY_EVAL_TOKENS = 8 * EVAL_SEQ_LEN  # study's analyses: one per arm, scheme and seed, so fewer tokens each
 
 
@@ -66,10 +62,8 @@ def measured_on(where: dict) -> str:
     return f"{where['data']}, {where['tokens']:,} tokens in windows of {where['seq_len']}"
 
 
-# The demo's budget (2 CPU cores, minutes): the tool's recommended path at its smallest useful size:
-# a heal of 16 steps (the heal curve in the README: most of the conversion's gap closes in the first
-# 16,384 tokens), 8 optimizer steps of the CPU recipe per arm, and every stage (training validation
-# and analysis alike) measured on the same 8 windows of EVAL_SEQ_LEN.
+# The demo's budget (2 CPU cores, minutes): a heal of 16 steps (most of the gap closes by then; README),
+# 8 optimizer steps of the CPU recipe per arm, every stage measured on the same 8 windows.
 DEMO_HEAL_TOKENS = 16 * HEAL_BATCH_SIZE * HEAL_SEQ_LEN
 DEMO_TRAIN_TOKENS = 8 * 4 * 256
 DEMO_EVAL_TOKENS = 8 * EVAL_SEQ_LEN
@@ -79,9 +73,8 @@ DEMO_LR = HEAL_LR
 
 
 class Options:
-    """A command's typed options (a frozen dataclass below): the CLI's defaults are its fields', and
-    making one checks it, torch-free, each error naming the flag; the API function of the command
-    takes one, or its fields as keyword arguments."""
+    """A command's typed options: the CLI's defaults are its fields', making one checks it (each error
+    naming the flag), and the command's API function takes one or its fields as keyword arguments."""
 
     @classmethod
     def given(cls, options=None, settings: dict | None = None):
@@ -90,18 +83,9 @@ class Options:
             return cls(**(settings or {}))
         return dataclasses.replace(options, **settings) if settings else options
 
-    def refuse_unused(self, why: str, **applies: bool) -> None:
-        """Refuse a setting changed from its default that this run would ignore ({name: applies}): a
-        user who names a file or a number expects it to be used."""
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        for name, used in applies.items():
-            if not used and getattr(self, name) != defaults[name]:
-                raise MixLNError(f"--{name.replace('_', '-')}: {why}; this run would ignore it")
-
 
 class ShardSized:
-    """Options that write a checkpoint: ``max_shard_size`` as given ('5GB', or bytes), in bytes (None:
-    the command's own default)."""
+    """Options that write a checkpoint: ``max_shard_size`` ('5GB', or bytes) in bytes (None: the command's)."""
 
     @property
     def max_shard_bytes(self) -> int | None:
@@ -123,11 +107,9 @@ class HealSettings:
 
 @dataclass(kw_only=True)
 class HealOptions(Options, HealSettings, ShardSized):
-    """A heal's options (``mixln-convert heal``'s; healing/run.py's HealRun adds the models and the
-    output): ``data`` to train on (a text path; the API also takes documents or a token stream in
-    hand), ``dtype`` of the frozen weights, AdamW with ``warmup_ratio`` of the steps of warmup and
-    gradients clipped to ``grad_clip``, measured on ``eval_tokens`` of ``eval_data`` before, after
-    and after each token count in ``eval_at`` (with ``perplexity`` the whole model's too)."""
+    """``mixln-convert heal``'s options (healing/run.py's HealRun adds the models and the output): ``data``
+    a text path (the API also takes documents or tokens), measured on ``eval_tokens`` of ``eval_data``
+    before, after and at each token count in ``eval_at`` (with ``perplexity`` the whole model's too)."""
     data: object = None
     dtype: str = HEAL_DTYPE
     warmup_ratio: float = 0.1
@@ -144,8 +126,8 @@ class HealOptions(Options, HealSettings, ShardSized):
         check_choice("--dtype", self.dtype, HEAL_DTYPES)
         check_positive("--seq-len", self.seq_len)
         check_batch_size("--batch-size", self.batch_size)
-        for flag, value in (("--tokens", self.tokens), ("--eval-tokens", self.eval_tokens)):
-            check_tokens(flag, value)
+        check_tokens("--tokens", self.tokens)
+        check_tokens("--eval-tokens", self.eval_tokens)
         check_positive_float("--lr", self.lr)
         check_fraction("warmup_ratio", self.warmup_ratio, high_open=True)
         check_nonnegative("grad_clip", self.grad_clip)
@@ -157,8 +139,7 @@ class HealOptions(Options, HealSettings, ShardSized):
 
 @dataclass(frozen=True, kw_only=True)
 class ConvertOptions(Options, ShardSized):
-    """What a conversion makes (``mixln-convert convert``'s options; conversion/converter.py acts on
-    them): checked once, here, when made; each error names the flag. ``alpha`` None: ``post_ln_layers``,
+    """``mixln-convert convert``'s options (conversion/converter.py). ``alpha`` None: ``post_ln_layers``,
     else ALPHA. The calibration options apply to the calibrated strategy of a Mix-LN layout only."""
     alpha: float | None = None
     post_ln_layers: int | None = None
@@ -194,11 +175,12 @@ class ConvertOptions(Options, ShardSized):
             if self.strategy not in ("calibrated", "scratch"):  # calibrated: the default, which is exact here
                 raise MixLNError(f"--strategy {self.strategy}: --layout lns has no Post-LN block for it to convert; "
                                  "leave --strategy out (the conversion is exact) or give scratch")
-        calibrates = self.strategy == "calibrated" and not self.lns
-        why = ("--layout lns has no Post-LN block to calibrate" if self.lns
-               else f"only --strategy calibrated reads it, not {self.strategy}")
-        self.refuse_unused(why, calibration_data=calibrates, calibration_tokens=calibrates,
-                           calibration_seq_len=calibrates)
+        if self.strategy != "calibrated" or self.lns:  # a user who names a file or a number expects it used
+            why = ("--layout lns has no Post-LN block to calibrate" if self.lns
+                   else f"only --strategy calibrated reads it, not {self.strategy}")
+            for name in ("calibration_data", "calibration_tokens", "calibration_seq_len"):
+                if getattr(self, name) != getattr(ConvertOptions, name):
+                    raise MixLNError(f"--{name.replace('_', '-')}: {why}; this run would ignore it")
 
     @property
     def lns(self) -> bool:
@@ -223,10 +205,8 @@ class Measurement(Options):
 
 @dataclass(frozen=True, kw_only=True)
 class EvalOptions(Measurement):
-    """``mixln-convert eval``'s options (evaluate.py): the packed perplexity (``seq_len`` beyond the
-    model's positions only with ``allow_longer``); with ``per_document`` each document on its own,
-    with ``generate`` greedy continuations; with ``tasks`` lm-eval tasks instead of the packed
-    perplexity (at most ``limit`` examples each; ``include_path``: a folder of task YAML files)."""
+    """``mixln-convert eval``'s options (evaluate.py): the packed perplexity, or with ``tasks`` lm-eval
+    tasks instead (at most ``limit`` examples each; ``include_path``: a folder of task YAML files)."""
     TASKS_FLAG: ClassVar[str] = "--tasks"
     allow_longer: bool = False
     per_document: bool = False
@@ -249,9 +229,8 @@ class EvalOptions(Measurement):
 @dataclass(frozen=True, kw_only=True)
 class AnalyzeOptions(EvalOptions):
     """``mixln-convert analyze``'s options (analysis/analyze.py): EvalOptions' (``tasks``: the layer drop
-    on each task's metric), and with ``layer_sweep`` the per-block measures (``span``: n of the angular
-    distance between the inputs of blocks l and l+n), with ``prune_curve`` the perplexity with
-    N = 1..L/2 blocks removed by ``method``."""
+    on each task's metric), with ``layer_sweep`` the per-block measures, with ``prune_curve`` the
+    perplexity with N = 1..L/2 blocks removed by ``method``."""
     TASKS_FLAG: ClassVar[str] = "--task"
     span: int = 1
     layer_sweep: bool = True
@@ -291,10 +270,8 @@ class PruneOptions(Measurement, ShardSized):
 
 @dataclass(frozen=True, kw_only=True)
 class TokenizeOptions(Options):
-    """How a text becomes a tokenized folder (``mixln-convert tokenize``'s options; data/tokenization.py):
-    ``validation`` a text whose documents are the validation split, else a ``validation_fraction``
-    of the training documents by content hash; ``num_proc`` worker processes (0: one per core for
-    text over 16 MiB); shards of ``shard_tokens`` cut to whole windows of ``seq_len`` (None: any)."""
+    """``mixln-convert tokenize``'s options (data/tokenization.py): ``num_proc`` 0 is one process per core
+    for text over 16 MiB; shards of ``shard_tokens`` cut to whole windows of ``seq_len`` (None: any)."""
     validation: str | None = None
     validation_fraction: float = VALIDATION_FRACTION
     num_proc: int = 0
@@ -315,10 +292,8 @@ class TokenizeOptions(Options):
 
 @dataclass(frozen=True, kw_only=True)
 class EstimateOptions(Options):
-    """The hardware ``mixln-convert estimate`` sizes a recipe for (training/memory.py), each None
-    where the recipe's "Sized for" comment (else one 80 GB GPU) decides: ``processes`` (one per
-    GPU), ``strategy`` (one of TRAINING_STRATEGIES), ``device`` (one of DEVICES), ``memory`` of
-    each process (a size, e.g. 80GB)."""
+    """The hardware ``mixln-convert estimate`` sizes a recipe for (training/memory.py), each None where
+    the recipe's "Sized for" comment (else one 80 GB GPU) decides; ``memory`` of each process."""
     processes: int | None = None
     strategy: str | None = None
     device: str | None = None
@@ -338,19 +313,16 @@ class EstimateOptions(Options):
 
 @dataclass(frozen=True, kw_only=True)
 class CompareOptions(Options):
-    """``mixln-convert compare``'s options (report/compare.py): a name for each input in order
-    (default: folder names), and whether analyses made with different tokenizers are compared (with a
-    warning) instead of refused."""
+    """``mixln-convert compare``'s options (report/compare.py): a name for each input in order (default:
+    folder names), and whether analyses with different tokenizers are compared (warning) or refused."""
     labels: tuple[str, ...] = ()  # checked against the inputs, one per input (report/inputs.py)
     allow_mismatch: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
 class SweepOptions(Options):
-    """What ``mixln-convert sweep`` measures (sweep.py): per alpha (those giving the same block count
-    run once) a calibrated conversion, a heal on ``heal_tokens`` and a training on ``train_tokens``
-    (0: none) of ``data``, ``seeds`` training seeds, every stage scored on ``eval_tokens``; the rule's
-    limits; ``lns``: the LayerNorm Scaling retrofit trained like the control."""
+    """What ``mixln-convert sweep`` measures (sweep.py): per alpha a calibrated conversion, a heal and a
+    training (``heal_tokens``, ``train_tokens`` 0: none); ``lns``: the LNS retrofit trained like the control."""
     alphas: tuple[float, ...] = SWEEP_ALPHAS
     heal_tokens: int = 0
     train_tokens: int = 0
@@ -407,10 +379,9 @@ STUDY_SCHEMES = {"scaled": True, "plain": False}  # a study's initialization sch
 
 @dataclass(frozen=True, kw_only=True)
 class StudyOptions(Options):
-    """What ``mixln-convert study`` trains (study.py): ``recipe`` with the ``overrides`` (``--set``
-    items), ``seeds`` seeds of each initialization scheme in ``schemes``, the Mix-LN arm at ``alpha``
-    beside Pre-LN, with ``post_ln`` a Post-LN arm, with ``lns`` a LayerNorm Scaling arm; each final
-    model analyzed on ``eval_tokens``."""
+    """What ``mixln-convert study`` trains (study.py): ``recipe`` with the ``overrides`` (``--set`` items),
+    ``seeds`` seeds of each scheme in ``schemes``, the Mix-LN arm at ``alpha`` beside Pre-LN (with
+    ``post_ln`` and ``lns`` those arms too), each final model analyzed on ``eval_tokens``."""
     recipe: str = STUDY_RECIPE
     overrides: tuple[str, ...] = ()
     alpha: float = ALPHA
@@ -437,9 +408,8 @@ class StudyOptions(Options):
 
 @dataclass(frozen=True, kw_only=True)
 class DemoOptions(Options):
-    """What ``mixln-convert demo`` runs (pipeline.py): ``source`` (None: SmolLM2-135M) converted at
-    ``alpha``, healed on ``heal_tokens`` (0: no heal), both arms trained on ``train_tokens`` each,
-    every stage measured on ``eval_tokens``; ``prune_curve`` for the original and the trained arms."""
+    """What ``mixln-convert demo`` runs (pipeline.py): ``source`` (None: SmolLM2-135M) converted at ``alpha``,
+    healed on ``heal_tokens`` (0: no heal), both arms trained on ``train_tokens``."""
     source: str | None = None
     alpha: float = ALPHA
     heal_tokens: int = DEMO_HEAL_TOKENS

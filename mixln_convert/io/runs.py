@@ -99,15 +99,7 @@ def cut_metrics(file: Path, step: int) -> None:
 
 def read_metrics(file: Path) -> list[dict]:
     """The records of ``file`` (a metrics.jsonl), each checked; blank lines are skipped."""
-    try:
-        lines = file.read_text().splitlines()
-        metrics = [record for line in lines if line.strip() and (record := json.loads(line))]
-    except OSError as e:
-        raise MixLNError(f"{file}: cannot read ({e.strerror})") from None
-    except UnicodeDecodeError:
-        raise MixLNError(f"{file}: not UTF-8 text") from None
-    except json.JSONDecodeError as e:
-        raise MixLNError(f"{file}: not one JSON object per line ({e})") from None
+    metrics = [record for record in _read_jsonl(file) if record]
     for n, record in enumerate(metrics, 1):
         if not isinstance(record, dict):
             raise MixLNError(f"{file}: record {n} is not a JSON object")
@@ -328,3 +320,16 @@ def _read_json(file: Path) -> dict:
         return json.loads(file.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise MixLNError(f"{file}: cannot read JSON ({e})") from None
+
+
+def _read_jsonl(file: Path) -> list[dict]:
+    try:
+        lines = file.read_text().splitlines()
+    except OSError as e:
+        raise MixLNError(f"{file}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise MixLNError(f"{file}: not UTF-8 text") from None
+    try:
+        return [json.loads(line) if line.strip() else {} for line in lines]
+    except json.JSONDecodeError as e:
+        raise MixLNError(f"{file}: not one JSON object per line ({e})") from None
