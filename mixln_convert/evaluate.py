@@ -4,6 +4,7 @@ lm-evaluation-harness scores perplexity tasks); ``score_checkpoint`` runs both (
 
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -53,7 +54,7 @@ def evaluate_documents(model, tokenizer, texts: list[str], max_length: int, batc
     document must not cost more than the budget). ``loss`` is in nats per token."""
     device = next(model.parameters()).device
     prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-    windows, counts = [], {"documents": 0, "tokens": 0, "words": 0, "bytes": 0}
+    windows, counts = [], Counter(documents=0, tokens=0, words=0, bytes=0)
     for text in texts:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if not ids:
@@ -66,10 +67,8 @@ def evaluate_documents(model, tokenizer, texts: list[str], max_length: int, batc
             end = min(done + max_length, len(ids))
             start = max(0, end - max_length)  # as much context as the window holds
             windows.append((full[start:end], ids[start:end], done - start))  # inputs, targets, first scored
-        counts["documents"] += 1
-        counts["tokens"] += len(ids)
-        counts["words"] += len(re.split(r"\s+", text.strip()))
-        counts["bytes"] += len(text.encode("utf-8"))
+        counts.update(documents=1, tokens=len(ids), words=len(re.split(r"\s+", text.strip())),
+                      bytes=len(text.encode("utf-8")))
         if max_tokens is not None and counts["tokens"] >= max_tokens:
             break
     total = 0.0

@@ -297,3 +297,57 @@ def test_a_gguf_reads_as_transformers_reads_it_and_converts_exactly(family, sour
     assert torch.equal(logits(gguf), reference)
     out = convert(gguf, tmp_path / "alpha0", alpha=0.0, **FAST)
     assert type(load_model(out)) is FAMILIES[family][2] and torch.equal(logits(out), reference)
+
+
+def test_a_gguf_linked_to_a_blob_without_a_suffix_reads_as_gguf(sources, tmp_path):
+    """The Hugging Face cache holds a GGUF as snapshots/REV/NAME.gguf, a link to blobs/HASH."""
+    from mixln_convert.io.gguf import GGUFCheckpoint
+    from mixln_convert.io.loader import open_checkpoint
+
+    source = sources["qwen2"]
+    (tmp_path / "blobs").mkdir()
+    blob = write_tiny_gguf(source, open_checkpoint(source).arch, tmp_path / "blobs" / "9f2c41d0")
+    link = tmp_path / "snapshots" / "main" / "model.gguf"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(blob)
+    read = open_checkpoint(link)
+    assert isinstance(read, GGUFCheckpoint) and set(read.names()) == set(tensors(source))
+    out = convert(link, tmp_path / "alpha0", alpha=0.0, **FAST)
+    assert torch.equal(logits(out), logits(source))
+
+
+def _llama_gguf(path: Path, state: dict, kv_heads: int | None) -> Path:
+    """A 1-block LLaMA GGUF of ``state`` (GGUF names), attention.head_count_kv left out when None."""
+    from gguf import GGUFWriter
+
+    writer = GGUFWriter(path, "llama")
+    for add, value in ((writer.add_block_count, 1), (writer.add_embedding_length, 8),
+                       (writer.add_feed_forward_length, 16), (writer.add_head_count, 2), (writer.add_context_length, 64),
+                       (writer.add_vocab_size, 32)):
+        add(value)
+    if kv_heads is not None:
+        writer.add_head_count_kv(kv_heads)
+    for name, values in state.items():
+        writer.add_tensor(name, values)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_llama_gguf_without_a_kv_head_count_has_as_many_kv_heads_as_heads(tmp_path):
+    """llama.cpp's default: its k_proj rows are un-interleaved per head as with head_count_kv = head_count."""
+    import numpy as np
+
+    from mixln_convert.io.loader import open_checkpoint
+
+    generator = np.random.default_rng(0)
+    shapes = {"token_embd": (32, 8), "output_norm": (8,), "blk.0.attn_norm": (8,), "blk.0.ffn_norm": (8,),
+              "blk.0.attn_q": (8, 8), "blk.0.attn_k": (8, 8), "blk.0.attn_v": (8, 8), "blk.0.attn_output": (8, 8),
+              "blk.0.ffn_gate": (16, 8), "blk.0.ffn_up": (16, 8), "blk.0.ffn_down": (8, 16)}
+    state = {f"{name}.weight": generator.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
+    stated = open_checkpoint(_llama_gguf(tmp_path / "stated.gguf", state, kv_heads=2))
+    unstated = open_checkpoint(_llama_gguf(tmp_path / "unstated.gguf", state, kv_heads=None))
+    assert set(unstated.names()) == set(stated.names())
+    assert all(torch.equal(unstated.get(name), stated.get(name)) for name in stated.names())

@@ -1,14 +1,12 @@
 """Architecture descriptions as data (one JSON file per family, mergekit style).
 
-Each file names the source architecture, the tensor names of the embeddings, final norm, LM head and
-of one decoder layer, the causal LM's submodule that holds the decoder (the tensor names of its
-embeddings, blocks and final norm start with it), and what a converted checkpoint is called; a family
-that shares another's names says ``"extends": "llama.json"`` and lists only what differs (tables merge
-key by key). The converter only asks an :class:`Architecture` for names, so a family whose blocks are
-LLaMA's under another name is a JSON file alone (``mistral.json``); one whose blocks hold more tensors
-lists them as roles of its own (``qwen3.json``'s per-head q/k norms, which every strategy carries over
-as the source has them) and needs its Mix-LN block and config classes in ``model/``, which the
-``converted`` table names.
+Each file names a family's tensors, the submodule holding its decoder and what a converted checkpoint
+is called; a family sharing another's names says ``"extends": "llama.json"`` and lists only what
+differs (tables merge key by key). The converter only asks an :class:`Architecture` for names, so a
+family whose blocks are LLaMA's under another name is a JSON file alone (``mistral.json``); one whose
+blocks hold more tensors lists them as roles of its own (``qwen3.json``'s per-head q/k norms, which
+every strategy carries over as the source has them) and needs its Mix-LN block and config classes in
+``model/``, which the ``converted`` table names.
 """
 
 import json
@@ -65,8 +63,7 @@ class Architecture:
 
     def layer_of(self, tensor_name: str) -> int | None:
         """The layer index a tensor belongs to, or None for embeddings, final norm, head."""
-        pattern = re.escape(self.layer_prefix).replace(re.escape("{i}"), r"(\d+)")
-        match = re.match(pattern, tensor_name)
+        match = re.match(re.escape(self.layer_prefix).replace(re.escape("{i}"), r"(\d+)"), tensor_name)
         return int(match.group(1)) if match else None
 
     def decoder_of(self, model):

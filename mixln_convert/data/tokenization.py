@@ -113,9 +113,7 @@ def _encode_chunk(task: tuple) -> tuple:
     encoder, fraction, excluded = _WORKER["encoder"], _WORKER["fraction"], _WORKER["excluded"]
     if role == "train":  # a copy of a validation document is dropped
         texts = [t for t in texts if _digest(t) not in excluded] if excluded else texts
-        sides = [False] * len(texts)
-    else:
-        sides = [True] * len(texts) if role == "validation" else [held_out(_digest(t), fraction) for t in texts]
+    sides = [held_out(_digest(t), fraction) if role == "held_out" else role == "validation" for t in texts]
     encoded = encoder(texts)
     train = [ids for ids, side in zip(encoded, sides) if not side]
     validation = [ids for ids, side in zip(encoded, sides) if side]

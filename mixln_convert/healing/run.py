@@ -136,13 +136,12 @@ class HealRun(HealOptions):
         """The student's held-out figures as they stand: ``val_relative_error`` of its prefix's stream;
         with ``perplexity`` ``val_loss``, ``val_ppl`` (packed windows) and ``val_doc_ppl`` (per document)."""
         models, held_out, errors = self.models, self.eval_windows, []
-        with self.precision():
-            with torch.no_grad():
-                for start in range(0, len(held_out), self.batch_size):
-                    batch = held_out[start:start + self.batch_size].to(self.device)
-                    stream = models.student_prefix(input_ids=batch).last_hidden_state
-                    target = models.teacher_prefix(input_ids=batch).last_hidden_state
-                    errors.append(relative_error(stream, target).item() * len(batch))
+        with self.precision(), torch.no_grad():
+            for start in range(0, len(held_out), self.batch_size):
+                batch = held_out[start:start + self.batch_size].to(self.device)
+                stream = models.student_prefix(input_ids=batch).last_hidden_state
+                target = models.teacher_prefix(input_ids=batch).last_hidden_state
+                errors.append(relative_error(stream, target).item() * len(batch))
             measured = {"val_relative_error": sum(errors) / len(held_out)}
             if self.perplexity:
                 packed = evaluate_perplexity(models.student_model, held_out, self.batch_size, self.progress)

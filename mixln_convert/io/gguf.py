@@ -87,7 +87,8 @@ class GGUFCheckpoint(Checkpoint):
             weights = dequantize(stored.data, stored.tensor_type).reshape(shape)
         except (NotImplementedError, ValueError) as e:
             raise MixLNError(f"{self.path}: cannot dequantize {stored.name} ({stored.tensor_type.name}: {e})") from None
-        heads = {"attn_q": self._layout["num_attention_heads"], "attn_k": self._layout["num_key_value_heads"]}
+        q_heads = self._layout["num_attention_heads"]  # a GGUF without attention.head_count_kv has as many k heads
+        heads = {"attn_q": q_heads, "attn_k": self._layout["num_key_value_heads"] or q_heads}
         role = stored.name.split(".")[-2]
         if self.arch.gguf["interleaved_rotary"] and role in heads:
             n = heads[role]

@@ -323,14 +323,14 @@ def open_checkpoint(path) -> Checkpoint:
             raise MixLNError(f"{path}: no config.json; expected a checkpoint folder or a .gguf file")
     else:
         raise MixLNError(f"{path}: expected a checkpoint folder or a .gguf file")
-    stat = marker.stat()
-    return _open(os.path.realpath(path), stat.st_mtime_ns, stat.st_size, stat.st_ino)
+    stat, gguf = marker.stat(), marker is path
+    # a GGUF keeps its own name: the Hugging Face cache links snapshots/REV/NAME.gguf to a blob without a suffix
+    where = os.path.abspath(path) if gguf else os.path.realpath(path)
+    return _open(where, gguf, stat.st_mtime_ns, stat.st_size, stat.st_ino)
 
 
 @lru_cache(maxsize=8)
-def _open(path: str, mtime_ns: int, size: int, inode: int) -> Checkpoint:
+def _open(path: str, gguf: bool, mtime_ns: int, size: int, inode: int) -> Checkpoint:
     from .gguf import GGUFCheckpoint  # here: it builds on Checkpoint, above
 
-    if path.endswith(".gguf") and os.path.isfile(path):
-        return GGUFCheckpoint(Path(path))
-    return FolderCheckpoint(Path(path))
+    return GGUFCheckpoint(Path(path)) if gguf else FolderCheckpoint(Path(path))

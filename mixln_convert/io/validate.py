@@ -84,9 +84,7 @@ def check_rope(config: dict, where: str) -> None:
         if theta is not None and not (is_finite_number(theta) and theta > 0):
             raise MixLNError(f"{where}: {key} must be a positive number, got {theta!r}")
     for key in ROPE_KEYS:
-        rope = config.get(key)
-        if rope is None:
-            continue
+        rope = config.get(key) or {}
         field = "rope_type" if "rope_type" in rope else "type"  # "type": the name before transformers 4.45
         kind = rope.get(field, "default")
         if kind == "default":
@@ -179,10 +177,8 @@ def check_tensors(shapes: dict[str, tuple[int, ...]], config: dict, arch, where:
         layer = arch.layer_of(name)
         if layer is not None and layer >= num_layers:
             raise MixLNError(f"{where}: tensor {name} lies beyond the config's num_hidden_layers {num_layers}")
-        if name.endswith(IGNORED_SUFFIXES):
-            continue
-        if name == arch.lm_head and tuple(shape) == expected[arch.embed]:
-            continue  # a tied head saved anyway: the embeddings are used
+        if name.endswith(IGNORED_SUFFIXES) or (name == arch.lm_head and tuple(shape) == expected[arch.embed]):
+            continue  # a buffer the model recomputes, or a tied head saved anyway (the embeddings are used)
         raise MixLNError(f"{where}: unexpected tensor {name} (shape {list(shape)}) for this "
                          f"{'Mix-LN' if config.get('post_ln_layers') else arch.name} layout")
 

@@ -143,11 +143,11 @@ def _tied(a: float, b: float) -> bool:
     return abs(a - b) <= TIE * max(abs(a), abs(b))
 
 
-def _with_interval(text: str, found: Estimate | None, percent: bool = False) -> str:
+def _with_interval(text: str, found: Estimate | None, bound=lambda x: f"{x:.3g}") -> str:
     if found is None:
         return text
     low, high = found.interval
-    return f"{text} [{low:+.1%}, {high:+.1%}]" if percent else f"{text} [{low:.3g}, {high:.3g}]"
+    return f"{text} [{bound(low)}, {bound(high)}]"
 
 
 def _ranking(what: str, shown: dict, values: dict, verdict: str, highest: bool, found: dict) -> str:
@@ -250,7 +250,8 @@ def _arm_sentence(arm: dict) -> str:
 
 
 def _deep_drop_text(f: dict, found: Estimate | None) -> str:
-    text = _with_interval(f"{f['deep_layer_drop']:+.3g} ({f['deep_layer_drop_relative']:+.1%}", found, percent=True)
+    text = _with_interval(f"{f['deep_layer_drop']:+.3g} ({f['deep_layer_drop_relative']:+.1%}", found,
+                          lambda x: f"{x:+.1%}")
     text += f"; median {f['deep_layer_drop_median']:+.3g}"
     block, share = f["deep_layer_drop_top"]
     if share is not None and share > 0.5:  # a mean carried by one block says little of the others
@@ -312,12 +313,9 @@ def _pruning_sentence(analysed: list[dict], found: dict) -> str:
     if not reached:
         return f"The pruning curves do not reach N = {PRUNE_VERDICT} removed blocks, so no pruning comparison."
     ratios = {f["label"]: f["prune"][PRUNE_VERDICT][1] / f["perplexity"] for f in reached}
-    shown = {}
-    for f in reached:
-        shown[f["label"]] = f"{ratios[f['label']]:.2f}x (N={f['prune'][PRUNE_VERDICT][0]})"
-        if (ratio := found.get(f["label"])) is not None:
-            low, high = ratio.interval  # of the relative increase, ratio - 1
-            shown[f["label"]] += f" [{1 + low:.2f}x, {1 + high:.2f}x]"
+    shown = {f["label"]: _with_interval(f"{ratios[f['label']]:.2f}x (N={f['prune'][PRUNE_VERDICT][0]})",
+                                        found.get(f["label"]), lambda x: f"{1 + x:.2f}x")  # x: ratio - 1
+             for f in reached}
     methods = sorted({f["prune_method"] for f in curves})
     by = f"chosen by '{methods[0]}'" if len(methods) == 1 else f"chosen by different methods ({', '.join(methods)})"
     return _ranking(f"With N = {PRUNE_VERDICT} blocks removed ({by}), perplexity grows", shown, ratios,

@@ -353,9 +353,8 @@ def _damage(checkpoint: Path) -> str | None:
     for name, f in found.items():
         if not isinstance(recorded[name], dict) or recorded[name].get("bytes") != f.stat().st_size:
             return f"{name} is not the file that was saved"
-    hashes = _sha256s(found)
-    for name in found:
-        if recorded[name].get("sha256") != hashes[name]:
+    for name, sha256 in _sha256s(found).items():
+        if recorded[name].get("sha256") != sha256:
             return f"{name} is not the file that was saved"
     return None
 
