@@ -3,7 +3,6 @@ Each stage is the function its command runs; this module only chains them: :func
 arm of a recipe on the same token stream) and :func:`run_demo` (every stage into one report).
 """
 
-import json
 import logging
 import shutil
 from dataclasses import asdict
@@ -15,15 +14,14 @@ from .errors import MixLNError, warn
 from .fetch import cache_dir
 from .io.atomic import scratch_dir, write_atomic
 from .io.loader import open_checkpoint
-from .io.paths import check_destination, check_not_input, check_readable, checkpoint_path
-from .io.runs import SUMMARY, Stages, claim_run, read_summary, start_run, write_json
+from .io.paths import check_destination, check_readable, checkpoint_path
+from .io.runs import SUMMARY, Stages, claim_run, read_summary, start_run
 from .limits import check_force_or_resume, check_one_step, check_seq_len, check_tokens
 from .options import DEMO_LR, EVAL_DATA, HEAL_BATCH_SIZE, HEAL_SEQ_LEN, ConvertOptions, DemoOptions, measured_on
 from .runtime import map_large_allocations
 from .training.recipe import Recipe, load_recipe
 
 log = logging.getLogger(__name__)  # the demo's progress: the CLI shows it, a library caller may silence it
-DATA_RECORD = "data.json"  # a run's {data file: sha256}, which --resume must find unchanged
 DEMO_RECIPE = "smollm2-135m-cpu"  # shipped with the package
 
 
@@ -35,7 +33,7 @@ def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool =
     from accelerate import PartialState
     from accelerate.utils import parse_flag_from_env
 
-    from .data import load_splits
+    from .data import data_fingerprint, load_splits
     from .training.trainer import split_windows, train_arm
 
     out = Path(out).absolute()
@@ -55,7 +53,12 @@ def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool =
     if warmup > recipe.steps and state.is_main_process:  # legal, but a huge one trains at lr ~0 and changes nothing
         warn(f"schedule.warmup_steps {warmup} is more than the run's {recipe.steps} steps: the learning rate "
              f"peaks at {recipe.steps / warmup:.3g} x optim.lr, at the last step")
-    existed, fresh = out.is_dir(), _claim(out, recipe, resume)
+    settings = {**recipe.flat(), **{f"data {file}": digest for file, digest in data_fingerprint(
+        recipe.data.train, recipe.data.validation).items()}}  # what --resume must find unchanged
+    claim_run(out, "training run", settings, {"source": recipe.source, "converted": recipe.converted,
+              "data.train": recipe.data.train, "data.validation": recipe.data.validation}, resume, force_hint=False)
+    existed = out.is_dir()
+    fresh = not (existed and any(out.iterdir()))  # all it will hold is this run's
     train_tokens = max(recipe.steps * recipe.global_batch_size * recipe.seq_len, recipe.heal.tokens)
     stages = Stages(resume)  # an arm is a stage; its summary.json, written last, says it is done
     finished = {arm: _finished(out / arm / SUMMARY, arm) for arm in arms if stages.done(out / arm, SUMMARY)}
@@ -63,7 +66,11 @@ def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool =
         with state.main_process_first():  # the main process tokenizes into the cache, the others read it
             splits = load_splits(recipe.data, source.tokenizer, train_tokens, progress)
         split_windows(recipe, splits)
-        _record_recipe(out, recipe, state)
+        state.wait_for_everyone()  # every process has checked before the main one writes
+        if state.is_main_process:
+            start_run(out, "training run", settings)
+            if not (out / "recipe.yaml").is_file():  # the resolved recipe, for a user to read or rerun
+                write_atomic(out / "recipe.yaml", yaml.safe_dump(recipe.to_dict(), sort_keys=False))
         sources = {arm: prepare(recipe, arm, out / arm, splits, progress) for arm in arms if arm not in finished}
     except MixLNError:
         if fresh and state.is_main_process:  # a refused run leaves nothing to block the corrected one
@@ -155,65 +162,6 @@ def _accumulation(recipe: Recipe, processes: int) -> int:
         raise MixLNError(f"global_batch_size {recipe.global_batch_size} is not a multiple of micro_batch_size x "
                          f"processes = {recipe.micro_batch_size} x {processes}")
     return recipe.global_batch_size // per_pass
-
-
-def _claim(out: Path, recipe: Recipe, resume: bool) -> bool:
-    """Refuse to mix two runs in one folder, or a folder that is an input; True when ``out`` holds
-    nothing yet (absent or empty: all it will hold is this run's)."""
-    saved = out / "recipe.yaml"
-    check_not_input(out, {"source": recipe.source, "converted": recipe.converted, "data.train": recipe.data.train,
-                          "data.validation": recipe.data.validation}, "--out")
-    if saved.is_file():
-        if not resume:
-            raise MixLNError(f"{out}: holds a training run already; add --resume to continue it, "
-                             "or choose another --out")
-        try:
-            started_with = yaml.safe_load(saved.read_text())
-        except (OSError, ValueError, yaml.YAMLError):
-            raise MixLNError(f"{saved}: damaged; it holds the recipe --resume must match") from None
-        if started_with != recipe.to_dict():
-            raise MixLNError(f"{out}: --resume needs the recipe the run started with, and {saved} differs")
-        _check_data(out, recipe)
-        return False
-    if out.is_dir() and any(out.iterdir()):
-        raise MixLNError(f"{out}: exists, is not empty and holds no training run; choose another --out")
-    return True
-
-
-def _record_recipe(out: Path, recipe: Recipe, state) -> None:
-    """The main process writes the resolved recipe and data fingerprint that --resume compares with."""
-    from .data import data_fingerprint
-
-    saved = out / "recipe.yaml"
-    state.wait_for_everyone()  # every process has checked before the main one writes
-    if state.is_main_process and not saved.is_file():
-        out.mkdir(parents=True, exist_ok=True)
-        write_atomic(saved, yaml.safe_dump(recipe.to_dict(), sort_keys=False))
-    if state.is_main_process and not (out / DATA_RECORD).is_file():  # also for a run from before the record
-        write_json(out / DATA_RECORD, data_fingerprint(recipe.data.train, recipe.data.validation), indent=1)
-
-
-def _check_data(out: Path, recipe: Recipe) -> None:
-    """A resumed run reads the data it started with: the recipe names the same paths, and
-    ``DATA_RECORD`` holds what they held (a run from before the record has none to compare)."""
-    from .data import data_fingerprint
-
-    record = out / DATA_RECORD
-    if not record.is_file():
-        return
-    try:
-        started_with = json.loads(record.read_text())
-    except (OSError, ValueError):
-        raise MixLNError(f"{record}: damaged; it holds the data fingerprint --resume must match") from None
-    now = data_fingerprint(recipe.data.train, recipe.data.validation)
-    for file in sorted(set(started_with) | set(now)):
-        if started_with.get(file) != now.get(file):
-            how = ("is gone since the run started" if file not in now
-                   else "was not part of the data when the run started" if file not in started_with
-                   else f"changed since the run started (sha256 {now[file][:12]}, {record.name} says "
-                        f"{started_with[file][:12]})")
-            raise MixLNError(f"{file}: {how}; --resume continues on the data the run started with: restore it, "
-                             "or start a new run with another --out")
 
 
 def _finished(file: Path, arm: str) -> dict:

@@ -703,7 +703,7 @@ ROWS = [
     ("study-data-not-text", lambda i, o: ["study", i.src, "--out", o, "--set", f"data.train={binary(i)}", *STUDY], "bin.txt: cannot read"),
     ("study-resume-a-users-folder", lambda i, o: ["study", i.src, "--out", mine(i), "--resume", *STUDY], "holds no study"),
     # ---- a resumed train over changed data; counts with an upper bound ----
-    ("train-resume-data-changed", lambda i, o: resumed_over_changed_data(i), "text.txt: changed since the run started"),
+    ("train-resume-data-changed", lambda i, o: resumed_over_changed_data(i), '/text.txt "'),  # started with data PATH "SHA", not "SHA"
     ("tokenize-num-proc-huge", lambda i, o: tokenize_row(i, o, "--num-proc", "10000"), "--num-proc: 10000 is more than"),
     ("train-num-proc-huge", lambda i, o: [*recipe(i, validation(i), "data.num_proc=10000"), "--out", o], "data.num_proc: 10000 is more than"),
     ("eval-tasks-too-many", lambda i, o: ["eval", i.src, "--tasks", ",".join(f"t{k}" for k in range(1000))], "--tasks: 1000 tasks, more than 256"),

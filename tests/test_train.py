@@ -1,5 +1,6 @@
 """`mixln-convert train`: recipes, both arms, outputs, exact resume after SIGKILL, 2 processes = 1."""
 
+import hashlib
 import json
 import math
 import os
@@ -204,6 +205,10 @@ def test_run_writes_the_output_contract(finished):
     out, sets, output = finished
     recipe = load_recipe("smollm2-135m-cpu", sets)
     assert yaml.safe_load((out / "recipe.yaml").read_text()) == recipe.to_dict()
+    # what --resume compares: every recipe key, and the sha256 of the data file's content
+    data = Path(recipe.data.train)
+    assert json.loads((out / "run.json").read_text()) == {"kind": "training run", "settings": json.loads(json.dumps(
+        {**recipe.flat(), f"data {data.resolve()}": hashlib.sha256(data.read_bytes()).hexdigest()}))}
     assert "mixln: 4 steps, 512 tokens" in output and "preln: 4 steps" in output
     for arm, post_ln in (("mixln", 2), ("preln", 0)):
         records = metrics(out, arm)
@@ -247,9 +252,9 @@ def test_existing_run_is_not_overwritten(finished, cli):
     before = (out / "mixln" / "metrics.jsonl").read_text()
     recipe = "smollm2-135m-cpu"
     result = cli("train", recipe, *(f"--set={s}" for s in sets), "--out", out)
-    assert result.exit_code == 1 and "holds a training run already" in result.output
+    assert result.exit_code == 1 and "--resume continues the training run it holds" in result.output
     result = cli("train", recipe, *(f"--set={s}" for s in sets), "--set=optim.lr=1e-2", "--out", out, "--resume")
-    assert result.exit_code == 1 and "differs" in result.output
+    assert result.exit_code == 1 and "started with optim.lr 0.0001, not 0.01" in result.output
     result = cli("train", recipe, *(f"--set={s}" for s in sets), "--out", out, "--resume")  # finished: nothing to do
     assert result.exit_code == 0 and (out / "mixln" / "metrics.jsonl").read_text() == before
 

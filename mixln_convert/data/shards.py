@@ -32,13 +32,12 @@ def shard_name(split: str, index: int) -> str:
     return f"{split}-{index:05d}.bin"
 
 
-def file_sha256(path: Path, size: int | None = None) -> str:
-    """sha256 of the first ``size`` bytes of ``path`` (all of it by default), read 16 MiB at a time."""
-    digest, left = hashlib.sha256(), float("inf") if size is None else size
+def file_sha256(path: Path) -> str:
+    """sha256 of ``path``, read 16 MiB at a time."""
+    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        while left > 0 and (piece := f.read(min(2**24, left))):
+        while piece := f.read(2**24):
             digest.update(piece)
-            left -= len(piece)
     return digest.hexdigest()
 
 

@@ -212,8 +212,6 @@ class HubDataset:
             if builder.info.features is not None:
                 dataset = dataset.select_columns(["text"])
             yield from dataset
-        except MixLNError:
-            raise
         except Exception as e:  # as in builder(): datasets, pyarrow, the network
             raise MixLNError(f"{self.name}: cannot read it through datasets ({_reason(e)})") from None
 

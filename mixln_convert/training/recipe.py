@@ -85,7 +85,7 @@ class Guard:
 @dataclass(frozen=True)
 class Recipe:
     """Everything a ``train`` run depends on; ``OUT/recipe.yaml`` holds it resolved, and --resume
-    compares it."""
+    compares it (in ``OUT/run.json``)."""
     source: str | None = None  # the Pre-LN model: HF folder, .gguf, Hub name ORG/NAME[@REVISION], or "smollm2"
     converted: str | None = None  # an already converted Mix-LN checkpoint; None: source converted into OUT/mixln
     # what `train` runs (its --arm overrides it), one arm after the other on the same data: mixln (the
@@ -126,10 +126,14 @@ class Recipe:
         """The nested mapping recipe.yaml holds (lists, not tuples: YAML's plain types)."""
         return _plain(dataclasses.asdict(self))
 
+    def flat(self) -> dict:
+        """{"dotted.key": value} of every key, as ``--set`` names them."""
+        return _flatten(self.to_dict())
+
     def replace(self, changes: dict, changed_by: str = "the caller") -> "Recipe":
         """A copy with ``changes`` ({"dotted.key": value}) applied, typed, resolved and checked like
         ``--set`` items (``changed_by`` names them in an error)."""
-        values, origin = _flatten(self.to_dict()), {}
+        values, origin = self.flat(), {}
         for key, value in changes.items():
             _assign(values, origin, key, value, changed_by)
         return _complete(values, origin, changed_by)  # it was valid before
