@@ -7,9 +7,16 @@ text may hold `code` spans.
 import base64
 import html
 import re
+import statistics
 from pathlib import Path
 
 MISSING = "—"  # a cell or figure the input does not have
+
+
+def mean_and_range(values: list[float], form: str) -> str:
+    """A cell of figures over seeds: 'mean [min, max]' in ``form``, the value alone for one seed."""
+    text = form.format(statistics.mean(values))
+    return text + (f" [{form.format(min(values))}, {form.format(max(values))}]" if len(values) > 1 else "")
 
 
 def to_markdown(blocks: list) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from ..analysis.plots import scale_layer_drop_axis
-from .render import write_report
+from .render import mean_and_range, write_report
 
 CLAIMS = {  # claim -> (figure, the direction the paper claims for Mix-LN against Pre-LN)
     "perplexity": ("final_val_ppl", "lower"),
@@ -23,19 +23,13 @@ FIGURES = {"final_val_ppl": ("final validation perplexity", "{:.2f}"),
            "grad_norm_cv": ("gradient-norm CV across blocks", "{:.3f}")}
 
 
-def _over_seeds(runs: list[dict], key: str, form: str) -> str:
-    values = [r[key] for r in runs]
-    text = form.format(statistics.mean(values))
-    return text + (f" ({form.format(min(values))} - {form.format(max(values))})" if len(values) > 1 else "")
-
-
 def table_rows(result: dict) -> list[list[str]]:
     rows = []
     for scheme in result["schemes"]:
         for arm in result["arms"]:
             runs = [r for r in result["runs"] if r["scheme"] == scheme and r["arm"] == arm]
             moved = [abs(r["last_interval_change"]) for r in runs if r["last_interval_change"] is not None]
-            rows.append([scheme, arm, *(_over_seeds(runs, key, form) for key, (_, form) in FIGURES.items()),
+            rows.append([scheme, arm, *(mean_and_range([r[key] for r in runs], form) for key, (_, form) in FIGURES.items()),
                          f"{max(moved):.1%}" if moved else "-",
                          f"{statistics.mean(r['wall_time_s'] for r in runs) / 60:.1f} min"])
     return rows

@@ -9,7 +9,7 @@ from matplotlib.ticker import MaxNLocator
 
 from ..analysis.measures import verdict
 from ..analysis.plots import scale_layer_drop_axis
-from .render import MISSING, write_report
+from .render import MISSING, mean_and_range, write_report
 
 
 def _ratio(value: float | None, original: float) -> str:
@@ -18,11 +18,6 @@ def _ratio(value: float | None, original: float) -> str:
 
 def _trained(row: dict) -> float | None:
     return float(np.mean([run["final_val_ppl"] for run in row["trained"]])) if row["trained"] else None
-
-
-def _spread(runs: list[dict]) -> str:
-    values = [run["final_val_ppl"] for run in runs]
-    return f"{np.mean(values):,.2f}" + (f" [{min(values):,.2f}, {max(values):,.2f}]" if len(values) > 1 else "")
 
 
 def table_rows(result: dict) -> list[list[str]]:
@@ -34,7 +29,8 @@ def table_rows(result: dict) -> list[list[str]]:
         rows.append([", ".join(f"{a:g}" for a in row["alphas"]), f"{row['post_ln_layers']} / {result['num_layers']}",
                      *(_ratio(stage.get(key), original[key]) for stage in (row["converted"], row["healed"] or {})
                        for key in ("perplexity", "per_document_perplexity")),
-                     _spread(row["trained"]) if row["trained"] else MISSING,
+                     mean_and_range([run["final_val_ppl"] for run in row["trained"]], "{:,.2f}") if row["trained"]
+                     else MISSING,
                      f"{row['grad_norm_cv']:.3f}", MISSING if grad is None else f"{grad:.2f}",
                      "passes" if not failures else "; ".join(failures)])
     return rows
