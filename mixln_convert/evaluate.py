@@ -116,8 +116,7 @@ def prepare_scoring(ckpt, options: EvalOptions | None = None, **settings) -> Sco
 
     options = EvalOptions.given(options, settings)
     ckpt = checkpoint_path(ckpt, "CKPT")
-    if options.data is not None:
-        check_readable(options.data, "--data")
+    check_readable(options.data, "--data")
     source = open_checkpoint(ckpt)
     packed = not options.tasks
     if not (packed or options.per_document):  # greedy continuations only: no text, no windows

@@ -134,7 +134,7 @@ class HealOptions(Options, HealSettings, ShardSized):
         check_spike_factor("--spike-factor", self.spike_factor)
         check_seed(self.seed)
         check_one_step(self.tokens, self.batch_size, self.seq_len)
-        self.max_shard_bytes  # parsed: a bad size is refused when the options are made
+        parse_size(self.max_shard_size)  # refused now, not at the writer (None too: only convert has a default)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -265,7 +265,7 @@ class PruneOptions(Measurement, ShardSized):
         if self.remove is not None:
             check_positive("--remove", self.remove)
         check_choice("--method", self.method, METHODS)
-        self.max_shard_bytes  # parsed: a bad size is refused when the options are made
+        parse_size(self.max_shard_size)  # refused now, not at the writer (None too: only convert has a default)
 
 
 @dataclass(frozen=True, kw_only=True)

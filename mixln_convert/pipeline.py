@@ -79,7 +79,7 @@ def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool =
         raise
     summaries = {arm: finished.get(arm) or stages.run(arm, out / arm, lambda folder, arm=arm: train_arm(
         recipe, arm, folder, sources[arm], splits, source.tokenizer, accumulation, resume, progress), atomic=False,
-        record=SUMMARY) for arm in arms}
+        checked=False) for arm in arms}
     state.destroy_process_group()
     return summaries
 
@@ -133,8 +133,7 @@ def convert_and_heal(src, dst, options: ConvertOptions | None = None, *, heal_to
 
     options = ConvertOptions.given(options, settings)
     src = checkpoint_path(src, "SRC")
-    if heal_data is not None:
-        check_readable(heal_data, "--heal-data")
+    check_readable(heal_data, "--heal-data")
     layers = open_checkpoint(src).config["num_hidden_layers"]
     if options.lns or post_ln_count(layers, options.alpha, options.post_ln_layers) == 0:
         # a heal trains the Post-LN blocks: said before converting

@@ -81,8 +81,7 @@ def _claim(src: str, out, options: SweepOptions, resume: bool, force: bool):
 
     check_force_or_resume(force, resume)
     data = options.data
-    if data is not None:
-        check_readable(data, "--data")
+    check_readable(data, "--data")
     out, source = Path(out), open_checkpoint(src)
     # what every stage's result depends on, which a resume must find unchanged (not the alphas: each block
     # count is a stage of its own, so a resume may add some; not the rule: it only reads the results)

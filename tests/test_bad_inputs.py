@@ -913,6 +913,20 @@ def test_api_batch_sizes_and_limits_are_range_checked_before_any_work(flag, valu
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+def test_api_shard_size_none_is_refused_where_there_is_no_default(tiny_llama, converted, tmp_path):
+    """None is a conversion's default (the source's largest shard); heal and prune have none, and
+    once took it through their checks to a TypeError in the writer, after the whole heal."""
+    from mixln_convert.errors import MixLNError
+    from mixln_convert.healing import heal
+    from mixln_convert.surgery.prune import prune
+
+    for call in (lambda: heal(converted, tiny_llama, tmp_path / "h", max_shard_size=None, progress=False),
+                 lambda: prune(tiny_llama, tmp_path / "p", remove=1, max_shard_size=None, progress=False)):
+        with pytest.raises(MixLNError, match=r"^--max-shard-size: cannot read size None"):
+            call()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("value", [0, -1, True, 2.5, float("nan"), 2**50 + 1, "0", "lots"])
 def test_api_shard_sizes_are_refused_when_the_options_are_made(value, tiny_llama, converted, tmp_path):
     """A library caller's max_shard_size is checked with the other options, before any work (an int 0

@@ -38,8 +38,7 @@ def analyze(ckpt, out, options: AnalyzeOptions | None = None, *, force: bool = F
     options = AnalyzeOptions.given(options, settings)
     ckpt = checkpoint_path(ckpt, "CKPT")
     inputs = {"CKPT": ckpt, "--data": options.data, "--include-path": options.include_path}
-    if options.data is not None:
-        check_readable(options.data, "--data")
+    check_readable(options.data, "--data")
     check_destination(out, inputs, force, flag="--out")
     if options.tasks and task_manager is None:
         from ..downstream import known_tasks
@@ -58,7 +57,7 @@ def analyze(ckpt, out, options: AnalyzeOptions | None = None, *, force: bool = F
 
 
 def measure(source, name: str, options: AnalyzeOptions, task_manager, progress: bool) -> dict:
-    """The analysis of the opened checkpoint ``source`` (``name``: as the user gave it)."""
+    """The analysis of the opened checkpoint ``source`` (``name``: its local path, which analysis.json records)."""
     data, seq_len, batch_size = options.data, options.seq_len, options.batch_size
     tokenizer, num_layers = source.tokenizer, source.config["num_hidden_layers"]
     texts = read_texts(data, split="validation")

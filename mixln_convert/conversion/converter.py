@@ -44,8 +44,7 @@ def convert(src, dst, options: ConvertOptions | None = None, *, force: bool = Fa
     max_shard_bytes = options.max_shard_bytes
     calibration_data, strategy = options.calibration_data, options.strategy
     inputs = {"SRC": src, "--calibration-data": calibration_data}
-    if calibration_data is not None:
-        check_readable(calibration_data, "--calibration-data")
+    check_readable(calibration_data, "--calibration-data")
     check_destination(dst, inputs, force)
     source = open_checkpoint(src)
     arch = architecture_for(source.config, source.where)

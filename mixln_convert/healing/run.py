@@ -75,8 +75,7 @@ class HealRun(HealOptions):
         inputs = {"CONVERTED": self.converted, "--teacher": self.teacher, "--data": None if in_hand else self.data,
                   "--eval-data": self.eval_data}
         for flag in ("--data", "--eval-data"):
-            if inputs[flag] is not None:
-                check_readable(inputs[flag], flag)
+            check_readable(inputs[flag], flag)
         check_destination(self.out, inputs, self.force, flag="--out")
         self.student_source, self.teacher_source = open_pair(self.converted, self.teacher)
         check_seq_len(self.seq_len_flag or "seq_len", self.seq_len, self.student_source.config)

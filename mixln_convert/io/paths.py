@@ -81,7 +81,9 @@ def check_destination(dst, inputs: dict, force: bool = False, flag: str = "DST")
 
 def check_readable(path, flag: str) -> None:
     """A data argument that must exist now: a path (a glob must match), or a Hub dataset name that
-    ``datasets`` can load (:mod:`.hub`)."""
+    ``datasets`` can load (:mod:`.hub`); None (not given) passes."""
+    if path is None:
+        return
     dataset = hub_name(path, "dataset")
     if dataset is not None:
         HubDataset(dataset).builder(flag)

@@ -23,7 +23,7 @@ SUMMARY, METRICS, ANALYSIS = "summary.json", "metrics.jsonl", "analysis.json"
 def claim_run(out, kind: str, settings: dict, inputs: dict, resume: bool, force: bool = False,
               force_hint: bool = True) -> Path:
     """``out`` resolved, once it may hold this run: absent or empty; with ``force`` anything but
-    an input (the caller empties it); with ``resume`` a ``kind`` run whose record holds
+    an input (:func:`start_run` empties it); with ``resume`` a ``kind`` run whose record holds
     ``settings`` ({flag: JSON value}). ``inputs`` ({what: path}) are never written. Reads only."""
     target = check_destination(out, inputs, force=True, flag="--out")
     if force or not (target.is_dir() and any(target.iterdir())):
@@ -123,12 +123,12 @@ class Stages:
     def __init__(self, resume: bool):
         self.resume, self.times = resume, {}
 
-    def run(self, name: str, folder: Path, work, atomic: bool = True, record: str | None = None):
+    def run(self, name: str, folder: Path, work, atomic: bool = True, checked: bool = True):
         """``work(folder)``'s result. ``atomic``: work in a temporary folder renamed to ``folder`` when done, so an
         interrupted stage leaves nothing; else in ``folder`` itself (a stage resuming its own work: training).
-        ``record``: the result file ``work`` writes last itself (an arm's summary.json), read back by the caller."""
-        done = folder / (record or STAGE_RESULT)
-        if self.resume and record is None and done.is_file():
+        ``checked`` False: ``work`` writes its own result file last (an arm's summary.json), which the caller reads."""
+        done = folder / STAGE_RESULT
+        if self.resume and checked and done.is_file():
             return read_checked(done, f"remove {folder} to run this stage again")
         with timed(self.times, name):
             if atomic:
@@ -138,7 +138,7 @@ class Stages:
             else:
                 folder.mkdir(parents=True, exist_ok=True)
                 result = work(folder)
-                if record is None:
+                if checked:
                     write_checked(done, result)
         return result
 

@@ -16,8 +16,13 @@ def _ratio(value: float | None, original: float) -> str:
     return MISSING if value is None else f"{value:,.2f} ({value / original:.3f}x)"
 
 
+def _ppls(runs: list[dict]) -> list[float]:
+    """The final validation perplexities of trained runs (one per seed)."""
+    return [run["final_val_ppl"] for run in runs]
+
+
 def _trained(row: dict) -> float | None:
-    return float(np.mean([run["final_val_ppl"] for run in row["trained"]])) if row["trained"] else None
+    return float(np.mean(_ppls(row["trained"]))) if row["trained"] else None
 
 
 def table_rows(result: dict) -> list[list[str]]:
@@ -29,8 +34,7 @@ def table_rows(result: dict) -> list[list[str]]:
         rows.append([", ".join(f"{a:g}" for a in row["alphas"]), f"{row['post_ln_layers']} / {result['num_layers']}",
                      *(_ratio(stage.get(key), original[key]) for stage in (row["converted"], row["healed"] or {})
                        for key in ("perplexity", "per_document_perplexity")),
-                     mean_and_range([run["final_val_ppl"] for run in row["trained"]], "{:,.2f}") if row["trained"]
-                     else MISSING,
+                     mean_and_range(_ppls(row["trained"]), "{:,.2f}") if row["trained"] else MISSING,
                      f"{row['grad_norm_cv']:.3f}", MISSING if grad is None else f"{grad:.2f}",
                      "passes" if not failures else "; ".join(failures)])
     return rows
@@ -52,7 +56,7 @@ def verdict_sentences(result: dict) -> list[str]:
             sentences.append("That is no Post-LN block at all: no Mix-LN layout passed the rule.")
     trained = {row["post_ln_layers"]: _trained(row) for row in result["rows"] if row["trained"]}
     if result["control"] and trained:
-        spread = [run["final_val_ppl"] for run in result["control"]]
+        spread = _ppls(result["control"])
         control = float(np.mean(spread))
         beating = {n: ppl for n, ppl in trained.items() if n > 0 and ppl < min(spread)}
         if beating:
@@ -78,8 +82,7 @@ def verdict_sentences(result: dict) -> list[str]:
 def _lns_sentence(result: dict) -> str:
     """The LNS retrofit against the Pre-LN control, both trained on each seed's data and order: a
     difference is called only beyond the spread between seeds (one seed has none: too close to call)."""
-    found = verdict([run["final_val_ppl"] for run in result["lns"]],
-                    [run["final_val_ppl"] for run in result["control"]], "lower")
+    found = verdict(_ppls(result["lns"]), _ppls(result["control"]), "lower")
     outcome = {"reproduced": "LNS is lower", "not reproduced": "LNS is higher"}.get(found["outcome"],
                                                                                     found["outcome"])
     return (f"The LNS retrofit (every block's norm gains x sqrt(l): the original's function until trained), "
@@ -102,10 +105,10 @@ def plot_perplexity(result: dict, path: Path) -> None:
         ax.plot(alphas, values, marker="o", linestyle="none", label=name)
     ax.axhline(result["original"]["scores"]["perplexity"], color="grey", linestyle="--", label="original (Pre-LN)")
     if result["control"]:
-        ax.axhline(np.mean([run["final_val_ppl"] for run in result["control"]]), color="black", linestyle=":",
+        ax.axhline(np.mean(_ppls(result["control"])), color="black", linestyle=":",
                    label="Pre-LN control, trained (validation)")
     if result["lns"]:
-        ax.axhline(np.mean([run["final_val_ppl"] for run in result["lns"]]), color="tab:green", linestyle="-.",
+        ax.axhline(np.mean(_ppls(result["lns"])), color="tab:green", linestyle="-.",
                    label="LNS retrofit, trained (validation)")
     scores = result["original"]["scores"]
     ax.set(title=f"Perplexity by Post-LN ratio\n{scores['data']}, {scores['tokens']:,} tokens in windows of "

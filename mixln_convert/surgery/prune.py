@@ -54,8 +54,7 @@ def prune(src, dst, options: PruneOptions | None = None, *, force: bool = False,
     options = PruneOptions.given(options, settings)
     layers, remove, method, data = options.layers, options.remove, options.method, options.data
     src = checkpoint_path(src, "CKPT")
-    if data is not None:
-        check_readable(data, "--data")
+    check_readable(data, "--data")
     inputs = {"CKPT": src, "--data": data}
     check_destination(dst, inputs, force, flag="OUT")
     source = open_checkpoint(src)

@@ -82,7 +82,7 @@ def choose_hardware(stated: Hardware | None, options: EstimateOptions | None = N
         strategy = stated.strategy if stated.strategy != "single" or processes == 1 else "ddp"
     if strategy == "single" and processes > 1:
         raise MixLNError(f"--strategy single runs one process, not {processes} (ddp or fsdp for several)")
-    memory = stated.memory if options.memory is None else options.memory_bytes
+    memory = options.memory_bytes or stated.memory
     return Hardware(processes, strategy, options.device or stated.device, memory)
 
 
