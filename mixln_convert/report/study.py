@@ -29,7 +29,8 @@ def table_rows(result: dict) -> list[list[str]]:
         for arm in result["arms"]:
             runs = [r for r in result["runs"] if r["scheme"] == scheme and r["arm"] == arm]
             moved = [abs(r["last_interval_change"]) for r in runs if r["last_interval_change"] is not None]
-            rows.append([scheme, arm, *(mean_and_range([r[key] for r in runs], form) for key, (_, form) in FIGURES.items()),
+            figures = (mean_and_range([r[key] for r in runs], form) for key, (_, form) in FIGURES.items())
+            rows.append([scheme, arm, *figures,
                          f"{max(moved):.1%}" if moved else "-",
                          f"{statistics.mean(r['wall_time_s'] for r in runs) / 60:.1f} min"])
     return rows
