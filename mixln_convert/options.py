@@ -217,6 +217,8 @@ class EvalOptions(Measurement):
 
     def __post_init__(self):
         super().__post_init__()
+        if self.tasks is None or isinstance(self.tasks, str):  # an API caller's None or "a,b": as the CLI reads it
+            object.__setattr__(self, "tasks", parse_tasks(self.tasks) if self.tasks is not None else ())
         if not all(isinstance(name, str) and name.strip() for name in self.tasks):
             raise MixLNError(f"{self.TASKS_FLAG}: {','.join(map(str, self.tasks))!r} holds an empty task name "
                              "(give NAME[,NAME...])")

@@ -913,6 +913,17 @@ def test_api_batch_sizes_and_limits_are_range_checked_before_any_work(flag, valu
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+def test_api_tasks_given_as_a_string_or_none_read_as_the_cli_reads_them():
+    """tasks="a,b" was once iterated into the unknown tasks 'a', ',' and 'b', and tasks=None was a TypeError."""
+    from mixln_convert.errors import MixLNError
+    from mixln_convert.options import AnalyzeOptions, EvalOptions
+
+    assert EvalOptions(tasks="hellaswag").tasks == ("hellaswag",)
+    assert AnalyzeOptions(tasks="a, b,a").tasks == ("a", "b") and EvalOptions(tasks=None).tasks == ()
+    with pytest.raises(MixLNError, match=r"^--task: 'a,' holds an empty task name"):
+        AnalyzeOptions(tasks="a,")
+
+
 def test_api_shard_size_none_is_refused_where_there_is_no_default(tiny_llama, converted, tmp_path):
     """None is a conversion's default (the source's largest shard); heal and prune have none, and
     once took it through their checks to a TypeError in the writer, after the whole heal."""
