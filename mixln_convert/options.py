@@ -128,6 +128,8 @@ class HealOptions(Options, HealSettings, ShardSized):
         check_batch_size("--batch-size", self.batch_size)
         check_tokens("--tokens", self.tokens)
         check_tokens("--eval-tokens", self.eval_tokens)
+        for tokens in self.eval_at:  # the API's: validation once this many tokens are trained
+            check_tokens("eval_at", tokens)
         check_positive_float("--lr", self.lr)
         check_fraction("warmup_ratio", self.warmup_ratio, high_open=True)
         check_nonnegative("grad_clip", self.grad_clip)
