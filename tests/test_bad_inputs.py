@@ -963,10 +963,12 @@ def test_api_token_counts_are_range_checked_before_any_work(value, tiny_llama, t
     from mixln_convert.conversion.converter import convert
     from mixln_convert.errors import MixLNError
     from mixln_convert.evaluate import prepare_scoring
+    from mixln_convert.data import tokenize
     from mixln_convert.healing import heal
 
     calls = {"--max-tokens": lambda: analyze(tiny_llama, tmp_path / "a", max_tokens=value, progress=False),
              "eval_at": lambda: heal(tiny_llama, tiny_llama, tmp_path / "h", eval_at=(value,), progress=False),
+             "max_validation_tokens": lambda: tokenize(None, tiny_llama, tmp_path / "t", max_validation_tokens=value),
              "--calibration-tokens": lambda: convert(tiny_llama, tmp_path / "c", calibration_tokens=value, progress=False),
              "--max-tokens ": lambda: prepare_scoring(tiny_llama, max_tokens=value)}
     for flag, call in calls.items():
