@@ -87,6 +87,21 @@ def test_kl_loss_heals_through_the_whole_model(moved, tiny_llama, tmp_path):
     assert json.loads((tmp_path / "out" / "config.json").read_text())["mixln_provenance"]["heal"]["loss"] == "kl"
 
 
+def test_a_teacher_with_a_tied_head_saved_anyway_heals(tiny_llama_tied, tmp_path):
+    """A tied config over weights that also hold the head (equal to the embeddings) converts (test_convert.py),
+    and the heal against it as teacher runs (it once ended in an IndexError where the pair was built)."""
+    from safetensors.torch import save_file
+
+    teacher = tmp_path / "head-saved"
+    shutil.copytree(tiny_llama_tied, teacher)
+    state = load_file(teacher / "model.safetensors")
+    save_file({**state, "lm_head.weight": state["model.embed_tokens.weight"].clone()}, teacher / "model.safetensors")
+    converted = convert(teacher, tmp_path / "mixln", alpha=0.25, strategy="move", progress=False)
+    result = heal(converted, teacher, tmp_path / "healed", tokens=STEPS * BATCH * SEQ_LEN, lr=LR, loss="kl", **FAST)
+    assert result["perplexity"]["after"] < result["perplexity"]["before"]
+    assert (tmp_path / "healed" / "config.json").is_file()
+
+
 def test_eval_data_is_what_heal_scores_packed_and_per_document(moved, tiny_llama, tmp_path):
     documents = ["The licence grants every recipient the same freedoms. " * 6, "Copies may be sold or given away. " * 9]
     held_out = tmp_path / "held-out.jsonl"

@@ -63,8 +63,9 @@ def _whole_model(source, arch, state: dict):
     config._attn_implementation = "sdpa"
     with torch.device("meta"):  # no time spent initializing weights that are assigned next
         model = AutoModelForCausalLM.from_config(config)
-    missing = model.load_state_dict(state, strict=False, assign=True).missing_keys
-    if missing != ([arch.lm_head] if config.tie_word_embeddings else []):
+    missing = [name for name in model.load_state_dict(state, strict=False, assign=True).missing_keys
+               if not (config.tie_word_embeddings and name == arch.lm_head)]  # tied: a saved head is the embeddings
+    if missing:
         raise MixLNError(f"{source.path}: lacks tensor {missing[0]}")
     model.tie_weights()
     decoder = arch.decoder_of(model)
