@@ -17,7 +17,10 @@ def is_number(value) -> bool:
 
 
 def is_finite_number(value) -> bool:
-    return is_number(value) and math.isfinite(value)
+    try:
+        return is_number(value) and math.isfinite(value)
+    except OverflowError:  # an int past float's range: no count or rate the tool takes
+        return False
 
 
 def _is_integral(value) -> bool:

@@ -530,6 +530,7 @@ ROWS = [
     ("sweep-train-tokens-huge", lambda i, o: ["sweep", i.src, "--out", o, "--train-tokens", "100000000000000000000000"], "'--train-tokens'"),
     ("demo-heal-tokens-huge", lambda i, o: ["demo", "--source", i.src, "--out", o, "--heal-tokens", "100000000000000000000000"], "'--heal-tokens'"),
     ("train-set-max-tokens-huge", lambda i, o: [*recipe(i, "max_tokens=100000000000000000000000"), "--out", o], "max_tokens must be an integer in [1, 10^13]"),
+    ("train-set-max-tokens-past-float", lambda i, o: [*recipe(i, f"max_tokens={10**400}"), "--out", o], "max_tokens must be an integer in [1, 10^13]"),
     ("train-eval-interval-huge", lambda i, o: [*recipe(i, "eval_interval=1e30"), "--out", o], "eval_interval must be an integer in [1, 10^13]"),
     ("train-keep-checkpoints-huge", lambda i, o: [*recipe(i, "keep_checkpoints=1e14"), "--out", o], "keep_checkpoints must be an integer in [0, 10^13]"),
     ("train-warmup-steps-huge", lambda i, o: [*recipe(i, "schedule.warmup_steps=1e23"), "--out", o], "schedule.warmup_steps must be an integer in [0, 10^13]"),
@@ -955,10 +956,10 @@ def test_api_shard_sizes_are_refused_when_the_options_are_made(value, tiny_llama
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("value", [float("inf"), float("nan"), 10**14, 0, 2.5, True])
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 10**14, 10**400, 0, 2.5, True])
 def test_api_token_counts_are_range_checked_before_any_work(value, tiny_llama, tmp_path):
     """A library caller's token count gets the flag's one-line error too, before anything is written
-    (inf and NaN once escaped as OverflowError / ValueError from int())."""
+    (inf and NaN once escaped as OverflowError / ValueError from int(), an int past float's range from isfinite)."""
     from mixln_convert.analysis.analyze import analyze
     from mixln_convert.conversion.converter import convert
     from mixln_convert.errors import MixLNError

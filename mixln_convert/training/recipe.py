@@ -7,7 +7,6 @@ name, or any YAML file by path.
 
 import dataclasses
 import glob
-import math
 import os
 import typing
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ import yaml
 from ..errors import MixLNError
 from ..io.hub import hub_name
 from ..io.paths import check_readable, checkpoint_path, is_pattern
-from ..limits import SPIKE_FACTORS, below_one_step, count_interval, count_ok, spike_factor_ok
+from ..limits import SPIKE_FACTORS, below_one_step, count_interval, count_ok, is_finite_number, spike_factor_ok
 from ..options import (ALPHA, ARMS, ATTENTIONS, DEFAULT_ARMS, EVAL_SEQ_LEN, EVAL_TOKENS, LOSSES, PRECISIONS, STRATEGIES,
                        HealSettings)
 
@@ -263,7 +262,7 @@ def _check(r: dict, where: str, origin: dict) -> None:
             raise MixLNError(f"{origin.get(key, where)}: {message}")
 
     def number(key: str, ok, interval: str):
-        need(math.isfinite(r[key]) and ok(r[key]), f"{key} must be {interval}, got {r[key]!r}", key)
+        need(is_finite_number(r[key]) and ok(r[key]), f"{key} must be {interval}, got {r[key]!r}", key)
 
     need(r["source"] is not None, "source is required (a Pre-LN checkpoint folder, a .gguf, or smollm2)")
     need(r["conversion.strategy"] in STRATEGIES, f"conversion.strategy must be one of {', '.join(STRATEGIES)}",
@@ -293,7 +292,7 @@ def _check(r: dict, where: str, origin: dict) -> None:
     number("guard.max_skips", lambda v: 0 <= v <= 10_000, "an integer in [0, 10000]")
     number("seed", lambda v: 0 <= v < 2**32, "an integer in [0, 2^32)")
     for i, beta in enumerate(r["optim.betas"]):
-        need(math.isfinite(beta) and 0 <= beta < 1, f"optim.betas[{i}] must be in [0, 1), got {beta!r}", "optim.betas")
+        need(is_finite_number(beta) and 0 <= beta < 1, f"optim.betas[{i}] must be in [0, 1), got {beta!r}", "optim.betas")
     need(r["global_batch_size"] % r["micro_batch_size"] == 0,
          f"global_batch_size {r['global_batch_size']} is not a multiple of micro_batch_size {r['micro_batch_size']}",
          "global_batch_size")
