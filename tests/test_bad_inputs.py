@@ -654,6 +654,8 @@ ROWS = [
     ("tokenize-data-bad-json", lambda i, o: ["tokenize", i.file("bad.jsonl", '{"text": "a"}\n{bro'), "--tokenizer", i.src, "--out", o], "bad.jsonl: invalid JSON at line 2"),
     ("train-tokens-manifest-not-json", lambda i, o: [*on_tokens(i, tokens(i, lambda f: (f / "mixln-tokens.json").write_text("{"))), "--out", o], "mixln-tokens.json: damaged"),
     ("train-tokens-manifest-tokens-edited", lambda i, o: [*on_tokens(i, tokens(i, _edit_manifest(lambda m: {**m, "splits": {**m["splits"], "train": {**m["splits"]["train"], "tokens": 1}}}))), "--out", o], "train tokens 1 is not the sum over its shards"),
+    ("train-tokens-manifest-no-tokenizer", lambda i, o: [*on_tokens(i, tokens(i, _edit_manifest(lambda m: {k: v for k, v in m.items() if k != "tokenizer_sha256"}))), "--out", o], "tokenizer_sha256 must be a string"),
+    ("train-tokens-manifest-no-documents", lambda i, o: [*on_tokens(i, tokens(i, _edit_manifest(lambda m: {**m, "splits": {**m["splits"], "validation": {k: v for k, v in m["splits"]["validation"].items() if k != "documents"}}}))), "--out", o], "validation documents must be an integer"),
     ("train-tokens-manifest-shard-renamed", lambda i, o: [*on_tokens(i, tokens(i, _edit_manifest(lambda m: {**m, "splits": {**m["splits"], "train": {**m["splits"]["train"], "shards": [{**s, "file": "../x.bin"} for s in m["splits"]["train"]["shards"]]}}}))), "--out", o], "mixln-tokens.json: damaged"),
     ("train-tokens-shard-truncated", lambda i, o: [*on_tokens(i, tokens(i, _cut_shard)), "--out", o], "train-00001.bin: 4086 bytes, the manifest says 4096"),
     ("train-tokens-shard-missing", lambda i, o: [*on_tokens(i, tokens(i, lambda f: (f / "validation-00000.bin").unlink())), "--out", o], "validation-00000.bin: missing"),

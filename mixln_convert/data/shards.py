@@ -130,6 +130,8 @@ def read_manifest(folder: Path) -> dict:
             raise ValueError(f"dtype {manifest.get('dtype')!r}")
         if not isinstance(manifest.get("shard_tokens"), int) or manifest["shard_tokens"] < 1:
             raise ValueError("shard_tokens must be a positive integer")
+        if not isinstance(manifest.get("tokenizer_sha256"), str):
+            raise ValueError("tokenizer_sha256 must be a string")
         for split in TOKEN_SPLITS:
             record = manifest["splits"][split]
             shards = record["shards"]
@@ -138,6 +140,8 @@ def read_manifest(folder: Path) -> dict:
                     or not isinstance(s.get("tokens"), int) or not 0 < s["tokens"] <= manifest["shard_tokens"]
                     or not isinstance(s.get("sha256"), str) for i, s in enumerate(shards)):
                 raise ValueError(f"{split} shards: each needs its file name in order, tokens and sha256")
+            if not isinstance(record.get("documents"), int):
+                raise ValueError(f"{split} documents must be an integer")
             if record.get("tokens") != sum(s["tokens"] for s in shards):
                 raise ValueError(f"{split} tokens {record.get('tokens')!r} is not the sum over its shards")
     except (OSError, UnicodeDecodeError) as e:
