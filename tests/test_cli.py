@@ -43,6 +43,19 @@ def test_eval_json_last_line(cli, converted):
     assert 1 < summary["perplexity"] < 10 * 320  # a random model over a 320-token vocabulary
 
 
+def test_a_home_relative_path_reads_what_its_check_found(cli, converted, tmp_path, monkeypatch):
+    """'~/...' (quoted, or after --flag=) is checked as the home folder's path; the readers once took it
+    literally and answered 'no such file or folder' after the check had passed."""
+    import shutil
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    shutil.copytree(converted, tmp_path / "ckpt")
+    (tmp_path / "text.txt").write_text("The model reads a line of text and writes the next word. " * 40)
+    result = cli("eval", "~/ckpt", "--data=~/text.txt", "--max-tokens", "64", "--seq-len", "16", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout.strip().splitlines()[-1])["perplexity"] > 0
+
+
 def test_inspect_shows_layout_and_provenance(cli, converted):
     result = cli("inspect", converted)
     assert result.exit_code == 0, result.output

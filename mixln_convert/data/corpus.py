@@ -157,6 +157,7 @@ def _expand(path: Path) -> list[Path]:
 
 
 def _files(source: str) -> list[Path]:
+    source = os.path.expanduser(source)  # as io/paths.py checked it
     if os.path.exists(source):
         return _expand(Path(source))
     if is_pattern(source):

@@ -101,7 +101,7 @@ def checkpoint_path(path, flag: str):
     if model is not None:
         return model_snapshot(model, flag)
     _check_paths(path, flag)
-    return path
+    return os.path.expanduser(path) if isinstance(path, str) else Path(os.path.expanduser(path))  # as checked
 
 
 def _check_paths(path, flag: str) -> None:
