@@ -20,6 +20,11 @@ DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")  # conversio
 # pipeline.py's training arms: the converted Mix-LN model, the Pre-LN control, the LNS retrofit
 ARMS = ("mixln", "preln", "lns")
 DEFAULT_ARMS = ("mixln", "preln")
+
+
+def arms_ok(arms) -> bool:
+    """Distinct names of ARMS, at least one (a string is a name, not a list of them)."""
+    return not isinstance(arms, str) and bool(arms) and set(arms) <= set(ARMS) and len(set(arms)) == len(arms)
 METHODS = ("angular", "drop", "last")  # analysis/choice.py: how N blocks to remove are chosen
 LOSSES = ("kl", "residual")  # healing/losses.py
 HEAL_DTYPES = ("fp32", "bf16")  # healing/: of the frozen weights (the trained blocks stay float32)

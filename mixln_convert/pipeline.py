@@ -17,7 +17,8 @@ from .io.loader import open_checkpoint
 from .io.paths import check_destination, check_readable, checkpoint_path
 from .io.runs import SUMMARY, Stages, claim_run, read_summary, start_run
 from .limits import check_force_or_resume, check_one_step, check_seq_len, check_tokens
-from .options import DEMO_LR, EVAL_DATA, HEAL_BATCH_SIZE, HEAL_SEQ_LEN, ConvertOptions, DemoOptions, measured_on
+from .options import (ARMS, DEMO_LR, EVAL_DATA, HEAL_BATCH_SIZE, HEAL_SEQ_LEN, ConvertOptions, DemoOptions, arms_ok,
+                      measured_on)
 from .runtime import map_large_allocations
 from .training.recipe import Recipe, load_recipe
 
@@ -38,6 +39,8 @@ def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool =
 
     out = Path(out).absolute()
     arms = recipe.arms if arms is None else arms
+    if not arms_ok(arms):  # the recipe's are checked; an API caller's "mixln" would train five arms, m, i, x...
+        raise MixLNError(f"arms: must list distinct arms of {', '.join(ARMS)}, got {arms!r}")
     # Accelerator reads `accelerate launch --cpu` (ACCELERATE_USE_CPU) itself; PartialState does not.
     state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
     accumulation = _accumulation(recipe, state.num_processes)

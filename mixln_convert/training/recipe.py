@@ -20,7 +20,7 @@ from ..io.hub import hub_name
 from ..io.paths import check_readable, checkpoint_path, is_pattern
 from ..limits import SPIKE_FACTORS, below_one_step, count_interval, count_ok, is_finite_number, spike_factor_ok
 from ..options import (ALPHA, ARMS, ATTENTIONS, DEFAULT_ARMS, EVAL_SEQ_LEN, EVAL_TOKENS, LOSSES, PRECISIONS, STRATEGIES,
-                       HealSettings)
+                       HealSettings, arms_ok)
 
 SMOLLM2 = "smollm2"  # `source: smollm2` names the embedded default model (the cached GGUF)
 
@@ -267,8 +267,7 @@ def _check(r: dict, where: str, origin: dict) -> None:
     need(r["source"] is not None, "source is required (a Pre-LN checkpoint folder, a .gguf, or smollm2)")
     need(r["conversion.strategy"] in STRATEGIES, f"conversion.strategy must be one of {', '.join(STRATEGIES)}",
          "conversion.strategy")
-    need(bool(r["arms"]) and set(r["arms"]) <= set(ARMS) and len(set(r["arms"])) == len(r["arms"]),
-         f"arms must list distinct arms of {', '.join(ARMS)}, got {list(r['arms'])!r}", "arms")
+    need(arms_ok(r["arms"]), f"arms must list distinct arms of {', '.join(ARMS)}, got {list(r['arms'])!r}", "arms")
     for key, allowed in (("heal.loss", LOSSES), ("precision", PRECISIONS), ("attention", ATTENTIONS)):
         need(r[key] in allowed, f"{key} must be one of {', '.join(allowed)}", key)
     # counts of tokens, or of steps and sequences (a run has fewer of those than tokens): one bound
