@@ -682,6 +682,7 @@ ROWS = [
     ("compare-layers-a-string", lambda i, o: ["compare", i.analysis("a", num_layers="2"), "--out", o], "num_layers must be a positive integer"),
     ("compare-analysis-a-list", lambda i, o: ["compare", i.file("list.json", "[1, 2]"), "--out", o], "not a JSON object"),
     ("compare-metrics-lists", lambda i, o: ["compare", i.run("r", "[1, 2]\n"), "--out", o], "record 1 is not a JSON object"),
+    ("compare-metrics-null-record", lambda i, o: ["compare", i.run("r", '{"step": 1, "tokens": 8, "loss": 2.0}\n\nnull\n'), "--out", o], "record 2 is not a JSON object"),
     ("compare-metrics-without-tokens", lambda i, o: ["compare", i.run("r", '{"step": 1, "loss": 2.0}\n'), "--out", o], "record 1: missing tokens"),
     ("compare-metrics-string-loss", lambda i, o: ["compare", i.run("r", '{"step": 1, "tokens": 8, "loss": "x"}\n'), "--out", o], "loss must be a number"),
     ("compare-summary-string", lambda i, o: ["compare", i.run("r", '{"step": 1, "tokens": 8, "loss": 2.0}\n', summary={"final_val_ppl": "x"}), "--out", o], "final_val_ppl must be a number"),

@@ -99,7 +99,7 @@ def cut_metrics(file: Path, step: int) -> None:
 
 def read_metrics(file: Path) -> list[dict]:
     """The records of ``file`` (a metrics.jsonl), each checked; blank lines are skipped."""
-    metrics = [record for record in _read_jsonl(file) if record]
+    metrics = _read_jsonl(file)
     for n, record in enumerate(metrics, 1):
         if not isinstance(record, dict):
             raise MixLNError(f"{file}: record {n} is not a JSON object")
@@ -330,6 +330,6 @@ def _read_jsonl(file: Path) -> list[dict]:
     except UnicodeDecodeError:
         raise MixLNError(f"{file}: not UTF-8 text") from None
     try:
-        return [json.loads(line) if line.strip() else {} for line in lines]
+        return [json.loads(line) for line in lines if line.strip()]
     except json.JSONDecodeError as e:
         raise MixLNError(f"{file}: not one JSON object per line ({e})") from None
