@@ -14,11 +14,11 @@ import click
 
 from . import __version__
 from .errors import MixLNError, MixLNWarning
-from .limits import MAX_BATCH, MAX_EXAMPLES, MAX_PROCESSES, MAX_TOKENS
+from .limits import MAX_BATCH, MAX_EXAMPLES, MAX_PROCESSES, MAX_TOKENS, SEED_LIMIT
 from .options import (ALPHA, ARMS, DEFAULT_ARMS, DEMO_LR, DEVICES, DTYPES, HEAL_DTYPES, HEAL_TOKENS, LAYOUTS, LOSSES,
                       METHODS, STRATEGIES, TRAINING_STRATEGIES, AnalyzeOptions, CompareOptions, ConvertOptions,
                       DemoOptions, EstimateOptions, EvalOptions, HealOptions, PruneOptions, StudyOptions,
-                      SweepOptions, TokenizeOptions, measured_on, parse_alphas, parse_tasks)
+                      SweepOptions, TokenizeOptions, measured_on, parse_alphas)
 from .runtime import map_large_allocations
 
 
@@ -85,7 +85,7 @@ TOKENS = click.IntRange(1, MAX_TOKENS)
 TOKENS_OR_ZERO = click.IntRange(0, MAX_TOKENS)
 BATCH = click.IntRange(1, MAX_BATCH)
 EXAMPLES = click.IntRange(1, MAX_EXAMPLES)
-SEED = click.IntRange(0, 2**32 - 1)
+SEED = click.IntRange(0, SEED_LIMIT - 1)
 # nan passes click's FloatRange: the options refuse it (and every other bad value) once more, naming the flag
 FRACTION, OPEN_FRACTION = click.FloatRange(0, 1), click.FloatRange(0, 1, min_open=True, max_open=True)
 
@@ -247,7 +247,7 @@ def eval_(ckpt, tasks, as_json, **settings):
     windows of --seq-len tokens (documents joined by EOS), and with --per-document each document
     on its own. With --tasks, lm-evaluation-harness tasks run on the model loaded here (no remote
     code) instead of the packed perplexity."""
-    options = EvalOptions(tasks=() if tasks is None else parse_tasks(tasks), **settings)
+    options = EvalOptions(tasks=tasks, **settings)  # "a,b" read as parse_tasks reads it
     manager = _known_tasks(options)  # before torch is imported: an unknown task answers at once
     from .evaluate import score_checkpoint
 
@@ -369,7 +369,7 @@ def analyze(ckpt, out, tasks, force, **settings):
     """Per-layer analysis of CKPT (HF folder or .gguf): perplexity increase when each block is skipped,
     angular distance between block inputs, block influence, gradient norms, and with --task the
     drop of a downstream task's metric; writes DIR/analysis.json and PNG plots."""
-    options = AnalyzeOptions(tasks=() if tasks is None else parse_tasks(tasks), **settings)
+    options = AnalyzeOptions(tasks=tasks, **settings)
     out = out or f"analysis-{Path(ckpt).stem}"
     manager = _known_tasks(options)  # before torch is imported: an unknown task answers at once
     from .analysis.analyze import analyze as run

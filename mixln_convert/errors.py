@@ -14,5 +14,10 @@ class MixLNWarning(UserWarning):
     than asked for, a damaged checkpoint skipped) while the run goes on."""
 
 
+def first_line(error: Exception) -> str:
+    """The first line of ``error``'s message, or its type's name where it has none: a one-line reason."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
 def warn(message: str) -> None:
     warnings.warn(message, MixLNWarning, stacklevel=3)  # names the caller of the function that warns

@@ -103,7 +103,7 @@ class Scoring:
 
     source: object  # an open :class:`~.io.loader.Checkpoint`
     options: EvalOptions
-    texts: list[str] | None  # None: only greedy continuations asked for
+    texts: list[str] | None  # None: tasks without per_document
     windows: object | None  # [n, seq_len] token ids, None when not packed (with tasks)
 
 
@@ -119,7 +119,7 @@ def prepare_scoring(ckpt, options: EvalOptions | None = None, **settings) -> Sco
     check_readable(options.data, "--data")
     source = open_checkpoint(ckpt)
     packed = not options.tasks
-    if not (packed or options.per_document):  # greedy continuations only: no text, no windows
+    if not (packed or options.per_document):  # tasks without --per-document: no text, no windows
         return Scoring(source, options, None, None)
     check_seq_len("--seq-len", options.seq_len, source.config, "--allow-longer", options.allow_longer)
     texts = read_texts(options.data, split="validation")

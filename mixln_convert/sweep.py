@@ -23,6 +23,7 @@ from .io.paths import check_readable, checkpoint_path
 from .io.runs import METRICS, STAGE_RESULT, Stages, claim_run, read_metrics, start_run, timed, write_json
 from .limits import check_force_or_resume
 from .options import CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, MAX_GRAD_RATIO, MAX_PPL_INCREASE, SweepOptions
+from .training import Recipe, load_recipe
 
 log = logging.getLogger(__name__)  # the sweep's progress: the CLI shows it, a library caller may silence it
 TRAIN_RECIPE = "smollm2-135m-cpu"  # settings of the short continued pre-training (CPU-sized steps)
@@ -160,8 +161,6 @@ def sweep(src, out, options: SweepOptions | None = None, *, resume: bool = False
 def _training_recipe(src, data, train_tokens: int):
     """The recipe of every training run of the sweep (arms of each alpha and the controls; each
     run replaces its seed, an alpha's also its converted checkpoint); None without ``train_tokens``."""
-    from .training import load_recipe
-
     if not train_tokens:
         return None
     changes = {"source": str(Path(src).absolute()), "grad_norm_interval": 1}
@@ -206,7 +205,7 @@ def _analysis(ckpt, tmp: Path, eval_tokens: int, progress: bool) -> dict:
         "grad_norm_batches": result["per_window"]["grad_norm_per_layer"]}
 
 
-def _train(recipe: dict, folder: Path, arm: str, progress: bool) -> dict:
+def _train(recipe: Recipe, folder: Path, arm: str, progress: bool) -> dict:
     from .pipeline import train
 
     summary = train(recipe, folder, arms=(arm,), progress=progress)[arm]

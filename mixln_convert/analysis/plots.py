@@ -57,7 +57,7 @@ def plot_layer_drop(result: dict, path: Path) -> None:
 def plot_representation_change(result: dict, path: Path) -> None:
     fig, ax = _layer_figure(result, "How much each block changes the residual stream", "distance",
                             shade_post_ln=True)
-    distances = np.array([np.nan if d is None else d for d in result["angular_distance"]])
+    distances = np.array(result["angular_distance"], dtype=float)  # None (no span from the last blocks): nan
     ax.plot(distances, marker="o", label=f"angular distance, inputs of blocks l and l+{result['span']}")
     ax.plot(result["block_influence"], marker="s", label="block influence, 1 - cos(input, output)")
     ax.set_ylim(bottom=0)
@@ -144,12 +144,11 @@ PLOTS = {
 }
 
 
-def plot_analysis(result: dict, folder: Path) -> list[Path]:
-    """Write every figure ``result`` has data for into ``folder``; returns their paths."""
+def plot_analysis(result: dict, folder: Path) -> None:
+    """Write every figure ``result`` has data for into ``folder``."""
     plots = {**(PLOTS if has_layer_metrics(result) else {}),
              **({"prune_curve.png": plot_prune_curve} if "prune_curve" in result else {})}
     for name, plot in plots.items():
         plot(result, Path(folder) / name)
     for task in result.get("task_drop", {}):
         plot_task_drop(result, task, Path(folder) / task_drop_file(task))
-    return [Path(folder) / name for name in [*plots, *map(task_drop_file, result.get("task_drop", {}))]]

@@ -16,7 +16,7 @@ def post_ln_count(num_layers: int, alpha: float | None = None, post_ln_layers: i
                              f"{num_layers}-layer model")
         return post_ln_layers
     alpha = ALPHA if alpha is None else alpha
-    if not (0.0 <= alpha <= 1.0) or math.isnan(alpha):
+    if not 0.0 <= alpha <= 1.0:  # nan fails too
         raise MixLNError(f"--alpha: {alpha} is outside [0, 1]")
     # A tiny epsilon keeps floor(0.3 * 10) == 3 despite 0.3 * 10 == 2.9999999999999996.
     return math.floor(alpha * num_layers + 1e-9)

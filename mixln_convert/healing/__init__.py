@@ -5,7 +5,7 @@ model is there to teach them: only those blocks are trained, so that the residua
 to the first Pre-LN block matches the original's. The result is a normal converted checkpoint with
 ``mixln_provenance["heal"]`` in config.json and ``heal_metrics.jsonl``: one JSON object per step (step,
 tokens, loss, lr, seconds since the start; evaluations add val_relative_error and, with ``perplexity``,
-val_loss and val_ppl).
+val_loss, val_ppl and val_doc_ppl).
 """
 
 from .run import heal

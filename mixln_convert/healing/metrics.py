@@ -17,7 +17,7 @@ def cached_teacher_metrics(measure, **key) -> dict:
     path = cache_dir() / "teacher-metrics" / f"{digest(json.dumps(key, sort_keys=True).encode())}.json"
     with contextlib.suppress(OSError, ValueError):
         figures = json.loads(path.read_text())
-        if all(isinstance(figures.get(k), float) for k in ("packed", "per_document")):
+        if isinstance(figures, dict) and all(isinstance(figures.get(k), float) for k in ("packed", "per_document")):
             return figures
     figures = measure()
     try:

@@ -1,2 +1,3 @@
-"""Checkpoint input/output, kept apart from the logic that decides what to write: lazy readers (``loader``,
-``gguf``), the atomic safetensors writer (``writer``) and the files of run folders (``runs``)."""
+"""Checkpoint and run-folder input/output, kept apart from the logic that decides what to write: lazy readers
+(``loader``, ``gguf``) and their checks (``validate``, ``checkpoint_files``), the writers (``writer``,
+``atomic``), where a command may read and write (``paths``, ``hub``) and the files of run folders (``runs``)."""

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from ..architectures import architecture_of_gguf
-from ..errors import MixLNError
+from ..errors import MixLNError, first_line
 from .loader import Checkpoint
 from .validate import check_config, check_finite, check_tensors
 
@@ -52,7 +52,7 @@ class GGUFCheckpoint(Checkpoint):
         try:
             config = AutoConfig.from_pretrained(self.path.parent, gguf_file=self.path.name)
         except (OSError, ValueError, KeyError) as e:
-            raise MixLNError(f"{self.path}: cannot read its config ({str(e).splitlines()[0]})") from None
+            raise MixLNError(f"{self.path}: cannot read its config ({first_line(e)})") from None
         if hasattr(config, "quantization_config"):  # the dequantized weights are plain tensors
             del config.quantization_config
         config.architectures = [self.arch.name]
@@ -121,7 +121,7 @@ class GGUFCheckpoint(Checkpoint):
             model = MODEL_FOR_CAUSAL_LM_MAPPING[type(self._hf_config)].from_pretrained(
                 None, config=copy.deepcopy(self._hf_config), state_dict=state, dtype=torch.float32)
         except (OSError, ValueError, KeyError, RuntimeError) as e:
-            raise MixLNError(f"{self.path}: cannot load the model ({str(e).splitlines()[0]})") from None
+            raise MixLNError(f"{self.path}: cannot load the model ({first_line(e)})") from None
         return model.to(dtype) if dtype not in (None, "auto") else model
 
     def _tokenizer_args(self) -> tuple[Path, dict]:

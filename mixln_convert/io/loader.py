@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from ..architectures import architecture_of_any, converted_architecture
-from ..errors import MixLNError
+from ..errors import MixLNError, first_line
 from .checkpoint_files import EXTRA_FILE_PATTERNS, WEIGHT_FILES
 from .validate import check_config, check_config_loads, check_finite, check_tensors
 
@@ -120,7 +120,7 @@ class Checkpoint(ABC):
         try:
             tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise MixLNError(f"{self.path}: cannot load its tokenizer ({str(e).splitlines()[0]})") from None
+            raise MixLNError(f"{self.path}: cannot load its tokenizer ({first_line(e)})") from None
         if len(tokenizer) > self.config["vocab_size"]:
             raise MixLNError(f"{self.path}: its tokenizer has {len(tokenizer)} tokens, more than the model's "
                              f"vocab_size {self.config['vocab_size']}")
@@ -304,7 +304,7 @@ class FolderCheckpoint(Checkpoint):
         try:
             return AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype or "auto")
         except (OSError, ValueError, KeyError) as e:
-            raise MixLNError(f"{self.path}: cannot load the model ({str(e).splitlines()[0]})") from None
+            raise MixLNError(f"{self.path}: cannot load the model ({first_line(e)})") from None
 
 
 def open_checkpoint(path) -> Checkpoint:

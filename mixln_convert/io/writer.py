@@ -137,8 +137,8 @@ class ShardedWriter:
     def _temp_name(self, k: int) -> Path:
         return self.folder / f"shard-{k:05d}.partial"
 
-    def close(self) -> list[str]:
-        """Flush, give shards their final names, write the index; return the shard file names."""
+    def close(self) -> None:
+        """Flush, give shards their final names, write the index."""
         if self.pending or not self.shards:
             self._flush()
         n = len(self.shards)
@@ -149,4 +149,3 @@ class ShardedWriter:
             weight_map = {t: names[k] for k, shard in enumerate(self.shards) for t in shard}
             index = {"metadata": {"total_size": self.total_bytes}, "weight_map": weight_map}
             (self.folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-        return names

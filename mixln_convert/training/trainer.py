@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from ..architectures import model_blocks
 from ..data import PackedWindows, Splits, windows
 from ..data.shards import file_sha256
-from ..errors import MixLNError, warn
+from ..errors import MixLNError, first_line, warn
 from ..evaluate import evaluate_perplexity
 from ..io.atomic import atomic_output_dir, write_atomic
 from ..io.runs import METRICS, SUMMARY, append_metrics, cut_metrics, write_json
@@ -379,8 +379,7 @@ def _restore(run: Run, folder: Path) -> int:
             if (checkpoint / GUARD_STATE).is_file():  # saved before the guard was checkpointed: it starts afresh
                 run.guard.load_state_dict(json.loads((checkpoint / GUARD_STATE).read_text()))
         except Exception as e:  # torch, safetensors and pickle each fail their own way on a damaged file
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            warn(f"{checkpoint} is damaged ({first[:200]}); trying the checkpoint before it")
+            warn(f"{checkpoint} is damaged ({first_line(e)[:200]}); trying the checkpoint before it")
             continue
         step = found_step
         break
