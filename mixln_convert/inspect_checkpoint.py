@@ -3,7 +3,6 @@
 import math
 from pathlib import Path
 
-from .architectures import architecture_of_any
 from .io.loader import open_checkpoint
 from .io.paths import checkpoint_path
 
@@ -13,8 +12,7 @@ CELL = 30  # width of a "mean ±std [min,max]" gain cell; wider values widen the
 
 def describe(ckpt) -> dict:
     source = open_checkpoint(checkpoint_path(ckpt, "CKPT"))
-    config = source.config
-    arch = architecture_of_any(config, str(ckpt))
+    config, arch = source.config, source.arch
     names = set(source.names())
     n_post = config.get("post_ln_layers", 0)
     pre_ln = "LNS" if config.get("layernorm_scaling") else "Pre-LN"  # an LNS block is Pre-LN, its norms scaled

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..architectures import architecture_for
 from ..errors import MixLNError
 from ..io.loader import open_checkpoint
 from ..surgery.prefix import load_prefix, prefix_of
@@ -53,7 +52,7 @@ def open_pair(converted, teacher):
     if teacher_source.is_mixln:
         raise MixLNError(f"--teacher {teacher}: a Mix-LN checkpoint; the teacher is the Pre-LN model {converted} "
                          "was converted from")
-    family = architecture_for(teacher_source.config, f"--teacher {teacher}")
+    family = teacher_source.arch
     if family.converted["model_type"] != config["model_type"]:  # its blocks would be run as another family's
         raise MixLNError(f"--teacher {teacher}: a {family.name} checkpoint, but {converted} is a "
                          f"{config['model_type']} one; give the model it was converted from")

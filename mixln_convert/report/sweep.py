@@ -151,9 +151,8 @@ def plot_gradients(result: dict, path: Path) -> None:
     ratio_ax.legend(fontsize="small")
     for ax in (spread_ax, ratio_ax):
         ax.grid(alpha=0.3)
-    first = result["rows"][0] if result["rows"] else None
-    fig.suptitle(f"Gradient norms per block over the first {first['grad_steps']} {first['gradients_from']}"
-                 if first else "Gradient norms per block")
+    first = result["rows"][0]  # a sweep has a row per distinct Post-LN count, at least one
+    fig.suptitle(f"Gradient norms per block over the first {first['grad_steps']} {first['gradients_from']}")
     fig.savefig(path, dpi=120)
 
 
