@@ -49,7 +49,7 @@ class Group(click.Group):
     def main(self, *args, **kwargs):
         # SIGTERM (a scheduler's kill, `timeout`) unwinds like Ctrl-C, so temporary folders are removed.
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, _terminate)
+            signal.signal(signal.SIGTERM, signal.default_int_handler)  # raises KeyboardInterrupt
         map_large_allocations()
         # The package's warnings and notices reach the terminal as plain lines: "warning: MESSAGE" each
         # time (each is about a different result), a notice as itself, on the stderr of now.
@@ -68,10 +68,6 @@ class Group(click.Group):
         finally:
             notices.removeHandler(handler)
             notices.setLevel(level)
-
-
-def _terminate(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 class OneLineError(click.ClickException):
