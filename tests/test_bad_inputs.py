@@ -211,6 +211,33 @@ def qwen3_gguf(inputs, head_dim: int):
     return write_tiny_gguf(folder, open_checkpoint(folder).arch, inputs.root / "qwen3.gguf")
 
 
+def qwen2_gguf_with(inputs, key: str, value) -> Path:
+    """A Qwen2 GGUF whose metadata says ``value`` for the config's ``key`` (written from a folder the
+    loader never reads: it would refuse the value there)."""
+    from tiny import write_tiny_gguf
+
+    from mixln_convert.io.loader import open_checkpoint
+
+    folder = qwen(inputs, "qwen2")
+    arch = open_checkpoint(folder).arch
+    config = json.loads((folder / "config.json").read_text())
+    config["rope_parameters"] = {**config["rope_parameters"], **({"rope_theta": value} if key == "rope_theta" else {})}
+    (folder / "config.json").write_text(json.dumps({**config, **({key: value} if key != "rope_theta" else {})}))
+    return write_tiny_gguf(folder, arch, inputs.root / f"{key}.gguf")
+
+
+def edited(inputs, name: str, file: str, edit) -> Path:
+    """A copy of the source checkpoint whose ``file`` (JSON) is ``edit(its content)``."""
+    folder = inputs.variant(name)
+    (folder / file).write_text(json.dumps(edit(json.loads((folder / file).read_text()))))
+    return folder
+
+
+def unlinked(folder: Path, file: str) -> Path:
+    (folder / file).unlink()
+    return folder
+
+
 def broken_config(inputs):
     folder = inputs.variant("v")
     (folder / "config.json").write_text("{not json")
@@ -547,6 +574,16 @@ ROWS = [
     ("convert-shard-size-zero", lambda i, o: ["convert", i.src, o, "--max-shard-size", "0"], "a positive size"),
     ("convert-shard-size-past-a-pebibyte", lambda i, o: ["convert", i.src, o, "--max-shard-size", "2000TB"], "--max-shard-size: 2000TB is more than 1 PiB"),
     ("heal-shard-size-past-a-pebibyte", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--max-shard-size", "5000TiB"], "--max-shard-size: 5000TiB is more than 1 PiB"),
+    ("tokenizer-config-a-list", lambda i, o: ["eval", edited(i, "v", "tokenizer_config.json", lambda c: [])], "cannot load its tokenizer"),
+    ("tokenizer-model-unknown", lambda i, o: ["eval", edited(i, "v", "tokenizer.json", lambda c: {**c, "model": {**c["model"], "type": "Nope"}})], "cannot load its tokenizer"),
+    ("tokenizer-id-past-vocab", lambda i, o: ["eval", edited(i, "v", "tokenizer.json", lambda c: {**c, "model": {**c["model"], "vocab": {**c["model"]["vocab"], "e": 5000}}})], "its tokenizer has 5001 tokens, more than the model's vocab_size"),
+    # Qwen2's tokenizer class loads without tokenizer.json, with no vocabulary: it once scored EOS tokens only, exit 0
+    ("tokenizer-json-missing", lambda i, o: ["eval", unlinked(qwen(i), "tokenizer.json")], "its tokenizer turns text into no tokens"),
+    ("gguf-rms-eps-negative", lambda i, o: ["convert", qwen2_gguf_with(i, "rms_norm_eps", -1.0), o, "--strategy", "move"], "rms_norm_eps must be a number in (0, 1), got -1.0"),
+    ("gguf-rope-theta-nan", lambda i, o: ["convert", qwen2_gguf_with(i, "rope_theta", float("nan")), o, "--strategy", "move"], "rope_theta must be a positive number, got nan"),
+    ("compare-matrix-empty-rows", lambda i, o: ["compare", i.analysis("a", angular_distance_matrix=[[], []]), "--out", o], "a list of non-empty lists of numbers"),
+    ("compare-summary-layers-fraction", lambda i, o: ["compare", i.run("r", '{"step": 1, "tokens": 8, "loss": 2.0}\n', {"num_layers": 2.5}), "--out", o], "num_layers must be a positive integer, got 2.5"),
+    ("compare-summary-post-ln-beyond-layers", lambda i, o: ["compare", i.run("r", '{"step": 1, "tokens": 8, "loss": 2.0}\n', {"num_layers": 2, "post_ln_layers": 7}), "--out", o], "post_ln_layers 7 exceeds num_layers 2"),
     ("tokenizer-beyond-vocab", lambda i, o: ["eval", "--seq-len", "32", i.variant("v", config=_set("vocab_size", 300),
                                                              tensors=lambda s: {k: v[:300] if v.shape[0] == 320 else v for k, v in s.items()})],
      "its tokenizer has 320 tokens, more than the model's vocab_size 300"),

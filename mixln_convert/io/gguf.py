@@ -69,7 +69,9 @@ class GGUFCheckpoint(Checkpoint):
 
     @cached_property
     def config(self) -> dict:
-        return self._hf_config.to_dict()
+        config = self._hf_config.to_dict()
+        check_config(config, str(self.path))  # transformers' reading holds what the metadata says (eps, rope)
+        return config
 
     def names(self) -> list[str]:
         return list(self._stored)

@@ -119,11 +119,14 @@ class Checkpoint(ABC):
         folder, kwargs = self._tokenizer_args()
         try:
             tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except Exception as e:  # a damaged file fails its own way: tokenizers raises a bare Exception
             raise MixLNError(f"{self.path}: cannot load its tokenizer ({first_line(e)})") from None
-        if len(tokenizer) > self.config["vocab_size"]:
-            raise MixLNError(f"{self.path}: its tokenizer has {len(tokenizer)} tokens, more than the model's "
+        size = max(len(tokenizer), max(tokenizer.get_vocab().values(), default=-1) + 1)  # ids may skip some
+        if size > self.config["vocab_size"]:
+            raise MixLNError(f"{self.path}: its tokenizer has {size} tokens, more than the model's "
                              f"vocab_size {self.config['vocab_size']}")
+        if not tokenizer("The model", add_special_tokens=False)["input_ids"]:  # e.g. tokenizer.json missing
+            raise MixLNError(f"{self.path}: its tokenizer turns text into no tokens (is tokenizer.json missing?)")
         return tokenizer
 
     def model(self, dtype: torch.dtype | str | None = None, device: str | torch.device = "cpu"):

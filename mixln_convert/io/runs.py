@@ -5,6 +5,7 @@ analyses, ``run.json`` (what --resume must match, :func:`claim_run`) and each st
 
 import hashlib
 import json
+import math
 import shutil
 import time
 from contextlib import contextmanager
@@ -181,6 +182,9 @@ def read_summary(file: Path, required=FINISHED) -> dict:
     if not isinstance(summary, dict):
         raise MixLNError(f"{file}: not a JSON object")
     _check_fields(summary, SUMMARY_FIELDS, str(file), required)
+    if summary.get("post_ln_layers", 0) > summary.get("num_layers", math.inf):
+        raise MixLNError(f"{file}: post_ln_layers {summary['post_ln_layers']} exceeds num_layers "
+                         f"{summary['num_layers']}")
     return summary
 
 
@@ -210,8 +214,8 @@ ANALYSIS_FIELDS = {
     "layernorm_scaling": (lambda v: isinstance(v, bool), "true or false"),
     "perplexity": (lambda v: is_finite_number(v) and v > 0, "a positive number"),
     "layer_drop": (_numbers, "a list of numbers"),
-    "angular_distance_matrix": (lambda v: isinstance(v, list) and all(_numbers(row) for row in v),
-                                "a list of lists of numbers"),
+    "angular_distance_matrix": (lambda v: isinstance(v, list) and all(_numbers(row) and row for row in v),
+                                "a list of non-empty lists of numbers"),
     "grad_norm_per_layer": (_numbers, "a list of numbers"),
     "tokenizer_vocab_size": (lambda v: v is None or _count(v), "an integer"),
     "generation": (lambda v: isinstance(v, dict) and is_finite_number(v.get("repeated_4gram_share"))
@@ -242,7 +246,8 @@ def _evaluation(value) -> bool:
 SUMMARY_FIELDS = {
     **{key: (is_finite_number, "a number") for key in (
         "tokens", "steps", "wall_time_s", "final_val_loss", "final_val_ppl", "initial_val_loss", "initial_val_ppl",
-        "tokens_per_s", "num_layers", "post_ln_layers")},
+        "tokens_per_s")},
+    **{key: ANALYSIS_FIELDS[key] for key in ("num_layers", "post_ln_layers")},
     "layernorm_scaling": (lambda v: isinstance(v, bool), "true or false"),
     "heal_tokens": (_count, "a whole number >= 0"),
     "validation": (_evaluation, "an object with data (a string), tokens and seq_len (integers)"),
