@@ -576,6 +576,7 @@ ROWS = [
     ("heal-shard-size-past-a-pebibyte", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--max-shard-size", "5000TiB"], "--max-shard-size: 5000TiB is more than 1 PiB"),
     ("tokenizer-config-a-list", lambda i, o: ["eval", edited(i, "v", "tokenizer_config.json", lambda c: [])], "cannot load its tokenizer"),
     ("tokenizer-model-unknown", lambda i, o: ["eval", edited(i, "v", "tokenizer.json", lambda c: {**c, "model": {**c["model"], "type": "Nope"}})], "cannot load its tokenizer"),
+    ("tokenizer-without-eos", lambda i, o: ["eval", edited(i, "v", "tokenizer_config.json", lambda c: {**c, "eos_token": None})], "/v: its tokenizer has no eos_token_id"),
     ("tokenizer-id-past-vocab", lambda i, o: ["eval", edited(i, "v", "tokenizer.json", lambda c: {**c, "model": {**c["model"], "vocab": {**c["model"]["vocab"], "e": 5000}}})], "its tokenizer has 5001 tokens, more than the model's vocab_size"),
     # Qwen2's tokenizer class loads without tokenizer.json, with no vocabulary: it once scored EOS tokens only, exit 0
     ("tokenizer-json-missing", lambda i, o: ["eval", unlinked(qwen(i), "tokenizer.json")], "its tokenizer turns text into no tokens"),

@@ -127,6 +127,8 @@ class Checkpoint(ABC):
                              f"vocab_size {self.config['vocab_size']}")
         if not tokenizer("The model", add_special_tokens=False)["input_ids"]:  # e.g. tokenizer.json missing
             raise MixLNError(f"{self.path}: its tokenizer turns text into no tokens (is tokenizer.json missing?)")
+        if tokenizer.eos_token_id is None:  # every text the tool scores or trains on separates documents with it
+            raise MixLNError(f"{self.path}: its tokenizer has no eos_token_id (or one past its vocabulary)")
         return tokenizer
 
     def model(self, dtype: torch.dtype | str | None = None, device: str | torch.device = "cpu"):
