@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .errors import MixLNError, MixLNWarning
+from .errors import MixLNError, MixLNWarning, bounded
 from .limits import MAX_BATCH, MAX_EXAMPLES, MAX_PROCESSES, MAX_TOKENS, SEED_LIMIT
 from .options import (ALPHA, ARMS, DEFAULT_ARMS, DEMO_LR, DEVICES, DTYPES, HEAL_DTYPES, HEAL_TOKENS, LAYOUTS, LOSSES,
                       METHODS, STRATEGIES, TRAINING_STRATEGIES, AnalyzeOptions, CompareOptions, ConvertOptions,
@@ -72,7 +72,7 @@ class Group(click.Group):
 
 class OneLineError(click.ClickException):
     def __init__(self, message: str, exit_code: int = 1):
-        super().__init__(" ".join(message.split("\n")))
+        super().__init__(bounded(" ".join(message.split("\n"))))
         self.exit_code = exit_code
 
 

@@ -4,7 +4,7 @@ arm of a recipe on the same token stream) and :func:`run_demo` (every stage into
 """
 
 import logging
-import shutil
+import os
 from dataclasses import asdict
 from pathlib import Path
 
@@ -15,7 +15,7 @@ from .fetch import cache_dir
 from .io.atomic import scratch_dir, write_atomic
 from .io.loader import open_checkpoint
 from .io.paths import check_destination, check_readable, checkpoint_path
-from .io.runs import SUMMARY, Stages, claim_run, read_summary, start_run
+from .io.runs import SUMMARY, Stages, claim_run, read_summary
 from .limits import check_force_or_resume, check_one_step, check_seq_len, check_tokens
 from .options import (ARMS, DEMO_LR, EVAL_DATA, HEAL_BATCH_SIZE, HEAL_SEQ_LEN, ConvertOptions, DemoOptions, arms_ok,
                       measured_on)
@@ -56,33 +56,33 @@ def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool =
     if warmup > recipe.steps and state.is_main_process:  # legal, but a huge one trains at lr ~0 and changes nothing
         warn(f"schedule.warmup_steps {warmup} is more than the run's {recipe.steps} steps: the learning rate "
              f"peaks at {recipe.steps / warmup:.3g} x optim.lr, at the last step")
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true"):
+        raise MixLNError("the accelerate config asks for FSDP (distributed_type: FSDP); the trainer shards the model "
+                         "itself: launch with the multi-GPU config (mixln-convert recipes --path fsdp) and the "
+                         "recipe key fsdp: true")
     settings = {**recipe.flat(), **{f"data {file}": digest for file, digest in data_fingerprint(
         recipe.data.train, recipe.data.validation).items()}}  # what --resume must find unchanged
-    claim_run(out, "training run", settings, {"source": recipe.source, "converted": recipe.converted,
-              "data.train": recipe.data.train, "data.validation": recipe.data.validation}, resume, force_hint=False)
-    existed = out.is_dir()
-    fresh = not (existed and any(out.iterdir()))  # all it will hold is this run's
-    train_tokens = max(recipe.steps * recipe.global_batch_size * recipe.seq_len, recipe.heal.tokens)
-    stages = Stages(resume)  # an arm is a stage; its summary.json, written last, says it is done
-    finished = {arm: _finished(out / arm / SUMMARY, arm) for arm in arms if stages.done(out / arm, SUMMARY)}
-    try:  # everything that can refuse the run's inputs, before the first training step
+    inputs = {"source": recipe.source, "converted": recipe.converted, "data.train": recipe.data.train,
+              "data.validation": recipe.data.validation}
+    # the main process holds the folder; a refusal before the first training step leaves it as it was
+    with claim_run(out, "training run", settings, inputs, resume, force_hint=False,
+                   held=state.is_main_process) as claim:
+        train_tokens = max(recipe.steps * recipe.global_batch_size * recipe.seq_len, recipe.heal.tokens)
+        stages = Stages(resume)  # an arm is a stage; its summary.json, written last, says it is done
+        finished = {arm: _finished(out / arm / SUMMARY, arm) for arm in arms if stages.done(out / arm, SUMMARY)}
         with state.main_process_first():  # the main process tokenizes into the cache, the others read it
             splits = load_splits(recipe.data, source.tokenizer, train_tokens, progress)
         split_windows(recipe, splits)
         state.wait_for_everyone()  # every process has checked before the main one writes
         if state.is_main_process:
-            start_run(out, "training run", settings)
+            claim.start()
             if not (out / "recipe.yaml").is_file():  # the resolved recipe, for a user to read or rerun
                 write_atomic(out / "recipe.yaml", yaml.safe_dump(recipe.to_dict(), sort_keys=False))
         sources = {arm: prepare(recipe, arm, out / arm, splits, progress) for arm in arms if arm not in finished}
-    except MixLNError:
-        if fresh and state.is_main_process:  # a refused run leaves nothing to block the corrected one
-            for made in (out.iterdir() if existed else [out]) if out.exists() else []:
-                shutil.rmtree(made) if made.is_dir() and not made.is_symlink() else made.unlink()
-        raise
-    summaries = {arm: finished.get(arm) or stages.run(arm, out / arm, lambda folder, arm=arm: train_arm(
-        recipe, arm, folder, sources[arm], splits, source.tokenizer, accumulation, resume, progress), atomic=False,
-        checked=False) for arm in arms}
+        claim.working()
+        summaries = {arm: finished.get(arm) or stages.run(arm, out / arm, lambda folder, arm=arm: train_arm(
+            recipe, arm, folder, sources[arm], splits, source.tokenizer, accumulation, resume, progress),
+            atomic=False, checked=False) for arm in arms}
     state.destroy_process_group()
     return summaries
 
@@ -184,12 +184,21 @@ def run_demo(out, options: DemoOptions | None = None, *, force: bool = False, re
     stage, compare; returns the comparison. ``options``: a :class:`~mixln_convert.options.DemoOptions`, or
     its fields as ``settings``. ``resume`` keeps what an earlier run with the same settings finished;
     ``force`` starts afresh."""
+    options = DemoOptions.given(options, settings)
+    check_force_or_resume(force, resume)
+    source, recipe, settings = _demo_plan(options)
+    with claim_run(out, "demo", settings, {"the model cache": cache_dir(), "--source": source}, resume,
+                   force) as claim:
+        claim.start()
+        return _demo(claim.path, options, recipe, resume)
+
+
+def _demo(out: Path, options: DemoOptions, recipe: Recipe, resume: bool) -> dict:
+    """The demo's stages into ``out``, claimed for it."""
     from .analysis.analyze import analyze
     from .report import compare
 
-    options = DemoOptions.given(options, settings)
     heal_tokens, eval_tokens = options.heal_tokens, options.eval_tokens
-    out, recipe = _claim_demo(out, options, force, resume)
     # training validation and every analysis score the same windows, so their perplexities agree
     where = measured_on({"data": EVAL_DATA, "tokens": eval_tokens, "seq_len": recipe.seq_len})
     log.info(f"[1/4] source model: {recipe.source}")
@@ -227,11 +236,10 @@ def run_demo(out, options: DemoOptions | None = None, *, force: bool = False, re
                    labels=list(checkpoints) + ["train"], force=True)
 
 
-def _claim_demo(out, options: DemoOptions, force: bool, resume: bool) -> tuple[Path, Recipe]:
-    """Every check before any work, then ``out`` claimed for this demo (emptied with ``force``):
-    (``out`` resolved, the CPU recipe with the demo's settings)."""
+def _demo_plan(options: DemoOptions) -> tuple[str | None, Recipe, dict]:
+    """Every check of the demo's inputs before any work: (``--source`` resolved, the CPU recipe with the
+    demo's settings, the settings a --resume must find unchanged)."""
     source = options.source and str(Path(checkpoint_path(options.source, "--source")).absolute())
-    check_force_or_resume(force, resume)
     settings = {"--source": source, "--alpha": options.alpha, "--heal-tokens": options.heal_tokens,
                 "--train-tokens": options.train_tokens, "--eval-tokens": options.eval_tokens,
                 "--prune-curve": options.prune_curve, "optim.lr": DEMO_LR}  # the lr: a demo before it was the recipe's
@@ -241,9 +249,7 @@ def _claim_demo(out, options: DemoOptions, force: bool, resume: bool) -> tuple[P
                **({"source": source} if source else {})}
     recipe = load_recipe(DEMO_RECIPE, changes=changes, changed_by="demo")
     open_checkpoint(recipe.source)  # a bad --source is refused before --force empties out (opened once: cached)
-    out = claim_run(out, "demo", settings, {"the model cache": cache_dir(), "--source": source}, resume, force)
-    start_run(out, "demo", settings, force)
-    return out, recipe
+    return source, recipe, settings
 
 
 def _took(stages: Stages, name: str) -> str:

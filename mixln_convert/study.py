@@ -20,7 +20,7 @@ from .analysis.measures import coefficient_of_variation, deep_half, verdict
 from .data.corpus import check_text
 from .data.shards import is_tokens_folder
 from .io.paths import checkpoint_path
-from .io.runs import METRICS, Stages, claim_run, read_metrics, start_run, write_json
+from .io.runs import METRICS, Stages, claim_run, read_metrics, write_json
 from .options import STUDY_SCHEMES, StudyOptions
 from .report.study import CLAIMS, LNS_CLAIMS, write_study_report
 from .training.recipe import Recipe
@@ -84,8 +84,16 @@ def study(source, out, options: StudyOptions | None = None, *, resume: bool = Fa
                 "--init": list(schemes), "--post-ln": post_ln, "--eval-tokens": eval_tokens}
     if lns:  # recorded only when given: a study begun before the LNS arm existed still resumes
         settings["--lns"] = True
-    claim_run(out, "study", settings, {"SRC": source}, resume, force_hint=False)
-    start_run(out, "study", settings)
+    with claim_run(out, "study", settings, {"SRC": source}, resume, force_hint=False) as claim:
+        claim.start()
+        return _study(claim.path, plans, options, source, resume, progress)
+
+
+def _study(out: Path, plans: list, options, source, resume: bool, progress: bool) -> dict:
+    """The study's runs into ``out``, claimed for it, and its report."""
+    recipe, alpha, seeds, schemes = options.recipe, options.alpha, options.seeds, options.schemes
+    post_ln, lns, eval_tokens, overrides = options.post_ln, options.lns, options.eval_tokens, options.overrides
+    data = plans[0].recipe.data
     started, stages = time.time(), Stages(resume)
     runs = [stages.run(plan.name, plan.folder,
                        lambda folder, plan=plan: _run(plan, stages, eval_tokens, progress), atomic=False)

@@ -20,7 +20,7 @@ from .errors import MixLNError
 from .io.atomic import atomic_output_dir
 from .io.loader import open_checkpoint
 from .io.paths import check_readable, checkpoint_path
-from .io.runs import METRICS, STAGE_RESULT, Stages, claim_run, read_metrics, start_run, timed, write_json
+from .io.runs import METRICS, STAGE_RESULT, Stages, claim_run, read_metrics, timed, write_json
 from .limits import check_force_or_resume
 from .options import CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, MAX_GRAD_RATIO, MAX_PPL_INCREASE, SweepOptions
 from .training import Recipe, load_recipe
@@ -75,15 +75,15 @@ def gradient_figures(steps: list[list[float]], post_ln_layers: int) -> dict:
     return {"grad_norm_cv": cv, "post_pre_grad_ratio": ratio, "grad_steps": len(norms)}
 
 
-def _claim(src: str, out, options: SweepOptions, resume: bool, force: bool):
-    """Every check before any work, then ``out`` claimed: (``out``, the source, {Post-LN count: its alphas},
-    the training recipe)."""
+def _plan(src: str, options: SweepOptions, resume: bool, force: bool):
+    """Every check before any work: (the settings a --resume must find unchanged, the source, {Post-LN
+    count: its alphas}, the training recipe)."""
     from .conversion.layout import post_ln_count
 
     check_force_or_resume(force, resume)
     data = options.data
     check_readable(data, "--data")
-    out, source = Path(out), open_checkpoint(src)
+    source = open_checkpoint(src)
     # what every stage's result depends on, which a resume must find unchanged (not the alphas: each block
     # count is a stage of its own, so a resume may add some; not the rule: it only reads the results)
     settings = {"SRC": str(Path(src).absolute()), "SRC's files": source.fingerprint(),
@@ -91,15 +91,13 @@ def _claim(src: str, out, options: SweepOptions, resume: bool, force: bool):
                 "--data": data_fingerprint(data), "--seeds": options.seeds, "--eval-tokens": options.eval_tokens}
     if options.lns:  # recorded only when given: a sweep begun before the LNS arm existed still resumes
         settings["--lns"] = True
-    claim_run(out, "sweep", settings, {"SRC": src, "--data": data}, resume, force)
     counts: dict[int, list[float]] = {}
     for alpha in options.alphas:  # equal counts run once
         counts.setdefault(post_ln_count(source.config["num_hidden_layers"], alpha, None), []).append(alpha)
     training = _training_recipe(src, data, options.train_tokens)
     if data is not None and not is_tokens_folder(data):  # read by the heal and training only after the original's stage
         check_text(data, "--data")
-    start_run(out, "sweep", settings, force)
-    return out, source, counts, training
+    return settings, source, counts, training
 
 
 def sweep(src, out, options: SweepOptions | None = None, *, resume: bool = False, force: bool = False,
@@ -109,7 +107,15 @@ def sweep(src, out, options: SweepOptions | None = None, *, resume: bool = False
     its fields as ``settings``."""
     options = SweepOptions.given(options, settings)
     src = checkpoint_path(src, "SRC")
-    out, source, counts, training = _claim(src, out, options, resume, force)
+    settings, source, counts, training = _plan(src, options, resume, force)
+    with claim_run(out, "sweep", settings, {"SRC": src, "--data": options.data}, resume, force) as claim:
+        claim.start()
+        return _sweep(src, claim.path, options, source, counts, training, resume, progress)
+
+
+def _sweep(src: str, out: Path, options: SweepOptions, source, counts: dict, training, resume: bool,
+           progress: bool) -> dict:
+    """The sweep's stages into ``out``, claimed for it."""
     data, eval_tokens, num_layers = options.data, options.eval_tokens, source.config["num_hidden_layers"]
     stages = Stages(resume)
     times = {"stages_s": stages.times}

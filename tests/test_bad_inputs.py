@@ -424,6 +424,15 @@ def partial_snapshot(inputs) -> str:
     return hub_model(inputs, "tiny_llama_sharded", skip=(max(json.loads(index.read_text())["weight_map"].values()),))[0]
 
 
+def hub_repo(inputs, files: dict) -> str:
+    """A Hub model repo in the row's cache holding ``files`` ({name: content}) and no config.json: its name."""
+    folder = inputs.root / "repo-files"
+    folder.mkdir()
+    for name, content in files.items():
+        (folder / name).write_bytes(content)
+    return place_model(folder, hub_caches(inputs)[0], "org/repo") and "org/repo"
+
+
 def hub_dataset(inputs) -> str:
     """The row's text, a sentence a row, as the train split of a Hub dataset in the row's cache."""
     place_dataset(inputs.text.read_text().split(". "), hub_caches(inputs)[1], "org/text")
@@ -637,6 +646,13 @@ ROWS = [
     ("train-recipe-not-utf8", lambda i, o: ["train", i.file("bad.yaml", b"\xff\xfe: 1"), "--out", o], "bad.yaml: the recipe is not UTF-8"),
     ("train-recipe-a-list", lambda i, o: ["train", i.file("list.yaml", "- 1\n- 2\n"), "--out", o], "a recipe must be a mapping"),
     ("train-recipe-bad-yaml", lambda i, o: ["train", i.file("broken.yaml", "a: [1\n"), "--out", o], "invalid YAML"),
+    ("train-recipe-section-twice", lambda i, o: ["train", i.file("twice.yaml", "optim:\n  lr: 1.0e-4\nmax_tokens: 100\noptim:\n  eps: 1.0e-8\n"), "--out", o], "twice.yaml: optim is given twice (lines 1 and 4)"),
+    ("train-recipe-key-twice", lambda i, o: ["train", i.file("twice.yaml", "max_tokens: 1000\nmax_tokens: 2000\n"), "--out", o], "twice.yaml: max_tokens is given twice (lines 1 and 2)"),
+    ("train-recipe-nested-key-twice", lambda i, o: ["train", i.file("twice.yaml", "optim:\n  lr: 1.0e-4\n  lr: 1.0e-3\n"), "--out", o], "twice.yaml: optim.lr is given twice (lines 2 and 3)"),
+    ("train-recipe-source-of-10-mb", lambda i, o: ["train", i.file("long.yaml", "source: " + "a" * 10_000_000 + "\n"), "--out", o], "aaa... (10,000,000 characters)"),
+    ("train-set-source-of-1-mb-with-blanks", lambda i, o: [*recipe(i, "source=" + "a b " * 250_000), "--out", o], "source="),
+    ("eval-hub-repo-of-two-ggufs", lambda i, o: ["eval", hub_repo(i, {"a.gguf": b"GGUF", "b.gguf": b"GGUF"})], "holds no config.json but 2 .gguf files (a.gguf, b.gguf)"),
+    ("eval-hub-repo-of-a-card-only", lambda i, o: ["eval", hub_repo(i, {"README.md": b"a card"})], "holds no config.json and no .gguf file"),
     ("train-unknown-recipe", lambda i, o: ["train", "no-such-recipe", "--out", o], "no-such-recipe: neither a recipe file nor a shipped recipe"),
     ("train-source-missing", lambda i, o: [*recipe(i, f"source={i.root / 'gone'}"), "--out", o], "does not exist"),
     ("train-arms-unknown", lambda i, o: [*recipe(i, "arms=[mixln, postln]"), "--out", o], "arms must list distinct arms of mixln, preln, lns"),
@@ -785,6 +801,7 @@ def test_bad_input_is_refused_cleanly(row, tmp_path, request, cli, monkeypatch):
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1, result.stderr
     assert fragment in errors[0], errors[0]
+    assert len(errors[0]) <= 2000 + len("Error: "), f"{len(errors[0]):,} characters"  # echoed input is cut
     assert "Traceback" not in result.output
     assert not out.exists()
     assert digests(inputs.root) == before

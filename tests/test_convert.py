@@ -256,8 +256,9 @@ def test_output_appears_only_when_complete(tiny_llama, tiny_convert, tmp_path, m
     with pytest.raises(RuntimeError, match="disk full"):
         tiny_convert(tiny_llama, "out/dst")
     (dst_existed, siblings), = seen
-    assert not dst_existed and len(siblings) == 1 and siblings[0].startswith(".dst.tmp-")
-    assert list(dst.parent.iterdir()) == []  # the temporary folder is gone too
+    # the temporary folder, and the lock that holds dst for this process while it writes
+    assert not dst_existed and len(siblings) == 2 and siblings[0] == ".dst.lock" and siblings[1].startswith(".dst.tmp-")
+    assert list(dst.parent.iterdir()) == []  # both gone too
 
 
 # ---- bad inputs, through the CLI -----------------------------------------------------------

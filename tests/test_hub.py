@@ -5,6 +5,7 @@ reads as its folder or file does, a path always wins, and only what a checkpoint
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -190,3 +191,30 @@ def test_heal_names_its_default_output_after_a_hub_model_in_the_current_folder(t
     (tmp_path / "org" / "model").mkdir(parents=True)
     assert _healed_beside(str(tmp_path / "org" / "model")) == str(tmp_path / "org" / "model-healed")
     assert _healed_beside("some-org/some-model@v1.0") == "some-model-healed"
+
+
+def test_a_cached_repo_of_one_gguf_reads_as_that_file_and_several_are_named(home, tmp_path, cli):
+    """A Hub repo that holds a GGUF and no config.json (how llama.cpp models are shared) is no "no model"."""
+    from tiny import make_tiny_llama, write_tiny_gguf
+
+    from mixln_convert.io.loader import open_checkpoint
+
+    folder = make_tiny_llama(tmp_path / "qwen2", family="qwen2")
+    files = tmp_path / "repo"
+    files.mkdir()
+    write_tiny_gguf(folder, open_checkpoint(folder).arch, files / "tiny-f32.gguf")
+    (files / "README.md").write_text("a model card")
+    snapshot = place_model(files, home / "hub", "org/tiny-gguf")
+    assert checkpoint_path("org/tiny-gguf", "SRC") == str(snapshot / "tiny-f32.gguf")
+    result = cli("eval", "org/tiny-gguf", "--max-tokens", "64", "--seq-len", "16")
+    assert result.exit_code == 0 and "perplexity" in result.output, result.output
+    shutil.copy(files / "tiny-f32.gguf", files / "tiny-q8.gguf")
+    place_model(files, home / "hub", "org/two-gguf")
+    with pytest.raises(MixLNError, match=r"^SRC org/two-gguf: the cached snapshot .* holds no config.json but 2 .gguf "
+                                         r"files \(tiny-f32.gguf, tiny-q8.gguf\); fetch the one you mean"):
+        checkpoint_path("org/two-gguf", "SRC")
+    (files / "tiny-f32.gguf").unlink(), (files / "tiny-q8.gguf").unlink()
+    place_model(files, home / "hub", "org/card-only")
+    with pytest.raises(MixLNError, match=r"^SRC org/card-only: the cached snapshot .* holds no config.json and no "
+                                         r".gguf file \(offline mode"):
+        checkpoint_path("org/card-only", "SRC")

@@ -272,8 +272,64 @@ def test_a_refused_run_leaves_the_empty_out_it_was_given_empty(converted, corpus
     assert out.is_dir() and list(out.iterdir()) == []
 
 
+@pytest.mark.parametrize("case", ["converted-source", "too-little-text", "accelerate-fsdp-config"])
+def test_a_refusal_after_the_claim_leaves_nothing_and_the_corrected_run_goes(case, converted, tiny_llama_tied, corpus,
+                                                                           cli, tmp_path, monkeypatch):
+    """Each check that can refuse a run once it holds --out (a folder absent, under a folder absent too):
+    the refusal leaves nothing, so the corrected command is not refused as 'exists and is not empty'."""
+    out = tmp_path / "new" / "run"
+    short = tmp_path / "short.txt"
+    short.write_text("too few words")
+    bad = {"converted-source": tiny(converted, corpus), "too-little-text": tiny(tiny_llama_tied, short),
+           "accelerate-fsdp-config": tiny(tiny_llama_tied, corpus)}[case]
+    with monkeypatch.context() as env:
+        if case == "accelerate-fsdp-config":
+            env.setenv("ACCELERATE_USE_FSDP", "true")
+        result = cli("train", "smollm2-135m-cpu", *(f"--set={s}" for s in bad), "--out", out)
+    assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+    assert not (tmp_path / "new").exists()
+    result = cli("train", "smollm2-135m-cpu", *(f"--set={s}" for s in tiny(tiny_llama_tied, corpus, steps=1)),
+                 "--out", out, "--arm", "preln")
+    assert result.exit_code == 0, result.output
+    assert [p.name for p in tmp_path.joinpath("new").iterdir()] == ["run"]  # no lock file left beside it
+
+
 def _env() -> dict:
     return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+@pytest.mark.parametrize("cache", ["cold", "warm"])
+def test_two_runs_into_one_out_at_once_train_it_once(cache, tiny_llama_tied, corpus, tmp_path_factory):
+    """Two real processes started together on one --out (a cold token cache, then a warm one): one trains,
+    the other is refused at once naming the folder and the process holding it; every step is written once."""
+    caches = tmp_path_factory.getbasetemp() / "concurrent-cache"  # the warm case finds the cold case's tokens
+    tmp_path = tmp_path_factory.mktemp(cache)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "mixln_convert.cli", "train", "smollm2-135m-cpu",
+           *(f"--set={s}" for s in tiny(tiny_llama_tied, corpus, steps=6)), "--out", str(out), "--arm", "preln"]
+    env = {**_env(), "MIXLN_CONVERT_CACHE": str(caches)}
+    runs = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    results = [(run.wait(timeout=300), run.stderr.read()) for run in runs]
+    codes = sorted(code for code, _ in results)
+    assert codes == [0, 1], results
+    refused = next(err for code, err in results if code == 1).strip().splitlines()
+    assert len(refused) == 1 and f"--out {out}: in use by mixln-convert training run (pid " in refused[0], refused
+    assert [r["step"] for r in metrics(out, "preln")] == [1, 2, 3, 4, 5, 6]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_two_converts_into_one_dst_at_once_write_it_once(tiny_llama, tmp_path):
+    dst = tmp_path / "dst"
+    cmd = [sys.executable, "-m", "mixln_convert.cli", "convert", str(tiny_llama), str(dst), "--strategy", "move"]
+    runs = [subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    results = [(run.wait(timeout=300), run.stderr.read()) for run in runs]
+    assert sorted(code for code, _ in results) == [0, 1], results
+    refused = next(err for code, err in results if code == 1).strip()
+    # the second is refused by the lock while the first writes, or by the folder the first filled
+    assert f"{dst}: in use by mixln-convert" in refused or "exists and is not empty" in refused, refused
+    assert (dst / "config.json").is_file() and sorted(p.name for p in tmp_path.iterdir()) == ["dst"]
 
 
 def test_sigkill_then_resume_gives_the_uninterrupted_losses(cli, tiny_llama_tied, corpus, tmp_path):
@@ -631,6 +687,7 @@ def test_an_accelerate_fsdp_config_is_refused_for_the_trainers_own(cli, tiny_lla
     result = cli("train", "smollm2-135m-cpu", *(f"--set={s}" for s in tiny(tiny_llama_tied, corpus)),
                  "--out", tmp_path / "out")
     assert result.exit_code == 1 and "the trainer shards the model itself" in result.output, result.output
+    assert not (tmp_path / "out").exists()
 
 
 def test_bf16_runs_convert_heal_and_both_arms(tiny_llama_tied, corpus, tmp_path):

@@ -52,6 +52,65 @@ def wait_for_lock(folder: Path) -> None:
         os.close(fd)
 
 
+LOCK_SUFFIX = ".lock"
+
+
+@contextmanager
+def hold(dst: Path, what: str, kind: str):
+    """``dst`` (an output folder, existing or not) held by this process for the block: an exclusive OS
+    lock on ``.NAME.lock`` beside it, which the kernel drops when the process dies, however it dies.
+    While another process holds it, an error at once naming ``what`` (the flag and folder) and that
+    process. Without OS locks (Windows) the block runs unguarded."""
+    if fcntl is None:
+        yield
+        return
+    lock_file = dst.with_name(f".{dst.name}{LOCK_SUFFIX}")
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        fd = _locked(lock_file)
+    except OSError as e:
+        raise MixLNError(f"{what}: cannot lock it ({lock_file}: {e.strerror})") from None
+    if fd is None:
+        try:
+            holder = lock_file.read_text().strip() or "another process"
+        except OSError:
+            holder = "another process"
+        raise MixLNError(f"{what}: in use by {holder[:200]}; one run writes a folder at a time: wait for it to "
+                         "end, or choose another folder")
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"mixln-convert {kind} (pid {os.getpid()} on {os.uname().nodename})".encode())
+        yield
+    finally:
+        try:
+            os.unlink(lock_file)  # while still held: a process that opened it meanwhile sees it gone and retries
+        except OSError:
+            pass
+        os.close(fd)
+
+
+def _locked(lock_file: Path) -> int | None:
+    """A descriptor of ``lock_file`` (made if absent) holding its exclusive lock, or None while another
+    process holds it. A file unlinked by its last holder between our open and our lock is opened anew."""
+    while True:
+        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            same = os.fstat(fd).st_ino == os.stat(lock_file).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -63,10 +122,12 @@ def atomic_output_dir(dst, force: bool = False, protect=None):
     """Yield a temporary folder that becomes ``dst`` when the block succeeds.
 
     Refuses a non-empty ``dst`` unless ``force``, and any ``dst`` that is, contains or lies inside one
-    of the ``protect`` inputs ({what: path}). An OSError while writing (a full disk) becomes a one-line
-    error naming ``dst``; the temporary folder goes."""
+    of the ``protect`` inputs ({what: path}), and a ``dst`` another process is writing (:func:`hold`).
+    An OSError while writing (a full disk) becomes a one-line error naming ``dst``; the temporary folder goes."""
+    given = dst
     dst = check_destination(dst, protect or {}, force)
-    with scratch_dir(dst) as tmp:
+    with hold(dst, str(given), "output"), scratch_dir(dst) as tmp:
+        check_destination(dst, protect or {}, force)  # again, held: a run that ended meanwhile may have filled it
         try:
             yield tmp
             replace_dir(tmp, dst)

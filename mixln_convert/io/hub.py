@@ -96,6 +96,9 @@ def model_snapshot(name: HubName, flag: str) -> str:
     except Exception as e:  # offline, or the Hub out of reach (requests', httpx's or the Hub's own types, by version)
         return _cached_snapshot(name, where, e)
     listing = [file.rfilename for file in info.siblings or []]
+    gguf = _lone_gguf(listing, where)
+    if gguf is not None:
+        return _fetching(where, hf_hub_download, name.repo, gguf, revision=name.revision)
     files = _checkpoint_files(listing, lambda index: Path(_fetching(
         where, hf_hub_download, name.repo, index, revision=name.revision)), where)
     return _fetching(where, snapshot_download, name.repo, revision=name.revision, allow_patterns=files)
@@ -118,6 +121,15 @@ def _cached_snapshot(name: HubName, where: str, error: Exception) -> str:
     why = "offline mode: HF_HUB_OFFLINE" if offline else f"the Hub is out of reach: {_reason(error)}"
     config = try_to_load_from_cache(name.repo, "config.json", revision=name.revision)
     if not isinstance(config, str):
+        snapshot = _cached_folder(name)
+        if snapshot is not None:  # the repo is cached, without a transformers config: a GGUF repo reads as its file
+            gguf = _lone_gguf([p.name for p in snapshot.iterdir()], f"{where}: the cached snapshot {snapshot}")
+            if gguf is None:
+                raise MixLNError(f"{where}: the cached snapshot {snapshot} holds no config.json and no .gguf file "
+                                 f"({why})")
+            if not offline:
+                warn(f"{where}: {why}; using the cached {snapshot / gguf}")
+            return str(snapshot / gguf)
         at = f" at revision {name.revision}" if name.revision else ""
         raise MixLNError(f"{where}: no such file or folder, and the Hugging Face cache {constants.HF_HUB_CACHE} holds "
                          f"no model {name.repo}{at} ({why})")
@@ -129,6 +141,35 @@ def _cached_snapshot(name: HubName, where: str, error: Exception) -> str:
     if not offline:  # said: a branch may have moved on the Hub since the cache was filled
         warn(f"{where}: {why}; using the cached snapshot {folder}")
     return str(folder)
+
+
+def _cached_folder(name: HubName) -> Path | None:
+    """The snapshot folder the Hugging Face cache holds of ``name``'s revision (a branch or tag through its
+    ref, or a commit), if any."""
+    from huggingface_hub import constants
+
+    repo = Path(constants.HF_HUB_CACHE) / f"models--{name.repo.replace('/', '--')}"
+    ref = repo / "refs" / (name.revision or "main")
+    try:
+        commit = ref.read_text().strip() if ref.is_file() else name.revision
+    except (OSError, UnicodeDecodeError):
+        return None
+    folder = repo / "snapshots" / commit if commit and "/" not in commit and commit not in (".", "..") else None
+    return folder if folder is not None and folder.is_dir() else None
+
+
+def _lone_gguf(listing: list[str], where: str) -> str | None:
+    """The .gguf file a repo's ``listing`` is read as when it holds no config.json but one GGUF at its top;
+    None where it holds a config.json or no GGUF; several: an error naming them (which one is the user's)."""
+    top = {file for file in listing if "/" not in file}
+    ggufs = sorted(file for file in top if file.lower().endswith(".gguf"))
+    if "config.json" in top or not ggufs:
+        return None
+    if len(ggufs) > 1:
+        raise MixLNError(f"{where}: holds no config.json but {len(ggufs)} .gguf files ({', '.join(ggufs[:5])}"
+                         f"{', ...' if len(ggufs) > 5 else ''}); fetch the one you mean (hf download REPO FILE) "
+                         "and give its path")
+    return ggufs[0]
 
 
 def _checkpoint_files(listing: list[str], index_file, where: str) -> list[str]:

@@ -8,12 +8,12 @@ import json
 import math
 import shutil
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from ..errors import MixLNError
 from ..limits import is_finite_number
-from .atomic import atomic_output_dir, write_atomic
+from .atomic import atomic_output_dir, hold, write_atomic
 from .paths import check_destination
 
 RECORD = "run.json"
@@ -21,14 +21,77 @@ STAGE_RESULT = "result.json"  # in each stage's folder: what a resume reads inst
 SUMMARY, METRICS, ANALYSIS = "summary.json", "metrics.jsonl", "analysis.json"
 
 
+class Claim:
+    """A run folder this process holds (:func:`claim_run`): :meth:`start` makes it ready; a refusal
+    (a MixLNError) before :meth:`working` undoes the claim, so the corrected rerun finds the folder as it was."""
+
+    def __init__(self, path: Path, kind: str, settings: dict, force: bool, fresh: bool, made: Path | None):
+        self.path, self.kind, self.settings, self.force, self.fresh = path, kind, settings, force, fresh
+        self.made = made  # the outermost folder of ``path`` that did not exist before this claim, if any
+        self.started = self.is_working = False
+
+    def start(self) -> None:
+        """Emptied with ``force``, made, and holding the record a --resume is compared with."""
+        out = self.path
+        self.started = True
+        if self.force and out.exists() and any(out.iterdir()):
+            shutil.rmtree(out)
+        out.mkdir(parents=True, exist_ok=True)
+        if not (out / RECORD).is_file():
+            write_json(out / RECORD, {"kind": self.kind, "settings": self.settings}, indent=1)
+
+    def working(self) -> None:
+        """From here on a failure keeps what the run wrote, for --resume to continue."""
+        self.is_working = True
+
+    def undo(self) -> None:
+        """What this run wrote into a folder that held nothing of value (absent, empty or emptied by
+        ``force``), removed, with the folders the claim made."""
+        if self.made is not None:
+            shutil.rmtree(self.made, ignore_errors=True)
+        elif self.started and self.fresh and self.path.is_dir():
+            for made in self.path.iterdir():
+                shutil.rmtree(made, ignore_errors=True) if made.is_dir() and not made.is_symlink() else made.unlink()
+
+
+_HELD: list[Claim] = []  # this process's claims, outermost first (a demo holds its folder, then its train folder)
+
+
+def mark_working() -> None:
+    """Every claim this process holds is now working (:meth:`Claim.working`): a stage inside it finished
+    or began what a resume continues."""
+    for claim in _HELD:
+        claim.working()
+
+
+@contextmanager
 def claim_run(out, kind: str, settings: dict, inputs: dict, resume: bool, force: bool = False,
-              force_hint: bool = True) -> Path:
-    """``out`` resolved, once it may hold this run: absent or empty; with ``force`` anything but
-    an input (:func:`start_run` empties it); with ``resume`` a ``kind`` run whose record holds
-    ``settings`` ({flag: JSON value}). ``inputs`` ({what: path}) are never written. Reads only."""
+              force_hint: bool = True, held: bool = True):
+    """``out`` held by this process for the block (``held``: the main one of several; :func:`~.atomic.hold`)
+    once it may hold this run: absent or empty; with ``force`` anything but an input (:meth:`Claim.start`
+    empties it); with ``resume`` a ``kind`` run whose record holds ``settings`` ({flag: JSON value}).
+    ``inputs`` ({what: path}) are never written. Yields the :class:`Claim`; nothing is written before
+    :meth:`Claim.start`, and a refusal before :meth:`Claim.working` undoes what was."""
     target = check_destination(out, inputs, force=True, flag="--out")
-    if force or not (target.is_dir() and any(target.iterdir())):
-        return target
+    made = next((folder for folder in reversed([target, *target.parents]) if not folder.exists()), None)
+    with hold(target, f"--out {out}", kind) if held else nullcontext():
+        fresh = force or not (target.is_dir() and any(target.iterdir()))
+        if not fresh:
+            _check_resume(out, target, kind, settings, resume, force_hint)
+        claim = Claim(target, kind, settings, force, fresh, made)
+        _HELD.append(claim)
+        try:
+            yield claim
+        except MixLNError:
+            if held and not claim.is_working:
+                claim.undo()
+            raise
+        finally:
+            _HELD.remove(claim)
+
+
+def _check_resume(out, target: Path, kind: str, settings: dict, resume: bool, force_hint: bool) -> None:
+    """A non-empty ``target`` continued: only with ``resume``, only a ``kind`` begun with ``settings``."""
     if not resume:
         raise MixLNError(f"--out {out}: exists and is not empty; --resume continues the {kind} it holds"
                          + (", --force starts afresh" if force_hint else ""))
@@ -50,17 +113,6 @@ def claim_run(out, kind: str, settings: dict, inputs: dict, resume: bool, force:
         if now.get(key) != settings_there.get(key):
             raise MixLNError(f"--resume: the {kind} in {out} started with {key} {_shown(settings_there.get(key))}, "
                              f"not {_shown(now.get(key))}; give the same, or another --out")
-    return target
-
-
-def start_run(out: Path, kind: str, settings: dict, force: bool = False) -> None:
-    """``out``, once :func:`claim_run` let this run have it, made ready: emptied with ``force``, made,
-    and holding the record :func:`claim_run` compares a --resume with."""
-    if force and out.exists() and any(out.iterdir()):
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-    if not (out / RECORD).is_file():
-        write_json(out / RECORD, {"kind": kind, "settings": settings}, indent=1)
 
 
 def _shown(value) -> str:
@@ -141,6 +193,7 @@ class Stages:
                 result = work(folder)
                 if checked:
                     write_checked(done, result)
+        mark_working()  # a finished stage is kept for a resume, whatever fails after it
         return result
 
     def done(self, folder: Path, record: str = STAGE_RESULT) -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from ..errors import MixLNError
+from ..errors import MixLNError, shown
 from ..io.hub import hub_name
 from ..io.paths import check_readable, checkpoint_path, is_pattern
 from ..limits import SPIKE_FACTORS, below_one_step, count_interval, count_ok, is_finite_number, spike_factor_ok
@@ -174,6 +174,34 @@ class _RecipeLoader(yaml.SafeLoader):
                     None, None, f"alias *{event.anchor} of a mapping or list: recipes allow aliases of single "
                     "values only", event.start_mark)
         return super().compose_node(parent, index)
+
+    def construct_document(self, node):
+        _refuse_duplicate_keys(node)
+        return super().construct_document(node)
+
+
+class DuplicateKey(ValueError):
+    """A key given twice in one mapping of a recipe: YAML would keep the last silently."""
+
+
+def _refuse_duplicate_keys(node, prefix: str = "") -> None:
+    """Every mapping under ``node``, at any depth, holds each key once; else :class:`DuplicateKey`
+    naming the dotted key and both lines."""
+    if isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _refuse_duplicate_keys(item, prefix)
+    if not isinstance(node, yaml.MappingNode):
+        return
+    first_line = {}
+    for key_node, value_node in node.value:
+        key = f"{prefix}{key_node.value}" if isinstance(key_node, yaml.ScalarNode) else None
+        if key is not None:
+            line = key_node.start_mark.line + 1
+            if key in first_line:
+                raise DuplicateKey(f"{shown(key)} is given twice (lines {first_line[key]} and {line}); YAML would "
+                                   "keep the last silently: give it once")
+            first_line[key] = line
+        _refuse_duplicate_keys(value_node, f"{key}." if key is not None else prefix)
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict:
@@ -377,6 +405,8 @@ def load_recipe(path, overrides=(), changes: dict | None = None, changed_by: str
         raise MixLNError(f"{path}: the recipe is not UTF-8 text") from None
     except yaml.YAMLError as e:
         raise MixLNError(f"{path}: invalid YAML ({str(e).splitlines()[0]})") from None
+    except DuplicateKey as e:
+        raise MixLNError(f"{path}: {e}") from None
     if not isinstance(loaded, dict):
         raise MixLNError(f"{path}: a recipe must be a mapping of keys to values")
     values = {key: default for key, (_, default) in FIELDS.items()}
@@ -391,6 +421,8 @@ def load_recipe(path, overrides=(), changes: dict | None = None, changed_by: str
             value = yaml.load(text, Loader=_RecipeLoader)
         except yaml.YAMLError:
             raise MixLNError(f"--set {item}: the value is not valid YAML") from None
+        except DuplicateKey as e:
+            raise MixLNError(f"--set {item}: {e}") from None
         _assign(values, origin, key.strip(), value, f"--set {item}")
     for key, value in (changes or {}).items():
         _assign(values, origin, key, value, changed_by)

@@ -117,10 +117,6 @@ def setup(recipe: Recipe, folder: Path, source: str, splits: Splits, accumulatio
     """The accelerator, the model (fp32 master weights; bf16 is autocast, or FSDP2's parameter
     dtype), AdamW, the schedule and the seeded data order. Single process and DDP are prepared by
     accelerate; ``fsdp: true`` is sharded by the trainer itself (:mod:`.sharding` says why)."""
-    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true"):
-        raise MixLNError("the accelerate config asks for FSDP (distributed_type: FSDP); the trainer shards the model "
-                         "itself: launch with the multi-GPU config (mixln-convert recipes --path fsdp) and the "
-                         "recipe key fsdp: true")
     # accelerate keeps one AcceleratorState per process: without a reset, the next arm (or run)
     # would inherit this one's precision and plugins. The process group (PartialState) stays.
     AcceleratorState._reset_state(reset_partial_state=False)
