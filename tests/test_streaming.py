@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from mixln_convert.errors import MixLNError
 from tiny import make_tiny_llama
 
 REPO = Path(__file__).parent.parent
@@ -129,20 +130,24 @@ def test_killed_conversion_leaves_no_output_and_the_next_run_cleans_up(tiny_llam
     dst = tmp_path / "dst"
     result = run_python(KILLED, tiny_llama_sharded, dst)
     assert result.returncode == -signal.SIGKILL, result.stderr
-    leftovers = list(tmp_path.iterdir())
-    assert not dst.exists() and len(leftovers) == 1 and leftovers[0].name.startswith(".dst.tmp-")
-    assert (leftovers[0] / "shard-00000.partial").is_file()  # it was killed midway, after one shard
+    # its temporary folder, and the lock file it held (the kernel dropped the lock with the process)
+    lock, tmp = sorted(tmp_path.iterdir())
+    assert not dst.exists() and lock.name == ".dst.lock" and tmp.name.startswith(".dst.tmp-")
+    assert (tmp / "shard-00000.partial").is_file()  # it was killed midway, after one shard
     convert(tiny_llama_sharded, dst, strategy="move", progress=False)
     assert [p.name for p in tmp_path.iterdir()] == ["dst"]
 
 
-def test_a_running_conversions_temporary_folder_is_left_alone(tmp_path):
+def test_a_second_writer_of_a_folder_being_written_is_refused_and_leaves_the_first_alone(tmp_path):
     pytest.importorskip("fcntl")
     from mixln_convert.io.atomic import atomic_output_dir
 
     with atomic_output_dir(tmp_path / "dst") as running:
-        with atomic_output_dir(tmp_path / "dst"):
-            assert running.is_dir()
+        with pytest.raises(MixLNError, match=rf"^{tmp_path / 'dst'}: in use by another mixln-convert run \(pid {os.getpid()} on .*: writing dst\)"):
+            with atomic_output_dir(tmp_path / "dst"):
+                pass
+        assert running.is_dir()
+    assert list(tmp_path.iterdir()) == [tmp_path / "dst"]
 
 
 class RunsCode:
