@@ -14,6 +14,8 @@ import click
 
 from . import __version__
 from .errors import MixLNError, MixLNWarning, bounded
+from .export import DEFAULT_GGUF_TYPE, GGUF_TYPES
+from .export import TARGETS as EXPORT_TARGETS
 from .limits import MAX_BATCH, MAX_EXAMPLES, MAX_PROCESSES, MAX_TOKENS, SEED_LIMIT
 from .options import (ALPHA, ARMS, DEFAULT_ARMS, DEMO_LR, DEVICES, DTYPES, HEAL_DTYPES, HEAL_TOKENS, LAYOUTS, LOSSES,
                       METHODS, STRATEGIES, TRAINING_STRATEGIES, AnalyzeOptions, CompareOptions, ConvertOptions,
@@ -94,10 +96,14 @@ def main():
 
     \b
     Typical session:
-      mixln-convert fetch                       # SmolLM2-135M GGUF into the user cache
-      mixln-convert convert MODEL OUT           # calibrated, alpha 0.25
-      mixln-convert eval OUT                    # perplexity on held-out text
-      mixln-convert inspect OUT                 # layer table and provenance
+      mixln-convert demo                        # everything below on SmolLM2-135M, on CPU, into mixln-demo/
+      mixln-convert convert MODEL CONV          # calibrated, alpha 0.25 (1.2-1.9x the perplexity at once)
+      mixln-convert heal CONV --teacher MODEL --out HEALED   # distil the Post-LN blocks: heal before use
+      mixln-convert eval HEALED                 # perplexity on held-out text
+      mixln-convert train smollm2-135m --set source=MODEL --out RUN   # Mix-LN and Pre-LN arms, same tokens
+      mixln-convert analyze RUN/mixln/final --out A1   (and RUN/preln/final --out A2)
+      mixln-convert compare A1 A2 RUN --out REPORT       # the before/after report
+      mixln-convert inspect HEALED              # layer table and provenance
 
     \b
     Hugging Face Hub names work where a path is taken (an existing path wins):
@@ -408,6 +414,37 @@ def prune(ckpt, out, force, **settings):
     record = (config.get("mixln_provenance") or config)["pruned"][-1]
     click.echo(f"removed blocks {record['removed_layers']} ({record['method']}); "
                f"{config['num_hidden_layers']} left; wrote {out}")
+
+
+@main.command()
+@click.argument("ckpt", type=click.Path(path_type=str))
+@click.argument("out", type=click.Path(path_type=str))
+@click.option("--to", "to", type=click.Choice(EXPORT_TARGETS), required=True,
+              help="llama: a plain transformers folder (LlamaForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM: "
+                   "no remote code, no Mix-LN config keys; tokenizer files carried over). gguf: one llama.cpp "
+                   "file OUT.gguf (LLaMA/Qwen2/Qwen3 tensor names and metadata, tokenizer included).")
+@click.option("--type", "tensor_type", type=click.Choice(GGUF_TYPES), default=None,
+              help=f"With --to gguf: the matrices' type (norm gains and biases stay f32; a q8_0 matrix whose rows "
+                   f"are no multiple of 32 is f16).  [default: {DEFAULT_GGUF_TYPE}]")
+@click.option("--force", is_flag=True, help="Replace an existing OUT (never an input).")
+def export(ckpt, out, to, tensor_type, force):
+    """Export the checkpoint CKPT (HF folder, .gguf or Hub model ORG/NAME[@REVISION]) as a plain model
+    that needs neither this package nor remote code: --to llama a transformers folder OUT, --to gguf a
+    llama.cpp file OUT.gguf.
+
+    \b
+    Exported: a plain checkpoint (pruned or not); a Mix-LN checkpoint without Post-LN
+      blocks (post_ln_layers 0, the Pre-LN arm); a LayerNorm Scaling checkpoint, its
+      1/sqrt(l) folded into block l's input and post-attention norm gains (the same logits).
+    Refused: a Mix-LN checkpoint with Post-LN blocks, since no plain architecture
+      computes Norm(x + F(x)); for --to gguf, rope scaling and sliding-window attention,
+      which transformers' GGUF reader does not read back.
+
+    CKPT is checked before any work and never written; OUT appears only when complete."""
+    from .export import export as run
+
+    run(ckpt, out, to=to, type=tensor_type, force=force)
+    click.echo(f"wrote {out}")
 
 
 @main.command()

@@ -1,0 +1,73 @@
+"""``export()``: a checkpoint written as the plain model of its family, for tools that know nothing of
+this package: a transformers folder (``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``)
+or a llama.cpp GGUF file.
+
+What exports: a plain checkpoint (pruned or not), a Mix-LN checkpoint without Post-LN blocks (the
+Pre-LN arm: ``post_ln_layers`` 0) and a LayerNorm Scaling one, whose 1/sqrt(l) is folded into its
+blocks' norm gains (:mod:`.plain`). What does not: a Mix-LN checkpoint with Post-LN blocks, since no
+plain architecture computes Norm(x + F(x)).
+
+This module imports neither torch nor transformers: the CLI's --help and bad options answer at once.
+"""
+
+from pathlib import Path
+
+from ..errors import MixLNError
+
+TARGETS = ("llama", "gguf")  # --to: a plain transformers folder, a llama.cpp file
+GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")  # --type of a GGUF's matrices (vectors stay f32, as llama.cpp writes them)
+DEFAULT_GGUF_TYPE = "f16"
+
+
+def export(ckpt, out, *, to: str, type: str | None = None, force: bool = False, progress: bool = True) -> Path:
+    """Write the checkpoint ``ckpt`` (HF folder, .gguf or Hub model name) as a plain model at ``out``:
+    ``to="llama"`` a transformers folder, ``to="gguf"`` one .gguf file of tensor type ``type`` (default
+    f16). Everything is checked before any work; ``ckpt`` is never written, ``out`` appears only when
+    complete (an existing one is replaced only with ``force``). Returns ``out``."""
+    from ..io.paths import check_destination, checkpoint_path
+    from ..runtime import map_large_allocations
+
+    map_large_allocations()
+    tensor_type = _checked_type(to, type)
+    src = checkpoint_path(ckpt, "CKPT")
+    inputs = {"CKPT": src}
+    if to == "llama":
+        check_destination(out, inputs, force, flag="OUT")
+    else:
+        from .gguf import check_gguf_destination
+
+        check_gguf_destination(out, inputs, force)
+    from ..io.loader import open_checkpoint
+    from .plain import plain_architecture
+
+    source = open_checkpoint(src)
+    arch = plain_architecture(source)
+    if source.path.is_file():  # a GGUF's tokenizer is transformers' reading of its metadata: both outputs carry it
+        source.tokenizer  # noqa: B018  (built and checked now, before any work)
+    if to == "llama":
+        from .plain import write_plain
+
+        write_plain(source, arch, out, inputs, force=force, progress=progress)
+    else:
+        from .gguf import write_gguf
+
+        write_gguf(source, arch, out, tensor_type, inputs, force=force, progress=progress)
+    return Path(out)
+
+
+def _checked_type(to: str, tensor_type: str | None) -> str | None:
+    """The GGUF tensor type of the options ``--to`` and ``--type``, each checked; None for a folder."""
+    if to not in TARGETS:
+        raise MixLNError(f"--to {to!r}: expected one of {', '.join(TARGETS)}")
+    if to != "gguf":
+        if tensor_type is not None:
+            raise MixLNError(f"--type {tensor_type}: only --to gguf takes a tensor type; --to {to} keeps the "
+                             "checkpoint's dtype")
+        return None
+    tensor_type = DEFAULT_GGUF_TYPE if tensor_type is None else tensor_type
+    if tensor_type not in GGUF_TYPES:
+        raise MixLNError(f"--type {tensor_type!r}: expected one of {', '.join(GGUF_TYPES)}")
+    return tensor_type
+
+
+__all__ = ["DEFAULT_GGUF_TYPE", "GGUF_TYPES", "TARGETS", "export"]

@@ -1,0 +1,240 @@
+"""A plain checkpoint (:mod:`.plain`) as one llama.cpp GGUF file, written with gguf-py's ``GGUFWriter``.
+
+Tensor names and config keys are the architectures/*.json ``gguf`` tables that :mod:`..io.gguf` reads
+GGUFs with, inverted, so what this writes reads back tensor for tensor. llama.cpp's LLaMA (its "norm"
+rope) wants each q/k head's rotary halves interleaved: rows permuted here as its convert_hf_to_gguf.py
+does, undone by both readers; Qwen's "neox" rope is HF's order. Matrices take ``--type``; vectors
+(norm gains, biases) stay float32, and a q8_0 matrix whose rows are no multiple of 32 f16, as
+llama.cpp's converter writes them. The file is written tensor by tensor (one in memory at a time) into
+a temporary folder beside it and renamed into place; it is read back before that (config and
+tokenizer as transformers reads them), and a difference is a warning: llama.cpp reads it itself.
+"""
+
+import math
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+from .. import __version__
+from ..errors import MixLNError, first_line, warn
+from ..io.atomic import hold, scratch_dir, write_failure
+from ..io.loader import StoredTensor
+from ..io.paths import check_not_input
+from .plain import folds_lns, plain_config, plain_names, plain_tensors
+from .tokenizer import Field, tokenizer_fields
+
+# --type -> (gguf-py's GGMLQuantizationType of matrices, LlamaFileType of general.file_type), by name
+TENSOR_TYPES = {"f32": ("F32", "ALL_F32"), "f16": ("F16", "MOSTLY_F16"), "bf16": ("BF16", "MOSTLY_BF16"),
+                "q8_0": ("Q8_0", "MOSTLY_Q8_0")}
+# a text the written tokenizer must encode as the source's: words, digits, runs of blanks, a newline, non-ASCII
+SAMPLE_TEXT = "Hello, world! In 2024 the model's 12,345 tokens\n  were  indented\tand ünïcödé — 中文 too."
+
+
+def check_gguf_destination(out, inputs: dict, force: bool) -> Path:
+    """OUT of ``--to gguf``, before any work: a ``.gguf`` file path that is no input, not a folder, and
+    exists only with ``force``, in a folder that can be written. Returns it resolved."""
+    target = check_not_input(out, inputs, flag="OUT")
+    if target.suffix != ".gguf":
+        raise MixLNError(f"OUT {out}: --to gguf writes one file; name it NAME.gguf")
+    if target.is_dir():
+        raise MixLNError(f"OUT {out}: is a folder; --to gguf writes one .gguf file")
+    if target.exists() and not target.is_file():
+        raise MixLNError(f"OUT {out}: exists and is not a regular file")
+    if target.exists() and not force:
+        raise MixLNError(f"OUT {out}: exists (use --force to replace it)")
+    parent = next((p for p in target.parents if p.exists()), None)
+    if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise MixLNError(f"OUT {out}: cannot create it ({parent} is not a writable folder)")
+    return target
+
+
+@contextmanager
+def atomic_output_file(out, inputs: dict, force: bool):
+    """Yield a temporary path (in a ``.NAME.tmp-*`` folder beside ``out``, the user's umask) that replaces
+    ``out`` in one step when the block succeeds, as :func:`~..io.atomic.atomic_output_dir` does a folder:
+    ``out`` held by this process meanwhile, checked again once held, an OSError one line naming it."""
+    dst = check_gguf_destination(out, inputs, force)
+    with hold(dst, str(out), "output"), scratch_dir(dst) as tmp:
+        check_gguf_destination(out, inputs, force)
+        try:
+            yield tmp / dst.name
+            os.replace(tmp / dst.name, dst)
+        except OSError as e:
+            raise MixLNError(write_failure(dst, e, tmp)) from None
+
+
+def write_gguf(source, arch, out, tensor_type: str, inputs: dict, *, force: bool, progress: bool) -> None:
+    """The GGUF file ``out`` of ``source`` (a plain model of family ``arch``), matrices of ``tensor_type``,
+    with its tokenizer; everything llama.cpp's reading would lose is refused before the file is made."""
+    hf_config = transformers_config(source, arch)
+    names = plain_names(source)
+    gguf_names = gguf_tensor_names(source, arch, names)
+    metadata = model_fields(source, arch, hf_config, tensor_type) + tokenizer_fields(source, hf_config.vocab_size)
+    with atomic_output_file(out, inputs, force) as path:
+        write_file(path, source, arch, hf_config, names, gguf_names, metadata, tensor_type, progress)
+        check_read_back(path, out, source)
+
+
+def transformers_config(source, arch):
+    """The plain model's transformers config (its family's defaults filled in: the rope theta, the head
+    size, the epsilon a config.json may leave out), refused where llama.cpp's architecture and
+    transformers' GGUF reader cannot state it: rope scaling, an activation other than SiLU, a feature
+    the family's JSON lists as unsupported (sliding-window attention)."""
+    from transformers import AutoConfig
+
+    config = plain_config(source.config, arch)
+    for key, feature in arch.unsupported_config.items():
+        if config.get(key) is not None and config[key] is not False:
+            raise MixLNError(f"{source.where}: {key} {config[key]}: llama.cpp's {arch.gguf_architecture} has no "
+                             f"{feature}; --to gguf exports only checkpoints with {key} null or false")
+    try:
+        hf_config = AutoConfig.for_model(config.pop("model_type"), **config)
+    except (TypeError, ValueError, KeyError) as e:  # transformers' own validation of the config's values
+        raise MixLNError(f"{source.where}: transformers refuses the config ({first_line(e)})") from None
+    rope = dict(getattr(hf_config, "rope_parameters", None) or {})
+    if rope.get("rope_type", "default") != "default":
+        raise MixLNError(f"{source.where}: rope_parameters rope_type {rope['rope_type']!r}: transformers' GGUF reader "
+                         f"reads no rope scaling for {arch.gguf_architecture}; --to gguf exports the default rope "
+                         "only (--to llama keeps it)")
+    if hf_config.hidden_act != "silu":
+        raise MixLNError(f"{source.where}: hidden_act {hf_config.hidden_act!r}: llama.cpp's "
+                         f"{arch.gguf_architecture} computes SiLU; --to gguf exports only hidden_act silu")
+    return hf_config
+
+
+def gguf_tensor_names(source, arch, names: list[str]) -> dict[str, str]:
+    """{checkpoint tensor name: GGUF tensor name} of ``names`` (the reading table inverted); a tensor
+    llama.cpp's architecture has no name for is refused."""
+    to_gguf = {ours: theirs for theirs, ours in arch.gguf_names(source.config["num_hidden_layers"]).items()}
+    unnamed = [name for name in names if name not in to_gguf]
+    if unnamed:
+        raise MixLNError(f"{source.path}: tensor {unnamed[0]} has no name in llama.cpp's {arch.gguf_architecture} "
+                         "architecture; --to gguf cannot write it")
+    return {name: to_gguf[name] for name in names}
+
+
+def head_dim(hf_config) -> int:
+    """The attention head size: a config's own, else hidden_size / heads (Qwen2's config states none)."""
+    return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+
+
+def model_fields(source, arch, hf_config, tensor_type: str) -> list[Field]:
+    """The general and ``<arch>.*`` metadata llama.cpp's loader reads: the sizes by the JSON ``config``
+    table, the rope and norm constants, the file type."""
+    from gguf import GGML_QUANT_VERSION, GGUFValueType, LlamaFileType
+
+    prefix = arch.gguf_architecture
+    sizes = {key: getattr(hf_config, key, None) for key in arch.gguf["config"]}
+    sizes["head_dim"] = head_dim(hf_config)
+    sizes["num_key_value_heads"] = hf_config.num_key_value_heads or hf_config.num_attention_heads
+    u32, f32 = GGUFValueType.UINT32, GGUFValueType.FLOAT32
+    fields = [Field("general.type", "model", GGUFValueType.STRING),
+              Field("general.file_type", int(LlamaFileType[TENSOR_TYPES[tensor_type][1]]), u32),
+              Field("general.quantization_version", GGML_QUANT_VERSION, u32),
+              Field("general.description", description(source), GGUFValueType.STRING)]
+    fields += [Field(f"{prefix}.{gguf_key}", int(sizes[key]), u32) for key, gguf_key in arch.gguf["config"].items()
+               if sizes[key] is not None]
+    fields += [Field(f"{prefix}.attention.value_length", sizes["head_dim"], u32),
+               Field(f"{prefix}.rope.dimension_count", sizes["head_dim"], u32),
+               Field(f"{prefix}.rope.freq_base", float(hf_config.rope_parameters["rope_theta"]), f32),
+               Field(f"{prefix}.attention.layer_norm_rms_epsilon", float(hf_config.rms_norm_eps), f32)]
+    return fields
+
+
+def description(source) -> str:
+    """general.description: what the file was made from (no path: a file travels)."""
+    folded = ", its LayerNorm Scaling folded into the norm gains" if folds_lns(source) else ""
+    return f"Exported by mixln-convert {__version__} from a {source.config.get('model_type')} checkpoint{folded}."
+
+
+def stored_type(shape: tuple[int, ...], tensor_type: str):
+    """The GGMLQuantizationType a tensor of ``shape`` is stored as under ``--type tensor_type``."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    if len(shape) < 2:
+        return GGMLQuantizationType.F32
+    wanted = GGMLQuantizationType[TENSOR_TYPES[tensor_type][0]]
+    block, _ = GGML_QUANT_SIZES[wanted]
+    return wanted if shape[-1] % block == 0 else GGMLQuantizationType.F16
+
+
+def stored_bytes(shape: tuple[int, ...], qtype) -> int:
+    from gguf import GGML_QUANT_SIZES
+
+    block, size = GGML_QUANT_SIZES[qtype]
+    return math.prod(shape[:-1]) * (shape[-1] // block) * size
+
+
+def write_file(path: Path, source, arch, hf_config, names, gguf_names, metadata, tensor_type, progress) -> None:
+    """The GGUF at ``path``: header, metadata and tensor table first (from shapes alone), then each
+    tensor as :func:`plain_tensors` streams it, encoded."""
+    import numpy as np
+    from gguf import GGUFWriter
+    from tqdm.auto import tqdm
+
+    qtypes = {name: stored_type(source.shape(name), tensor_type) for name in names}
+    rotary_heads = {"attn_q": hf_config.num_attention_heads,
+                    "attn_k": hf_config.num_key_value_heads or hf_config.num_attention_heads}
+    writer = GGUFWriter(path, arch.gguf_architecture)
+    try:
+        for field in metadata:
+            writer.add_key_value(*field)
+        for name in names:
+            shape = source.shape(name)
+            writer.add_tensor_info(gguf_names[name], shape, np.dtype(np.float32), stored_bytes(shape, qtypes[name]),
+                                   raw_dtype=qtypes[name])
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for name, tensor in tqdm(plain_tensors(source), total=len(names), desc="exporting", unit="tensor",
+                                 disable=not progress):
+            role = gguf_names[name].split(".")[-2]
+            heads = rotary_heads.get(role) if arch.gguf["interleaved_rotary"] else None
+            writer.write_tensor_data(encoded(tensor, qtypes[name], heads))
+    finally:
+        writer.close()
+
+
+def encoded(tensor, qtype, rotary_heads: int | None):
+    """A tensor's bytes as the GGUF stores them: float32 rows, interleaved per rotary head where
+    ``rotary_heads`` is given, then cast or quantized (gguf-py's quantizer) to ``qtype``."""
+    from gguf import quantize
+
+    tensor = tensor.tensor if isinstance(tensor, StoredTensor) else tensor
+    data = tensor.detach().float().contiguous().numpy()
+    if rotary_heads:
+        data = interleaved_rotary(data, rotary_heads)
+    return quantize(data, qtype)
+
+
+def interleaved_rotary(weights, heads: int):
+    """q/k rows (or biases) of HF's rotary order ("neox": each head's first halves, then its second) in
+    llama.cpp LLaMA's ("norm": the halves interleaved), as its converter permutes them; io/gguf.py undoes it."""
+    shape = weights.shape
+    return weights.reshape(heads, 2, shape[0] // heads // 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+
+
+def check_read_back(path: Path, out, source) -> None:
+    """Read the written file back as transformers reads a GGUF (its config, checked against the header
+    as this package checks one, and its tokenizer) and warn where that fails or the tokenizer encodes
+    :data:`SAMPLE_TEXT` otherwise than the source's: llama.cpp reads the metadata itself, so the file is
+    kept, but transformers would not reproduce the source."""
+    from transformers import AutoTokenizer
+
+    from ..io.gguf import GGUFCheckpoint
+
+    try:
+        GGUFCheckpoint(path).config  # noqa: B018  (transformers' reading, checked against the header)
+        ids = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)(SAMPLE_TEXT)["input_ids"]
+    except MixLNError as e:
+        warn(f"{out}: written, but transformers cannot read it back: {str(e).replace(f'{path}: ', '')}")
+        return
+    except Exception as e:  # noqa: BLE001  (transformers' tokenizer builders raise many types)
+        warn(f"{out}: written, but transformers cannot read its tokenizer back ({first_line(e)})")
+        return
+    if ids != source.tokenizer(SAMPLE_TEXT)["input_ids"]:
+        warn(f"{out}: written, but the tokenizer transformers reads from it encodes text otherwise than the source's "
+             f"(on {SAMPLE_TEXT!r}); llama.cpp may too")
+
+
+__all__ = ["TENSOR_TYPES", "atomic_output_file", "check_gguf_destination", "write_gguf"]
