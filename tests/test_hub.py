@@ -117,7 +117,7 @@ def test_only_the_files_a_checkpoint_reads_are_fetched_at_the_revision_asked(wei
     weight_files = {"safetensors-sharded": ["model.safetensors.index.json", *shards],
                     "safetensors-and-bin": ["model.safetensors"], "bin": ["pytorch_model.bin"]}[weights]
     assert asked["snapshot"] == ("org/big", "v2", ["config.json", *weight_files, "generation_config.json",
-                                                    "tokenizer.json", "tokenizer_config.json"])
+                                                    "tokenizer.json", "tokenizer_config.json", "README.md"])
     assert asked["info"] == ("org/big", "v2")
     assert asked.get("index") == (("org/big", "model.safetensors.index.json", "v2") if "index.json" in weight_files[0]
                                   else None)

@@ -9,3 +9,9 @@ EXTRA_FILE_PATTERNS = (
     "tokenizer*", "special_tokens_map.json", "added_tokens.json", "generation_config.json",
     "vocab.*", "merges.txt", "chat_template*", "*.model", "LICENSE*",
 )
+# What transformers builds a tokenizer's vocabulary from (any one of them), and the file naming its class.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json with merges.txt")
+TOKENIZER_CONFIG = "tokenizer_config.json"
+# The model card: fetched with a Hub snapshot for the license it states (a converted model's card,
+# io/model_card.py, carries it); never copied into an output, whose card is its own.
+CARD_FILE = "README.md"

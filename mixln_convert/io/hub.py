@@ -22,7 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..errors import MixLNError, warn
-from .checkpoint_files import EXTRA_FILE_PATTERNS, WEIGHT_FILES
+from .checkpoint_files import CARD_FILE, EXTRA_FILE_PATTERNS, WEIGHT_FILES
 
 _PART = r"[\w.-]+"
 _REVISION = r"(?:@(?P<revision>[^\s@:]+))?"  # git forbids ':' in ref names, so none is taken for a dataset's parts
@@ -135,7 +135,7 @@ def _cached_snapshot(name: HubName, where: str, error: Exception) -> str:
                          f"no model {name.repo}{at} ({why})")
     folder = Path(config).parent
     files = _checkpoint_files([p.name for p in folder.iterdir()], lambda index: folder / index, where)
-    missing = [file for file in files if not (folder / file).is_file()]
+    missing = [file for file in files if file != CARD_FILE and not (folder / file).is_file()]  # a card: optional
     if missing:
         raise MixLNError(f"{where}: the cached snapshot {folder} lacks {missing[0]} ({why})")
     if not offline:  # said: a branch may have moved on the Hub since the cache was filled
@@ -158,6 +158,19 @@ def _cached_folder(name: HubName) -> Path | None:
     return folder if folder is not None and folder.is_dir() else None
 
 
+def snapshot_model(path) -> tuple[str, str] | None:
+    """(repo, commit) of the Hub model whose Hugging Face cache snapshot ``path`` is (the folder, or a
+    .gguf file at its top, as :func:`model_snapshot` gives them); None for any other path. Only the
+    path is read: a provenance names its source so after the cache is gone."""
+    path = Path(path)
+    folder = path.parent if path.suffix.lower() == ".gguf" else path
+    repo_dir = folder.parent.parent.name
+    if folder.parent.name != "snapshots" or not repo_dir.startswith("models--") or not folder.name:
+        return None
+    repo = repo_dir.removeprefix("models--").replace("--", "/")  # a repo id holds no '--' (_allowed)
+    return (repo, folder.name) if _allowed(repo) else None
+
+
 def _lone_gguf(listing: list[str], where: str) -> str | None:
     """The .gguf file a repo's ``listing`` is read as when it holds no config.json but one GGUF at its top;
     None where it holds a config.json or no GGUF; several: an error naming them (which one is the user's)."""
@@ -175,7 +188,8 @@ def _lone_gguf(listing: list[str], where: str) -> str | None:
 def _checkpoint_files(listing: list[str], index_file, where: str) -> list[str]:
     """The files of a repo's ``listing`` a checkpoint folder is read from: config.json, the weights
     in the first format of WEIGHT_FILES the repo has (its index and the shards the index names,
-    or its single file), and the files beside them; ``index_file(name)`` is a local copy of an index."""
+    or its single file), the files beside them, and the model card (for its license); ``index_file(name)``
+    is a local copy of an index."""
     top = {file for file in listing if "/" not in file}  # subfolders hold other formats (onnx/, original/)
     if "config.json" not in top:
         raise MixLNError(f"{where}: holds no config.json; expected a transformers checkpoint")
@@ -189,7 +203,7 @@ def _checkpoint_files(listing: list[str], index_file, where: str) -> list[str]:
     else:
         raise MixLNError(f"{where}: holds none of {', '.join(name for pair in WEIGHT_FILES for name in pair)}")
     extras = sorted(file for file in top if any(fnmatch.fnmatch(file, p) for p in EXTRA_FILE_PATTERNS))
-    return ["config.json", *weights, *extras]
+    return ["config.json", *weights, *extras, *([CARD_FILE] if CARD_FILE in top else [])]
 
 
 def _shards(index: Path, where: str) -> list[str]:

@@ -11,6 +11,7 @@ import torch
 
 from ..errors import MixLNError
 from .loader import StoredTensor
+from .model_card import write_card
 
 MODEL_CODE = ("configuration_mixln.py", "modeling_mixln.py")  # saved beside a Mix-LN checkpoint's weights
 # safetensors' names of the dtypes a checkpoint holds.
@@ -35,7 +36,8 @@ def write_checkpoint(folder: Path, tensors, config: dict, source, max_shard_byte
                      total: int | None = None, progress: bool = True) -> None:
     """The one rewrite pipe of convert, heal and prune: ``tensors`` ((name, tensor or :class:`StoredTensor`)
     pairs, streamed) as safetensors shards, ``config`` (or a function giving it once they are written, so a
-    provenance can state their cost) as config.json, the source's extras, and a Mix-LN config's model code."""
+    provenance can state their cost) as config.json, the source's extras, a Mix-LN config's model code, and
+    the model card (README.md) of what the config records."""
     from tqdm.auto import tqdm
 
     writer = ShardedWriter(folder, max_shard_bytes)
@@ -47,6 +49,7 @@ def write_checkpoint(folder: Path, tensors, config: dict, source, max_shard_byte
     source.copy_extras(folder)
     if "auto_map" in config:
         copy_model_code(folder)
+    write_card(folder, config, source.path)  # after the extras: a source's own card is never the output's
 
 
 def copy_model_code(folder: Path) -> None:

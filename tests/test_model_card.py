@@ -1,0 +1,136 @@
+"""The model card (README.md) of every output folder a user keeps: convert, heal, prune and a trained arm's
+final/. Its front matter is read as the Hub reads it (huggingface_hub's ModelCard); its body names what was
+done and the figures measured; a source's own card text never appears in it."""
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+from huggingface_hub import ModelCard
+
+from hub_cache import MODEL_COMMIT, offline_hub, place_model
+from tiny import make_tiny_llama
+from mixln_convert.healing import heal
+from mixln_convert.surgery.prune import prune
+
+SENTINEL = "Words of the source's own card, which no card of ours repeats."
+SOURCE_CARD = f"---\nlicense: apache-2.0\nlanguage: en\n---\n\n# The source\n\n{SENTINEL}\n"
+HEAL = dict(seq_len=32, batch_size=4, eval_tokens=256, progress=False)  # one heal step of 4 x 32 tokens
+
+
+def card(folder: Path) -> tuple[dict, str]:
+    """(front matter, body) of ``folder``'s README.md."""
+    loaded = ModelCard.load(folder / "README.md")
+    return loaded.data.to_dict(), loaded.text
+
+
+def with_card(model: Path, folder: Path, readme: str | None = SOURCE_CARD, **config) -> Path:
+    """A copy of ``model`` with ``readme`` as its README.md and ``config`` set in its config.json."""
+    shutil.copytree(model, folder)
+    if readme is not None:
+        (folder / "README.md").write_text(readme)
+    if config:
+        path = folder / "config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **config}))
+    return folder
+
+
+def test_convert_card_states_layout_strategy_and_the_source_license(tiny_llama, tiny_convert, tmp_path):
+    source = with_card(tiny_llama, tmp_path / "source")
+    out = tiny_convert(source, alpha=0.25)  # calibrated: 2 of 8 blocks Post-LN
+    data, body = card(out)
+    assert data["library_name"] == "transformers" and data["license"] == "apache-2.0"
+    assert data["tags"] == ["mixln-convert", "mix-ln", "llama"]
+    assert "base_model" not in data  # a local path is no Hub id: the body names it
+    assert f"`{source}`" in body and "first 2 of 8 decoder blocks Post-LN" in body and "alpha 0.25" in body
+    assert "strategy `calibrated`" in body and "1,024 tokens of `embedded:calibration`" in body
+    assert "trust_remote_code=True" in body and "No quality figure was measured" in body
+    assert SENTINEL not in (out / "README.md").read_text() and "# The source" not in body
+
+
+def test_lns_card_and_a_license_from_the_config_past_a_damaged_card(tiny_llama, converted_lns, tiny_convert, tmp_path):
+    data, body = card(converted_lns)  # its source has no card and no license: none is claimed
+    assert data["tags"] == ["mixln-convert", "layernorm-scaling", "llama"] and "license" not in data
+    assert "strategy `exact`" in body and "No license was found" in body and "trust_remote_code=True" in body
+    damaged = "---\nlicense: [unclosed\n---\n" + SENTINEL  # a card whose YAML breaks: the command goes on
+    out = tiny_convert(with_card(tiny_llama, tmp_path / "source", damaged, license="mit"), layout="lns")
+    data, body = card(out)
+    assert data["license"] == "mit" and SENTINEL not in body
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_the_family_is_a_tag(family, tiny_convert, tmp_path):
+    data, body = card(tiny_convert(make_tiny_llama(tmp_path / family, family=family), strategy="move"))
+    assert data["tags"] == ["mixln-convert", "mix-ln", family] and f"Mix-LN ({family})" in body
+
+
+def test_heal_card_has_the_figures_before_and_after_with_their_text(converted, tiny_llama, tmp_path):
+    result = heal(converted, tiny_llama, tmp_path / "healed", tokens=4 * 32, lr=0.01, loss="residual", **HEAL)
+    data, body = card(tmp_path / "healed")
+    assert data["tags"] == ["mixln-convert", "mix-ln", "llama"] and "base_model" not in data
+    assert f"`{tiny_llama}`" in body and "first 2 of 8 decoder blocks Post-LN" in body
+    assert "strategy `calibrated`" in body and "Healed with `mixln-convert heal`" in body
+    assert f"{result['tokens']:,} tokens of `embedded:train`" in body
+    evaluation = result["evaluation"]
+    assert f"`{evaluation['data']}`, {evaluation['tokens']:,} tokens in windows of 32" in body
+    ppl = result["perplexity"]
+    assert f"| perplexity (packed windows) | {ppl['before']:.2f} | {ppl['after']:.2f} | {ppl['teacher']:.2f} |" in body
+    error = result["relative_error"]
+    assert f"{error['before']:.4g} | {error['after']:.4g}" in body
+
+
+def test_prune_card_of_a_mixln_and_of_a_plain_model(converted, tiny_llama_tied, tmp_path):
+    data, body = card(prune(converted, tmp_path / "mixln", layers="1,5", progress=False))
+    assert data["tags"] == ["mixln-convert", "mix-ln", "llama"]
+    assert "first 1 of 6 decoder blocks Post-LN" in body and "strategy `calibrated`" in body
+    assert "decoder blocks 1, 5 of 8 removed (method `explicit`" in body
+    source = with_card(tiny_llama_tied, tmp_path / "plain", license="llama3.2")  # its card says apache-2.0
+    data, body = card(prune(source, tmp_path / "pruned", layers="7", progress=False))
+    assert data["tags"] == ["mixln-convert", "pre-ln", "llama"] and data["license"] == "apache-2.0"
+    assert "decoder block 7 of 8 removed" in body and "Layout: Pre-LN, 7 decoder blocks." in body
+    assert "trust_remote_code" not in body and "no remote code is needed" in body and SENTINEL not in body
+
+
+def test_a_hub_source_is_the_base_model_through_convert_and_prune(tiny_llama, tmp_path, monkeypatch, tiny_convert):
+    hub = tmp_path / "hf" / "hub"
+    offline_hub(monkeypatch, hub, tmp_path / "hf" / "datasets")
+    place_model(with_card(tiny_llama, tmp_path / "files"), hub, "org/tiny-llama")
+    out = tiny_convert("org/tiny-llama", strategy="move")
+    data, body = card(out)
+    assert data["base_model"] == "org/tiny-llama" and data["license"] == "apache-2.0"
+    assert f"`org/tiny-llama` (Hugging Face Hub, commit `{MODEL_COMMIT}`)" in body and "strategy `move`" in body
+    assert SENTINEL not in body and str(hub) not in body
+    data, body = card(prune(out, tmp_path / "pruned", layers="6", progress=False))  # read from its local folder
+    assert data["base_model"] == "org/tiny-llama" and data["license"] == "apache-2.0"
+    assert SENTINEL not in body
+    data, _ = card(tiny_convert("org/tiny-llama", "scratch", strategy="scratch"))
+    assert "base_model" not in data  # a fresh model holds none of the source's weights
+
+
+def test_a_trained_arm_final_card_has_its_training_and_validation_figures(tiny_llama_tied, tmp_path):
+    from mixln_convert.pipeline import train
+    from mixln_convert.training import load_recipe
+
+    rng, corpus = random.Random(0), tmp_path / "corpus.jsonl"
+    words = "the of model layer norm residual stream token block attention gradient data step".split()
+    corpus.write_text("".join(json.dumps({"text": " ".join(rng.choices(words, k=60)) + "."}) + "\n"
+                              for _ in range(120)))
+    source = with_card(tiny_llama_tied, tmp_path / "source")
+    sets = {"source": source, "data.train": corpus, "data.validation": "null", "seq_len": 32, "micro_batch_size": 2,
+            "global_batch_size": 4, "max_tokens": 128, "data.eval_tokens": 128, "precision": "fp32",
+            "schedule.warmup_steps": 1, "eval_interval": 1, "checkpoint_interval": 1, "grad_norm_interval": 1,
+            "conversion.strategy": "move", "heal.tokens": 0}
+    recipe = load_recipe("smollm2-135m-cpu", [f"{k}={v}" for k, v in sets.items()])
+    summary = train(recipe, tmp_path / "run", arms=["mixln"], progress=False)["mixln"]
+    data, body = card(tmp_path / "run" / "mixln" / "final")
+    assert data["tags"] == ["mixln-convert", "mix-ln", "llama"] and data["library_name"] == "transformers"
+    assert data["license"] == "apache-2.0" and "base_model" not in data  # carried through the converted folder
+    assert f"`{source}`" in body and "first 2 of 8 decoder blocks Post-LN" in body and "strategy `move`" in body
+    assert f"(arm `mixln`): 1 step, 128 tokens of `{corpus}`" in body
+    validation = summary["validation"]
+    assert (f"validation perplexity {summary['initial_val_ppl']:.2f} before the first step and "
+            f"{summary['final_val_ppl']:.2f} after the last, on `{validation['data']}` "
+            f"({validation['tokens']:,} tokens in windows of 32)") in body
+    assert "trust_remote_code=True" in body and SENTINEL not in body
