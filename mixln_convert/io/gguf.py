@@ -3,6 +3,7 @@
 import copy
 import math
 import re
+import tempfile
 from functools import cached_property
 from pathlib import Path
 
@@ -113,6 +114,7 @@ class GGUFCheckpoint(Checkpoint):
         from transformers import GenerationConfig
 
         self.tokenizer.save_pretrained(dst)
+        self.pin_tokenizer_class(dst)
         GenerationConfig.from_model_config(self._hf_config).save_pretrained(dst)
 
     def _load_model(self, dtype):
@@ -128,6 +130,21 @@ class GGUFCheckpoint(Checkpoint):
 
     def _tokenizer_args(self) -> tuple[Path, dict]:
         return self.path.parent, {"gguf_file": self.path.name}
+
+    def _read_tokenizer(self):
+        """transformers' reading of the GGUF's tokenizer as its saved files read back: what every output holds.
+        Read from the metadata, a Qwen2Tokenizer keeps the pipeline transformers converts (no NFC normalizer);
+        read from files, it builds its own from the vocabulary, which encodes some texts otherwise."""
+        from transformers import AutoTokenizer
+
+        with tempfile.TemporaryDirectory() as folder:
+            super()._read_tokenizer().save_pretrained(folder)
+            tokenizer = AutoTokenizer.from_pretrained(folder)
+        tokenizer.name_or_path = str(self.path)
+        return tokenizer
+
+    def _tokenizer_sources(self) -> str:
+        return f"the tokenizer.ggml.* metadata of {self.path}"
 
 
 def _shape(tensor) -> tuple[int, ...]:

@@ -14,6 +14,8 @@ import os
 import pickle
 import re
 import shutil
+import subprocess
+import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
@@ -23,7 +25,7 @@ import torch
 
 from ..architectures import architecture_of_any, converted_architecture
 from ..errors import MixLNError, first_line
-from .checkpoint_files import EXTRA_FILE_PATTERNS, WEIGHT_FILES
+from .checkpoint_files import EXTRA_FILE_PATTERNS, TOKENIZER_CONFIG, TOKENIZER_FILES, WEIGHT_FILES
 from .validate import check_config, check_config_loads, check_finite, check_tensors
 
 
@@ -34,6 +36,11 @@ def read_json(path: Path):
         raise MixLNError(f"{path}: not found") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise MixLNError(f"{path}: unreadable JSON ({e})") from None
+
+
+def tokenizer_files(folder: Path) -> list[str]:
+    """Which of :data:`TOKENIZER_FILES` (what a tokenizer's vocabulary is built from) ``folder`` holds."""
+    return [name for name in TOKENIZER_FILES if all((folder / f).is_file() for f in name.split(" with "))]
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,56 @@ class Checkpoint(ABC):
     def _tokenizer_args(self) -> tuple[Path, dict]:
         return self.path, {}
 
+    def _read_tokenizer(self):
+        """transformers' reading of the tokenizer, unchecked: AutoTokenizer picks its class by the tokenizer
+        config and by the config's model type (a ``qwen2`` config reads any declared class as Qwen2Tokenizer)."""
+        from transformers import AutoTokenizer
+
+        folder, kwargs = self._tokenizer_args()
+        return AutoTokenizer.from_pretrained(folder, **kwargs)
+
+    def _tokenizer_sources(self) -> str:
+        """The files a tokenizer is built from, and which of them the checkpoint holds: what a refusal names."""
+        held = tokenizer_files(self.path)
+        return f"{', '.join(TOKENIZER_FILES)}; {self.path} holds {', '.join(held) if held else 'none of them'}"
+
+    def tokenizer_class_name(self) -> str | None:
+        """The name of the class transformers reads this checkpoint's tokenizer as; None where it reads none.
+        Out of a process that has not imported transformers (a streaming conversion), asked of a child process."""
+        if "tokenizer" in self.__dict__:
+            return type(self.tokenizer).__name__
+        if "transformers" in sys.modules:
+            try:
+                return type(self._read_tokenizer()).__name__
+            except Exception:  # noqa: BLE001  (an unreadable tokenizer: its output fails to load the same way)
+                return None
+        code = ("import sys; from transformers import AutoTokenizer as A; "
+                "print(type(A.from_pretrained(sys.argv[1])).__name__)")
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+        try:
+            done = subprocess.run([sys.executable, "-c", code, str(self.path)], capture_output=True, text=True,
+                                  stdin=subprocess.DEVNULL, env=env, timeout=600, check=False)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        name = (done.stdout.strip().splitlines() or [""])[-1]
+        return name if done.returncode == 0 and name.isidentifier() else None
+
+    def pin_tokenizer_class(self, dst: Path) -> None:
+        """Name the class this checkpoint's tokenizer reads as in ``dst``'s tokenizer_config.json: a config of
+        another model type (a converted ``mixln_qwen2``) would otherwise read the files as another class
+        (TokenizersBackend for Qwen2Tokenizer), which encodes the same text differently."""
+        file = Path(dst) / TOKENIZER_CONFIG
+        if not file.is_file() and not tokenizer_files(Path(dst)):
+            return  # no tokenizer to name
+        try:
+            config = json.loads(file.read_text()) if file.is_file() else {}
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            return  # refused when loaded, as the source's is
+        name = self.tokenizer_class_name() if isinstance(config, dict) else None
+        if name is None or config.get("tokenizer_class") == name:
+            return
+        file.write_text(json.dumps({**config, "tokenizer_class": name}, indent=2, sort_keys=True) + "\n")
+
     def check_loadable(self) -> None:
         """What transformers itself refuses in the config, as one line naming it; checked once a tokenizer or model
         is built (a streaming conversion never imports transformers). A GGUF's config is transformers' reading."""
@@ -112,15 +169,15 @@ class Checkpoint(ABC):
     @cached_property
     def tokenizer(self):
         """The checkpoint's tokenizer, loaded once per process."""
-        from transformers import AutoTokenizer
-
         self.check_loadable()
 
-        folder, kwargs = self._tokenizer_args()
         try:
-            tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+            tokenizer = self._read_tokenizer()
         except Exception as e:  # a damaged file fails its own way: tokenizers raises a bare Exception
-            raise MixLNError(f"{self.path}: cannot load its tokenizer ({first_line(e)})") from None
+            reason = first_line(e).rstrip()
+            if reason.endswith(":"):  # transformers lists what it tried on the lines below ("... from one of:")
+                reason = f"{reason} {self._tokenizer_sources()}"
+            raise MixLNError(f"{self.path}: cannot load its tokenizer ({reason})") from None
         size = max(len(tokenizer), max(tokenizer.get_vocab().values(), default=-1) + 1)  # ids may skip some
         if size > self.config["vocab_size"]:
             raise MixLNError(f"{self.path}: its tokenizer has {size} tokens, more than the model's "
@@ -302,6 +359,10 @@ class FolderCheckpoint(Checkpoint):
         for file in sorted(self.path.iterdir()):
             if file.is_file() and any(fnmatch.fnmatch(file.name, p) for p in EXTRA_FILE_PATTERNS):
                 shutil.copy2(file, dst / file.name)
+        written = dst / "config.json"
+        model_type = read_json(written).get("model_type") if written.is_file() else None
+        if model_type != self.config.get("model_type"):  # the same files under another model type
+            self.pin_tokenizer_class(dst)
 
     def _load_model(self, dtype):
         from transformers import AutoModelForCausalLM
