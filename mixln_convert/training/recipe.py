@@ -23,6 +23,10 @@ from ..options import (ALPHA, ARMS, ATTENTIONS, DEFAULT_ARMS, EVAL_SEQ_LEN, EVAL
                        HealSettings, arms_ok)
 
 SMOLLM2 = "smollm2"  # `source: smollm2` names the embedded default model (the cached GGUF)
+# accelerate's trackers a run may log to -> its availability check (accelerate.utils) and the pip package it needs
+TRACKERS = {"tensorboard": ("is_tensorboard_available", "tensorboard"), "wandb": ("is_wandb_available", "wandb"),
+            "mlflow": ("is_mlflow_available", "mlflow")}
+NO_TRACKER = "none"
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,9 @@ class Recipe:
     compile: bool = False  # torch.compile each decoder block (GPU speed; the first steps pay the compilation)
     precision: str = "auto"  # bf16 autocast on a GPU with fp32 master weights; fp32 on CPU
     attention: str = "sdpa"  # transformers' attention kernel: sdpa (flash/efficient on GPUs) or eager (plain matmuls)
+    # accelerate's trackers each arm logs to (run name: the arm; config: the resolved recipe): tensorboard,
+    # wandb, mlflow, or none; null: tensorboard where installed, else none (resolved when the recipe is loaded)
+    trackers: tuple[str, ...] | None = None
     log_interval: int = 1
     eval_interval: int = 100
     checkpoint_interval: int = 500
@@ -231,7 +238,11 @@ def _typed(key: str, value, where: str):
     kind, default = FIELDS[key]
     if key in PATH_KEYS:
         return None if value is None else str(value)
-    names = kind == tuple[str, ...]
+    names = kind in (tuple[str, ...], tuple[str, ...] | None)
+    if names and default is None and value is None:
+        return None
+    if key == "trackers" and isinstance(value, str):  # `trackers: none`, `--set trackers=wandb`: one name
+        value = [value]
     try:
         if names:  # any number of them
             if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
@@ -329,6 +340,30 @@ def _check(r: dict, where: str, origin: dict) -> None:
     short = r["heal.tokens"] and below_one_step(r["heal.tokens"], r["heal.batch_size"], r["heal.seq_len"],
                                                 "heal.batch_size x heal.seq_len", "one heal step")
     need(not short, f"heal.tokens {short}; 0 skips the heal", "heal.tokens")
+    trackers = r["trackers"] or ()
+    for name in trackers:
+        need(name in (*TRACKERS, NO_TRACKER), f"trackers: unknown tracker {shown(name)!r} (one of "
+                                               f"{', '.join(TRACKERS)}, or {NO_TRACKER})", "trackers")
+    need(len(set(trackers)) == len(trackers), f"trackers: each tracker once, got {list(trackers)!r}", "trackers")
+    need(NO_TRACKER not in trackers or len(trackers) == 1,
+         f"trackers: {NO_TRACKER} logs to no tracker, so it comes alone, got {list(trackers)!r}", "trackers")
+    for name in (name for name in trackers if name != NO_TRACKER):
+        need(_installed(name), f"trackers: {name} is not installed (pip install {TRACKERS[name][1]}), or set "
+                               f"trackers: {NO_TRACKER}", "trackers")
+
+
+def _installed(tracker: str) -> bool:
+    """accelerate's own check that ``tracker`` (a key of TRACKERS) can log (accelerate, and torch, imported here)."""
+    import accelerate.utils
+
+    return getattr(accelerate.utils, TRACKERS[tracker][0])()
+
+
+def _resolve_trackers(trackers: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The trackers a run logs to, once, when its recipe is loaded: null is tensorboard where installed."""
+    if trackers is None:
+        return ("tensorboard",) if _installed("tensorboard") else ()
+    return tuple(name for name in trackers if name != NO_TRACKER)
 
 
 def _build(cls, values: dict, prefix: str = ""):
@@ -347,6 +382,7 @@ def _complete(values: dict, origin: dict, where: str) -> Recipe:
         if key in PATH_KEYS:
             typed[key] = _resolve_path(key, typed[key], at)
     _check(typed, where, origin)
+    typed["trackers"] = _resolve_trackers(typed["trackers"])
     return _build(Recipe, typed)
 
 

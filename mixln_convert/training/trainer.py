@@ -19,7 +19,8 @@ import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
-from accelerate.utils import broadcast_object_list, is_tensorboard_available, set_seed
+from accelerate.tracking import TensorBoardTracker
+from accelerate.utils import broadcast_object_list, set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
@@ -29,6 +30,7 @@ from ..data.shards import file_sha256
 from ..errors import MixLNError, first_line, warn
 from ..evaluate import evaluate_perplexity
 from ..io.atomic import atomic_output_dir, write_atomic
+from ..io.model_card import write_card
 from ..io.runs import METRICS, SUMMARY, append_metrics, cut_metrics, write_json
 from ..io.writer import copy_model_code
 from ..options import EVAL_DATA
@@ -104,7 +106,8 @@ def train_arm(recipe: Recipe, arm: str, folder: Path, source: str, splits: Split
         "attention": recipe.attention,
         "peak_gpu_memory_bytes": torch.cuda.max_memory_allocated() if run.accelerator.device.type == "cuda" else None,
     }
-    if run.accelerator.is_main_process:
+    if run.accelerator.is_main_process:  # the card before the summary, which says the arm is done
+        write_card(folder / "final", source=source, trained={**summary, "data": recipe.data.train or "embedded:train"})
         write_json(folder / SUMMARY, summary)
     # not end_training(): it would destroy the process group the next arm needs
     for tracker in run.accelerator.trackers:
@@ -125,10 +128,11 @@ def setup(recipe: Recipe, folder: Path, source: str, splits: Splits, accumulatio
         gradient_accumulation_steps=accumulation,
         # accelerate would step the scheduler once per process; ours counts optimizer steps
         step_scheduler_with_optimizer=False,
-        log_with="tensorboard" if is_tensorboard_available() else None,
+        log_with=trackers(recipe, folder) or None,
         project_dir=folder,
     )
-    accelerator.init_trackers("tensorboard")
+    accelerator.init_trackers(folder.parent.name, config=tracked_config(recipe),
+                              init_kwargs={"wandb": {"name": folder.name}, "mlflow": {"run_name": folder.name}})
     set_seed(recipe.seed)
     model = load_model(source, dtype=torch.float32).train()
     model.set_attn_implementation(recipe.attention)
@@ -156,6 +160,20 @@ def setup(recipe: Recipe, folder: Path, source: str, splits: Splits, accumulatio
     return Run(accelerator, model, optimizer, scheduler, loader, validation, recipe.steps,
                recipe.global_batch_size * recipe.seq_len, accumulation, parameters, StepGuard(**asdict(recipe.guard)),
                recipe.global_batch_size)
+
+
+def trackers(recipe: Recipe, folder: Path) -> list:
+    """The recipe's trackers (resolved when it was loaded), each run named after the arm (``folder``'s name; the
+    project: the run folder's). TensorBoard's run is its log folder: its tracker logs into ``folder`` itself, so
+    ``tensorboard --logdir OUT`` lists one run per arm."""
+    return [TensorBoardTracker(folder.name, folder.parent) if name == "tensorboard" else name
+            for name in recipe.trackers or ()]
+
+
+def tracked_config(recipe: Recipe) -> dict:
+    """The resolved recipe as trackers store it: {dotted key: bool, number or string}, lists and null as JSON."""
+    return {key: value if isinstance(value, (bool, int, float, str)) else json.dumps(value)
+            for key, value in recipe.flat().items()}
 
 
 def loader_options(device: torch.device) -> dict:
