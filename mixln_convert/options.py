@@ -63,8 +63,17 @@ STUDY_EVAL_TOKENS = 8 * EVAL_SEQ_LEN  # study's analyses: one per arm, scheme an
 
 
 def measured_on(where: dict) -> str:
-    """'DATA, N tokens in windows of S' from a result's {data, tokens, seq_len}: what it was measured on."""
-    return f"{where['data']}, {where['tokens']:,} tokens in windows of {where['seq_len']}"
+    """What a figure was measured on, from a result's {data, tokens (scored), seq_len}, in one wording for the
+    console, the report and the model cards: 'DATA, 8 windows of 256 = 2,048 tokens, 2,040 scored'. A window
+    of S tokens scores S - 1 next-token predictions (its first token has nothing before it), so both counts
+    are said; a count that is no whole number of windows reads 'DATA, N tokens scored in windows of S'."""
+    seq_len, tokens = where.get("seq_len"), where.get("tokens")
+    if not (isinstance(seq_len, int) and seq_len > 1 and isinstance(tokens, int) and tokens > 0
+            and tokens % (seq_len - 1) == 0):
+        return f"{where['data']}, {tokens:,} tokens scored in windows of {seq_len}"
+    windows = tokens // (seq_len - 1)
+    return (f"{where['data']}, {windows:,} window{'s' if windows > 1 else ''} of {seq_len} = {windows * seq_len:,} "
+            f"tokens, {tokens:,} scored")
 
 
 # The demo's budget (2 CPU cores, minutes): a heal of 16 steps (most of the gap closes by then; README),

@@ -24,6 +24,9 @@ from .training.recipe import Recipe, load_recipe
 
 log = logging.getLogger(__name__)  # the demo's progress: the CLI shows it, a library caller may silence it
 DEMO_RECIPE = "smollm2-135m-cpu"  # shipped with the package
+# the whole demo at its defaults on 2 idle cores, measured (docs/measurements.md, "The demo, as it ran here"):
+# 12 min 38 s on a Zen 4 machine, 27 to 33 min on a Zen 1 one
+DEMO_MINUTES = (13, 33)
 
 
 def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool = True) -> dict:
@@ -190,6 +193,7 @@ def run_demo(out, options: DemoOptions | None = None, *, force: bool = False, re
     with claim_run(out, "demo", settings, {"the model cache": cache_dir(), "--source": source}, resume,
                    force) as claim:
         claim.start()
+        log.info(_expected(options))
         return _demo(claim.path, options, recipe, resume)
 
 
@@ -200,7 +204,9 @@ def _demo(out: Path, options: DemoOptions, recipe: Recipe, resume: bool) -> dict
 
     heal_tokens, eval_tokens = options.heal_tokens, options.eval_tokens
     # training validation and every analysis score the same windows, so their perplexities agree
-    where = measured_on({"data": EVAL_DATA, "tokens": eval_tokens, "seq_len": recipe.seq_len})
+    # as the results record it: the tokens scored, seq_len - 1 of each window
+    scored = eval_tokens // recipe.seq_len * (recipe.seq_len - 1)
+    where = measured_on({"data": EVAL_DATA, "tokens": scored, "seq_len": recipe.seq_len})
     log.info(f"[1/4] source model: {recipe.source}")
     healing = f"heal ({heal_tokens:,} tokens) + " if heal_tokens else ""
     log.info(f"[2/4] convert + {healing}recovery training of both arms ({recipe.max_tokens:,} tokens each) "
@@ -250,6 +256,17 @@ def _demo_plan(options: DemoOptions) -> tuple[str | None, Recipe, dict]:
     recipe = load_recipe(DEMO_RECIPE, changes=changes, changed_by="demo")
     open_checkpoint(recipe.source)  # a bad --source is refused before --force empties out (opened once: cached)
     return source, recipe, settings
+
+
+def _expected(options: DemoOptions) -> str:
+    """What the demo is expected to take, said at its start: the measured range, and whether it applies."""
+    low, high = DEMO_MINUTES
+    said = f"expected: {low} to {high} min on 2 idle CPU cores at the defaults (SmolLM2-135M; measured)"
+    changed = [name for name in ("source", "heal_tokens", "train_tokens", "eval_tokens", "prune_curve")
+               if getattr(options, name) != getattr(DemoOptions, name)]
+    if changed:
+        said += f"; this run changes {', '.join(changed)}, so it may take more or less"
+    return said + "; more cores are faster, and a resumed run skips what is done"
 
 
 def _took(stages: Stages, name: str) -> str:

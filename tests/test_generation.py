@@ -48,3 +48,21 @@ def test_left_padded_batches_write_what_one_prompt_at_a_time_writes(converted):
     batched = greedy_continuations(model, tokenizer, new_tokens=16, progress=False)
     assert len({len(tokenizer(p)["input_ids"]) for p in PROMPTS[:8]}) > 1  # the first batch is padded
     assert batched == alone
+
+
+def test_the_progress_bar_moves_every_decoding_step(converted, monkeypatch):
+    """A batch of 8 prompts x 64 tokens takes minutes on a slow CPU: the bar must move per decoding step, not
+    per batch (the demo was silent for 132 s between "0/24" and "8/24")."""
+    import mixln_convert.generation as generation
+
+    updates = []
+
+    class Recorder(generation.tqdm):
+        def update(self, n=1):
+            updates.append(n)
+            return super().update(n)
+
+    monkeypatch.setattr(generation, "tqdm", Recorder)
+    model, tokenizer = load_model(converted), load_tokenizer(converted)
+    greedy_continuations(model, tokenizer, prompts=PROMPTS[:3], new_tokens=6, progress=True, batch_size=2)
+    assert len(updates) >= 2 * 6 and sum(updates) == 2 * 6  # two batches, six steps each

@@ -2,6 +2,7 @@
 
 import math
 import json
+import re
 import shutil
 
 import pytest
@@ -178,7 +179,7 @@ def test_a_heal_that_makes_the_model_worse_says_so(moved, tiny_llama, tmp_path, 
     metrics.warn_if_worse([1.0, 2.0, 3.0], 300.0, 310.0, 30.0)
     warned = str(recwarn.pop(MixLNWarning).message)
     assert warned.startswith("the heal made the model worse") and "try 1e+01" in warned
-    assert "above the first step's 1" in warned and "rose from 300 to 310" in warned
+    assert "above the first step's: 1 to 3 (+200.0%)" in warned and "rose from 300 to 310 (+3.3%)" in warned
     healthy = cli("heal", moved, "--teacher", tiny_llama, "--out", tmp_path / "healed", "--tokens", 8 * BATCH * SEQ_LEN,
                   "--seq-len", SEQ_LEN, "--eval-tokens", EVAL_TOKENS, "--lr", LR)
     assert healthy.exit_code == 0 and "made the model worse" not in healthy.stderr
@@ -253,12 +254,27 @@ def test_chunked_kl_is_the_kl_and_its_gradient():
 def test_a_heal_that_helps_packed_but_hurts_per_document_says_so(recwarn):
     metrics.warn_if_worse([1.0, 0.5], 30.0, 25.0, 3e-5, 20.0, 38.0)
     err = str(recwarn.pop(MixLNWarning).message)
-    assert "made per-document perplexity worse (20 -> 38" in err and "heal on more --tokens" in err
+    assert "made per-document perplexity worse (from 20 to 38 (+90.0%)" in err and "heal on more --tokens" in err
     metrics.warn_if_worse([1.0, 0.5], 30.0, 25.0, 3e-5, 20.0, 19.0)  # both better: nothing to say
     assert not recwarn.list
     metrics.warn_if_worse([1.0, 0.5], 30.0, 35.0, 3e-5, 20.0, 38.0)  # packed worse too: the divergence warning
     err = str(recwarn.pop(MixLNWarning).message)
     assert "held-out perplexity rose" in err and "per-document" not in err
+
+
+@pytest.mark.parametrize("before, after", [(261.4123, 261.4321), (261.4, 261.40004), (5.0, 5.0 + 1e-9),
+                                           (300.0, 310.0)])
+def test_a_small_rise_prints_digits_enough_to_show_it(before, after, recwarn):
+    """A rise that 4 significant digits round away ('261.4 -> 261.4') prints as many as tell the two apart,
+    and the relative change."""
+    metrics.warn_if_worse([1.0, 0.5], before, after, 3e-5)
+    warned = str(recwarn.pop(MixLNWarning).message)
+    shown = re.search(r"held-out perplexity rose from (\S+) to (\S+) \(\+(\S+)%\)", warned)
+    assert shown, warned
+    low, high, percent = (float(x) for x in shown.groups())
+    assert low < high  # the two printed figures show the rise
+    assert low == pytest.approx(before, rel=5e-4) and high == pytest.approx(after, rel=5e-4)  # 4 digits at least
+    assert percent == pytest.approx(100 * (after / before - 1), rel=0.05)
 
 
 def test_a_nonfinite_gradient_with_a_finite_loss_stops_the_heal_before_any_update(moved, tiny_llama, tmp_path,

@@ -2,9 +2,11 @@
 pyplot state, no display needed."""
 
 import re
+import textwrap
 from pathlib import Path
 
 import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
@@ -13,6 +15,50 @@ from ..options import measured_on
 
 PRE_LN, POST_LN = "tab:blue", "tab:orange"
 ANGULAR_DISTANCE = "angular distance arccos(cos) / pi"
+LAYER_DROP = "perplexity increase (% of the full model's)"  # every layer-drop figure's unit
+
+
+def checkpoint_name(checkpoint) -> str:
+    """The name a figure gives a checkpoint: a Hub snapshot's repository (ORG/NAME), else its folder (or
+    file) with the folder above it, so the trained arms read 'mixln/final' and 'preln/final', not 'final'."""
+    path = Path(str(checkpoint))
+    if path.parent.name == "snapshots" and path.parent.parent.name.startswith("models--"):
+        return path.parent.parent.name.removeprefix("models--").replace("--", "/")
+    return f"{path.parent.name}/{path.name}" if path.parent.name else path.name
+
+
+def _fit(text, width: float, renderer) -> None:
+    """Wrap ``text`` (a title) until it is no wider than ``width`` pixels."""
+    while (wide := text.get_window_extent(renderer).width) > width:
+        lines = text.get_text().split("\n")
+        longest = max(len(line) for line in lines)
+        if longest < 10:
+            return
+        chars = int(longest * min(0.95, width / wide))
+        text.set_text("\n".join(part for line in lines
+                                 for part in textwrap.wrap(line, chars, break_on_hyphens=False) or [""]))
+
+
+def fit_titles(fig) -> None:
+    """Wrap a figure's title, and each panel's, where a long checkpoint or data name makes it run past the
+    figure's edges (clipped) or its panel's columns (over its neighbour's)."""
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw_without_rendering()  # lay out the figure as it is saved: a panel's title is centred on the panel
+    edge = fig.bbox.width
+    titled = [(fig._suptitle, edge)] if getattr(fig, "_suptitle", None) is not None else []
+    for ax in fig.axes:
+        if ax.get_title() and (spec := ax.get_subplotspec()) is not None:
+            titled.append((ax.title, edge * len(spec.colspan) / spec.get_gridspec().ncols))
+    for text, column in titled:
+        box = text.get_window_extent(renderer)
+        centre = (box.x0 + box.x1) / 2
+        _fit(text, 0.97 * min(column, 2 * min(centre, edge - centre)), renderer)
+
+
+def save(fig, path: Path, dpi: int = 120) -> None:
+    """``fig`` as a PNG at ``path``, no title clipped."""
+    fit_titles(fig)
+    fig.savefig(path, dpi=dpi)
 
 
 def _layer_figure(result: dict, title: str, ylabel: str, shade_post_ln: bool = False):
@@ -21,7 +67,8 @@ def _layer_figure(result: dict, title: str, ylabel: str, shade_post_ln: bool = F
     ax = fig.add_subplot()
     if shade_post_ln and result["post_ln_layers"]:
         ax.axvspan(-0.5, result["post_ln_layers"] - 0.5, color=POST_LN, alpha=0.12, label="Post-LN blocks")
-    ax.set(title=f"{title}\n{Path(result['checkpoint']).name}: {measured_on(result)}", xlabel="block (layer index)",
+    ax.set(title=f"{title}\n{checkpoint_name(result['checkpoint'])}: {measured_on(result)}",
+           xlabel="block (layer index)",
            ylabel=ylabel, xlim=(-0.5, result["num_layers"] - 0.5))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
@@ -46,12 +93,14 @@ def scale_layer_drop_axis(ax, values) -> None:
 
 
 def plot_layer_drop(result: dict, path: Path) -> None:
-    fig, ax = _layer_figure(result, "Perplexity increase when one block is skipped",
-                            f"perplexity increase (full model {result['perplexity']:.2f})")
-    _bars(ax, result["layer_drop"], result["layout"])
-    scale_layer_drop_axis(ax, result["layer_drop"])
+    # relative, as the compare report's layer-drop figure: one unit for both
+    fig, ax = _layer_figure(result, f"Perplexity increase when one block is skipped (full model "
+                                    f"{result['perplexity']:.2f})", LAYER_DROP)
+    relative = [100 * d / result["perplexity"] for d in result["layer_drop"]]
+    _bars(ax, relative, result["layout"])
+    scale_layer_drop_axis(ax, relative)
     ax.legend()
-    fig.savefig(path, dpi=120)
+    save(fig, path)
 
 
 def plot_representation_change(result: dict, path: Path) -> None:
@@ -62,7 +111,7 @@ def plot_representation_change(result: dict, path: Path) -> None:
     ax.plot(result["block_influence"], marker="s", label="block influence, 1 - cos(input, output)")
     ax.set_ylim(bottom=0)
     ax.legend()
-    fig.savefig(path, dpi=120)
+    save(fig, path)
 
 
 def angular_grid(result: dict) -> np.ndarray:
@@ -88,10 +137,10 @@ def plot_angular_matrix(result: dict, path: Path) -> None:
     ax = fig.add_subplot()
     image = draw_angular_matrix(ax, result)
     fig.colorbar(image, ax=ax, label=ANGULAR_DISTANCE)
-    ax.set(title=f"Angular distance between the inputs of blocks l and l+n\n{Path(result['checkpoint']).name}: "
+    ax.set(title=f"Angular distance between the inputs of blocks l and l+n\n{checkpoint_name(result['checkpoint'])}: "
                  f"{measured_on(result)}",
            xlabel="span n (blocks)", ylabel="first block l")
-    fig.savefig(path, dpi=120)
+    save(fig, path)
 
 
 def plot_grad_norms(result: dict, path: Path) -> None:
@@ -101,7 +150,7 @@ def plot_grad_norms(result: dict, path: Path) -> None:
     _bars(ax, result["grad_norm_per_layer"], result["layout"])
     ax.set_yscale("log")
     ax.legend()
-    fig.savefig(path, dpi=120)
+    save(fig, path)
 
 
 def plot_prune_curve(result: dict, path: Path) -> None:
@@ -110,13 +159,14 @@ def plot_prune_curve(result: dict, path: Path) -> None:
     ax = fig.add_subplot()
     perplexity = [result["perplexity"], *curve["perplexity"]]
     ax.plot([0, *curve["removed"]], perplexity, marker="o", label=f"blocks chosen by '{curve['method']}'")
-    ax.set(title=f"Perplexity after removing N blocks\n{Path(result['checkpoint']).name}: {measured_on(result)}",
+    ax.set(title=f"Perplexity after removing N blocks\n{checkpoint_name(result['checkpoint'])}: "
+                 f"{measured_on(result)}",
            xlabel="blocks removed N", ylabel="perplexity",
            yscale="log" if max(perplexity) > 10 * min(perplexity) else "linear")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.savefig(path, dpi=120)
+    save(fig, path)
 
 
 def task_drop_file(task: str) -> str:
@@ -133,7 +183,7 @@ def plot_task_drop(result: dict, task: str, path: Path) -> None:
     scale_layer_drop_axis(ax, drop["layer_drop"])
     ax.axhline(0, color="black", linewidth=0.8)
     ax.legend()
-    fig.savefig(path, dpi=120)
+    save(fig, path)
 
 
 PLOTS = {

@@ -40,6 +40,18 @@ def check_finite(record: dict, lr: float) -> None:
                              f"the heal diverged at lr {lr}: try a smaller --lr")
 
 
+def rise(before: float, after: float) -> str:
+    """'261.41 to 261.43 (+0.0076%)': both figures to as many significant digits (4 at least) as tell them
+    apart, and the relative change, so a small rise does not read '261.4 to 261.4'."""
+    for digits in range(4, 18):
+        old, new = f"{before:.{digits}g}", f"{after:.{digits}g}"
+        if old != new:
+            break
+    change = after / before - 1 if before else math.inf
+    percent = f"{100 * change:+.1f}%" if abs(change) >= 0.01 else f"{100 * change:+.2g}%"
+    return f"{old} to {new} ({percent})"
+
+
 def warn_if_worse(losses: list[float], ppl_before, ppl_after, lr: float, doc_before=None, doc_after=None) -> None:
     """A heal that ends worse than it started (training loss over its last tenth of steps above the
     first step's, or held-out perplexity up) has almost always diverged; say so, still writing it.
@@ -48,13 +60,14 @@ def warn_if_worse(losses: list[float], ppl_before, ppl_after, lr: float, doc_bef
     tail = losses[-max(1, len(losses) // 10):]
     signs = []
     if len(losses) > 1 and sum(tail) / len(tail) > losses[0]:
-        signs.append(f"its loss ended at {sum(tail) / len(tail):.4g}, above the first step's {losses[0]:.4g}")
+        signs.append(f"its loss ended above the first step's: {rise(losses[0], sum(tail) / len(tail))}, the "
+                     "mean of its last tenth of steps")
     if ppl_before is not None and ppl_after > ppl_before:
-        signs.append(f"held-out perplexity rose from {ppl_before:.4g} to {ppl_after:.4g}")
+        signs.append(f"held-out perplexity rose from {rise(ppl_before, ppl_after)}")
     if signs:
         warn(f"the heal made the model worse ({'; '.join(signs)}): --lr {lr:g} is probably too high for this "
              f"model; try {lr / 3:.1g}")
     elif doc_before is not None and doc_after > doc_before:
-        warn(f"the heal made per-document perplexity worse ({doc_before:.4g} -> {doc_after:.4g}, each document "
+        warn(f"the heal made per-document perplexity worse (from {rise(doc_before, doc_after)}, each document "
              "scored from its first token, as lm-evaluation-harness does) while packed perplexity fell: too few "
              "tokens for the first positions of a document to recover; heal on more --tokens")

@@ -15,12 +15,23 @@ from ..options import CompareOptions, measured_on
 from . import uncertainty
 from .inputs import ARM_KINDS, PRUNE_FRACTIONS, Model, analysis_evaluation, load_inputs
 from .downstream import downstream_numbers
-from .uncertainty import LEVEL, Estimate, differs, estimate
+from .uncertainty import LEVEL, MIN_ROWS, PRACTICAL, Estimate, call, estimate
 
-# Inputs without per-window values (older versions) have no interval: relative differences below
-# 0.5% are called ties there (a judgement: 10^4-10^5 evaluation tokens rarely resolve less).
-TIE = 0.005
 PRUNE_VERDICT = "L/4"  # the pruning sentence compares models at this many removed blocks
+
+# How a difference between two models' figures is measured against PRACTICAL: the ratio of perplexities
+# less 1, the difference of figures that are already fractions of a model's perplexity, or the difference
+# relative to the larger figure
+RATIO, POINTS, RELATIVE = "ratio", "points", "relative"
+OF = {RATIO: "of perplexity", POINTS: "of perplexity", RELATIVE: "of the larger value"}
+NO_VALUES = "no per-window values to bootstrap an interval from"
+VERDICT_NOTE = (f"The summary calls a difference (a model wins, a figure is highest or lowest) only where it is "
+                f"larger than {PRACTICAL:.0%} (the report's practical threshold: {PRACTICAL:.0%} of perplexity for "
+                f"perplexities and the figures relative to a model's perplexity, {PRACTICAL:.0%} of the larger value "
+                f"for angular distances and gradient-norm variation) and its {LEVEL:.0%} bootstrap interval excludes "
+                f"0; models whose difference is within {PRACTICAL:.0%}, its interval too, are the same within "
+                f"{PRACTICAL:.0%}; anything else is too close to call. Each interval says how many evaluation "
+                f"windows (or gradient batches) n it resamples; one on fewer than {MIN_ROWS} decides nothing.")
 
 
 def compare(inputs, out, options: CompareOptions | None = None, *, force: bool = False, **settings) -> dict:
@@ -93,7 +104,7 @@ def model_estimates(model: Model) -> dict[str, Estimate]:
     estimates["deep_angular_distance"] = estimate(uncertainty.mean_value,
                                                   np.asarray(per_window["angular_distance"])[:, deep], where)
     estimates["grad_norm_cv"] = estimate(uncertainty.variation_of_mean, per_window["grad_norm_per_layer"],
-                                         where + " (gradient batches)")
+                                         where + " (gradient batches)", rows="gradient batches")
     curve = analysis.get("prune_curve", {})
     n = analysis["num_layers"] // PRUNE_FRACTIONS[PRUNE_VERDICT]
     if "window_losses" in curve and n in curve["removed"]:
@@ -135,37 +146,70 @@ def model_numbers(model: Model, estimates: dict[str, Estimate]) -> dict:
             numbers["prune_method"] = analysis["prune_curve"]["method"]
             numbers["prune"] = prune_points(analysis)
     numbers["intervals"] = {name: e.interval for name, e in estimates.items()}
+    numbers["interval_n"] = {name: e.size for name, e in estimates.items()}  # what each interval rests on
     numbers.update(downstream_numbers(model))
     return numbers
 
 
-def _tied(a: float, b: float) -> bool:
-    return abs(a - b) <= TIE * max(abs(a), abs(b))
-
-
 def _with_interval(text: str, found: Estimate | None, bound=lambda x: f"{x:.3g}") -> str:
+    """``text`` with the interval of ``found`` and what it rests on: '0.268 [0.257, 0.283; n=8 windows]'."""
     if found is None:
         return text
     low, high = found.interval
-    return f"{text} [{bound(low)}, {bound(high)}]"
+    return f"{text} [{bound(low)}, {bound(high)}; {found.size}]"
 
 
-def _ranking(what: str, shown: dict, values: dict, verdict: str, highest: bool, found: dict) -> str:
+def _and(labels: list[str]) -> str:
+    return labels[0] if len(labels) == 1 else f"{', '.join(labels[:-1])} and {labels[-1]}"
+
+
+def judge(scale: str, a: float, b: float, found_a: Estimate | None = None, found_b: Estimate | None = None,
+          unbootstrapped: str = NO_VALUES) -> tuple[str, str]:
+    """(outcome, why) of figure ``a`` against ``b`` (see :func:`uncertainty.call`: 'differs', 'same' or
+    'open'), their difference measured by ``scale`` (RATIO, POINTS or RELATIVE); ``why`` says what an
+    outcome other than 'differs' rests on ('' where the interval decided it; ``unbootstrapped`` where
+    there is no interval)."""
+    larger = max(abs(a), abs(b)) or 1.0
+    difference = {RATIO: a / b - 1 if b else np.inf, POINTS: a - b, RELATIVE: (a - b) / larger}[scale]
+    if found_a is None or found_b is None:
+        return call(difference), unbootstrapped
+    if not (found_a.decides and found_b.decides):
+        few = found_a if found_a.n <= found_b.n else found_b
+        return call(difference), f"the interval rests on {few.size}, too few (under {MIN_ROWS}) to decide"
+    draws = {RATIO: found_a.draws / found_b.draws - 1, POINTS: found_a.draws - found_b.draws,
+             RELATIVE: (found_a.draws - found_b.draws) / larger}[scale]
+    outcome = call(difference, draws)
+    low, high = uncertainty.interval(draws)
+    if outcome != "open":
+        return outcome, ""
+    if low <= 0 <= high:
+        return outcome, f"the {LEVEL:.0%} bootstrap interval of their difference over {found_a.size} includes 0"
+    return outcome, (f"their difference is within {PRACTICAL:.0%} {OF[scale]} but its {LEVEL:.0%} bootstrap "
+                     f"interval over {found_a.size} reaches past it")
+
+
+def _ranking(what: str, shown: dict, values: dict, verdict: str, highest: bool, found: dict, scale: str,
+             unbootstrapped: str = NO_VALUES) -> str:
     """'<what>: A 1.0 [interval], B 2.0; <verdict naming the best>.', the best having the highest (or lowest)
-    of ``values``. A model is tied with the best when the bootstrap interval of their difference includes 0
-    (``found``: label -> Estimate), or, for inputs without per-window values, when it is within TIE."""
+    of ``values``; the verdict only where the best differs from every other model (:func:`judge`; ``found``:
+    label -> Estimate); otherwise which models are the same within PRACTICAL, or too close to call, and why."""
     listed = ", ".join(f"{label} {text}" for label, text in shown.items())
     if len(values) < 2:
         return f"{what}: {listed} (only one model to show)."
     best = max(values, key=values.get) if highest else min(values, key=values.get)
-    bootstrapped = all(found.get(label) is not None for label in values)
-    tied = [label for label in values if label == best or (
-        not differs(found[label], found[best]) if bootstrapped else _tied(values[label], values[best]))]
-    if len(tied) > 1:
-        why = (f"the {LEVEL:.0%} bootstrap interval of their difference over the evaluation windows includes 0"
-               if bootstrapped else f"within {TIE:.1%}; no per-window values to bootstrap an interval from")
-        return f"{what}: {listed}; {', '.join(tied[:-1])} and {tied[-1]} are too close to call ({why})."
-    return f"{what}: {listed}; {verdict.format(best)}."
+    judged = {label: judge(scale, values[label], values[best], found.get(label), found.get(best), unbootstrapped)
+              for label in values if label != best}
+    if all(outcome == "differs" for outcome, _ in judged.values()):
+        return f"{what}: {listed}; {verdict.format(best)}."
+    whys = list(dict.fromkeys(why for _, why in judged.values() if why))
+    tied = [label for label in values if label == best or judged[label][0] != "differs"]  # in the inputs' order
+    if all(judged[label][0] == "same" for label in tied if label != best):
+        return (f"{what}: {listed}; {_and(tied)} are the same within {PRACTICAL:.0%} {OF[scale]}"
+                + (f" ({'; '.join(whys)})." if whys else "."))
+    same = [label for label in tied if label != best and judged[label][0] == "same"]
+    within = (f"; {_and(same)} {'is' if len(same) == 1 else 'are'} the same as {best} within {PRACTICAL:.0%} "
+              f"{OF[scale]}" if same else "")
+    return f"{what}: {listed}; {_and(tied)} are too close to call ({'; '.join(whys)}{within})."
 
 
 # (tested arm, baseline arm) compared after training, when a run holds both
@@ -202,18 +246,22 @@ def _pair_sentences(m: Model, p: Model, numbers: dict, estimates: dict) -> list[
     a, b = estimates[m.label].get("final_val_ppl"), estimates[p.label].get("final_val_ppl")
     sentence = (f"Validation perplexity after training: {name} ({m.label}) {tested['final_val_ppl']:.2f} vs "
                 f"{base_name} ({p.label}) {base['final_val_ppl']:.2f} ({_percent(change)}")
-    wins = f"{name if change < 0 else base_name} wins by {_percent(abs(change)).lstrip('+')}"
     if a is not None and b is not None:
         low, high = uncertainty.interval(a.draws / b.draws - 1)
-        sentence += (f", {LEVEL:.0%} bootstrap interval [{_percent(low)}, {_percent(high)}] over the validation "
-                     "windows)")
-        verdict = (f"too close to call: {tested['tokens_trained']:,} training tokens per arm and "
-                   f"{tested['validation']['tokens']:,} validation tokens cannot decide between them"
-                   if low <= 0 <= high else wins)
+        sentence += (f", {LEVEL:.0%} bootstrap interval [{_percent(low)}, {_percent(high)}] over the {a.n} "
+                     "validation windows)")
     else:
         sentence += ")"
-        verdict = (f"a tie (within {TIE:.1%}; no per-window values to bootstrap an interval from)"
-                   if abs(change) < TIE else wins)
+    outcome, why = judge(RATIO, tested["final_val_ppl"], base["final_val_ppl"], a, b)
+    if outcome == "differs":
+        verdict = f"{name if change < 0 else base_name} wins by {_percent(abs(change)).lstrip('+')}"
+    elif outcome == "same":
+        verdict = f"the same within {PRACTICAL:.0%} {OF[RATIO]}" + (f" ({why})" if why else "")
+    elif why.endswith("includes 0"):
+        verdict = (f"too close to call: {tested['tokens_trained']:,} training tokens per arm and "
+                   f"{tested['validation']['tokens']:,} validation tokens cannot decide between them")
+    else:
+        verdict = f"too close to call ({why})"
     sentence += f": {verdict}."
     if tested["tokens_trained"] != base["tokens_trained"]:
         sentence += (f" They trained on different token counts ({tested['tokens_trained']:,} vs "
@@ -278,7 +326,8 @@ def _analysis_sentences(models: list[Model], numbers: dict, estimates: dict) -> 
         sentences.append(_ranking("The same at the last logged training step (one minibatch, no interval)",
                                   {f["label"]: f"{f['training_grad_norm_cv']:.3f}" for f in during},
                                   {f["label"]: f["training_grad_norm_cv"] for f in during},
-                                  "most uniform in {}", False, {}))
+                                  "most uniform in {}", False, {}, RELATIVE,
+                                  "one minibatch each: no interval to call a difference by"))
     written = [f for f in analysed if "repeated_4gram_share" in f]
     if written:
         sentences.append("Greedy continuations of the fixed prompts (see What the models write): "
@@ -291,17 +340,18 @@ def _analysis_sentences(models: list[Model], numbers: dict, estimates: dict) -> 
 def _layer_sentences(layered: list[dict], estimates: dict) -> list[str]:
     """The layer sweep's rankings: deep-block removal, angular distance, gradient-norm uniformity."""
     sentences = []
-    for what, name, form, verdict, highest in (
+    for what, name, form, verdict, highest, scale in (
             ("Removing one block of the deeper half raises perplexity on average by", "deep_layer_drop_relative",
-             None, "relative to each model's perplexity, the deep blocks matter most in {}", True),
+             None, "relative to each model's perplexity, the deep blocks matter most in {}", True, POINTS),
             ("Mean angular distance between consecutive block inputs in the deeper half", "deep_angular_distance",
-             ".4f", "the deep blocks change the representation most in {}", True),
+             ".4f", "the deep blocks change the representation most in {}", True, RELATIVE),
             ("Coefficient of variation of the gradient norm across blocks (std/mean, lower is more uniform)",
-             "grad_norm_cv", ".3f", "most uniform in {}", False)):
+             "grad_norm_cv", ".3f", "most uniform in {}", False, RELATIVE)):
         found = {f["label"]: estimates[f["label"]].get(name) for f in layered}
         shown = {f["label"]: _with_interval(f"{f[name]:{form}}", found[f["label"]]) if form
                  else _deep_drop_text(f, found[f["label"]]) for f in layered}
-        sentences.append(_ranking(what, shown, {f["label"]: f[name] for f in layered}, verdict, highest, found))
+        sentences.append(_ranking(what, shown, {f["label"]: f[name] for f in layered}, verdict, highest, found,
+                                  scale))
     return sentences
 
 
@@ -319,4 +369,4 @@ def _pruning_sentence(analysed: list[dict], found: dict) -> str:
     methods = sorted({f["prune_method"] for f in curves})
     by = f"chosen by '{methods[0]}'" if len(methods) == 1 else f"chosen by different methods ({', '.join(methods)})"
     return _ranking(f"With N = {PRUNE_VERDICT} blocks removed ({by}), perplexity grows", shown, ratios,
-                    "{} keeps the most of its quality", False, found)
+                    "{} keeps the most of its quality", False, found, POINTS)

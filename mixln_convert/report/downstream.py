@@ -65,7 +65,7 @@ def plot_task_drops(models: list[Model], folder: Path) -> dict[str, str]:
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    from ..analysis.plots import scale_layer_drop_axis
+    from ..analysis.plots import save, scale_layer_drop_axis
 
     tasks = list(dict.fromkeys(task for m in models if m.analysis for task in m.analysis.get("task_drop", {})))
     written = {}
@@ -87,7 +87,7 @@ def plot_task_drops(models: list[Model], folder: Path) -> dict[str, str]:
         ax.grid(alpha=0.3)
         scale_layer_drop_axis(ax, values)
         fig.legend(loc="outside lower center", fontsize="small")
-        fig.savefig(Path(folder) / task_drop_file(task), dpi=120)
+        save(fig, Path(folder) / task_drop_file(task))
         written[task_drop_file(task)] = title
     return written
 

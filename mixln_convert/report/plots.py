@@ -7,7 +7,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter, MaxNLocator
 
-from ..analysis.plots import ANGULAR_DISTANCE, angular_grid, draw_angular_matrix, scale_layer_drop_axis
+from ..analysis.plots import (ANGULAR_DISTANCE, LAYER_DROP, angular_grid, draw_angular_matrix, save,
+                              scale_layer_drop_axis)
 from ..options import measured_on
 from .inputs import Model, analysis_evaluation
 
@@ -32,7 +33,7 @@ def _analysed_on(models: list[Model]) -> str:
 def _save(fig, path: Path) -> None:
     """Save with the legend under the plot, where it hides no curve however many models there are."""
     fig.legend(loc="outside lower center", fontsize="small")
-    fig.savefig(path, dpi=120)
+    save(fig, path)
 
 
 def _coloured(models: list[Model], has) -> list[tuple[Model, str]]:
@@ -67,7 +68,7 @@ def plot_training_curves(models: list[Model], path: Path) -> None:
 def plot_layer_drop(models: list[Model], path: Path) -> None:
     # relative, so models whose full-model perplexities differ share one scale
     fig, ax = _figure("Perplexity increase when one block is skipped, relative to the full model",
-                      "block (layer index)", "perplexity increase (%)", _analysed_on(models))
+                      "block (layer index)", LAYER_DROP, _analysed_on(models))
     analysed = _coloured(models, lambda m: m.layered)
     relative = {}
     for m, color in analysed:
@@ -109,7 +110,7 @@ def plot_angular_matrices(models: list[Model], path: Path) -> None:
             row[1].set(title=f"{m.label} minus {reference.label}", xlabel="span n (blocks)", ylabel="first block l")
         fig.colorbar(shown, ax=axes[:, 1].tolist(), label="difference of angular distance")
     fig.suptitle(f"Angular distance between the inputs of blocks l and l+n\n{_analysed_on(models)}")
-    fig.savefig(path, dpi=120)
+    save(fig, path)
 
 
 def plot_grad_norms(models: list[Model], path: Path) -> None:

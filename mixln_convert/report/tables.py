@@ -1,16 +1,19 @@
 """The compare report's tables and the order of its blocks (rendered by :mod:`.render`)."""
 
-from pathlib import Path
-
-from ..options import measured_on
+from ..analysis.plots import checkpoint_name
+from .compare import VERDICT_NOTE
 from .downstream import downstream_blocks
+from ..options import measured_on
 from .inputs import PRUNE_FRACTIONS, Model
 from .render import MISSING
 
 PPL_NOTE = ("Validation perplexity is measured by the training run (summary.json, metrics.jsonl), analysis "
             "perplexity by `mixln-convert analyze` (analysis.json), each on the text, token count and window "
-            "length in its 'measured on' column; at the defaults both score the same windows and agree. Brackets: "
-            "95% bootstrap interval over the evaluation windows.")
+            "length in its 'measured on' column; at the defaults both score the same windows and agree. A window "
+            "of S tokens scores S - 1 next-token predictions (its first token has nothing before it): W windows "
+            "hold W x S tokens, the count `--eval-tokens` asks for and the demo's console prints, and score "
+            "W x (S - 1), the count each perplexity rests on. Brackets: 95% bootstrap interval over the n "
+            "evaluation windows.")
 
 
 def _ppl(value) -> str:
@@ -28,27 +31,49 @@ def _duration(seconds) -> str:
 def _ppl_interval(f: dict, name: str) -> str:
     if f.get(name) is None or (interval := f["intervals"].get(name)) is None:
         return _ppl(f.get(name))
-    return f"{_ppl(f[name])} [{interval[0]:,.2f}, {interval[1]:,.2f}]"
+    size = f"; {f['interval_n'][name]}" if name in f.get("interval_n", {}) else ""
+    return f"{_ppl(f[name])} [{interval[0]:,.2f}, {interval[1]:,.2f}{size}]"
 
 
 def _where(where: dict | None) -> str:
     return measured_on(where) if where else MISSING
 
 
+def start_stage(m: Model) -> str:
+    """What an arm's first validation perplexity measured: the original (Pre-LN), the converted model (LNS,
+    Mix-LN without a heal) or the converted and healed one (Mix-LN trains from the healed model)."""
+    if m.arm == "preln":
+        return "before training (original)"
+    if m.arm == "mixln" and "heal_tokens" not in m.summary:  # summaries written before it was recorded
+        return "before training (converted, healed if the run healed: not recorded)"
+    if heal_tokens := m.summary.get("heal_tokens", 0):
+        return f"before training (converted + healed on {heal_tokens:,} tokens)"
+    return "before training (converted)"
+
+
+def checkpoint_names(models: list[Model]) -> dict[str, str]:
+    """{label: the name of its analysed checkpoint}: :func:`checkpoint_name`, or the whole path where two
+    analysed checkpoints would share a name."""
+    names = {m.label: checkpoint_name(m.analysis["checkpoint"]) for m in models if m.analysis}
+    twice = {name for name in names.values() if list(names.values()).count(name) > 1}
+    return {m.label: m.analysis["checkpoint"] if names[m.label] in twice else names[m.label]
+            for m in models if m.analysis}
+
+
 def perplexity_rows(models: list[Model], numbers: dict) -> list[list[str]]:
     """One row per stage: each arm before and after training, each analysis-only model once."""
-    rows = []
+    rows, names = [], checkpoint_names(models)
     for m in models:
         f = numbers[m.label]
         analysed = _ppl_interval(f, "perplexity")
         analysis_where = _where(f.get("evaluation"))
         if not m.arm:
-            rows.append([m.label, m.layout, f"analysed: {Path(m.analysis['checkpoint']).name}", MISSING, MISSING,
+            rows.append([m.label, m.layout, f"analysed: {names[m.label]}", MISSING, MISSING,
                          analysed, analysis_where, MISSING, MISSING])
             continue
         validation_where = _where(f.get("validation"))
-        rows.append([m.label, m.layout, f"before training ({'original' if m.arm == 'preln' else 'converted'})",
-                     _ppl(f["initial_val_ppl"]), validation_where, MISSING, MISSING, "0", MISSING])
+        rows.append([m.label, m.layout, start_stage(m), _ppl(f["initial_val_ppl"]), validation_where, MISSING,
+                     MISSING, "0", MISSING])
         rows.append([m.label, m.layout, "after training" if f["finished"] else "training (unfinished)",
                      _ppl_interval(f, "final_val_ppl"), validation_where, analysed, analysis_where,
                      f"{f['tokens_trained']:,}", _duration(f["wall_time_s"])])
@@ -80,7 +105,7 @@ def continuation_rows(models: list[Model], shown: int = 3) -> list[list[str]]:
 
 def report_blocks(models: list[Model], numbers: dict, summary: list[str], notes: list[str], images: dict) -> list:
     """The report, in order: summary, tables, numbers, inputs, notes."""
-    blocks = [("h1", "Mix-LN comparison"), ("h2", "Summary"), ("ul", summary),
+    blocks = [("h1", "Mix-LN comparison"), ("h2", "Summary"), ("ul", summary), ("p", VERDICT_NOTE),
               ("h2", "Perplexity"),
               ("table", ["model", "layout", "stage", "validation perplexity", "measured on", "analysis perplexity",
                          "measured on", "tokens trained", "this machine's wall time (not a speed comparison)"],

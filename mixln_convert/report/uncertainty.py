@@ -15,6 +15,13 @@ from ..analysis.measures import coefficient_of_variation
 
 DRAWS = 2000
 LEVEL = 0.95  # two-sided
+# An interval resampled from fewer rows decides nothing: 2 rows have 3 distinct resamples, 5 rows 126
+# (the analysis's gradient norms rest on a few batches)
+MIN_ROWS = 5
+# The smallest difference the report calls, a judgement: 1% of perplexity (for perplexities and the figures
+# measured relative to a model's perplexity), or 1% of the larger value (angular distance, gradient-norm
+# variation). Below it two models are "the same within 1%" however sure the interval is of the sign.
+PRACTICAL = 0.01
 
 
 @dataclass
@@ -23,6 +30,18 @@ class Estimate:
 
     value: float
     draws: np.ndarray  # the statistic on each of DRAWS resamples
+    n: int  # the rows (windows or batches) resampled
+    rows: str = "windows"  # what they are
+
+    @property
+    def decides(self) -> bool:
+        """Whether enough rows were resampled for the interval to decide anything."""
+        return self.n >= MIN_ROWS
+
+    @property
+    def size(self) -> str:
+        """'n=8 windows': what the interval rests on."""
+        return f"n={self.n} {self.rows}"
 
     @property
     def interval(self) -> tuple[float, float]:
@@ -35,20 +54,35 @@ def interval(draws) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def estimate(statistic, samples, measured_on: str) -> Estimate:
-    """``statistic`` of ``samples`` ([n, ...], one row per evaluation window or batch) and of its
-    bootstrap resamples. ``statistic`` maps an array [draws, n, ...] to [draws]. ``measured_on``
-    names the windows (data, window length, count): equal names give equal resamples."""
+def estimate(statistic, samples, measured_on: str, rows: str = "windows") -> Estimate:
+    """``statistic`` of ``samples`` ([n, ...], one row per evaluation window or batch: ``rows`` says
+    which) and of its bootstrap resamples. ``statistic`` maps an array [draws, n, ...] to [draws].
+    ``measured_on`` names the windows (data, window length, count): equal names give equal resamples."""
     samples = np.asarray(samples, dtype=float)
     seed = int.from_bytes(hashlib.sha256(f"{measured_on}|{len(samples)}".encode()).digest()[:8], "big")
-    rows = np.random.default_rng(seed).integers(0, len(samples), (DRAWS, len(samples)))
-    return Estimate(float(statistic(samples[None])[0]), statistic(samples[rows]))
+    resampled = np.random.default_rng(seed).integers(0, len(samples), (DRAWS, len(samples)))
+    return Estimate(float(statistic(samples[None])[0]), statistic(samples[resampled]), len(samples), rows)
 
 
 def differs(a: Estimate, b: Estimate) -> bool:
     """Whether the LEVEL interval of a - b (paired where both were measured on the same windows) excludes 0."""
     low, high = interval(a.draws - b.draws)
     return low > 0 or high < 0
+
+
+def call(difference: float, draws=None) -> str:
+    """What the report may say of ``difference`` (in the units PRACTICAL is of), given bootstrap ``draws``
+    of it (None where there is no interval that decides): 'differs' only where it is larger than PRACTICAL
+    and the LEVEL interval excludes 0; 'same' where it is within PRACTICAL (and so is all of its interval,
+    where it has one); else 'open' (too close to call)."""
+    if draws is None:
+        return "same" if abs(difference) <= PRACTICAL else "open"
+    low, high = interval(draws)
+    if abs(difference) > PRACTICAL and (low > 0 or high < 0):
+        return "differs"
+    if -PRACTICAL <= low and high <= PRACTICAL:
+        return "same"
+    return "open"
 
 
 def perplexity(losses) -> np.ndarray:
