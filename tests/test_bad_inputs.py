@@ -292,7 +292,7 @@ def recipe(inputs, *sets):
     """`train` with a tiny recipe on the row's source and text."""
     base = [f"source={inputs.src}", f"data.train={inputs.text}", f"data.validation={inputs.text}",
             "seq_len=32", "micro_batch_size=2", "global_batch_size=2", "max_tokens=128", "data.eval_tokens=64",
-            "heal.seq_len=32", "heal.batch_size=2"]
+            "heal.seq_len=32", "heal.batch_size=2", "heal.tokens=0"]
     return ["train", "smollm2-135m-cpu", *(f"--set={s}" for s in base + list(sets))]
 
 

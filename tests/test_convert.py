@@ -162,6 +162,18 @@ def test_round_trip_with_and_without_the_package(layout, request, tmp_path):
     assert torch.equal(logits_of[str(converted)], reference)
 
 
+def test_the_config_records_the_alpha_used(tiny_llama, tiny_convert, cli):
+    """At the default alpha the config said "alpha": null, and inspect left it out."""
+    config = lambda folder: json.loads((folder / "config.json").read_text())  # noqa: E731
+    default = tiny_convert(tiny_llama, "default", strategy="move")
+    assert config(default)["alpha"] == 0.25 and config(default)["post_ln_layers"] == 2
+    assert "converted at alpha 0.25" in cli("inspect", default).output
+    assert config(tiny_convert(tiny_llama, "given", strategy="move", alpha=0.5))["alpha"] == 0.5
+    counted = config(tiny_convert(tiny_llama, "counted", strategy="move", post_ln_layers=3))
+    assert counted["alpha"] is None and counted["post_ln_layers"] == 3  # a count given: no alpha behind it
+    assert config(tiny_convert(tiny_llama, "lns", layout="lns"))["alpha"] is None
+
+
 def test_sharded_output_loads_like_a_single_file(tiny_llama, tiny_convert):
     single = tiny_convert(tiny_llama, "single", strategy="move")
     sharded = tiny_convert(tiny_llama, "sharded", strategy="move", max_shard_size="300KB")

@@ -31,7 +31,7 @@ def default_figures(tiny_llama, converted, tmp_path_factory):
     figures["analyze"] = json.loads((work / "analysis" / "analysis.json").read_text())
     # one optimizer step of 4 default-length sequences on the embedded corpus, Pre-LN arm only
     cli("train", "smollm2-135m-cpu", "--arm", "preln", "--out", work / "run", f"--set=source={tiny_llama}",
-        f"--set=max_tokens={4 * EVAL_SEQ_LEN}", "--set=precision=fp32")
+        f"--set=max_tokens={4 * EVAL_SEQ_LEN}", "--set=precision=fp32", "--set=heal.tokens=0")
     figures["train"] = json.loads((work / "run" / "preln" / "summary.json").read_text())
     cli("heal", converted, "--teacher", tiny_llama, "--tokens", 4 * EVAL_SEQ_LEN, "--out", work / "healed")
     figures["heal"] = json.loads((work / "healed" / "config.json").read_text())["mixln_provenance"]["heal"]

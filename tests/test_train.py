@@ -57,11 +57,11 @@ def corpus(tmp_path_factory) -> Path:
 
 
 def tiny(source, corpus, steps=4, **extra) -> list[str]:
-    """--set overrides that make any recipe a tiny run: seq 32, 4 sequences per step, `steps` steps."""
+    """--set overrides that make any recipe a tiny run: seq 32, 4 sequences per step, `steps` steps, no heal."""
     values = {"source": source, "data.train": corpus, "data.validation": None, "seq_len": 32,
               "micro_batch_size": 2, "global_batch_size": 4, "max_tokens": steps * 4 * 32, "data.eval_tokens": 256,
               "precision": "fp32", "schedule.warmup_steps": 1, "eval_interval": 2, "checkpoint_interval": 2,
-              "grad_norm_interval": 2, **extra}
+              "grad_norm_interval": 2, "heal.tokens": 0, **extra}
     return [f"{k}={'null' if v is None else v}" for k, v in values.items()]
 
 
@@ -96,7 +96,9 @@ def test_recipes_by_name_and_listed(cli):
     assert "fsdp" in listed.stdout and "multi_gpu_ddp" in listed.stdout
     path = cli("recipes", "--path", "fsdp").stdout.strip()
     assert Path(path).is_file() and Path(path).name == "fsdp.yaml"
-    assert load_recipe("smollm2-135m-cpu", [f"source={RECIPES[0]}"]).max_tokens == 30720
+    cpu = load_recipe("smollm2-135m-cpu", [f"source={RECIPES[0]}"])
+    # the demo's advice: heal before training, at the heal's lr (1e-4 made the Mix-LN arm loop)
+    assert (cpu.max_tokens, cpu.heal.tokens, cpu.optim.lr) == (30720, 16384, 3e-5)
 
 
 # (the CPU recipe's dry run is the `finished` fixture below)
@@ -254,7 +256,7 @@ def test_existing_run_is_not_overwritten(finished, cli):
     result = cli("train", recipe, *(f"--set={s}" for s in sets), "--out", out)
     assert result.exit_code == 1 and "--resume continues the training run it holds" in result.output
     result = cli("train", recipe, *(f"--set={s}" for s in sets), "--set=optim.lr=1e-2", "--out", out, "--resume")
-    assert result.exit_code == 1 and "started with optim.lr 0.0001, not 0.01" in result.output
+    assert result.exit_code == 1 and "started with optim.lr 3e-05, not 0.01" in result.output
     result = cli("train", recipe, *(f"--set={s}" for s in sets), "--out", out, "--resume")  # finished: nothing to do
     assert result.exit_code == 0 and (out / "mixln" / "metrics.jsonl").read_text() == before
 
@@ -314,7 +316,7 @@ def test_two_runs_into_one_out_at_once_train_it_once(cache, tiny_llama_tied, cor
     codes = sorted(code for code, _ in results)
     assert codes == [0, 1], results
     refused = next(err for code, err in results if code == 1).strip().splitlines()
-    assert len(refused) == 1 and f"--out {out}: in use by mixln-convert training run (pid " in refused[0], refused
+    assert len(refused) == 1 and f"--out {out}: in use by another mixln-convert run (pid " in refused[0], refused
     assert [r["step"] for r in metrics(out, "preln")] == [1, 2, 3, 4, 5, 6]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
@@ -328,7 +330,7 @@ def test_two_converts_into_one_dst_at_once_write_it_once(tiny_llama, tmp_path):
     assert sorted(code for code, _ in results) == [0, 1], results
     refused = next(err for code, err in results if code == 1).strip()
     # the second is refused by the lock while the first writes, or by the folder the first filled
-    assert f"{dst}: in use by mixln-convert" in refused or "exists and is not empty" in refused, refused
+    assert f"{dst}: in use by another mixln-convert run (pid " in refused or "exists and is not empty" in refused, refused
     assert (dst / "config.json").is_file() and sorted(p.name for p in tmp_path.iterdir()) == ["dst"]
 
 
@@ -414,11 +416,12 @@ def test_recipe_errors_are_mixln_errors(tmp_path):
 
 @pytest.mark.real_model
 def test_smollm2_cpu_recipe_runs_on_the_real_model(tmp_path):
-    """The shipped CPU recipe as is (source: smollm2, the GGUF; embedded corpus), one short step."""
+    """The shipped CPU recipe as is (source: smollm2, the GGUF; embedded corpus), one heal step, one short step."""
     recipe = load_recipe("smollm2-135m-cpu",
-                         ["seq_len=64", "max_tokens=256", "data.eval_tokens=128", "micro_batch_size=2"])
+                         ["seq_len=64", "max_tokens=256", "data.eval_tokens=128", "micro_batch_size=2", "heal.tokens=1024"])
     summaries = train(recipe, tmp_path / "run", progress=False)
     assert summaries["mixln"]["post_ln_layers"] == 7 and summaries["preln"]["post_ln_layers"] == 0
+    assert summaries["mixln"]["heal_tokens"] == 1024 and (tmp_path / "run" / "mixln" / "healed").is_dir()
     # the calibrated conversion keeps the model usable: perplexity within a few times the original
     assert summaries["mixln"]["initial_val_ppl"] < 4 * summaries["preln"]["initial_val_ppl"]
 

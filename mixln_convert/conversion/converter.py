@@ -14,7 +14,7 @@ from ..io.writer import tool_stamp, write_checkpoint
 from ..limits import check_seq_len, parse_size
 from ..options import MAX_SHARD_SIZE, ConvertOptions
 from ..runtime import map_large_allocations
-from .layout import post_ln_count
+from .layout import post_ln_count, resolved_alpha
 from .plan import ConversionPlan
 
 
@@ -75,7 +75,8 @@ def convert(src, dst, options: ConvertOptions | None = None, *, force: bool = Fa
             provenance["scaled_init"] = options.scaled_init
 
         def finished_config() -> dict:
-            return converted_config(config, arch, n_post, options.alpha, out_dtype,
+            alpha = None if options.lns else resolved_alpha(options.alpha, options.post_ln_layers)
+            return converted_config(config, arch, n_post, alpha, out_dtype,
                                     {**provenance, "seconds": round(time.time() - started, 2)}, options.lns)
 
         write_checkpoint(tmp, plan.tensors(source), finished_config, source, max_shard_bytes, desc="converting",
