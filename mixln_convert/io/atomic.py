@@ -79,7 +79,7 @@ def hold(dst: Path, what: str, kind: str):
                          "end, or choose another folder")
     try:
         os.ftruncate(fd, 0)
-        os.write(fd, f"mixln-convert {kind} (pid {os.getpid()} on {os.uname().nodename})".encode())
+        os.write(fd, f"another mixln-convert run (pid {os.getpid()} on {os.uname().nodename}: {kind})".encode())
         yield
     finally:
         try:
@@ -126,7 +126,7 @@ def atomic_output_dir(dst, force: bool = False, protect=None):
     An OSError while writing (a full disk) becomes a one-line error naming ``dst``; the temporary folder goes."""
     given = dst
     dst = check_destination(dst, protect or {}, force)
-    with hold(dst, str(given), "output"), scratch_dir(dst) as tmp:
+    with hold(dst, str(given), f"writing {dst.name}"), scratch_dir(dst) as tmp:
         check_destination(dst, protect or {}, force)  # again, held: a run that ended meanwhile may have filled it
         try:
             yield tmp
