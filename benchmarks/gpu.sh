@@ -3,6 +3,8 @@
 #   here, once:  .venv/bin/python benchmarks/gpu_sources.py tokenizer .gpu/tokenizer   (.gpu/ is git-ignored, ~3.5 MB)
 #   there:       run(command="bash benchmarks/gpu.sh", carry=[".gpu"], timeout_s=560)
 #   CPU smoke:   bash benchmarks/gpu.sh --smoke --tokenizer DIR    (tiny scale; tests/test_gpu_script.py)
+#   --real:      instead, SmolLM2-135M itself (benchmarks/gpu_real.py: its header has the plan, the budgets and
+#                the two device calls, after `bash benchmarks/gpu.sh --real --prepare .gpu-real` here)
 #   --throughput: instead, the trainer's speed at the 1B class (TinyLlama-1.1B's shape, random weights,
 #                20 steps eager, 20 compiled) and a torch.profiler breakdown of an eager step (~3 min)
 # Measured 2026-12-04: docs/training.md ("On one H200"), benchmarks/results/gpu*_2026-12-04/.
@@ -36,4 +38,8 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TQDM_DISA
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
 "$PYTHON" -c 'import sys, torch, transformers, accelerate; print("python", sys.version.split()[0], "torch", torch.__version__,
     "transformers", transformers.__version__, "accelerate", accelerate.__version__)'
+if [ "${1:-}" = --real ]; then
+    shift
+    exec "$PYTHON" benchmarks/gpu_real.py "$@"
+fi
 exec "$PYTHON" benchmarks/gpu_mission.py "$@"

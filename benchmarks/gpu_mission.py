@@ -206,6 +206,8 @@ def run_child(kind: str, kwargs: dict, status: Path) -> None:
 
 
 class Mission:
+    script = __file__  # the file whose `--child` runs each phase (a subclass elsewhere names its own)
+
     def __init__(self, scale: dict, work: Path, out: Path, tokenizer: str, overrides: list[str]):
         self.s, self.work, self.out, self.tokenizer, self.overrides = scale, work, out, tokenizer, overrides
         self.started = time.monotonic()
@@ -215,9 +217,11 @@ class Mission:
     def left(self) -> float:
         return self.s["budget_s"] - (time.monotonic() - self.started)
 
-    def phase(self, name: str, kind: str, kwargs: dict, estimate_s: float, needed: bool = True) -> dict:
+    def phase(self, name: str, kind: str, kwargs: dict, estimate_s: float, needed: bool = True,
+              cap_s: float | None = None) -> dict:
         """Run one child; an optional phase (``needed`` False) that would end past ``budget_s`` is
-        skipped, and any child still running then is stopped: the summary comes after it."""
+        skipped, and any child still running then, or ``cap_s`` seconds after it started, is
+        stopped: the summary comes after it."""
         if not needed and self.left() < estimate_s:
             return self._record(name, {"ok": False, "error": f"skipped: {self.left():.0f} s left, ~{estimate_s} s needed"}, 0)
         status = self.work / f"{name}.status.json"
@@ -225,10 +229,10 @@ class Mission:
         self.log.write(f"\n===== {name} ({kind}) =====\n")
         print(f"{time.monotonic() - self.started:6.0f} s  {name} ...", flush=True)
         tick = time.monotonic()
-        child = subprocess.Popen([sys.executable, __file__, "--child", kind, json.dumps(kwargs), str(status)],
+        child = subprocess.Popen([sys.executable, self.script, "--child", kind, json.dumps(kwargs), str(status)],
                                  stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            child.wait(timeout=max(1.0, self.left()))
+            child.wait(timeout=max(1.0, min(self.left(), cap_s or float("inf"))))
         except subprocess.TimeoutExpired:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
@@ -261,12 +265,13 @@ class Mission:
         return str(path)
 
     def train(self, name: str, recipe: str, arm: str, out: Path, estimate_s: float, resume: bool = False,
-              overrides: tuple = ()) -> bool:
+              overrides: tuple = (), needed: bool = True, cap_s: float | None = None) -> bool:
         """One arm; on a non-finite value, the same arm again in fp32 and with eager attention,
-        each to a few steps past the failing one: which of them gets past it names the cause."""
+        each to a few steps past the failing one: which of them gets past it names the cause.
+        ``needed`` and ``cap_s``: as :meth:`phase` takes them (the reruns are never needed)."""
         kwargs = {"recipe": recipe, "arm": arm, "out": str(out), "overrides": [*self.overrides, *overrides],
                   "resume": resume}
-        result = self.phase(name, "train", kwargs, estimate_s)
+        result = self.phase(name, "train", kwargs, estimate_s, needed, cap_s)
         if result["ok"]:
             self.runs[name] = out / arm
             return True
@@ -277,8 +282,8 @@ class Mission:
             for variant, setting in (("fp32", "precision=fp32"), ("eager", "attention=eager")):
                 rerun = self.work / f"{name}-{variant}"
                 kwargs = {**kwargs, "out": str(rerun), "resume": False,
-                          "overrides": [*self.overrides, *cut, setting]}
-                again = self.phase(f"{name}-{variant}", "train", kwargs, estimate_s, needed=False)
+                          "overrides": [*self.overrides, *overrides, *cut, setting]}
+                again = self.phase(f"{name}-{variant}", "train", kwargs, estimate_s, needed=False, cap_s=cap_s)
                 self.bisect[name][variant] = "passed" if again["ok"] else again["error"]
                 if again["ok"]:
                     self.runs[f"{name}-{variant}"] = rerun / arm

@@ -1,6 +1,7 @@
 """benchmarks/gpu.sh, the one prepared device call: the same script at tiny scale on CPU
 (--smoke), so the GPU call cannot fail on a typo, and its plan B on a non-finite step."""
 
+import importlib.util
 import json
 import math
 import os
@@ -17,6 +18,7 @@ from mixln_convert.training.loop import NonFiniteStep
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import gpu_mission  # noqa: E402
+import gpu_real  # noqa: E402
 
 STAGES = {"pretrained", "converted", "healed", "mixln-trained", "preln-trained"}
 
@@ -73,7 +75,7 @@ def test_a_nonfinite_arm_is_rerun_in_fp32_and_with_eager_attention(tmp_path, mon
     mission = gpu_mission.Mission(gpu_mission.SCALES["smoke"], tmp_path, tmp_path, "tokenizer", ["seed=3"])
     calls = []
 
-    def phase(name, kind, kwargs, estimate_s, needed=True):
+    def phase(name, kind, kwargs, estimate_s, needed=True, cap_s=None):
         calls.append((name, kwargs["overrides"], kwargs["out"], needed))
         if name == "mixln":
             return {"ok": False, "error": "mixln: loss is nan at step 3", "nonfinite": True, "step": 3}
@@ -128,3 +130,113 @@ def test_gpu_script_throughput_smoke_run_times_eager_compiled_and_profiles(tmp_p
     assert profile["share_by_kind"]["matmul"] > 0 and profile["top_kernels"]
     text = (out / "summary.txt").read_text()
     assert "compiled:" in text and "profile (micro-batch" in text
+
+
+# ---- benchmarks/gpu.sh --real: SmolLM2-135M itself (benchmarks/gpu_real.py), here on a tiny GGUF ----
+
+REAL_PHASES = ["setup", "s0-preln", "s0-mixln", "s0-lns", "analyze", "tasks", "s1-preln", "s1-mixln", "s1-lns",
+               "compare"]
+
+
+@pytest.fixture(scope="module")
+def real_parts(tmp_path_factory):
+    """A tiny random LLaMA as a GGUF with a byte-level BPE vocabulary (SmolLM2's layout), and the two
+    parts `--real --prepare` carries of it."""
+    from tiny import VOCAB, make_tiny_llama, write_tiny_gguf
+
+    from mixln_convert.io.loader import open_checkpoint
+
+    root = tmp_path_factory.mktemp("real")
+    source = make_tiny_llama(root / "source", vocab_size=VOCAB + 16)  # more rows than tokens, as SmolLM2's GGUF
+    gguf = write_tiny_gguf(source, open_checkpoint(source).arch, root / "tiny.gguf")
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--real", "--prepare", str(root / "parts"),
+                           "--model", str(gguf), "--smoke"], env={**os.environ, "PYTHON": sys.executable},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    return gguf, root / "parts"
+
+
+def test_real_prepare_splits_the_gguf_in_two_parts_that_each_fit_a_call(real_parts):
+    gguf, parts = real_parts
+    manifest = json.loads((parts / "part1" / "manifest.json").read_text())
+    halves = [parts / part["file"] for part in manifest["gguf"]["parts"]]
+    assert [h.parent.name for h in halves] == ["part0", "part1"]
+    assert b"".join(h.read_bytes() for h in halves) == gguf.read_bytes()
+    assert (parts / "part0" / "site" / "gguf" / "__init__.py").is_file()  # gguf-py, which the device lacks
+    assert list((parts / "part0" / "site").glob("gguf-*.dist-info/METADATA"))
+    assert (parts / "part1" / "data" / "tokens" / "mixln-tokens.json").is_file()
+    carry = manifest["carry"]
+    for part in ("part0", "part1"):
+        assert 0 < carry[f"{part}_bytes"] and carry[f"{part}_bytes"] + carry["working_tree_bytes"] < 64 * 2**20
+    data = manifest["data"]
+    assert data["train"]["tokens"] > 0 and data["validation"]["tokens"] > 0
+    # held out: no validation document is a train document
+    train = set(gpu_real.english("train") + gpu_real.english("calibration"))
+    assert train and not train & set(gpu_real.english("validation"))
+
+
+def test_real_setup_names_a_part_the_machine_lacks(real_parts, tmp_path):
+    _, parts = real_parts
+    manifest = json.loads((parts / "part1" / "manifest.json").read_text())
+    (tmp_path / "part1").symlink_to(parts / "part1")  # part0 not carried (or the machine went back)
+    with pytest.raises(FileNotFoundError, match="part0/model.gguf.0 is missing"):
+        gpu_real.join_parts(tmp_path, manifest, tmp_path / "joined.gguf")
+
+
+def test_real_setup_tokenizes_again_where_the_tokenizer_differs(real_parts, tmp_path, monkeypatch):
+    import shutil
+
+    _, parts = real_parts
+    copy = tmp_path / "parts"
+    shutil.copytree(parts, copy)
+    tokens = copy / "part1" / "data" / "tokens" / "mixln-tokens.json"
+    tokens.write_text(json.dumps({**json.loads(tokens.read_text()), "tokenizer_sha256": "0" * 64}))
+    monkeypatch.syspath_prepend(str(copy / "part0" / "site"))
+    (tmp_path / "work").mkdir()
+    setup = gpu_real.child_setup(str(copy), str(tmp_path / "work"), num_proc=1)
+    assert setup["tokens"] == str(tmp_path / "work" / "tokens")
+    assert setup["tokens_how"].startswith("made again here") and "ids agree" in setup["tokens_how"]
+    assert setup["train_tokens"] == json.loads((copy / "part1" / "manifest.json").read_text())["data"]["train"]["tokens"]
+
+
+def test_gpu_real_smoke_run_heals_trains_three_arms_for_two_seeds_and_compares(real_parts, tmp_path):
+    _, parts = real_parts
+    out = tmp_path / "out"
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--real", "--smoke", "--parts", str(parts),
+                           "--work", str(tmp_path / "work")], env={**os.environ, "OUT": str(out), "PYTHON": sys.executable},
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    files = list(out.iterdir())
+    assert len(files) <= 8 and all(f.is_file() for f in files)  # what the device tool brings back
+    summary = json.loads((out / "summary.json").read_text())
+    has_lm_eval = importlib.util.find_spec("lm_eval") is not None
+    assert [(p["phase"], p["ok"]) for p in summary["phases"]] == [
+        (name, True) for name in REAL_PHASES if name != "tasks" or has_lm_eval]
+    data = summary["data"]
+    assert data["tokens_how"].startswith("carried") and data["gguf_py"].startswith(str(parts / "part0" / "site"))
+    scale = gpu_real.SCALES["smoke"]
+    plan = summary["plan"]
+    assert plan["arm_tokens"] == scale["arm_tokens_cap"] and plan["heal_tokens"] == scale["heal_tokens"]
+    assert summary["seeds_run"] == 2
+    for seed in (0, 1):
+        for arm, post_ln in (("preln", 0), ("mixln", 2), ("lns", 0)):
+            run = summary["runs"][f"s{seed}-{arm}"]
+            assert run["post_ln_layers"] == post_ln and run["tokens"] == plan["arm_tokens"]
+            assert len(run["validation_curve"]) > 2
+        assert set(summary["seeds"][f"seed{seed}"]) == {"mixln/preln", "lns/preln"}
+    for where in ("validation", "packed"):  # the heal's ratio to the original, with its interval
+        found = summary["heal"][where]
+        assert found["interval"][0] <= found["ratio"] <= found["interval"][1] and found["n"] >= 5
+    assert math.isfinite(summary["heal"]["per_document"]["ratio"])
+    assert set(summary["analysis"]) == set(gpu_real.STAGES) == set(summary["per_document"])
+    for stage in summary["analysis"].values():
+        assert len(stage["layer_drop"]) == len(stage["grad_norm_per_layer"]) == len(stage["angular_distance"]) == 8
+    assert summary["comparison"]["runs"] == ["seed0", "seed1"] and (out / "report.md").is_file()
+    if has_lm_eval:  # before (original) and after (healed, trained)
+        assert set(summary["tasks"]["tasks"]) == {"original", "healed", "preln-trained", "mixln-trained", "lns-trained"}
+    else:
+        assert "not installed" in summary["tasks"]["skipped"]
+    text = (out / "summary.txt").read_text()
+    for figure in ("budget: heal", "passes over the train tokens", "healed/original perplexity",
+                   "seed1 mixln/preln", "per-document token perplexity", "layer drop", "grad norms", "Pre-LN"):
+        assert figure in text, figure
