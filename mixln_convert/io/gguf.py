@@ -44,6 +44,7 @@ class GGUFCheckpoint(Checkpoint):
         check_tensors({name: _shape(t) for name, t in self._stored.items()}, layout, self.arch, str(self.path))
         self._layout = layout
         self.stored_types = sorted({t.tensor_type.name for t in stored.values()})  # Q4_1, Q8_0, F32, ...
+        self._token_count = meta.get("tokenizer.ggml.tokens")  # how many tokens the file's vocabulary lists
 
     @cached_property
     def _hf_config(self):
@@ -139,12 +140,44 @@ class GGUFCheckpoint(Checkpoint):
 
         with tempfile.TemporaryDirectory() as folder:
             super()._read_tokenizer().save_pretrained(folder)
+            if isinstance(self._token_count, int):
+                _drop_tokens_past(Path(folder), self._token_count)
             tokenizer = AutoTokenizer.from_pretrained(folder)
         tokenizer.name_or_path = str(self.path)
         return tokenizer
 
     def _tokenizer_sources(self) -> str:
         return f"the tokenizer.ggml.* metadata of {self.path}"
+
+
+def _drop_tokens_past(folder: Path, count: int) -> None:
+    """The saved tokenizer in ``folder`` without the added tokens past the GGUF's ``count`` tokens: transformers
+    gives a byte-level vocabulary without ``<|endoftext|>`` (LLaMA 3's, a tiny one) that token as a default, at an
+    id no embedding row holds (the tool then refused the file: "more tokens than vocab_size")."""
+    import json
+
+    file = folder / "tokenizer.json"
+    if not file.is_file():
+        return
+    saved = json.loads(file.read_text())
+    past = {entry["content"] for entry in saved.get("added_tokens", []) if entry.get("id", 0) >= count}
+    if not past:
+        return
+    saved["added_tokens"] = [entry for entry in saved["added_tokens"] if entry.get("id", 0) < count]
+    file.write_text(json.dumps(saved))
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        path = folder / name
+        if not path.is_file():
+            continue
+        config = json.loads(path.read_text())
+        decoder = config.get("added_tokens_decoder")
+        if isinstance(decoder, dict):
+            config["added_tokens_decoder"] = {k: v for k, v in decoder.items() if int(k) < count}
+        for key, value in list(config.items()):
+            content = value.get("content") if isinstance(value, dict) else value
+            if key.endswith("_token") and content in past:
+                config[key] = None
+        path.write_text(json.dumps(config))
 
 
 def _shape(tensor) -> tuple[int, ...]:
