@@ -134,3 +134,17 @@ def test_a_trained_arm_final_card_has_its_training_and_validation_figures(tiny_l
             f"{summary['final_val_ppl']:.2f} after the last, on `{validation['data']}` "
             f"({validation['tokens']:,} tokens in windows of 32)") in body
     assert "trust_remote_code=True" in body and SENTINEL not in body
+
+
+def test_an_exported_plain_model_card_tells_its_sources_history(converted_lns, tmp_path):
+    """An LNS checkpoint exported as plain LLaMA: a Pre-LN card loading without remote code, which still says
+    where the weights came from (the conversion) and what the export folded; no command that does not exist."""
+    from mixln_convert.export import export
+
+    export(converted_lns, tmp_path / "plain", to="llama", progress=False)
+    data, body = card(tmp_path / "plain")
+    assert data["tags"] == ["mixln-convert", "pre-ln", "llama"] and data["library_name"] == "transformers"
+    assert "to LayerNorm Scaling, strategy `exact`" in body
+    assert f"Exported with `mixln-convert export --to llama` from `{converted_lns}`" in body
+    assert "1/sqrt(l) folded into each block's norm gains" in body and "trust_remote_code" not in body
+    assert "mixln-convert downstream" not in body and "`mixln-convert eval --tasks`" in body

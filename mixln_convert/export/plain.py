@@ -15,6 +15,7 @@ from ..architectures import LNS_NORM_ROLES, lns_gain
 from ..errors import MixLNError
 from ..io.atomic import atomic_output_dir
 from ..io.validate import IGNORED_SUFFIXES
+from ..io.model_card import write_card
 from ..io.writer import tool_stamp, write_checkpoint
 from ..limits import parse_size
 from ..options import MAX_SHARD_SIZE
@@ -96,6 +97,7 @@ def write_plain(source, arch, dst, inputs: dict, *, force: bool, progress: bool)
                          desc="exporting", total=len(names), progress=progress)
         record = export_record(source, "llama", architecture=arch.name)
         (tmp / PROVENANCE_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        write_card(tmp, source=source.path, exported=record)  # the source's history, not a bare plain model's
 
 
 __all__ = ["MIXLN_CONFIG_KEYS", "PROVENANCE_FILE", "folds_lns", "plain_architecture", "plain_config", "plain_names",

@@ -34,24 +34,27 @@ STRATEGIES = {  # what each conversion strategy (conversion/plan.py) made of the
 PLACEHOLDER = "path/to/this/folder"  # where the load instructions name the folder: it moves, or goes to the Hub
 
 
-def write_card(folder: Path, config: dict | None = None, source=None, trained: dict | None = None) -> None:
+def write_card(folder: Path, config: dict | None = None, source=None, trained: dict | None = None,
+               exported: dict | None = None) -> None:
     """``folder``/README.md: :func:`model_card` of ``config`` (default: the folder's config.json)."""
     import json
 
     folder = Path(folder)
     if config is None:
         config = json.loads((folder / "config.json").read_text())
-    write_atomic(folder / CARD_FILE, str(model_card(config, source, trained)))
+    write_atomic(folder / CARD_FILE, str(model_card(config, source, trained, exported)))
 
 
-def model_card(config: dict, source=None, trained: dict | None = None):
+def model_card(config: dict, source=None, trained: dict | None = None, exported: dict | None = None):
     """The card (a ``huggingface_hub.ModelCard``) of a checkpoint whose config.json is ``config``.
     ``source``: the checkpoint the command read (a folder or a file), for its license and name;
     ``trained``: an arm's summary (:func:`~mixln_convert.training.trainer.train_arm`), with ``data`` the
-    training text, when the folder is a trained arm's ``final/``."""
+    training text, when the folder is a trained arm's ``final/``; ``exported``: for a plain model
+    ``mixln-convert export`` wrote, its record (the source's config among it), whose history the card tells."""
     from huggingface_hub import ModelCard, ModelCardData
 
-    provenance = config.get("mixln_provenance") or {}
+    history = (exported or {}).get("source_config") or {}
+    provenance = config.get("mixln_provenance") or history.get("mixln_provenance") or {}
     layout = layout_tag(config)
     family = architecture_of_any(config, "config.json").model_type
     sources = _sources(config, source)
@@ -67,7 +70,7 @@ def model_card(config: dict, source=None, trained: dict | None = None):
               ("p", f"Written by mixln-convert {__version__} from what its commands recorded in config.json and "
                     "the figures they measured, each with the text it was measured on. This card is the tool's: "
                     "nothing of the source's own card is copied."),
-              ("h2", "What was done"), ("ul", _done(config, provenance, origin, hub, trained)),
+              ("h2", "What was done"), ("ul", _done(config, provenance, origin, hub, trained, exported)),
               ("h2", "Measured"), *_measured(provenance.get("heal"), trained),
               ("h2", "How to load"), *_loading(config, layout),
               ("h2", "License"), ("p", _license_text(data.license))]
@@ -161,8 +164,10 @@ def _config_license(config: dict) -> dict:
     return {"license": license.strip()} if isinstance(license, str) and license.strip() else {}
 
 
-def _done(config: dict, provenance: dict, origin: str | None, hub, trained: dict | None) -> list[str]:
-    """What was done, each step as its record says: source, layout, conversion, heal, prunings, training."""
+def _done(config: dict, provenance: dict, origin: str | None, hub, trained: dict | None,
+          exported: dict | None = None) -> list[str]:
+    """What was done, each step as its record says: source, layout, conversion, heal, prunings, training, export."""
+    recorded = {**config, **((exported or {}).get("source_config") or {})}  # an export's history is its source's
     layers, n_post = config.get("num_hidden_layers"), config.get("post_ln_layers") or 0
     items = [f"Source: {_described(origin)}." if origin else "Source: not recorded."]
     if hub and provenance.get("strategy") == "scratch":
@@ -178,16 +183,22 @@ def _done(config: dict, provenance: dict, origin: str | None, hub, trained: dict
         items.append(f"Layout: Pre-LN, {layers} decoder blocks" + (" (a Mix-LN checkpoint with no Post-LN block)"
                                                                     if "post_ln_layers" in config else "") + ".")
     if "strategy" in provenance:
-        items.append(_conversion(config, provenance))
+        items.append(_conversion(recorded, provenance))
     if provenance.get("heal"):
         items.append(_heal(provenance["heal"]))
-    for record in provenance.get("pruned") or config.get("pruned") or []:
+    for record in provenance.get("pruned") or recorded.get("pruned") or []:
         items.append(_pruning(record))
     if trained:
         steps, precision = trained.get("steps"), trained.get("precision")
         items.append(f"Trained with `mixln-convert train` (arm `{trained.get('arm')}`): {steps} step"
                      f"{'s' * (steps != 1)}, {trained.get('tokens'):,} tokens of `{trained.get('data')}`, precision "
                      f"`{'fp32' if precision == 'no' else precision}`.")  # accelerate's "no": no mixed precision
+    if exported:
+        folded = (" LayerNorm Scaling's 1/sqrt(l) folded into each block's norm gains;"
+                  if exported.get("folded_layernorm_scaling") else "")
+        items.append(f"Exported with `mixln-convert export --to llama` from `{exported.get('source')}` "
+                     f"(model type `{exported.get('source_model_type')}`) as a plain `{exported.get('architecture')}`:"
+                     f"{folded} the same logits, no remote code.")
     return items
 
 
@@ -260,7 +271,7 @@ def _measured(heal: dict | None, trained: dict | None) -> list:
                             f"{validation.get('seq_len')})."))
     if not blocks:
         blocks.append(("p", "No quality figure was measured on the way to this model. `mixln-convert eval` "
-                            "measures perplexity; `mixln-convert downstream` scores tasks."))
+                            "measures perplexity; `mixln-convert eval --tasks` scores lm-evaluation-harness tasks."))
     return blocks
 
 
