@@ -59,10 +59,7 @@ def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool =
     if warmup > recipe.steps and state.is_main_process:  # legal, but a huge one trains at lr ~0 and changes nothing
         warn(f"schedule.warmup_steps {warmup} is more than the run's {recipe.steps} steps: the learning rate "
              f"peaks at {recipe.steps / warmup:.3g} x optim.lr, at the last step")
-    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true"):
-        raise MixLNError("the accelerate config asks for FSDP (distributed_type: FSDP); the trainer shards the model "
-                         "itself: launch with the multi-GPU config (mixln-convert recipes --path fsdp) and the "
-                         "recipe key fsdp: true")
+    check_launch()
     settings = {**recipe.flat(), **{f"data {file}": digest for file, digest in data_fingerprint(
         recipe.data.train, recipe.data.validation).items()}}  # what --resume must find unchanged
     inputs = {"source": recipe.source, "converted": recipe.converted, "data.train": recipe.data.train,
@@ -88,6 +85,15 @@ def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool =
             atomic=False, checked=False) for arm in arms}
     state.destroy_process_group()
     return summaries
+
+
+def check_launch() -> None:
+    """How the process was launched, refused before a run claims its folder where the trainer cannot train:
+    accelerate's own FSDP (the trainer shards the model itself)."""
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true"):
+        raise MixLNError("the accelerate config asks for FSDP (distributed_type: FSDP); the trainer shards the model "
+                         "itself: launch with the multi-GPU config (mixln-convert recipes --path fsdp) and the "
+                         "recipe key fsdp: true")
 
 
 def prepare(recipe: Recipe, arm: str, folder: Path, splits, progress: bool) -> str:
@@ -189,6 +195,7 @@ def run_demo(out, options: DemoOptions | None = None, *, force: bool = False, re
     ``force`` starts afresh."""
     options = DemoOptions.given(options, settings)
     check_force_or_resume(force, resume)
+    check_launch()
     source, recipe, settings = _demo_plan(options)
     with claim_run(out, "demo", settings, {"the model cache": cache_dir(), "--source": source}, resume,
                    force) as claim:

@@ -61,9 +61,11 @@ def study(source, out, options: StudyOptions | None = None, *, resume: bool = Fa
     ``options``: a :class:`~mixln_convert.options.StudyOptions`, or its fields as ``settings``. ``source``
     gives the model's shape and tokenizer; its weights are not used."""
     from .io.loader import open_checkpoint
+    from .pipeline import check_launch
     from .training import load_recipe
 
     options = StudyOptions.given(options, settings)
+    check_launch()
     source = checkpoint_path(source, "SRC")
     recipe, overrides, alpha, seeds = options.recipe, options.overrides, options.alpha, options.seeds
     schemes, post_ln, lns, eval_tokens = options.schemes, options.post_ln, options.lns, options.eval_tokens

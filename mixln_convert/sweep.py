@@ -80,7 +80,10 @@ def _plan(src: str, options: SweepOptions, resume: bool, force: bool):
     count: its alphas}, the training recipe)."""
     from .conversion.layout import post_ln_count
 
+    from .pipeline import check_launch
+
     check_force_or_resume(force, resume)
+    check_launch()
     data = options.data
     check_readable(data, "--data")
     source = open_checkpoint(src)

@@ -296,6 +296,20 @@ def test_a_refusal_after_the_claim_leaves_nothing_and_the_corrected_run_goes(cas
     assert [p.name for p in tmp_path.joinpath("new").iterdir()] == ["run"]  # no lock file left beside it
 
 
+@pytest.mark.parametrize("command", ["demo", "sweep", "study"])
+def test_an_accelerate_fsdp_launch_is_refused_before_a_run_folder_is_claimed(command, tiny_llama_tied, cli, tmp_path,
+                                                                           monkeypatch):
+    """A sweep refused this only after its first stage had finished, leaving a folder a corrected rerun called
+    'not empty'."""
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    out = tmp_path / "out"
+    args = {"demo": ["demo", "--source", tiny_llama_tied], "sweep": ["sweep", tiny_llama_tied, "--alphas", "0.25"],
+            "study": ["study", tiny_llama_tied]}[command]
+    result = cli(*args, "--out", out)
+    assert result.exit_code == 1 and "the trainer shards the model itself" in result.output, result.output
+    assert list(tmp_path.iterdir()) == []
+
+
 def _env() -> dict:
     return {**os.environ, "PYTHONPATH": str(REPO)}
 
