@@ -51,7 +51,7 @@ def transformers_conversion(src: str, dst: str) -> None:
     from mixln_convert.architectures import architecture_for
     from mixln_convert.conversion.layout import post_ln_count
     from mixln_convert.conversion.plan import ConversionPlan
-    from mixln_convert.io.loader import StoredTensor
+    from mixln_convert.io.checkpoint import StoredTensor
     from mixln_convert.model.configuration_mixln import MixLNConfig
     from mixln_convert.model.modeling_mixln import MixLNForCausalLM
 

@@ -18,10 +18,11 @@ from pathlib import Path
 import torch
 import yaml
 
-from mixln_convert.generation import greedy_continuations
+from mixln_convert.evaluation.generation import greedy_continuations
 from mixln_convert.io.loader import open_checkpoint
 from mixln_convert.options import DEMO_EVAL_TOKENS, DEMO_HEAL_TOKENS, DEMO_TRAIN_TOKENS
-from mixln_convert.pipeline import DEMO_RECIPE, train
+from mixln_convert.workflows.demo import DEMO_RECIPE
+from mixln_convert.workflows.train import train
 from mixln_convert.training.recipe import load_recipe
 
 

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from mixln_convert.tasks import shipped_tasks_dir
+from mixln_convert.evaluation.tasks import shipped_tasks_dir
 
 ENV = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
 TOOL = [sys.executable, "-m", "mixln_convert.cli"]
@@ -51,7 +51,7 @@ def lm_eval_run(folder: Path, task: str, limit: int, batch_size: int, out: Path)
 SWEEP = """
 import json, sys, torch
 from mixln_convert.analysis.task_drop import task_layer_drop
-from mixln_convert.downstream import task_manager
+from mixln_convert.evaluation.downstream import task_manager
 from mixln_convert.io.loader import open_checkpoint
 folder, task, limit, batch_size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 source = open_checkpoint(folder)

@@ -97,7 +97,7 @@ def write_text(work: Path, text_chars: int) -> int:
 
 
 def child_train(recipe: str, arm: str, out: str, overrides: list, resume: bool) -> dict:
-    from mixln_convert.pipeline import train
+    from mixln_convert.workflows.train import train
     from mixln_convert.training import load_recipe
 
     summary = train(load_recipe(recipe, overrides), out, (arm,), resume=resume, progress=False)[arm]

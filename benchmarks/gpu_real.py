@@ -319,8 +319,8 @@ def child_analyze(stages: dict, out: str, data: str, seq_len: int, tokens: int, 
 
 def child_tasks(stages: dict, limit: int | None, batch: int, deadline: float) -> dict:
     """The shipped lm-eval tasks on each stage, lm-eval's own figures, none started past ``deadline``."""
-    from mixln_convert.evaluate import score_checkpoint
-    from mixln_convert.tasks import SHIPPED_TASKS
+    from mixln_convert.evaluation.perplexity import score_checkpoint
+    from mixln_convert.evaluation.tasks import SHIPPED_TASKS
 
     scored, version = {}, None
     for name, checkpoint in stages.items():

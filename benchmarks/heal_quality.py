@@ -18,7 +18,7 @@ Each text's documents are first checked against the embedded corpus: how many sh
 SENTENCE_CHARS or more with it (held out: none). The heal (`mixln_convert.healing.heal`, its
 defaults unless given) trains on the embedded corpus and evaluates on text A (or ``--curve-on``) at
 each of ``--checkpoints``: the curve. Generation: greedy 64-token continuations of the 24 fixed
-prompts of `mixln_convert.generation`, their mean share of repeated 4-grams. Prints Markdown tables;
+prompts of `mixln_convert.evaluation.generation`, their mean share of repeated 4-grams. Prints Markdown tables;
 ``--json`` keeps every figure and continuation.
 """
 
@@ -35,7 +35,7 @@ from pathlib import Path
 from mixln_convert import convert
 from mixln_convert.data import SPLITS, embedded_corpus
 from mixln_convert.data.corpus import SHARES
-from mixln_convert.evaluate import score_checkpoint
+from mixln_convert.evaluation.perplexity import score_checkpoint
 from mixln_convert.fetch import smollm2_gguf
 from mixln_convert.healing import heal
 from mixln_convert.options import HEAL_BATCH_SIZE, HEAL_LR, HEAL_SEQ_LEN

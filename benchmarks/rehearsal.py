@@ -20,7 +20,7 @@ import json
 import time
 from pathlib import Path
 
-from mixln_convert.pipeline import train
+from mixln_convert.workflows.train import train
 from mixln_convert.training import load_recipe
 
 

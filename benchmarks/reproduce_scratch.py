@@ -27,9 +27,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from mixln_convert.data import embedded_corpus, read_texts
 from mixln_convert.fetch import cache_dir
-from mixln_convert.pipeline import train
+from mixln_convert.workflows.train import train
 from mixln_convert.options import STUDY_RECIPE as RECIPE
-from mixln_convert.study import arms_for, study
+from mixln_convert.workflows.study import arms_for, study
 from mixln_convert.training import load_recipe
 
 VOCAB = 4096

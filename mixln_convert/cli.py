@@ -190,7 +190,7 @@ def convert(src, dst, heal_tokens, heal_data, force, **settings):
         raise MixLNError("--heal-data: only a heal in the same run reads it (--heal-tokens N); this run would "
                          "ignore it")
     if heal_tokens:
-        from .pipeline import convert_and_heal
+        from .workflows.train import convert_and_heal
 
         result = convert_and_heal(src, dst, options, heal_tokens=heal_tokens, heal_data=heal_data, force=force)
         ppl, doc = result["perplexity"], result["per_document_perplexity"]
@@ -223,7 +223,7 @@ def _known_tasks(options):
     """The options' lm-eval tasks looked up before torch is imported (None without tasks)."""
     if not options.tasks:
         return None
-    from .downstream import known_tasks
+    from .evaluation.downstream import known_tasks
 
     return known_tasks(options)
 
@@ -251,14 +251,14 @@ def eval_(ckpt, tasks, as_json, **settings):
     code) instead of the packed perplexity."""
     options = EvalOptions(tasks=tasks, **settings)  # "a,b" read as parse_tasks reads it
     manager = _known_tasks(options)  # before torch is imported: an unknown task answers at once
-    from .evaluate import score_checkpoint
+    from .evaluation.perplexity import score_checkpoint
 
     result = score_checkpoint(ckpt, options, task_manager=manager)
     if as_json:
         click.echo(json.dumps(result))
         return
     if options.tasks:
-        from .downstream import format_task_table
+        from .evaluation.downstream import format_task_table
 
         limited = f", at most {options.limit} examples each" if options.limit else ""
         click.echo(f"{ckpt}: lm-evaluation-harness {result['lm_eval_version']}{limited}")
@@ -476,7 +476,7 @@ def study(src, out, schemes, resume, **settings):
     plan, trained on the same tokens, analyzed; each claim gets a verdict against the spread
     between seeds. DIR/report/report.md."""
     options = StudyOptions(schemes=tuple(s.strip() for s in schemes.split(",") if s.strip()), **settings)
-    from .study import study as run
+    from .workflows.study import study as run
 
     result = run(src, out, options, resume=resume)
     from .report.study import verdict_sentences
@@ -521,7 +521,7 @@ def train(recipe_file, overrides, arm_names, out, resume, list_recipes):
     out = out or Path("out") / recipe_path(recipe_file).stem
     from accelerate import PartialState
 
-    from .pipeline import train as run
+    from .workflows.train import train as run
 
     arms = list(dict.fromkeys(arm for name in arm_names for arm in (DEFAULT_ARMS if name == "both" else (name,))))
     summaries = run(recipe, out, arms or None, resume)
@@ -605,7 +605,7 @@ def demo(out, force, resume, **settings):
     Mix-LN, healed, both arms trained on the embedded corpus, every stage measured (the layer sweep on
     the original and the trained arms), one report."""
     options = DemoOptions(**settings)
-    from .pipeline import run_demo
+    from .workflows.demo import run_demo
 
     comparison = run_demo(out, options, force=force, resume=resume)
     for sentence in comparison["summary"]:
@@ -645,7 +645,7 @@ def sweep(src, out, alphas, resume, force, **settings):
     alpha a calibrated conversion (one calibration pass for all), optional heal and training,
     perplexity (packed and per document), layer drop and gradient norms; DIR/report/report.md."""
     options = SweepOptions(alphas=parse_alphas(alphas), **settings)
-    from .sweep import sweep as run
+    from .workflows.sweep import sweep as run
 
     result = run(src, out, options, resume=resume, force=force)
     from .report.sweep import verdict_sentences

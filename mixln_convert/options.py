@@ -17,7 +17,7 @@ STRATEGIES = ("calibrated", "move", "reinit-post", "scratch")  # conversion/plan
 # conversion/converter.py: Mix-LN (the first blocks Post-LN) or LayerNorm Scaling (architectures/__init__.py)
 LAYOUTS = ("mixln", "lns")
 DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")  # conversion output dtypes
-# pipeline.py's training arms: the converted Mix-LN model, the Pre-LN control, the LNS retrofit
+# workflows/train.py's training arms: the converted Mix-LN model, the Pre-LN control, the LNS retrofit
 ARMS = ("mixln", "preln", "lns")
 DEFAULT_ARMS = ("mixln", "preln")
 
@@ -43,7 +43,7 @@ BATCH_SIZE = 4  # windows per forward pass of a measurement (eval, analyze, prun
 MAX_SHARD_SIZE = "5GB"  # the largest output shard a heal or prune writes, and a conversion's cap
 SHARD_TOKENS = 2**25  # data/tokenization.py: 32M tokens, 64 MiB of uint16 a shard
 VALIDATION_FRACTION = 0.01  # data/tokenization.py: the documents held out, by content hash
-# sweep.py: the Post-LN ratios tried, and the rule's limits on perplexity and gradient ratio
+# workflows/sweep.py: the Post-LN ratios tried, and the rule's limits on perplexity and gradient ratio
 SWEEP_ALPHAS = (0.0, 0.0625, 0.125, 0.25, 0.5)
 MAX_PPL_INCREASE, MAX_GRAD_RATIO = 0.10, 3.0
 PRECISIONS = ("auto", "bf16", "fp32")  # training: auto is bf16 autocast on GPU, fp32 on CPU
@@ -221,8 +221,8 @@ class Measurement(Options):
 
 @dataclass(frozen=True, kw_only=True)
 class EvalOptions(Measurement):
-    """``mixln-convert eval``'s options (evaluate.py): the packed perplexity, or with ``tasks`` lm-eval
-    tasks instead (at most ``limit`` examples each; ``include_path``: a folder of task YAML files)."""
+    """``mixln-convert eval``'s options (evaluation/perplexity.py): the packed perplexity, or with ``tasks``
+    lm-eval tasks instead (at most ``limit`` examples each; ``include_path``: a folder of task YAML files)."""
     TASKS_FLAG: ClassVar[str] = "--tasks"
     allow_longer: bool = False
     per_document: bool = False
@@ -339,7 +339,7 @@ class CompareOptions(Options):
 
 @dataclass(frozen=True, kw_only=True)
 class SweepOptions(Options):
-    """What ``mixln-convert sweep`` measures (sweep.py): per alpha a calibrated conversion, a heal and a
+    """What ``mixln-convert sweep`` measures (workflows/sweep.py): per alpha a calibrated conversion, a heal and a
     training (``heal_tokens``, ``train_tokens`` 0: none); ``lns``: the LNS retrofit trained like the control."""
     alphas: tuple[float, ...] = SWEEP_ALPHAS
     heal_tokens: int = 0
@@ -397,7 +397,7 @@ STUDY_SCHEMES = {"scaled": True, "plain": False}  # a study's initialization sch
 
 @dataclass(frozen=True, kw_only=True)
 class StudyOptions(Options):
-    """What ``mixln-convert study`` trains (study.py): ``recipe`` with the ``overrides`` (``--set`` items),
+    """What ``mixln-convert study`` trains (workflows/study.py): ``recipe`` with the ``overrides`` (``--set`` items),
     ``seeds`` seeds of each scheme in ``schemes``, the Mix-LN arm at ``alpha`` beside Pre-LN (with
     ``post_ln`` and ``lns`` those arms too), each final model analyzed on ``eval_tokens``."""
     recipe: str = STUDY_RECIPE
@@ -426,7 +426,7 @@ class StudyOptions(Options):
 
 @dataclass(frozen=True, kw_only=True)
 class DemoOptions(Options):
-    """What ``mixln-convert demo`` runs (pipeline.py): ``source`` (None: SmolLM2-135M) converted at ``alpha``,
+    """What ``mixln-convert demo`` runs (workflows/demo.py): ``source`` (None: SmolLM2-135M) converted at ``alpha``,
     healed on ``heal_tokens`` (0: no heal), both arms trained on ``train_tokens``."""
     source: str | None = None
     alpha: float = ALPHA

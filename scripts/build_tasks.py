@@ -1,4 +1,4 @@
-"""Build the offline lm-evaluation-harness tasks that ship in mixln_convert/tasks/ (their JSONL).
+"""Build the offline lm-evaluation-harness tasks that ship in mixln_convert/evaluation/tasks/ (their JSONL).
 
 Source: the Python Language Reference as it ships with Python itself (``pydoc_data.topics``,
 the text ``help("assert")`` prints). It is not in the embedded corpus, which is general English
@@ -6,7 +6,7 @@ and the standard library's *docstrings* (mixln_convert/data/corpus.py) -- the te
 calibrates, trains and heals on -- so these documents are held out from all of it; paragraphs that
 also occur in it are dropped all the same.
 
-    python scripts/build_tasks.py     # rewrites mixln_convert/tasks/langref_{ppl,next}.jsonl
+    python scripts/build_tasks.py     # rewrites mixln_convert/evaluation/tasks/langref_{ppl,next}.jsonl
 
 Deterministic for one Python version (the committed files were built with the one named in
 their YAML's metadata): paragraphs in topic order, choices drawn by a seeded generator.
@@ -23,7 +23,7 @@ import pydoc_data.topics
 from mixln_convert.data import embedded_corpus
 from mixln_convert.data.corpus import SPLITS
 
-OUT = Path(__file__).resolve().parent.parent / "mixln_convert" / "tasks"
+OUT = Path(__file__).resolve().parent.parent / "mixln_convert" / "evaluation" / "tasks"
 SEED = 0
 PPL_DOCUMENTS = 60  # rolling-perplexity documents, each a run of prose paragraphs of one topic
 PPL_DOC_CHARS = 1200  # a document grows paragraph by paragraph to at least this many characters

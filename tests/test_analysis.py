@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mixln_convert.analysis.layers import BlockRunner, RepresentationStatistics, removal_sweep
-from mixln_convert.evaluate import evaluate_perplexity
+from mixln_convert.evaluation.perplexity import evaluate_perplexity
 from mixln_convert.surgery.loading import load_model
 
 L = 8  # layers of the tiny models

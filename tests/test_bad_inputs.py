@@ -373,7 +373,7 @@ def mine(inputs) -> Path:
 
 def finished_sweep(inputs) -> Path:
     """A finished one-alpha sweep of the source, in the inputs (a row must leave it as it is)."""
-    from mixln_convert.sweep import sweep
+    from mixln_convert.workflows.sweep import sweep
 
     folder = inputs.root / "sweep"
     sweep(inputs.src, folder, alphas=[0.0], eval_tokens=256, progress=False)
@@ -766,7 +766,7 @@ ROWS = [
     ("train-num-proc-huge", lambda i, o: [*recipe(i, validation(i), "data.num_proc=10000"), "--out", o], "data.num_proc: 10000 is more than"),
     ("eval-tasks-too-many", lambda i, o: ["eval", i.src, "--tasks", ",".join(f"t{k}" for k in range(1000))], "--tasks: 1000 tasks, more than 256"),
     # ---- recipes by name: shipped recipes or real files only; messages that name the right thing ----
-    ("recipes-path-outside-the-recipes", lambda i, o: ["recipes", "--path", "../tasks/langref_next"], "../tasks/langref_next: not a shipped recipe or config"),
+    ("recipes-path-outside-the-recipes", lambda i, o: ["recipes", "--path", "../evaluation/tasks/langref_next"], "../evaluation/tasks/langref_next: not a shipped recipe or config"),
     ("train-accelerate-config-as-recipe", lambda i, o: ["train", "multi_gpu_ddp", "--out", o], "multi_gpu_ddp: neither a recipe file nor a shipped recipe"),
     ("eval-include-path-malformed-yaml", lambda i, o: ["eval", i.src, "--tasks", "mine", "--include-path", malformed_task(i)], "mine.yaml: malformed YAML"),
     ("convert-heal-tokens-alpha-0", lambda i, o: ["convert", i.src, o, "--heal-tokens", "1024", "--alpha", "0"], "--heal-tokens: --alpha 0 makes no block Post-LN"),
@@ -953,9 +953,9 @@ def test_api_batch_sizes_and_limits_are_range_checked_before_any_work(flag, valu
     """A library caller's --batch-size and --limit get the flag's one-line error, before any work
     (a --limit past sys.maxsize once reached lm-eval's islice as "internal error ValueError")."""
     from mixln_convert.analysis.analyze import analyze
-    from mixln_convert.downstream import evaluate_tasks
+    from mixln_convert.evaluation.downstream import evaluate_tasks
     from mixln_convert.errors import MixLNError
-    from mixln_convert.evaluate import prepare_scoring
+    from mixln_convert.evaluation.perplexity import prepare_scoring
     from mixln_convert.healing import heal
     from mixln_convert.surgery.prune import prune
 
@@ -1021,7 +1021,7 @@ def test_api_token_counts_are_range_checked_before_any_work(value, tiny_llama, t
     from mixln_convert.analysis.analyze import analyze
     from mixln_convert.conversion.converter import convert
     from mixln_convert.errors import MixLNError
-    from mixln_convert.evaluate import prepare_scoring
+    from mixln_convert.evaluation.perplexity import prepare_scoring
     from mixln_convert.data import tokenize
     from mixln_convert.healing import heal
 

@@ -99,7 +99,7 @@ def test_per_document_scoring_equals_a_plain_reference_loop(cli, converted):
     import torch
 
     from mixln_convert.data import read_texts
-    from mixln_convert.evaluate import evaluate_documents
+    from mixln_convert.evaluation.perplexity import evaluate_documents
     from mixln_convert.surgery.loading import load_model, load_tokenizer
 
     model, tokenizer = load_model(converted), load_tokenizer(converted)
@@ -130,7 +130,7 @@ def test_per_document_scoring_equals_a_plain_reference_loop(cli, converted):
 
 def test_per_document_scoring_stops_at_its_budget_inside_one_huge_document(converted):
     """A document past the budget is cut there, and scored as the same text cut beforehand."""
-    from mixln_convert.evaluate import evaluate_documents
+    from mixln_convert.evaluation.perplexity import evaluate_documents
     from mixln_convert.surgery.loading import load_model, load_tokenizer
 
     model, tokenizer = load_model(converted), load_tokenizer(converted)

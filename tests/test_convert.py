@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from tiny import TINY_CONFIG, make_tiny_llama, run_without_package
 
 from mixln_convert.data import read_texts, token_windows
-from mixln_convert.evaluate import evaluate_perplexity
+from mixln_convert.evaluation.perplexity import evaluate_perplexity
 from mixln_convert.model.modeling_mixln import MixLNForCausalLM
 from mixln_convert.surgery.loading import load_model, load_tokenizer
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mixln_convert.downstream import evaluate_tasks, task_manager
+from mixln_convert.evaluation.downstream import evaluate_tasks, task_manager
 from mixln_convert.surgery.loading import load_model, load_tokenizer
-from mixln_convert.tasks import SHIPPED_TASKS, shipped_tasks_dir
+from mixln_convert.evaluation.tasks import SHIPPED_TASKS, shipped_tasks_dir
 
 pytest.importorskip("lm_eval")
 
@@ -48,7 +48,7 @@ def continuation_logprob(model, tokenizer, context: str, continuation: str) -> f
 def half_right_task(converted, tmp_path_factory) -> tuple[Path, str]:
     """Items whose label is the tiny model's own favourite choice for the first half and another
     choice for the second: lm-eval's accuracy must then be exactly 0.5, whatever the random weights."""
-    from mixln_convert.tasks.langref import next_sentence_items
+    from mixln_convert.evaluation.tasks.langref import next_sentence_items
 
     model, tokenizer = load_model(converted), load_tokenizer(converted)
     items = []
@@ -177,7 +177,7 @@ def test_without_lm_eval_the_error_says_how_to_install_it(cli, converted, monkey
 
 def test_eval_tasks_with_per_document_loads_the_model_once_and_scores_as_eval_does(cli, converted, half_right_task,
                                                                                     monkeypatch):
-    from mixln_convert.io.loader import Checkpoint
+    from mixln_convert.io.checkpoint import Checkpoint
 
     folder, name = half_right_task
     plain = cli("eval", converted, "--per-document", "--max-tokens", "256", "--seq-len", "64", "--json")
@@ -195,7 +195,7 @@ def test_eval_tasks_with_per_document_loads_the_model_once_and_scores_as_eval_do
 
 
 def test_eval_tasks_refuses_a_bad_seq_len_before_running_the_tasks(cli, converted, half_right_task, monkeypatch):
-    import mixln_convert.downstream as downstream
+    import mixln_convert.evaluation.downstream as downstream
 
     folder, name = half_right_task
     monkeypatch.setattr(downstream, "evaluate_tasks", lambda *a, **k: pytest.fail("the tasks ran"))
@@ -205,7 +205,7 @@ def test_eval_tasks_refuses_a_bad_seq_len_before_running_the_tasks(cli, converte
 
 def test_eval_tasks_refuses_bad_data_before_loading_the_model(cli, converted, half_right_task, monkeypatch,
                                                               tmp_path):
-    from mixln_convert.io.loader import Checkpoint
+    from mixln_convert.io.checkpoint import Checkpoint
 
     folder, name = half_right_task
     monkeypatch.setattr(Checkpoint, "model", lambda *a, **k: pytest.fail("the model loaded"))

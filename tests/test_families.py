@@ -235,7 +235,7 @@ def test_heal_changes_only_the_post_ln_blocks(family, source, converted, tmp_pat
 
 
 def test_training_runs_and_saves_the_familys_mix_ln_model(family, source, tmp_path):
-    from mixln_convert.pipeline import train
+    from mixln_convert.workflows.train import train
     from mixln_convert.training import load_recipe
 
     words, rng = "the of model layer norm residual stream token block attention quick brown fox".split(), random.Random(0)

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from mixln_convert.generation import PROMPTS, greedy_continuations, repeated_ngram_share
+from mixln_convert.evaluation.generation import PROMPTS, greedy_continuations, repeated_ngram_share
 from mixln_convert.surgery.loading import load_model, load_tokenizer
 
 
@@ -53,7 +53,7 @@ def test_left_padded_batches_write_what_one_prompt_at_a_time_writes(converted):
 def test_the_progress_bar_moves_every_decoding_step(converted, monkeypatch):
     """A batch of 8 prompts x 64 tokens takes minutes on a slow CPU: the bar must move per decoding step, not
     per batch (the demo was silent for 132 s between "0/24" and "8/24")."""
-    import mixln_convert.generation as generation
+    import mixln_convert.evaluation.generation as generation
 
     updates = []
 

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 from mixln_convert.conversion.converter import convert
 from mixln_convert.data import read_texts, token_windows
 from mixln_convert.errors import MixLNError, MixLNWarning
-from mixln_convert.evaluate import evaluate_documents, evaluate_perplexity
+from mixln_convert.evaluation.perplexity import evaluate_documents, evaluate_perplexity
 from mixln_convert.fetch import cache_dir
 from mixln_convert.healing import heal, losses, metrics
 from mixln_convert.healing import run as heal_run

@@ -164,7 +164,7 @@ def test_the_recipe_lists_the_arms(arms, fragment, tiny_llama):
 
 def test_lns_is_judged_against_pre_ln_on_its_papers_claims():
     from mixln_convert.report.study import LNS_CLAIMS
-    from mixln_convert.study import lns_verdicts, verdicts
+    from mixln_convert.workflows.study import lns_verdicts, verdicts
 
     figures = {"Pre-LN": (20.0, 20.2, 0.10), "Mix-LN (alpha 0.25)": (21.0, 21.1, 0.12), "LNS": (18.0, 18.3, 0.10)}
     runs = [{"scheme": scheme, "seed": seed, "arm": arm, "final_val_ppl": ppls[seed] + (scheme == "plain"),

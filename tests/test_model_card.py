@@ -110,7 +110,7 @@ def test_a_hub_source_is_the_base_model_through_convert_and_prune(tiny_llama, tm
 
 
 def test_a_trained_arm_final_card_has_its_training_and_validation_figures(tiny_llama_tied, tmp_path):
-    from mixln_convert.pipeline import train
+    from mixln_convert.workflows.train import train
     from mixln_convert.training import load_recipe
 
     rng, corpus = random.Random(0), tmp_path / "corpus.jsonl"

@@ -7,7 +7,7 @@ from safetensors import safe_open
 
 from mixln_convert.conversion.converter import convert
 from mixln_convert.data import read_texts, token_windows
-from mixln_convert.evaluate import evaluate_perplexity
+from mixln_convert.evaluation.perplexity import evaluate_perplexity
 from mixln_convert.fetch import smollm2_gguf
 from mixln_convert.surgery.loading import load_model, load_tokenizer
 
@@ -72,7 +72,7 @@ def test_smollm2_downstream_tasks_and_their_layer_drop(cli):
     next-sentence task; skipping a block raises the held-out word perplexity, block 0 most of all."""
     pytest.importorskip("lm_eval")
     from mixln_convert.analysis.task_drop import task_layer_drop
-    from mixln_convert.downstream import task_manager
+    from mixln_convert.evaluation.downstream import task_manager
 
     gguf = smollm2_gguf()
     result = cli("eval", gguf, "--tasks", "mixln_langref_next", "--limit", "20", "--batch-size", "8", "--json")

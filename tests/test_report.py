@@ -626,3 +626,14 @@ def test_figures_name_their_model_keep_one_unit_and_clip_no_title(monkeypatch, t
             for text in titles(fig):
                 box = text.get_window_extent(renderer)
                 assert box.x0 >= 0 and box.x1 <= fig.bbox.width, (group, name, text.get_text())
+
+
+@pytest.mark.parametrize("chars", [40, 50, 60, 80])
+def test_a_wrapped_title_keeps_what_a_figure_was_measured_on_whole(chars):
+    """Titles wrapped at spaces split '8 windows of 256 =' from '2,048 tokens'; clauses stay whole where they fit."""
+    from mixln_convert.analysis.plots import _wrap
+
+    title = "models/SmolLM2-135M-Instruct.Q4_1.gguf: embedded:validation, 8 windows of 256 = 2,048 tokens, 2,040 scored"
+    lines = _wrap(title, chars)
+    assert all(len(line) <= chars for line in lines) and " ".join(lines) == title
+    assert any("8 windows of 256 = 2,048 tokens" in line for line in lines), lines

@@ -1,11 +1,11 @@
-"""The one runner of multi-stage work (io/runs.py's Stages), which the demo, sweep and study use:
+"""The one runner of multi-stage work (workflows/runs.py's Stages), which the demo, sweep and study use:
 a stage's result is kept with its sha256, read back on resume instead of running it again, an
 interrupted atomic stage leaves nothing, and each stage is timed."""
 
 import pytest
 
 from mixln_convert.errors import MixLNError
-from mixln_convert.io.runs import STAGE_RESULT, Stages, timed
+from mixln_convert.workflows.runs import STAGE_RESULT, Stages, timed
 
 
 def test_a_finished_stage_is_read_back_not_run_again(tmp_path):

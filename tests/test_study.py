@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from mixln_convert.analysis.measures import verdict
-from mixln_convert.study import verdicts
+from mixln_convert.workflows.study import verdicts
 
 TINY = ["seq_len=32", "micro_batch_size=2", "global_batch_size=4", f"max_tokens={4 * 4 * 32}",
         "data.eval_tokens=256", "precision=fp32", "schedule.warmup_steps=1", "eval_interval=2",
@@ -41,7 +41,7 @@ def test_scaled_init_is_judged_for_each_arm_when_both_schemes_ran():
 
 @pytest.fixture(scope="module")
 def finished(tiny_llama_tied, tmp_path_factory):
-    from mixln_convert.study import study
+    from mixln_convert.workflows.study import study
 
     out = tmp_path_factory.mktemp("study") / "run"
     return out, study(tiny_llama_tied, out, overrides=TINY, seeds=2, schemes=("scaled",), post_ln=False, lns=True,
@@ -79,7 +79,7 @@ def test_study_trains_every_arm_and_seed_and_writes_its_report(finished):
 
 
 def test_a_rerun_with_resume_trains_nothing_again(finished, tiny_llama_tied):
-    from mixln_convert.study import study
+    from mixln_convert.workflows.study import study
 
     out, result = finished
     stamps = {p: p.stat().st_mtime_ns for p in out.rglob("summary.json")}
@@ -91,8 +91,8 @@ def test_a_rerun_with_resume_trains_nothing_again(finished, tiny_llama_tied):
 
 def test_a_run_interrupted_after_its_analysis_keeps_it(finished, tiny_llama_tied):
     """A run whose stage did not record its end (killed after analyzing) trains and analyzes nothing again."""
-    from mixln_convert.io.runs import STAGE_RESULT
-    from mixln_convert.study import study
+    from mixln_convert.workflows.runs import STAGE_RESULT
+    from mixln_convert.workflows.study import study
 
     out, result = finished
     run = out / "scaled" / "seed-1" / "mixln"

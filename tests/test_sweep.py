@@ -9,7 +9,7 @@ from matplotlib.image import imread
 from safetensors.torch import load_file
 
 from mixln_convert.conversion.converter import convert
-from mixln_convert.sweep import Rule, gradient_figures, recommend
+from mixln_convert.workflows.sweep import Rule, gradient_figures, recommend
 
 # 8 blocks: alphas 0, 0.25 and 0.3 (both 2 blocks: run once), 0.5
 ALPHAS = "0,0.25,0.3,0.5"
@@ -94,7 +94,7 @@ def test_gradient_figures_on_hand_made_norms():
 
 
 def test_a_killed_sweep_resumes_where_it_stopped(tiny_llama, tmp_path, cli, monkeypatch):
-    import mixln_convert.sweep as sweep_module
+    import mixln_convert.workflows.sweep as sweep_module
 
     out, budget = tmp_path / "out", ["--alphas", "0,0.25,0.5", "--eval-tokens", 512]
     real, calls = sweep_module._analysis, []

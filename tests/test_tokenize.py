@@ -317,7 +317,7 @@ def test_train_reads_a_tokenized_folder_without_tokenizing(tiny_llama, corpus, t
     from transformers import AutoTokenizer
 
     from mixln_convert.data import tokenization
-    from mixln_convert.pipeline import train
+    from mixln_convert.workflows.train import train
     from mixln_convert.training import load_recipe
 
     folder = tmp_path / "tokens"

@@ -188,7 +188,7 @@ def corpus(tmp_path_factory) -> Path:
 
 
 def test_trained_final_folders_read_text_as_the_source(sources, corpus, tmp_path):
-    from mixln_convert.pipeline import train
+    from mixln_convert.workflows.train import train
     from mixln_convert.training import load_recipe
 
     source = sources["qwen2", "TokenizersBackend"]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-from mixln_convert.pipeline import train
+from mixln_convert.workflows.train import train
 from mixln_convert.training import load_recipe
 from mixln_convert.training.trainer import tracked_config
 

@@ -21,7 +21,7 @@ import yaml
 
 from mixln_convert.errors import MixLNError
 from mixln_convert.fetch import cache_dir
-from mixln_convert.pipeline import train
+from mixln_convert.workflows.train import train
 from mixln_convert.training import load_recipe
 from mixln_convert.training.recipe import FIELDS, _flatten
 
@@ -233,7 +233,7 @@ def test_run_writes_the_output_contract(finished):
 def test_final_folder_is_the_trained_model(finished):
     from transformers import AutoModelForCausalLM
 
-    from mixln_convert.evaluate import evaluate_perplexity
+    from mixln_convert.evaluation.perplexity import evaluate_perplexity
     from mixln_convert.surgery.loading import load_tokenizer
     from mixln_convert.data import load_splits, windows
 

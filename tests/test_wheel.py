@@ -72,8 +72,8 @@ def test_a_minimal_demo_runs_from_an_empty_folder(venv, tiny_llama, tmp_path):
 def test_the_wheel_ships_its_offline_tasks(venv, tmp_path):
     """The lm-eval tasks (YAML, JSONL and their loader) are found and read from the installed wheel."""
     pytest.importorskip("lm_eval")
-    code = ("from mixln_convert.downstream import task_manager\n"
-            "from mixln_convert.tasks import SHIPPED_TASKS, shipped_tasks_dir\n"
+    code = ("from mixln_convert.evaluation.downstream import task_manager\n"
+            "from mixln_convert.evaluation.tasks import SHIPPED_TASKS, shipped_tasks_dir\n"
             "tasks = task_manager(list(SHIPPED_TASKS)).load(list(SHIPPED_TASKS))['tasks']\n"
             "print(shipped_tasks_dir(), *(len(tasks[name].test_docs()) for name in SHIPPED_TASKS))")
     where, *counts = run([venv / "bin" / "python", "-c", code], cwd=tmp_path).stdout.split()

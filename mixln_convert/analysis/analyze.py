@@ -7,12 +7,12 @@ import torch
 
 from ..data import read_texts, token_windows
 from ..errors import MixLNError
-from ..evaluate import check_finite_score, evaluate_documents, evaluate_perplexity
-from ..generation import greedy_continuations
+from ..evaluation.generation import greedy_continuations
+from ..evaluation.perplexity import check_finite_score, evaluate_documents, evaluate_perplexity
 from ..io.atomic import atomic_output_dir
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable, checkpoint_path
-from ..io.runs import ANALYSIS, write_json
+from ..io.records import ANALYSIS, write_json
 from ..limits import check_seq_len
 from ..options import EVAL_DATA, AnalyzeOptions
 from ..runtime import map_large_allocations
@@ -32,7 +32,7 @@ def analyze(ckpt, out, options: AnalyzeOptions | None = None, *, force: bool = F
     are skipped. ``span``: the n of the angular distance between the inputs of blocks l and l+n.
     ``prune_curve``, ``generate``, ``per_document`` and ``tasks`` (lm-eval task names, at most ``limit``
     examples each) add their measurements; ``task_manager``, if given, is the tasks'
-    :func:`mixln_convert.downstream.known_tasks`.
+    :func:`mixln_convert.evaluation.downstream.known_tasks`.
     """
     map_large_allocations()
     options = AnalyzeOptions.given(options, settings)
@@ -41,7 +41,7 @@ def analyze(ckpt, out, options: AnalyzeOptions | None = None, *, force: bool = F
     check_readable(options.data, "--data")
     check_destination(out, inputs, force, flag="--out")
     if options.tasks and task_manager is None:
-        from ..downstream import known_tasks
+        from ..evaluation.downstream import known_tasks
 
         task_manager = known_tasks(options)
     source = open_checkpoint(ckpt)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..architectures import architecture_of_model, model_blocks
-from ..evaluate import window_nll
+from ..evaluation.perplexity import window_nll
 
 
 @dataclass

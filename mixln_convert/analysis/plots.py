@@ -10,7 +10,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from ..io.runs import has_layer_metrics
+from ..io.records import has_layer_metrics
 from ..options import measured_on
 
 PRE_LN, POST_LN = "tab:blue", "tab:orange"
@@ -35,8 +35,22 @@ def _fit(text, width: float, renderer) -> None:
         if longest < 10:
             return
         chars = int(longest * min(0.95, width / wide))
-        text.set_text("\n".join(part for line in lines
-                                 for part in textwrap.wrap(line, chars, break_on_hyphens=False) or [""]))
+        text.set_text("\n".join(part for line in lines for part in _wrap(line, chars)))
+
+
+def _wrap(line: str, chars: int) -> list[str]:
+    """``line`` in lines of at most ``chars`` characters, broken after ': ' or ', ' where a clause fits
+    ("8 windows of 256 = 2,048 tokens" stays whole), else at spaces."""
+    lines = [""]
+    for clause in re.split(r"(?<=[:,]) ", line):
+        joined = f"{lines[-1]} {clause}" if lines[-1] else clause
+        if len(joined) <= chars:
+            lines[-1] = joined
+        elif len(clause) <= chars:
+            lines.append(clause)
+        else:
+            lines.extend(textwrap.wrap(clause, chars, break_on_hyphens=False))
+    return [part for part in lines if part] or [""]
 
 
 def fit_titles(fig) -> None:

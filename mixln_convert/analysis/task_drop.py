@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 from tqdm.auto import tqdm
 
-from ..downstream import hf_lm, primary_metric, run_tasks
+from ..evaluation.downstream import hf_lm, primary_metric, run_tasks
 from .layers import BlockRunner
 
 

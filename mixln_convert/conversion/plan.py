@@ -28,7 +28,7 @@ from typing import Iterator
 import torch
 
 from ..architectures import LNS_NORM_ROLES, Architecture, lns_gain
-from ..io.loader import StoredTensor
+from ..io.checkpoint import StoredTensor
 from .initialization import fresh_tensor, init_std
 
 # calibrated: the projections a norm is folded into -> (that norm, its typical RMS in the stats)

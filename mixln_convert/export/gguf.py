@@ -18,7 +18,7 @@ from pathlib import Path
 from .. import __version__
 from ..errors import MixLNError, first_line, warn
 from ..io.atomic import hold, scratch_dir, write_failure
-from ..io.loader import StoredTensor
+from ..io.checkpoint import StoredTensor
 from ..io.paths import check_not_input
 from .plain import folds_lns, plain_config, plain_names, plain_tensors
 from .tokenizer import Field, tokenizer_fields

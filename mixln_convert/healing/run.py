@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 
 from ..data import PackedWindows, TokenShards, read_texts, token_stream, token_windows, windows
 from ..errors import MixLNError, warn
-from ..evaluate import evaluate_documents, evaluate_perplexity
+from ..evaluation.perplexity import evaluate_documents, evaluate_perplexity
 from ..io.atomic import atomic_output_dir
 from ..io.paths import check_destination, check_readable, checkpoint_path
 from ..io.writer import tool_stamp, write_checkpoint

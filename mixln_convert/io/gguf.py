@@ -11,7 +11,7 @@ import torch
 
 from ..architectures import architecture_of_gguf
 from ..errors import MixLNError, first_line
-from .loader import Checkpoint
+from .checkpoint import Checkpoint
 from .validate import check_config, check_finite, check_tensors
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from ..errors import MixLNError
-from .loader import StoredTensor
+from .checkpoint import StoredTensor
 from .model_card import write_card
 
 MODEL_CODE = ("configuration_mixln.py", "modeling_mixln.py")  # saved beside a Mix-LN checkpoint's weights

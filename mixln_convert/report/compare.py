@@ -10,7 +10,7 @@ import numpy as np
 from ..analysis.measures import coefficient_of_variation, deep_half
 from ..errors import MixLNError
 from ..io.paths import check_destination
-from ..io.runs import write_json
+from ..io.records import write_json
 from ..options import CompareOptions, measured_on
 from . import uncertainty
 from .inputs import ARM_KINDS, PRUNE_FRACTIONS, Model, analysis_evaluation, load_inputs

@@ -7,7 +7,7 @@ import numpy as np
 
 from ..analysis.measures import deep_half
 from ..analysis.plots import task_drop_file
-from ..io.runs import PER_DOCUMENT_KEYS
+from ..io.records import PER_DOCUMENT_KEYS
 from .inputs import Model
 from .render import MISSING
 

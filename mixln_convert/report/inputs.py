@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..errors import MixLNError
 from ..limits import MAX_COMPARED, check_at_most
-from ..io.runs import ANALYSIS, METRICS, SUMMARY, has_layer_metrics, read_analysis, read_metrics, read_summary
+from ..io.records import ANALYSIS, METRICS, SUMMARY, has_layer_metrics, read_analysis, read_metrics, read_summary
 
 ARM_KINDS = {"mixln": "Mix-LN", "preln": "Pre-LN", "lns": "LNS"}  # the train command's arm folders
 PRUNE_FRACTIONS = {"L/8": 8, "L/4": 4, "L/2": 2}  # removed blocks N = L // d in the pruning table

@@ -1,4 +1,4 @@
-"""The from-scratch study's report (:mod:`mixln_convert.study`): a table of every arm's figures over seeds,
+"""The from-scratch study's report (:mod:`mixln_convert.workflows.study`): a table of every arm's figures over seeds,
 each claim's verdict with its numbers, the validation curves and the layer-drop and gradient-norm profiles."""
 
 import statistics

@@ -401,8 +401,8 @@ def shipped_recipes(folder=RECIPES) -> dict[str, str]:
 
 def shipped_file(name: str) -> Path:
     """Path of a shipped recipe (``smollm2-135m-cpu``) or accelerate config (``fsdp`` or
-    ``accelerate/fsdp``). Only listed names: a name is never a path (``../tasks/x`` would reach
-    a package file that is neither)."""
+    ``accelerate/fsdp``). Only listed names: a name is never a path (``../evaluation/tasks/x``
+    would reach a package file that is neither)."""
     recipes, configs = shipped_recipes(), shipped_recipes(RECIPES / "accelerate")
     if name in recipes:
         return Path(str(RECIPES / f"{name}.yaml"))

@@ -1,6 +1,6 @@
 """The continued pre-training loop on accelerate: one CPU process, one GPU, DDP or FSDP run the
 same code (``accelerate launch`` chooses). It trains one prepared source (a checkpoint folder
-or .gguf) on a token stream; :mod:`mixln_convert.pipeline` prepares and chains the arms.
+or .gguf) on a token stream; :mod:`mixln_convert.workflows.train` prepares and chains the arms.
 
 Output per arm folder: ``metrics.jsonl``, ``checkpoints/step-N/`` (accelerate state: model,
 optimizer, scheduler, RNG), ``final/`` (a from_pretrained folder with tokenizer) and ``summary.json``.
@@ -28,10 +28,10 @@ from ..architectures import model_blocks
 from ..data import PackedWindows, Splits, windows
 from ..data.shards import file_sha256
 from ..errors import MixLNError, first_line, warn
-from ..evaluate import evaluate_perplexity
+from ..evaluation.perplexity import evaluate_perplexity
 from ..io.atomic import atomic_output_dir, write_atomic
 from ..io.model_card import write_card
-from ..io.runs import METRICS, SUMMARY, append_metrics, cut_metrics, write_json
+from ..io.records import METRICS, SUMMARY, append_metrics, cut_metrics, write_json
 from ..io.writer import copy_model_code
 from ..options import EVAL_DATA
 from ..model.modeling_mixln import enable_checkpointing

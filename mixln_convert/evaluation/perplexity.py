@@ -11,12 +11,12 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .errors import MixLNError
+from ..errors import MixLNError
+from ..io.paths import check_readable, checkpoint_path
+from ..limits import check_seq_len
+from ..options import EVAL_DATA, EvalOptions
+from ..runtime import map_large_allocations
 from .generation import greedy_continuations
-from .io.paths import check_readable, checkpoint_path
-from .limits import check_seq_len
-from .options import EVAL_DATA, EvalOptions
-from .runtime import map_large_allocations
 
 
 def window_nll(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -101,7 +101,7 @@ def check_finite_score(value: float, checkpoint, what: str) -> None:
 class Scoring:
     """What `eval` will score, read and checked before any model runs (or any task)."""
 
-    source: object  # an open :class:`~.io.loader.Checkpoint`
+    source: object  # an open :class:`~mixln_convert.io.loader.Checkpoint`
     options: EvalOptions
     texts: list[str] | None  # None: tasks without per_document
     windows: object | None  # [n, seq_len] token ids, None when not packed (with tasks)
@@ -111,8 +111,8 @@ def prepare_scoring(ckpt, options: EvalOptions | None = None, **settings) -> Sco
     """Open ``ckpt`` (a path or an open Checkpoint), check ``seq_len`` against it and read the
     held-out text ``data`` (default: the embedded validation split): every refusal comes here.
     ``options``: an :class:`~mixln_convert.options.EvalOptions`, or its fields as ``settings``."""
-    from .data import read_texts, token_windows
-    from .io.loader import open_checkpoint
+    from ..data import read_texts, token_windows
+    from ..io.loader import open_checkpoint
 
     options = EvalOptions.given(options, settings)
     ckpt = checkpoint_path(ckpt, "CKPT")

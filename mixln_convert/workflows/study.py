@@ -16,14 +16,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .analysis.measures import coefficient_of_variation, deep_half, verdict
-from .data.corpus import check_text
-from .data.shards import is_tokens_folder
-from .io.paths import checkpoint_path
-from .io.runs import METRICS, Stages, claim_run, read_metrics, write_json
-from .options import STUDY_SCHEMES, StudyOptions
-from .report.study import CLAIMS, LNS_CLAIMS, write_study_report
-from .training.recipe import Recipe
+from ..analysis.measures import coefficient_of_variation, deep_half, verdict
+from ..data.corpus import check_text
+from ..data.shards import is_tokens_folder
+from ..io.paths import checkpoint_path
+from ..io.records import METRICS, read_metrics, write_json
+from ..options import STUDY_SCHEMES, StudyOptions
+from ..report.study import CLAIMS, LNS_CLAIMS, write_study_report
+from ..training.recipe import Recipe
+from .runs import Stages, claim_run
 
 LNS_ARM = "LNS"
 
@@ -60,9 +61,9 @@ def study(source, out, options: StudyOptions | None = None, *, resume: bool = Fa
 
     ``options``: a :class:`~mixln_convert.options.StudyOptions`, or its fields as ``settings``. ``source``
     gives the model's shape and tokenizer; its weights are not used."""
-    from .io.loader import open_checkpoint
-    from .pipeline import check_launch
-    from .training import load_recipe
+    from ..io.loader import open_checkpoint
+    from ..training import load_recipe
+    from .train import check_launch
 
     options = StudyOptions.given(options, settings)
     check_launch()
@@ -119,8 +120,8 @@ def _study(out: Path, plans: list, options, source, resume: bool, progress: bool
 
 def _run(plan: StudyRun, stages: Stages, eval_tokens: int, progress: bool) -> dict:
     """One planned run trained and analyzed (what an interrupted one finished is kept), and its figures."""
-    from .analysis.analyze import analyze
-    from .pipeline import train
+    from ..analysis.analyze import analyze
+    from .train import train
 
     summary = train(plan.recipe, plan.folder, arms=(plan.engine_arm,), resume=True, progress=progress)[plan.engine_arm]
     final = plan.folder / plan.engine_arm / "final"

@@ -12,18 +12,25 @@ from pathlib import Path
 
 import numpy as np
 
-from .analysis.measures import coefficient_of_variation
-from .data import data_fingerprint
-from .data.corpus import check_text
-from .data.shards import is_tokens_folder
-from .errors import MixLNError
-from .io.atomic import atomic_output_dir
-from .io.loader import open_checkpoint
-from .io.paths import check_readable, checkpoint_path
-from .io.runs import METRICS, STAGE_RESULT, Stages, claim_run, read_metrics, timed, write_json
-from .limits import check_force_or_resume
-from .options import CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, MAX_GRAD_RATIO, MAX_PPL_INCREASE, SweepOptions
-from .training import Recipe, load_recipe
+from ..analysis.measures import coefficient_of_variation
+from ..data import data_fingerprint
+from ..data.corpus import check_text
+from ..data.shards import is_tokens_folder
+from ..errors import MixLNError
+from ..io.atomic import atomic_output_dir
+from ..io.loader import open_checkpoint
+from ..io.paths import check_readable, checkpoint_path
+from ..io.records import METRICS, read_metrics, write_json
+from ..limits import check_force_or_resume
+from ..options import (
+    CALIBRATION_SEQ_LEN,
+    CALIBRATION_TOKENS,
+    MAX_GRAD_RATIO,
+    MAX_PPL_INCREASE,
+    SweepOptions,
+)
+from ..training import Recipe, load_recipe
+from .runs import STAGE_RESULT, Stages, claim_run, timed
 
 log = logging.getLogger(__name__)  # the sweep's progress: the CLI shows it, a library caller may silence it
 TRAIN_RECIPE = "smollm2-135m-cpu"  # settings of the short continued pre-training (CPU-sized steps)
@@ -78,9 +85,8 @@ def gradient_figures(steps: list[list[float]], post_ln_layers: int) -> dict:
 def _plan(src: str, options: SweepOptions, resume: bool, force: bool):
     """Every check before any work: (the settings a --resume must find unchanged, the source, {Post-LN
     count: its alphas}, the training recipe)."""
-    from .conversion.layout import post_ln_count
-
-    from .pipeline import check_launch
+    from ..conversion.layout import post_ln_count
+    from .train import check_launch
 
     check_force_or_resume(force, resume)
     check_launch()
@@ -159,7 +165,7 @@ def _sweep(src: str, out: Path, options: SweepOptions, source, counts: dict, tra
                                     Rule(options.max_ppl_increase, options.max_grad_ratio), stage),
         "times": {**times, **{f"post-ln-{row['post_ln_layers']}": row["times"] for row in rows}},
     }
-    from .report.sweep import write_sweep_report
+    from ..report.sweep import write_sweep_report
 
     with atomic_output_dir(out / "report", force=True) as tmp:
         write_sweep_report(tmp, result)
@@ -186,7 +192,7 @@ def _training_recipe(src, data, train_tokens: int):
 
 def _calibrate(source, blocks: int, times: dict, progress: bool):
     """The calibration statistics of the first ``blocks`` blocks, which every alpha's conversion reuses."""
-    from .conversion.converter import calibration_statistics
+    from ..conversion.converter import calibration_statistics
 
     log.info(f"calibrating the first {blocks} blocks once for every alpha")
     with timed(times, "calibration_s"):
@@ -199,7 +205,7 @@ def _folder(out: Path, n: int) -> Path:
 
 
 def _scores(ckpt, eval_tokens: int, progress: bool) -> dict:
-    from .evaluate import score_checkpoint
+    from ..evaluation.perplexity import score_checkpoint
 
     scored = score_checkpoint(ckpt, max_tokens=eval_tokens, per_document=True, progress=progress)
     return {"perplexity": scored["perplexity"], "per_document_perplexity": scored["per_document"]["token_perplexity"],
@@ -207,7 +213,7 @@ def _scores(ckpt, eval_tokens: int, progress: bool) -> dict:
 
 
 def _analysis(ckpt, tmp: Path, eval_tokens: int, progress: bool) -> dict:
-    from .analysis.analyze import analyze
+    from ..analysis.analyze import analyze
 
     result = analyze(ckpt, tmp / "analysis", max_tokens=eval_tokens, progress=progress)
     return {key: result[key] for key in ("perplexity", "layer_drop", "angular_distance", "post_ln_layers")} | {
@@ -215,7 +221,7 @@ def _analysis(ckpt, tmp: Path, eval_tokens: int, progress: bool) -> dict:
 
 
 def _train(recipe: Recipe, folder: Path, arm: str, progress: bool) -> dict:
-    from .pipeline import train
+    from .train import train
 
     summary = train(recipe, folder, arms=(arm,), progress=progress)[arm]
     records = read_metrics(folder / arm / METRICS)
@@ -228,8 +234,8 @@ def _alpha(src, tmp: Path, n: int, given: list[float], stats, options: SweepOpti
            controls: list[dict], progress: bool) -> dict:
     """Convert ``src`` with ``n`` Post-LN blocks into ``tmp/converted`` (reusing ``stats``), heal,
     train each seed, score every stage and analyze the last one."""
-    from .conversion.converter import convert
-    from .healing import heal
+    from ..conversion.converter import convert
+    from ..healing import heal
 
     heal_tokens, train_tokens, eval_tokens = options.heal_tokens, options.train_tokens, options.eval_tokens
     if n == 0:  # no Post-LN block: the original's weights, measured once as "original" and the control

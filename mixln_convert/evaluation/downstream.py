@@ -13,8 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from .errors import MixLNError
-from .limits import check_batch_size, check_limit
+from ..errors import MixLNError
+from ..limits import check_batch_size, check_limit
 
 INSTALL = "pip install 'mixln-convert[eval]'"
 

@@ -1,0 +1,180 @@
+"""A run folder (train, demo, sweep, study) held by one process from its claim to its end, its record
+(``run.json``: what --resume must match, :func:`claim_run`) and its stages, each with a result a resume
+reads instead of running it again (:class:`Stages`).
+"""
+
+import hashlib
+import json
+import shutil
+import time
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+from ..errors import MixLNError
+from ..io.atomic import atomic_output_dir, hold, write_atomic
+from ..io.paths import check_destination
+from ..io.records import write_json
+
+RECORD = "run.json"
+STAGE_RESULT = "result.json"  # in each stage's folder: what a resume reads instead of running it again
+
+
+class Claim:
+    """A run folder this process holds (:func:`claim_run`): :meth:`start` makes it ready; a refusal
+    (a MixLNError) before :meth:`working` undoes the claim, so the corrected rerun finds the folder as it was."""
+
+    def __init__(self, path: Path, kind: str, settings: dict, force: bool, fresh: bool, made: Path | None):
+        self.path, self.kind, self.settings, self.force, self.fresh = path, kind, settings, force, fresh
+        self.made = made  # the outermost folder of ``path`` that did not exist before this claim, if any
+        self.started = self.is_working = False
+
+    def start(self) -> None:
+        """Emptied with ``force``, made, and holding the record a --resume is compared with."""
+        out = self.path
+        self.started = True
+        if self.force and out.exists() and any(out.iterdir()):
+            shutil.rmtree(out)
+        out.mkdir(parents=True, exist_ok=True)
+        if not (out / RECORD).is_file():
+            write_json(out / RECORD, {"kind": self.kind, "settings": self.settings}, indent=1)
+
+    def working(self) -> None:
+        """From here on a failure keeps what the run wrote, for --resume to continue."""
+        self.is_working = True
+
+    def undo(self) -> None:
+        """What this run wrote into a folder that held nothing of value (absent, empty or emptied by
+        ``force``), removed, with the folders the claim made."""
+        if self.made is not None:
+            shutil.rmtree(self.made, ignore_errors=True)
+        elif self.started and self.fresh and self.path.is_dir():
+            for made in self.path.iterdir():
+                shutil.rmtree(made, ignore_errors=True) if made.is_dir() and not made.is_symlink() else made.unlink()
+
+
+_HELD: list[Claim] = []  # this process's claims, outermost first (a demo holds its folder, then its train folder)
+
+
+def mark_working() -> None:
+    """Every claim this process holds is now working (:meth:`Claim.working`): a stage inside it finished
+    or began what a resume continues."""
+    for claim in _HELD:
+        claim.working()
+
+
+@contextmanager
+def claim_run(out, kind: str, settings: dict, inputs: dict, resume: bool, force: bool = False,
+              force_hint: bool = True, held: bool = True):
+    """``out`` held by this process for the block (``held``: the main one of several; :func:`~.atomic.hold`)
+    once it may hold this run: absent or empty; with ``force`` anything but an input (:meth:`Claim.start`
+    empties it); with ``resume`` a ``kind`` run whose record holds ``settings`` ({flag: JSON value}).
+    ``inputs`` ({what: path}) are never written. Yields the :class:`Claim`; nothing is written before
+    :meth:`Claim.start`, and a refusal before :meth:`Claim.working` undoes what was."""
+    target = check_destination(out, inputs, force=True, flag="--out")
+    made = next((folder for folder in reversed([target, *target.parents]) if not folder.exists()), None)
+    with hold(target, f"--out {out}", kind) if held else nullcontext():
+        fresh = force or not (target.is_dir() and any(target.iterdir()))
+        if not fresh:
+            _check_resume(out, target, kind, settings, resume, force_hint)
+        claim = Claim(target, kind, settings, force, fresh, made)
+        _HELD.append(claim)
+        try:
+            yield claim
+        except MixLNError:
+            if held and not claim.is_working:
+                claim.undo()
+            raise
+        finally:
+            _HELD.remove(claim)
+
+
+def _check_resume(out, target: Path, kind: str, settings: dict, resume: bool, force_hint: bool) -> None:
+    """A non-empty ``target`` continued: only with ``resume``, only a ``kind`` begun with ``settings``."""
+    if not resume:
+        raise MixLNError(f"--out {out}: exists and is not empty; --resume continues the {kind} it holds"
+                         + (", --force starts afresh" if force_hint else ""))
+    record = target / RECORD
+    try:
+        started = json.loads(record.read_text())
+        kind_there, settings_there = started["kind"], started["settings"]
+        if not isinstance(settings_there, dict):
+            raise TypeError
+    except FileNotFoundError:
+        raise MixLNError(f"--out {out}: holds no {kind} (no {RECORD}); --resume continues only a {kind} begun "
+                         "there: choose another --out") from None
+    except (OSError, ValueError, KeyError, TypeError):
+        raise MixLNError(f"{record}: damaged; it holds the settings --resume must match") from None
+    if kind_there != kind:
+        raise MixLNError(f"--out {out}: holds a {kind_there}, not a {kind}; choose another --out")
+    now = json.loads(json.dumps(settings))  # as the record reads back (tuples become lists)
+    for key in [*now, *(key for key in settings_there if key not in now)]:
+        if now.get(key) != settings_there.get(key):
+            raise MixLNError(f"--resume: the {kind} in {out} started with {key} {_shown(settings_there.get(key))}, "
+                             f"not {_shown(now.get(key))}; give the same, or another --out")
+
+
+def _shown(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+@contextmanager
+def timed(times: dict, name: str):
+    """``times[name]``: the seconds the ``with`` block took, if it ends without an error (a failed stage has none)."""
+    started = time.perf_counter()
+    yield
+    times[name] = round(time.perf_counter() - started, 2)
+
+
+class Stages:
+    """The stages of a multi-stage run, each in a folder of its own: its result is written there with its
+    sha256 when done and, with ``resume``, read back instead of running the stage again (an edited or
+    damaged one is refused, not half read); ``times`` holds each stage's seconds."""
+
+    def __init__(self, resume: bool):
+        self.resume, self.times = resume, {}
+
+    def run(self, name: str, folder: Path, work, atomic: bool = True, checked: bool = True):
+        """``work(folder)``'s result. ``atomic``: work in a temporary folder renamed to ``folder`` when done, so an
+        interrupted stage leaves nothing; else in ``folder`` itself (a stage resuming its own work: training).
+        ``checked`` False: ``work`` writes its own result file last (an arm's summary.json), which the caller reads."""
+        done = folder / STAGE_RESULT
+        if self.resume and checked and done.is_file():
+            return read_checked(done, f"remove {folder} to run this stage again")
+        with timed(self.times, name):
+            if atomic:
+                with atomic_output_dir(folder, force=True) as tmp:
+                    result = work(tmp)
+                    write_checked(tmp / STAGE_RESULT, result)
+            else:
+                folder.mkdir(parents=True, exist_ok=True)
+                result = work(folder)
+                if checked:
+                    write_checked(done, result)
+        mark_working()  # a finished stage is kept for a resume, whatever fails after it
+        return result
+
+    def done(self, folder: Path, record: str = STAGE_RESULT) -> bool:
+        """Whether a resumed run finds the stage in ``folder`` done (its result file there)."""
+        return self.resume and (folder / record).is_file()
+
+
+def write_checked(file: Path, result) -> None:
+    """``result`` as JSON with its sha256, so :func:`read_checked` refuses an edited or damaged file."""
+    write_atomic(file, json.dumps({"sha256": _digest(result), "result": result}, indent=2) + "\n")
+
+
+def read_checked(file: Path, redo: str):
+    """The result :func:`write_checked` wrote into ``file``; if its sha256 does not match, an error saying ``redo``."""
+    try:
+        stored = json.loads(file.read_text())
+        if stored["sha256"] != _digest(stored["result"]):
+            raise ValueError("sha256 mismatch")
+        return stored["result"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise MixLNError(f"{file}: damaged; {redo}") from None
+
+
+def _digest(result) -> str:
+    as_read = json.loads(json.dumps(result))  # the digest of what a resume reads back (int keys become strings)
+    return hashlib.sha256(json.dumps(as_read, sort_keys=True).encode()).hexdigest()
