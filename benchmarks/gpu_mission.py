@@ -471,8 +471,14 @@ def main() -> None:
     scale = ("smoke" if args.smoke else "gpu") + ("-throughput" if args.throughput else "")
     settings = {**SCALES[scale], **({"budget_s": args.budget_s} if args.budget_s else {})}
     mission = Mission(settings, work, out, args.tokenizer, args.overrides)
+    finish(mission, out, (lambda m: m.run_throughput(args.arm)) if args.throughput else Mission.run)
+
+
+def finish(mission: Mission, out: Path, work) -> None:
+    """``work(mission)``, then its summary written and printed whatever happened, and the exit status:
+    0 when every phase passed or was skipped for time."""
     try:
-        mission.run_throughput(args.arm) if args.throughput else mission.run()
+        work(mission)
     finally:
         result = mission.summarize()
         print((out / "summary.txt").read_text(), end="")

@@ -81,7 +81,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_mission  # noqa: E402
-from gpu_mission import EVALUATIONS, Mission, run_child, text_summary  # noqa: E402
+from gpu_mission import EVALUATIONS, Mission, finish, run_child, text_summary  # noqa: E402
+
+from mixln_convert.data.shards import file_sha256  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CARRY = ROOT / ".gpu-real"  # git-ignored
@@ -139,14 +141,6 @@ def write_jsonl_gz(path: Path, docs: list[str]) -> None:
         f.write("".join(json.dumps({"text": d}) + "\n" for d in docs).encode())
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while piece := f.read(2**24):
-            digest.update(piece)
-    return digest.hexdigest()
-
-
 def du_bytes(path: Path) -> int:
     return int(subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True, check=True).stdout.split()[0])
 
@@ -185,7 +179,7 @@ def prepare(folder: Path, model: str | None, scale: dict) -> dict:
         path = folder / f"part{i}" / f"model.gguf.{i}"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(blob[i * half:(i + 1) * half])
-        parts.append({"file": f"part{i}/{path.name}", "bytes": path.stat().st_size, "sha256": sha256(path)})
+        parts.append({"file": f"part{i}/{path.name}", "bytes": path.stat().st_size, "sha256": file_sha256(path)})
     site = folder / "part0" / "site"
     package = Path(gguf_py.__file__).parent
     shutil.copytree(package, site / "gguf", ignore=shutil.ignore_patterns("__pycache__"))
@@ -235,12 +229,12 @@ def join_parts(parts: Path, manifest: dict, target: Path) -> Path:
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: its part was not carried to this machine, or the machine "
                                     "went back between the calls (see benchmarks/gpu_real.py's header)")
-        if path.stat().st_size != part["bytes"] or sha256(path) != part["sha256"]:
+        if path.stat().st_size != part["bytes"] or file_sha256(path) != part["sha256"]:
             raise ValueError(f"{path}: not the part prepared (size or sha256 differs): prepare and carry both again")
     with open(target, "wb") as f:
         for part in manifest["gguf"]["parts"]:
             f.write((parts / part["file"]).read_bytes())
-    if sha256(target) != manifest["gguf"]["sha256"]:
+    if file_sha256(target) != manifest["gguf"]["sha256"]:
         raise ValueError(f"{target}: the joined GGUF's sha256 differs from the manifest's")
     return target
 
@@ -612,14 +606,7 @@ def main() -> None:
     work = Path(args.work or tempfile.mkdtemp(prefix="gpu-real-"))
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    mission = RealMission(scale, work, out, args.parts.absolute(), args.overrides)
-    try:
-        mission.run()
-    finally:
-        result = mission.summarize()
-        print((out / "summary.txt").read_text(), end="")
-        print(f"wrote {out}")
-    sys.exit(0 if all(p["ok"] or p["error"].startswith("skipped") for p in result["phases"]) else 1)
+    finish(RealMission(scale, work, out, args.parts.absolute(), args.overrides), out, RealMission.run)
 
 
 if __name__ == "__main__":

@@ -23,16 +23,22 @@ import gpu_real  # noqa: E402
 STAGES = {"pretrained", "converted", "healed", "mixln-trained", "preln-trained"}
 
 
-def test_gpu_script_smoke_run_records_every_figure(tmp_path):
-    tiny_tokenizer().save_pretrained(tmp_path / "tokenizer")
+def run_gpu_script(tmp_path, *args) -> dict:
+    """``bash benchmarks/gpu.sh ARGS`` as the device call runs it, its OUT in ``tmp_path``: the summary, once
+    the script passed and left what the device tool brings back (at most 8 plain files)."""
     out = tmp_path / "out"
-    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--smoke", "--tokenizer", str(tmp_path / "tokenizer"),
-                           "--work", str(tmp_path / "work")], env={**os.environ, "OUT": str(out), "PYTHON": sys.executable},
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh"), *args, "--work", str(tmp_path / "work")],
+                          env={**os.environ, "OUT": str(out), "PYTHON": sys.executable},
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     files = list(out.iterdir())
-    assert len(files) <= 8 and all(f.is_file() for f in files)  # what the device tool brings back
-    summary = json.loads((out / "summary.json").read_text())
+    assert len(files) <= 8 and all(f.is_file() for f in files)
+    return json.loads((out / "summary.json").read_text())
+
+
+def test_gpu_script_smoke_run_records_every_figure(tmp_path):
+    tiny_tokenizer().save_pretrained(tmp_path / "tokenizer")
+    summary, out = run_gpu_script(tmp_path, "--smoke", "--tokenizer", str(tmp_path / "tokenizer")), tmp_path / "out"
     assert [(p["phase"], p["ok"]) for p in summary["phases"]] == [
         ("prepare", True), ("pretrain", True), ("preln", True), ("mixln", True), ("analyze", True)]
     assert summary["environment"]["device"] == "cpu" and summary["text"]["train_tokens"] > 0
@@ -111,13 +117,8 @@ def test_attention_is_a_recipe_key_the_mixln_model_honours(converted):
 
 def test_gpu_script_throughput_smoke_run_times_eager_compiled_and_profiles(tmp_path):
     tiny_tokenizer().save_pretrained(tmp_path / "tokenizer")
+    summary = run_gpu_script(tmp_path, "--smoke", "--throughput", "--tokenizer", str(tmp_path / "tokenizer"))
     out = tmp_path / "out"
-    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--smoke", "--throughput", "--tokenizer",
-                           str(tmp_path / "tokenizer"), "--work", str(tmp_path / "work")],
-                          env={**os.environ, "OUT": str(out), "PYTHON": sys.executable},
-                          capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    summary = json.loads((out / "summary.json").read_text())
     assert [(p["phase"], p["ok"]) for p in summary["phases"]] == [
         ("prepare", True), ("eager", True), ("compiled", True), ("profile", True)]
     eager, compiled = summary["runs"]["eager"], summary["runs"]["compiled"]
@@ -201,14 +202,7 @@ def test_real_setup_tokenizes_again_where_the_tokenizer_differs(real_parts, tmp_
 
 def test_gpu_real_smoke_run_heals_trains_three_arms_for_two_seeds_and_compares(real_parts, tmp_path):
     _, parts = real_parts
-    out = tmp_path / "out"
-    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--real", "--smoke", "--parts", str(parts),
-                           "--work", str(tmp_path / "work")], env={**os.environ, "OUT": str(out), "PYTHON": sys.executable},
-                          capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    files = list(out.iterdir())
-    assert len(files) <= 8 and all(f.is_file() for f in files)  # what the device tool brings back
-    summary = json.loads((out / "summary.json").read_text())
+    summary, out = run_gpu_script(tmp_path, "--real", "--smoke", "--parts", str(parts)), tmp_path / "out"
     has_lm_eval = importlib.util.find_spec("lm_eval") is not None
     assert [(p["phase"], p["ok"]) for p in summary["phases"]] == [
         (name, True) for name in REAL_PHASES if name != "tasks" or has_lm_eval]
