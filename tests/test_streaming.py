@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -180,3 +181,31 @@ def test_bin_with_code_in_its_pickle_is_refused(tiny_llama, tmp_path, cli, pickl
     assert not marker.exists() and not (tmp_path / "out").exists()
     if pickler == "torch.save":  # the zip format is unpickled, with weights_only: the call is named
         assert f"refused to load: its pickle calls {os.system.__module__}.system" in result.output
+
+
+def test_a_refusal_names_the_holder_even_while_it_is_still_writing_its_name(tmp_path):
+    """The holder locks, then writes who it is: a second run that looks in between read an empty file and said
+    'another process' (seen in CI, two runs started together)."""
+    pytest.importorskip("fcntl")
+    from mixln_convert.io.atomic import hold
+
+    lock, locked = tmp_path / ".dst.lock", tmp_path / "locked"
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import fcntl, os, time
+fd = os.open({str(lock)!r}, os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+open({str(locked)!r}, "w").close()
+time.sleep(0.3)
+os.write(fd, b"another mixln-convert run (pid 4242 on host: testing)")
+time.sleep(30)
+"""])
+    try:
+        deadline = time.time() + 30
+        while not locked.exists() and time.time() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(MixLNError, match=r"in use by another mixln-convert run \(pid 4242 on host: testing\)"):
+            with hold(tmp_path / "dst", "dst", "testing"):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()

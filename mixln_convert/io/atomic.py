@@ -8,6 +8,7 @@ import errno
 import os
 import shutil
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -71,10 +72,7 @@ def hold(dst: Path, what: str, kind: str):
     except OSError as e:
         raise MixLNError(f"{what}: cannot lock it ({lock_file}: {e.strerror})") from None
     if fd is None:
-        try:
-            holder = lock_file.read_text().strip() or "another process"
-        except OSError:
-            holder = "another process"
+        holder = _holder(lock_file)
         raise MixLNError(f"{what}: in use by {holder[:200]}; one run writes a folder at a time: wait for it to "
                          "end, or choose another folder")
     try:
@@ -87,6 +85,20 @@ def hold(dst: Path, what: str, kind: str):
         except OSError:
             pass
         os.close(fd)
+
+
+def _holder(lock_file: Path) -> str:
+    """Who holds ``lock_file``, as it wrote there: it writes just after it locks, so an empty file is read
+    again for up to a second before the answer is "another process"."""
+    for _ in range(20):
+        try:
+            holder = lock_file.read_text().strip()
+        except OSError:
+            holder = ""
+        if holder:
+            return holder
+        time.sleep(0.05)
+    return "another process"
 
 
 def _locked(lock_file: Path) -> int | None:
