@@ -15,7 +15,6 @@ from ..architectures import LNS_NORM_ROLES, lns_gain
 from ..errors import MixLNError
 from ..io.atomic import atomic_output_dir
 from ..io.validate import IGNORED_SUFFIXES
-from ..io.model_card import write_card
 from ..io.writer import tool_stamp, write_checkpoint
 from ..limits import parse_size
 from ..options import MAX_SHARD_SIZE
@@ -92,12 +91,12 @@ def write_plain(source, arch, dst, inputs: dict, *, force: bool, progress: bool)
     written atomically; the export's record in :data:`PROVENANCE_FILE`."""
     names = plain_names(source)
     max_shard_bytes = min(parse_size(MAX_SHARD_SIZE), source.largest_shard_bytes())
+    record = export_record(source, "llama", architecture=arch.name)
     with atomic_output_dir(dst, force=force, protect=inputs) as tmp:
+        # the card tells the source's history (the record), not a bare plain model's
         write_checkpoint(tmp, plain_tensors(source), plain_config(source.config, arch), source, max_shard_bytes,
-                         desc="exporting", total=len(names), progress=progress)
-        record = export_record(source, "llama", architecture=arch.name)
+                         desc="exporting", total=len(names), progress=progress, exported=record)
         (tmp / PROVENANCE_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-        write_card(tmp, source=source.path, exported=record)  # the source's history, not a bare plain model's
 
 
 __all__ = ["MIXLN_CONFIG_KEYS", "PROVENANCE_FILE", "folds_lns", "plain_architecture", "plain_config", "plain_names",
