@@ -12,12 +12,11 @@ tokenizer as transformers reads them), and a difference is a warning: llama.cpp 
 
 import math
 import os
-from contextlib import contextmanager
 from pathlib import Path
 
 from .. import __version__
 from ..errors import MixLNError, first_line, warn
-from ..io.atomic import hold, scratch_dir, write_failure
+from ..io.atomic import atomic_output_file
 from ..io.checkpoint import StoredTensor
 from ..io.paths import check_not_input
 from .plain import folds_lns, plain_config, plain_names, plain_tensors
@@ -48,21 +47,6 @@ def check_gguf_destination(out, inputs: dict, force: bool) -> Path:
     return target
 
 
-@contextmanager
-def atomic_output_file(out, inputs: dict, force: bool):
-    """Yield a temporary path (in a ``.NAME.tmp-*`` folder beside ``out``, the user's umask) that replaces
-    ``out`` in one step when the block succeeds, as :func:`~..io.atomic.atomic_output_dir` does a folder:
-    ``out`` held by this process meanwhile, checked again once held, an OSError one line naming it."""
-    dst = check_gguf_destination(out, inputs, force)
-    with hold(dst, str(out), "output"), scratch_dir(dst) as tmp:
-        check_gguf_destination(out, inputs, force)
-        try:
-            yield tmp / dst.name
-            os.replace(tmp / dst.name, dst)
-        except OSError as e:
-            raise MixLNError(write_failure(dst, e, tmp)) from None
-
-
 def write_gguf(source, arch, out, tensor_type: str, inputs: dict, *, force: bool, progress: bool) -> None:
     """The GGUF file ``out`` of ``source`` (a plain model of family ``arch``), matrices of ``tensor_type``,
     with its tokenizer; everything llama.cpp's reading would lose is refused before the file is made."""
@@ -70,7 +54,8 @@ def write_gguf(source, arch, out, tensor_type: str, inputs: dict, *, force: bool
     names = plain_names(source)
     gguf_names = gguf_tensor_names(source, arch, names)
     metadata = model_fields(source, arch, hf_config, tensor_type) + tokenizer_fields(source, hf_config.vocab_size)
-    with atomic_output_file(out, inputs, force) as path:
+    dst = check_gguf_destination(out, inputs, force)
+    with atomic_output_file(dst, str(out), lambda: check_gguf_destination(out, inputs, force)) as path:
         write_file(path, source, arch, hf_config, names, gguf_names, metadata, tensor_type, progress)
         check_read_back(path, out, source)
 
@@ -237,4 +222,4 @@ def check_read_back(path: Path, out, source) -> None:
              f"(on {SAMPLE_TEXT!r}); llama.cpp may too")
 
 
-__all__ = ["TENSOR_TYPES", "atomic_output_file", "check_gguf_destination", "write_gguf"]
+__all__ = ["TENSOR_TYPES", "check_gguf_destination", "write_gguf"]

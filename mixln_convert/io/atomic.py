@@ -147,6 +147,20 @@ def atomic_output_dir(dst, force: bool = False, protect=None):
             raise MixLNError(write_failure(dst, e, tmp)) from None
 
 
+@contextmanager
+def atomic_output_file(dst: Path, what: str, check):
+    """Yield a temporary path (in a ``.NAME.tmp-*`` folder beside the file ``dst``) that replaces ``dst`` in one
+    step when the block succeeds, as :func:`atomic_output_dir` does a folder: ``dst`` held meanwhile (``what``
+    names it in a refusal), ``check()`` (its destination checks) run again once held, an OSError one line."""
+    with hold(dst, what, f"writing {dst.name}"), scratch_dir(dst) as tmp:
+        check()
+        try:
+            yield tmp / dst.name
+            os.replace(tmp / dst.name, dst)
+        except OSError as e:
+            raise MixLNError(write_failure(dst, e, tmp)) from None
+
+
 def replace_dir(tmp: Path, dst: Path) -> None:
     """Rename the complete folder ``tmp`` to ``dst``, an old ``dst`` moved aside first (no reader sees half of each)."""
     if dst.exists():
