@@ -5,7 +5,8 @@ $(VENV): pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
 	touch $@
 
-.PHONY: setup demo test
+SUITES := conversion heal training analysis studies gpu maintenance
+.PHONY: setup demo test $(addprefix bench-,$(SUITES))
 setup: $(VENV)
 
 demo: $(VENV)
@@ -13,3 +14,8 @@ demo: $(VENV)
 
 test: $(VENV)
 	.venv/bin/python -m pytest
+
+# `make bench-heal`: every case of a suite at its defaults (python -m benchmarks --help lists them and
+# their times); ARGS=--quick: each at its smallest size, a smoke run
+$(addprefix bench-,$(SUITES)): bench-%: $(VENV)
+	.venv/bin/python -m benchmarks $* $(ARGS)

@@ -60,14 +60,19 @@ VALIDATION_EVERY = 25  # every 25th source file is validation text: never traine
 
 
 def child_prepare(shape: str, tokenizer: str, work: str, text_chars: int, seq_len: int) -> dict:
-    """The random-init source and the tokenized text; returns the text's counts."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from gpu_sources import main as build_sources
+    """The random-init source (the machine reaches no hub: a published shape with SmolLM2's tokenizer,
+    carried) and the tokenized text; returns the text's counts."""
+    import torch
+    from harness import random_source  # benchmarks/harness.py, beside this script
+    from transformers import AutoTokenizer
 
     from mixln_convert.data.tokenization import tokenize
     from mixln_convert.io.loader import open_checkpoint
 
-    build_sources("build", tokenizer, f"{work}/sources", shape)
+    words = AutoTokenizer.from_pretrained(tokenizer)
+    model = random_source(Path(work) / "sources" / shape, shape, words, dtype=torch.bfloat16,  # training loads fp32
+                          vocab_size=len(words))
+    print(f"{work}/sources/{shape}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters", flush=True)
     files = write_text(Path(work), text_chars)
     manifest = tokenize(f"{work}/train.jsonl", open_checkpoint(f"{work}/sources/{shape}").tokenizer, f"{work}/tokens",
                         validation=f"{work}/validation.jsonl", seq_len=seq_len, progress=False)
@@ -458,8 +463,17 @@ def main() -> None:
     parser.add_argument("--work", default=None, help="working folder (default: a new temporary one)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="a recipe override for every training run (repeatable)")
+    parser.add_argument("--save-tokenizer", metavar="DIR",
+                        help="here, once: save SmolLM2's tokenizer (from the cached GGUF) into DIR, and exit")
     args = parser.parse_args()
     import tempfile
+
+    if args.save_tokenizer:  # the device has neither the GGUF nor a network: .gpu/ travels with the call
+        from mixln_convert.fetch import smollm2_gguf
+        from mixln_convert.surgery.loading import load_tokenizer
+
+        load_tokenizer(smollm2_gguf()).save_pretrained(args.save_tokenizer)
+        return
 
     if args.smoke:  # tensors this small gain nothing from threads, which only contend with other work
         os.environ.setdefault("OMP_NUM_THREADS", "1")

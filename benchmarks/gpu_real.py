@@ -490,7 +490,7 @@ class RealMission(Mission):
 
         def ratio(a, b, what: str) -> dict:
             """a / b with the 95% bootstrap interval of paired window losses (same windows, same resamples)."""
-            ea, eb = (uncertainty.estimate(uncertainty.perplexity, x, what) for x in (a, b))
+            ea, eb = (uncertainty.bootstrap(uncertainty.perplexity, x, what) for x in (a, b))
             low, high = uncertainty.interval(ea.draws / eb.draws)
             return {"ratio": ea.value / eb.value, "interval": [low, high], "n": ea.n, "of": [ea.value, eb.value]}
 

@@ -16,12 +16,11 @@ from . import __version__
 from .errors import MixLNError, MixLNWarning, bounded
 from .export import DEFAULT_GGUF_TYPE, GGUF_TYPES
 from .export import TARGETS as EXPORT_TARGETS
-from .limits import MAX_BATCH, MAX_EXAMPLES, MAX_PROCESSES, MAX_TOKENS, SEED_LIMIT
-from .options import (ALPHA, ARMS, DEFAULT_ARMS, DEMO_LR, DEVICES, DTYPES, HEAL_DTYPES, HEAL_TOKENS, LAYOUTS, LOSSES,
-                      METHODS, STRATEGIES, TRAINING_STRATEGIES, AnalyzeOptions, CompareOptions, ConvertOptions,
+from .options import (ARMS, DEFAULT_ARMS, AnalyzeOptions, CompareOptions, ConvertHealOptions, ConvertOptions,
                       DemoOptions, EstimateOptions, EvalOptions, HealOptions, PruneOptions, StudyOptions,
-                      SweepOptions, TokenizeOptions, measured_on, parse_alphas)
+                      SweepOptions, TokenizeOptions, measured_on)
 from .runtime import map_large_allocations
+from .schema import click_options
 
 
 class Group(click.Group):
@@ -78,16 +77,6 @@ class OneLineError(click.ClickException):
         self.exit_code = exit_code
 
 
-POSITIVE = click.IntRange(min=1)
-TOKENS = click.IntRange(1, MAX_TOKENS)
-TOKENS_OR_ZERO = click.IntRange(0, MAX_TOKENS)
-BATCH = click.IntRange(1, MAX_BATCH)
-EXAMPLES = click.IntRange(1, MAX_EXAMPLES)
-SEED = click.IntRange(0, SEED_LIMIT - 1)
-# nan passes click's FloatRange: the options refuse it (and every other bad value) once more, naming the flag
-FRACTION, OPEN_FRACTION = click.FloatRange(0, 1), click.FloatRange(0, 1, min_open=True, max_open=True)
-
-
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="mixln-convert")
 def main():
@@ -115,69 +104,11 @@ def main():
     """
 
 
-def _data_option(help_text):
-    return click.option("--data", "data", default=None, metavar="PATH",
-                        help=f"{help_text} .txt, .jsonl/.json/.json.gz (field 'text'), .parquet, a folder, "
-                             "a glob, or a Hugging Face Hub dataset ORG/NAME[:CONFIG[:SPLIT]][@REVISION] (column "
-                             "'text', split train unless named). Default: the embedded corpus (general English "
-                             "and Python's standard-library docstrings).")
-
-
-def _measured(options, tokens_help: str, batch_help: str = "Windows per forward pass.",
-              seq_len_help="Tokens per evaluated window (at most the model's max_position_embeddings)."):
-    """--seq-len, --max-tokens and --batch-size: the text a command measures on (a Measurement's fields)."""
-    def add(command):
-        for option in (click.option("--batch-size", type=BATCH, default=options.batch_size, show_default=True,
-                                    help=batch_help),
-                       click.option("--max-tokens", type=TOKENS, default=options.max_tokens, show_default=True,
-                                    help=tokens_help),
-                       click.option("--seq-len", type=POSITIVE, default=options.seq_len, show_default=True,
-                                    help=seq_len_help)):
-            command = option(command)
-        return command
-    return add
-
-
-_ALLOW_LONGER = click.option("--allow-longer", is_flag=True,
-                             help="Allow a --seq-len beyond the model's max_position_embeddings.")
-
-
 @main.command()
 @click.argument("src", type=click.Path(path_type=str))
 @click.argument("dst", type=click.Path(path_type=str))
-@click.option("--alpha", type=FRACTION, default=ConvertOptions.alpha,  # None: --post-ln-layers may be given
-              help=f"Fraction of leading layers made Post-LN: floor(alpha * L).  [default: {ALPHA}]")
-@click.option("--post-ln-layers", type=click.IntRange(min=0), default=ConvertOptions.post_ln_layers,
-              help="Exact number of leading Post-LN layers (instead of --alpha).")
-@click.option("--layout", type=click.Choice(LAYOUTS), default=ConvertOptions.layout, show_default=True,
-              help="mixln: the first blocks Post-LN (--alpha); lns: LayerNorm Scaling (arXiv 2502.05795), every "
-                   "block Pre-LN with its norm outputs scaled by 1/sqrt(l) in the forward and its norm gains "
-                   "multiplied by sqrt(l): exactly the source's function (with --strategy scratch: fresh weights).")
-@click.option("--strategy", type=click.Choice(STRATEGIES), default=ConvertOptions.strategy, show_default=True,
-              help="calibrated (fold norms, calibrate gains: close to the original's perplexity at once; heal "
-                   "before generating text), move (paper layout, weights carried over; needs training), "
-                   "reinit-post (re-initialize the Post-LN layers; needs training), scratch "
-                   "(fresh Mix-LN model).")
-@click.option("--scaled-init/--no-scaled-init", default=ConvertOptions.scaled_init, show_default=True,
-              help="o_proj/down_proj of initialized layers use std initializer_range/sqrt(2L).")
-@click.option("--calibration-data", default=ConvertOptions.calibration_data, metavar="PATH",
-              help="Text for the calibration statistics (default: embedded corpus, calibration split).")
-@click.option("--calibration-tokens", type=TOKENS, default=ConvertOptions.calibration_tokens, show_default=True,
-              help="Tokens the calibrated gains are fitted on.")
-@click.option("--calibration-seq-len", type=POSITIVE, default=ConvertOptions.calibration_seq_len, show_default=True,
-              help="Tokens per calibration window (short windows fit better; docs/measurements.md).")
-@click.option("--max-shard-size", default=ConvertOptions.max_shard_size,
-              help="Largest output shard, e.g. 5GB, 500MB. Default: the source's largest shard, at most 5GB "
-                   "(memory use grows with it).")
-@click.option("--dtype", type=click.Choice(DTYPES), default=ConvertOptions.dtype,
-              help="Output dtype; default: the source's.")
-@click.option("--seed", type=SEED, default=ConvertOptions.seed, show_default=True, help="Seed of initialized weights.")
-@click.option("--heal-tokens", type=TOKENS_OR_ZERO, default=0, show_default=True, metavar="N",
-              help="Heal in the same run: distil the Post-LN blocks from SRC on N tokens (as `mixln-convert heal`, "
-                   f"its defaults otherwise; {HEAL_TOKENS} is heal's default budget). 0: convert only.")
-@click.option("--heal-data", default=None, metavar="PATH",
-              help="Text for --heal-tokens, best of the kind the model will be scored on (default: embedded corpus, "
-                   "train split).")
+@click_options(ConvertOptions)
+@click_options(ConvertHealOptions)
 @click.option("--force", is_flag=True, help="Replace a non-empty DST (never an input).")
 def convert(src, dst, heal_tokens, heal_data, force, **settings):
     """Convert the Pre-LN checkpoint SRC (HF folder, .gguf or Hub model ORG/NAME[@REVISION]) into a Mix-LN (or, with
@@ -186,13 +117,11 @@ def convert(src, dst, heal_tokens, heal_data, force, **settings):
     SRC is checked before any work (config keys, every tensor present with its shape, values
     finite as they are read) and never written; DST appears only when complete."""
     options = ConvertOptions(**settings)
-    if heal_data is not None and not heal_tokens:
-        raise MixLNError("--heal-data: only a heal in the same run reads it (--heal-tokens N); this run would "
-                         "ignore it")
-    if heal_tokens:
+    healing = ConvertHealOptions(heal_tokens=heal_tokens, heal_data=heal_data)
+    if healing.heal_tokens:
         from .workflows.train import convert_and_heal
 
-        result = convert_and_heal(src, dst, options, heal_tokens=heal_tokens, heal_data=heal_data, force=force)
+        result = convert_and_heal(src, dst, options, healing, force=force)
         ppl, doc = result["perplexity"], result["per_document_perplexity"]
         click.echo(f"converted and healed {result['post_ln_layers']} Post-LN blocks on {result['tokens']} tokens: "
                    f"held-out perplexity {ppl['before'] / ppl['teacher']:.3f}x -> {ppl['after'] / ppl['teacher']:.3f}x "
@@ -210,15 +139,6 @@ def convert(src, dst, heal_tokens, heal_data, force, **settings):
                    err=True)
 
 
-_TASKS_HELP = ("lm-evaluation-harness tasks (`pip install 'mixln-convert[eval]'`): the shipped offline "
-               "mixln_langref_ppl and mixln_langref_next (they ship with the package), lm-eval's own "
-               "(e.g. hellaswag,arc_easy, from your datasets cache) or yours in --include-path.")
-_INCLUDE_PATH = click.option("--include-path", type=click.Path(exists=True, file_okay=False, path_type=str),
-                             default=None, metavar="DIR", help="A folder of your own lm-eval task YAML files.")
-_LIMIT = click.option("--limit", type=EXAMPLES, default=None, metavar="N",
-                      help="At most N examples of each task (lm-eval's --limit).  [default: all]")
-
-
 def _known_tasks(options):
     """The options' lm-eval tasks looked up before torch is imported (None without tasks)."""
     if not options.tasks:
@@ -230,26 +150,14 @@ def _known_tasks(options):
 
 @main.command(name="eval")
 @click.argument("ckpt", type=click.Path(path_type=str))
-@_data_option("Held-out text.")
-@_measured(EvalOptions, "Held-out tokens scored (whole windows of --seq-len).",
-           "Windows (with --tasks: lm-eval requests) per forward pass.")
-@_ALLOW_LONGER
-@click.option("--per-document", is_flag=True,
-              help="Also score each document on its own from its first token (lm-evaluation-harness's rolling "
-                   "loglikelihood: token and word perplexity, bits per byte), windows of --seq-len.")
-@click.option("--generate", is_flag=True,
-              help="Also write greedy continuations (64 tokens) of 24 fixed prompts and the share of their 4-grams "
-                   "that repeat earlier ones: what a looping model shows and perplexity hides.")
-@click.option("--tasks", default=None, metavar="T1,T2", help=_TASKS_HELP + " Instead of the packed perplexity.")
-@_INCLUDE_PATH
-@_LIMIT
+@click_options(EvalOptions)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
-def eval_(ckpt, tasks, as_json, **settings):
+def eval_(ckpt, as_json, **settings):
     """Perplexity of CKPT (HF folder, plain LLaMA or Mix-LN, or .gguf) on held-out text: packed
     windows of --seq-len tokens (documents joined by EOS), and with --per-document each document
     on its own. With --tasks, lm-evaluation-harness tasks run on the model loaded here (no remote
     code) instead of the packed perplexity."""
-    options = EvalOptions(tasks=tasks, **settings)  # "a,b" read as parse_tasks reads it
+    options = EvalOptions(**settings)
     manager = _known_tasks(options)  # before torch is imported: an unknown task answers at once
     from .evaluation.perplexity import score_checkpoint
 
@@ -304,18 +212,7 @@ def fetch():
               help="The checkpoint (HF folder or .gguf) whose tokenizer to use: the model you will train.")
 @click.option("--out", required=True, metavar="TOKENS", type=click.Path(path_type=str),
               help="Output folder: shards of token ids and mixln-tokens.json (the manifest).")
-@click.option("--validation", default=TokenizeOptions.validation, metavar="PATH",
-              help="Validation text (file, folder or glob); its documents are never trained on.  "
-                   "[default: --validation-fraction of DATA's documents]")
-@click.option("--validation-fraction", type=OPEN_FRACTION,
-              default=TokenizeOptions.validation_fraction, show_default=True,
-              help="Share of DATA's documents held out for validation, by content hash.")
-@click.option("--num-proc", type=POSITIVE, default=None,  # None: TokenizeOptions' 0, one per core
-              help="Tokenizing processes.  [default: one per available core; none apart for text under 16 MiB]")
-@click.option("--seq-len", type=POSITIVE, default=TokenizeOptions.seq_len,
-              help="Training window length: shards are cut to whole windows of it (any window length still reads).")
-@click.option("--shard-tokens", type=TOKENS, default=TokenizeOptions.shard_tokens, show_default=True,
-              help="Tokens per shard.")
+@click_options(TokenizeOptions)
 @click.option("--force", is_flag=True,
               help="Replace a non-empty TOKENS that is not this tokenization (never an input).")
 def tokenize(data, tokenizer_ckpt, out, force, **settings):
@@ -327,7 +224,7 @@ def tokenize(data, tokenizer_ckpt, out, force, **settings):
     the validation hold-out). Point a recipe's data.train at TOKENS.
 
     An interrupted run resumes where it stopped; a rerun on the same inputs and settings writes nothing."""
-    options = TokenizeOptions(**{**settings, "num_proc": settings["num_proc"] or TokenizeOptions.num_proc})
+    options = TokenizeOptions(**settings)
     from .data.tokenization import tokenize as run
 
     manifest = run(data, tokenizer_ckpt, out, options, force=force)
@@ -337,41 +234,16 @@ def tokenize(data, tokenizer_ckpt, out, force, **settings):
                f"({splits['validation']['documents']:,} documents), {manifest['dtype']}")
 
 
-_METHOD_HELP = ("How --remove/--prune-curve choose N blocks: angular (the N consecutive blocks whose input and "
-                "output are closest in angle, Gromov et al.), drop (the N whose single removal costs least), "
-                "last (the N deepest).")
-
-
 @main.command()
 @click.argument("ckpt", type=click.Path(path_type=str))
-@_data_option("Held-out text.")
 @click.option("--out", default=None, metavar="DIR", help="Output folder.  [default: analysis-<CKPT name>]")
-@click.option("--span", type=POSITIVE, default=AnalyzeOptions.span, show_default=True,
-              help="n of the per-layer angular distance, between the inputs of blocks l and l+n.")
-@click.option("--layer-sweep/--no-layer-sweep", default=AnalyzeOptions.layer_sweep, show_default=True,
-              help="The per-block measures (skipping each block, angular distances, gradient norms: L forwards and "
-                   "a backward pass); without it, perplexity and what --generate and --per-document add.")
-@click.option("--prune-curve", is_flag=True, help="Also the perplexity with N = 1..L/2 blocks removed by --method.")
-@click.option("--method", type=click.Choice(METHODS), default=AnalyzeOptions.method, show_default=True,
-              help=_METHOD_HELP)
-@click.option("--generate", is_flag=True,
-              help="Also greedy continuations of 24 fixed prompts and their repeated-4-gram share (as eval "
-                   "--generate); compare shows them.")
-@_measured(AnalyzeOptions, "Held-out tokens measured (whole windows of --seq-len).")
-@_ALLOW_LONGER
-@click.option("--per-document", is_flag=True,
-              help="Also score each held-out document on its own from its first token, as `eval --per-document`.")
-@click.option("--task", "tasks", default=None, metavar="T1,T2",
-              help="Also the layer drop on each task's metric (the first its YAML lists): the metric with block l "
-                   "skipped minus the full model's, in memory. " + _TASKS_HELP)
-@_INCLUDE_PATH
-@_LIMIT
+@click_options(AnalyzeOptions)
 @click.option("--force", is_flag=True, help="Replace a non-empty output folder (never an input).")
-def analyze(ckpt, out, tasks, force, **settings):
+def analyze(ckpt, out, force, **settings):
     """Per-layer analysis of CKPT (HF folder or .gguf): perplexity increase when each block is skipped,
     angular distance between block inputs, block influence, gradient norms, and with --task the
     drop of a downstream task's metric; writes DIR/analysis.json and PNG plots."""
-    options = AnalyzeOptions(tasks=tasks, **settings)
+    options = AnalyzeOptions(**settings)
     out = out or f"analysis-{Path(ckpt).stem}"
     manager = _known_tasks(options)  # before torch is imported: an unknown task answers at once
     from .analysis.analyze import analyze as run
@@ -393,16 +265,7 @@ def analyze(ckpt, out, tasks, force, **settings):
 @main.command()
 @click.argument("ckpt", type=click.Path(path_type=str))
 @click.argument("out", type=click.Path(path_type=str))
-@click.option("--layers", default=PruneOptions.layers, metavar="LIST",
-              help="Blocks to remove (0-based), e.g. 20-23,27.")
-@click.option("--remove", type=POSITIVE, default=PruneOptions.remove, metavar="N",
-              help="Number of blocks to remove, chosen by --method.")
-@click.option("--method", type=click.Choice(METHODS), default=PruneOptions.method, show_default=True,
-              help=_METHOD_HELP)
-@_data_option("Calibration text for --method angular/drop (default split: calibration).")
-@_measured(PruneOptions, "Tokens measured for --method angular/drop.", seq_len_help="Tokens per measured window.")
-@click.option("--max-shard-size", default=PruneOptions.max_shard_size, show_default=True,
-              help="Largest output shard, e.g. 5GB, 500MB.")
+@click_options(PruneOptions)
 @click.option("--force", is_flag=True, help="Replace a non-empty OUT (never an input).")
 def prune(ckpt, out, force, **settings):
     """Remove decoder blocks from the checkpoint CKPT (folder or .gguf, LLaMA or Mix-LN) into the folder OUT."""
@@ -451,31 +314,17 @@ def export(ckpt, out, to, tensor_type, force):
 @click.argument("src", type=click.Path(path_type=str))
 @click.option("--out", required=True, metavar="DIR", type=click.Path(path_type=str),
               help="Folder for every run, study.json and report/.")
-@click.option("--recipe", default=StudyOptions.recipe, show_default=True, metavar="RECIPE",
-              help="Training recipe of every run (a shipped name or a YAML file).")
+@click_options(StudyOptions, "recipe")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a recipe key for every run, e.g. --set max_tokens=2e6 (repeatable).")
-@click.option("--alpha", type=OPEN_FRACTION, default=StudyOptions.alpha,
-              show_default=True, help="The Mix-LN arm's Post-LN ratio.")
-@click.option("--seeds", type=POSITIVE, default=StudyOptions.seeds, show_default=True,
-              help="Seeds per arm and scheme (initialization and data order); verdicts need 2 or more.")
-@click.option("--init", "schemes", default=",".join(StudyOptions.schemes), show_default=True, metavar="LIST",
-              help="Initialization schemes, each applied to every arm: scaled (o_proj/down_proj std / sqrt(2L)), "
-                   "plain (LLaMA's).")
-@click.option("--post-ln/--no-post-ln", default=StudyOptions.post_ln, show_default=True,
-              help="Train a Post-LN arm (alpha 1) too.")
-@click.option("--lns/--no-lns", default=StudyOptions.lns, show_default=True,
-              help="Train a LayerNorm Scaling arm too (arXiv 2502.05795: every block Pre-LN, the norm outputs of block "
-                   "l scaled by 1/sqrt(l); the same initialization, norm gains 1 as in its paper).")
-@click.option("--eval-tokens", type=TOKENS, default=StudyOptions.eval_tokens, show_default=True, metavar="N",
-              help="Held-out tokens each final model is analyzed on (layer drop, gradient norms).")
+@click_options(StudyOptions, "alpha", "seeds", "schemes", "post_ln", "lns", "eval_tokens")
 @click.option("--resume", is_flag=True, help="Keep finished runs, continue interrupted ones.")
-def study(src, out, schemes, resume, **settings):
+def study(src, out, resume, **settings):
     """The paper's from-scratch comparison, like for like: Pre-LN, Mix-LN and Post-LN (and LNS) arms
     of SRC's shape and tokenizer (its weights are not used), each initialized by the same seeded
     plan, trained on the same tokens, analyzed; each claim gets a verdict against the spread
     between seeds. DIR/report/report.md."""
-    options = StudyOptions(schemes=tuple(s.strip() for s in schemes.split(",") if s.strip()), **settings)
+    options = StudyOptions(**settings)
     from .workflows.study import study as run
 
     result = run(src, out, options, resume=resume)
@@ -557,18 +406,7 @@ def recipes(name):
 @click.argument("recipe_file", metavar="RECIPE")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a recipe key as train does, e.g. --set source=/models/llama-7b (repeatable).")
-@click.option("--processes", type=click.IntRange(1, MAX_PROCESSES), default=EstimateOptions.processes,
-              metavar="N",
-              help="Processes, one per GPU.  [default: the recipe's 'Sized for' comment, else 1]")
-@click.option("--strategy", type=click.Choice(TRAINING_STRATEGIES), default=EstimateOptions.strategy,
-              help="single: one process; ddp: every process holds the whole training state; fsdp: weights, "
-                   "gradients and AdamW state sharded over the processes.  [default: the recipe's, else single "
-                   "for one process, ddp for several]")
-@click.option("--device", type=click.Choice(DEVICES), default=EstimateOptions.device,
-              help="gpu: precision auto is bf16 autocast; cpu: fp32.  [default: the recipe's, else gpu]")
-@click.option("--memory", default=EstimateOptions.memory, metavar="SIZE",
-              help="Memory of each GPU (or the RAM of one CPU process), e.g. 80GB, 141GB, 24GiB.  "
-                   "[default: the recipe's, else 80GB]")
+@click_options(EstimateOptions)
 def estimate(recipe_file, overrides, **settings):
     """What training RECIPE costs per process, known before any weight is loaded: parameters,
     memory for weights, gradients, AdamW state and activations (with and without activation
@@ -583,20 +421,7 @@ def estimate(recipe_file, overrides, **settings):
 @main.command()
 @click.option("--out", default="mixln-demo", show_default=True, type=click.Path(path_type=str),
               help="Folder for everything the demo writes.")
-@click.option("--alpha", type=FRACTION, default=DemoOptions.alpha, show_default=True,
-              help="Fraction of leading layers made Post-LN.")
-@click.option("--heal-tokens", type=TOKENS_OR_ZERO, default=DemoOptions.heal_tokens, show_default=True, metavar="N",
-              help="Heal the conversion on N tokens before training (as `mixln-convert heal`; 1,024 a step). "
-                   "0: no heal.")
-@click.option("--train-tokens", type=TOKENS, default=DemoOptions.train_tokens, show_default=True, metavar="N",
-              help=f"Training tokens per arm (the smollm2-135m-cpu recipe, 1,024 tokens a step, at lr {DEMO_LR:g}); "
-                   "more for a real recovery.")
-@click.option("--eval-tokens", type=TOKENS, default=DemoOptions.eval_tokens, show_default=True, metavar="N",
-              help="Held-out tokens every stage is measured on, by training validation and analysis alike.")
-@click.option("--prune-curve/--no-prune-curve", default=DemoOptions.prune_curve, show_default=True,
-              help="Also the perplexity with 1..L/2 blocks removed, for the original and both trained arms.")
-@click.option("--source", default=DemoOptions.source, metavar="MODEL",
-              help="Your own Pre-LN checkpoint (HF folder or .gguf) instead of SmolLM2-135M.")
+@click_options(DemoOptions)
 @click.option("--force", is_flag=True, help="Replace a non-empty --out folder.")
 @click.option("--resume", is_flag=True,
               help="Keep the stages an earlier run with the same settings finished; continue.")
@@ -617,34 +442,14 @@ def demo(out, force, resume, **settings):
 @click.argument("src", type=click.Path(path_type=str))
 @click.option("--out", required=True, metavar="DIR", type=click.Path(path_type=str),
               help="Folder for every alpha's outputs, sweep.json and report/.")
-@click.option("--alphas", default=",".join(f"{a:g}" for a in SweepOptions.alphas), show_default=True, metavar="LIST",
-              help="Post-LN ratios to try, comma-separated (alphas giving the same block count run once).")
-@click.option("--heal-tokens", type=TOKENS_OR_ZERO, default=SweepOptions.heal_tokens, show_default=True, metavar="N",
-              help="Heal each conversion on N tokens (as `mixln-convert heal`). 0: no heal.")
-@click.option("--train-tokens", type=TOKENS_OR_ZERO, default=SweepOptions.train_tokens, show_default=True, metavar="N",
-              help="Train each Mix-LN model, and a Pre-LN control once per seed, on N tokens (the smollm2-135m-cpu "
-                   "recipe's steps, same data and order). 0: no training.")
-@_data_option("Heal and training text (default: the embedded corpus's train split).")
-@click.option("--seeds", type=POSITIVE, default=SweepOptions.seeds, show_default=True,
-              help="Training seeds per arm (with --train-tokens).")
-@click.option("--eval-tokens", type=TOKENS, default=SweepOptions.eval_tokens, show_default=True, metavar="N",
-              help="Held-out tokens each stage is scored and analyzed on (windows of 256).")
-@click.option("--max-ppl-increase", type=click.FloatRange(0), default=SweepOptions.max_ppl_increase, show_default=True,
-              metavar="X",
-              help="Rule: the healed (else converted) perplexity at most X above the original's (0.10 = 10%).")
-@click.option("--max-grad-ratio", type=click.FloatRange(1), default=SweepOptions.max_grad_ratio, show_default=True,
-              metavar="Y",
-              help="Rule: the largest Post-LN block gradient norm at most Y times the Pre-LN blocks' mean.")
-@click.option("--lns", is_flag=True,
-              help="With --train-tokens, also train the LayerNorm Scaling retrofit of SRC (exact: every block's norm "
-                   "gains x sqrt(l), its norm outputs x 1/sqrt(l)) like the control, and compare them.")
+@click_options(SweepOptions)
 @click.option("--resume", is_flag=True, help="Keep the alphas an earlier run finished; continue.")
 @click.option("--force", is_flag=True, help="Replace a non-empty --out folder (never an input).")
-def sweep(src, out, alphas, resume, force, **settings):
+def sweep(src, out, resume, force, **settings):
     """Measure Mix-LN at several Post-LN ratios for SRC (HF folder or .gguf) and recommend one: per
     alpha a calibrated conversion (one calibration pass for all), optional heal and training,
     perplexity (packed and per document), layer drop and gradient norms; DIR/report/report.md."""
-    options = SweepOptions(alphas=parse_alphas(alphas), **settings)
+    options = SweepOptions(**settings)
     from .workflows.sweep import sweep as run
 
     result = run(src, out, options, resume=resume, force=force)
@@ -666,44 +471,9 @@ def sweep(src, out, alphas, resume, force, **settings):
 @click.argument("converted", type=click.Path(path_type=str))
 @click.option("--teacher", required=True, metavar="ORIGINAL",
               help="The Pre-LN model CONVERTED was converted from (HF folder or .gguf).")
-@_data_option("Training text (default split: train), best of the kind the model will be scored on: a heal "
-              "carries over to other kinds of text only in part.")
-@click.option("--tokens", type=TOKENS, default=HealOptions.tokens, show_default=True, help="Training tokens.")
 @click.option("--out", default=None, metavar="DIR",
               help="Output folder.  [default: CONVERTED-healed beside it; NAME-healed here for a Hub model ORG/NAME]")
-@click.option("--seq-len", type=POSITIVE, default=HealOptions.seq_len, show_default=True,
-              help="Tokens per training window.")
-@click.option("--batch-size", type=BATCH, default=HealOptions.batch_size, show_default=True,
-              help="Windows per step.")
-@click.option("--lr", type=click.FloatRange(0, min_open=True), default=HealOptions.lr, show_default=True,
-              help="Peak learning rate (warmup, then cosine).")
-@click.option("--loss", type=click.Choice(LOSSES), default=HealOptions.loss, show_default=True,
-              help="kl (KL divergence of the final logits; runs both whole models, ~3.5x the FLOPs of a residual "
-                   "step, but recovers far more per token) or residual (relative error of the stream entering the "
-                   "first Pre-LN block; runs the Post-LN blocks only).")
-@click.option("--spike-factor", type=click.FloatRange(0, 1000), default=HealOptions.spike_factor, show_default=True,
-              metavar="X",
-              help="Skip the update of a step whose loss exceeds X times the mean of the last 20 steps' (more than 5 "
-                   "in a row stop the heal); 0: no check. Non-finite losses and gradients always stop it.")
-@click.option("--dtype", type=click.Choice(HEAL_DTYPES), default=HealOptions.dtype, show_default=True,
-              help="Of the frozen weights (everything but the Post-LN blocks, which train in fp32); bf16 halves "
-                   "them and computes under bf16 autocast.")
-@click.option("--activation-checkpointing/--no-activation-checkpointing", default=HealOptions.activation_checkpointing,
-              show_default=True,
-              help="Keep only each block's input through a step and recompute the rest in the backward (with "
-                   "--loss kl the logits too, 128 tokens at a time): a step's activations stop growing with the "
-                   "depth, for one more forward per step. Pays when activations, not weights, set the peak "
-                   "(long --seq-len, large --batch-size).")
-@click.option("--eval-tokens", type=TOKENS, default=HealOptions.eval_tokens, show_default=True,
-              help="Held-out tokens measured before and after.")
-@click.option("--eval-data", default=HealOptions.eval_data, metavar="PATH",
-              help="Held-out text measured before and after, packed and each document on its own: a file, folder "
-                   "or glob (default: embedded corpus, validation split).")
-@click.option("--perplexity/--no-perplexity", default=HealOptions.perplexity, show_default=True,
-              help="Also measure whole-model perplexity (the teacher's and CONVERTED's whole models, over "
-                   "one copy of the layers they share).")
-@click.option("--max-shard-size", default=HealOptions.max_shard_size, show_default=True,
-              help="Largest output shard, e.g. 5GB, 500MB.")
+@click_options(HealOptions)
 @click.option("--force", is_flag=True, help="Replace a non-empty output folder (never an input).")
 def heal(converted, teacher, out, force, **settings):
     """Heal the Mix-LN checkpoint CONVERTED cheaply: distill only its Post-LN blocks from the
@@ -744,8 +514,7 @@ def _healed_beside(converted: str) -> str:
 @click.option("--label", "labels", multiple=True, metavar="NAME",
               help="Name of each input in tables and legends, one per input in order (repeatable); a train "
                    "folder's arms become NAME/mixln, NAME/preln (and NAME/lns).  [default: folder names]")
-@click.option("--allow-mismatch", is_flag=True, default=CompareOptions.allow_mismatch,
-              help="Compare analyses made with different tokenizers (with a warning) instead of refusing.")
+@click_options(CompareOptions)
 @click.option("--force", is_flag=True, help="Replace a non-empty output folder (never an input).")
 def compare(inputs, out, force, **settings):
     """Report comparing analyses (folders or files with analysis.json, from `analyze`) and training

@@ -14,7 +14,7 @@ def describe(ckpt) -> dict:
     source = open_checkpoint(checkpoint_path(ckpt, "CKPT"))
     config, arch = source.config, source.arch
     names = set(source.names())
-    n_post = config.get("post_ln_layers", 0)
+    post_ln_layers = config.get("post_ln_layers", 0)
     pre_ln = "LNS" if config.get("layernorm_scaling") else "Pre-LN"  # an LNS block is Pre-LN, its norms scaled
     layers = []
     for i in range(config["num_hidden_layers"]):
@@ -24,13 +24,13 @@ def describe(ckpt) -> dict:
             if name in names:
                 gain = source.get(name).float()
                 norms[role] = {stat: getattr(gain, stat)().item() for stat in ("mean", "std", "min", "max")}
-        layers.append({"index": i, "kind": "Post-LN" if i < n_post else pre_ln, "norms": norms})
+        layers.append({"index": i, "kind": "Post-LN" if i < post_ln_layers else pre_ln, "norms": norms})
     params = sum(math.prod(source.shape(name)) for name in names)
     return {
         "checkpoint": str(Path(ckpt)),
         "model_type": config.get("model_type"),
         "num_layers": config["num_hidden_layers"],
-        "post_ln_layers": n_post,
+        "post_ln_layers": post_ln_layers,
         "layernorm_scaling": bool(config.get("layernorm_scaling", False)),
         "alpha": config.get("alpha"),
         "parameters": params,

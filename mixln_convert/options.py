@@ -1,17 +1,17 @@
-"""The commands' options, torch-free: the fixed choices and defaults, the one evaluation definition,
-and a typed dataclass of each command's options, checked when made (the CLI makes one before torch
-is imported) and giving the CLI its defaults."""
+"""The commands' settings, torch-free, each declared once (:func:`~mixln_convert.schema.setting`: kind,
+default, help, flag): a typed dataclass of each command's options, checked when made (the CLI makes one
+before torch is imported) and giving the CLI its options; the fixed choices and defaults; the one
+evaluation definition."""
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import ClassVar
 
 from .errors import MixLNError
-from .limits import (MAX_PROCESSES, check_alpha_count, check_batch_size, check_choice, check_fraction, check_limit,
-                     check_nonnegative, check_one_step, check_positive, check_positive_float, check_processes,
-                     check_seed, check_seeds, check_spike_factor, check_task_count, check_tokens, is_number,
-                     parse_size)
+from .limits import MAX_ALPHAS, MAX_EXAMPLES, MAX_PROCESSES, MAX_SEEDS, MAX_TASKS, check_processes, parse_size
+from .schema import (BATCH, FRACTION, NONNEGATIVE, OPEN_FRACTION, POSITIVE_NUMBER, SEED, TOKENS, TOKENS_OR_ZERO,
+                     Choice, Count, Flag, Folder, Names, Number, Numbers, Size, SpikeFactor, Text, check_settings,
+                     comma_list, setting)
 
 STRATEGIES = ("calibrated", "move", "reinit-post", "scratch")  # conversion/plan.py
 # conversion/converter.py: Mix-LN (the first blocks Post-LN) or LayerNorm Scaling (architectures/__init__.py)
@@ -20,19 +20,14 @@ DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")  # conversio
 # workflows/train.py's training arms: the converted Mix-LN model, the Pre-LN control, the LNS retrofit
 ARMS = ("mixln", "preln", "lns")
 DEFAULT_ARMS = ("mixln", "preln")
-
-
-def arms_ok(arms) -> bool:
-    """Distinct names of ARMS, at least one (a string is a name, not a list of them)."""
-    return not isinstance(arms, str) and bool(arms) and set(arms) <= set(ARMS) and len(set(arms)) == len(arms)
 METHODS = ("angular", "drop", "last")  # analysis/choice.py: how N blocks to remove are chosen
 LOSSES = ("kl", "residual")  # healing/losses.py
 HEAL_DTYPES = ("fp32", "bf16")  # healing/: of the frozen weights (the trained blocks stay float32)
 # The heal's peak learning rate: 1e-4 diverged on SmolLM2-135M's calibrated conversion (README).
 HEAL_LR = 3e-5
+HEAL_BETAS = (0.9, 0.999)  # healing/: AdamW's (torch's defaults); a training recipe has its own (optim.betas)
 HEAL_SEQ_LEN, HEAL_BATCH_SIZE = 256, 4  # healing/: a step of 4 x 256 tokens
 HEAL_TOKENS = 65_536  # healing/: 64 steps
-HEAL_LOSS, HEAL_DTYPE = "kl", "fp32"  # healing/: the defaults of LOSSES and HEAL_DTYPES
 
 ALPHA = 0.25  # conversion/layout.py: the share of leading blocks made Post-LN unless told otherwise
 # conversion/converter.py's calibrated gains. Short windows fit better (docs/measurements.md): each
@@ -50,7 +45,7 @@ PRECISIONS = ("auto", "bf16", "fp32")  # training: auto is bf16 autocast on GPU,
 # training: transformers' attention implementations; eager is the plain matmul-softmax one, the
 # reference to rerun a non-finite bf16 step against (benchmarks/gpu_mission.py)
 ATTENTIONS = ("sdpa", "eager")
-TRAINING_STRATEGIES = ("single", "ddp", "fsdp")  # training/memory.py: one process, replicated, sharded
+PARALLELISMS = ("single", "ddp", "fsdp")  # training/memory.py: one process, replicated, sharded
 DEVICES = ("gpu", "cpu")  # training/memory.py: what a recipe's hardware is
 
 # The one evaluation definition: every perplexity the tool reports is measured on the first EVAL_TOKENS
@@ -60,6 +55,11 @@ EVAL_DATA = "embedded:validation"
 EVAL_SEQ_LEN = 256  # the paper's sequence length; short enough for 2 CPU cores
 EVAL_TOKENS = 8192  # 32 windows: enough for a bootstrap interval, and quick on CPU
 STUDY_EVAL_TOKENS = 8 * EVAL_SEQ_LEN  # study's analyses: one per arm, scheme and seed, so fewer tokens each
+
+# The CPU recipe that demo, sweep and study train with (shipped; each overrides what it varies): steps of
+# CPU_BATCH windows of EVAL_SEQ_LEN
+CPU_RECIPE, CPU_BATCH = "smollm2-135m-cpu", 4
+CPU_STEP_TOKENS = CPU_BATCH * EVAL_SEQ_LEN
 
 
 def measured_on(where: dict) -> str:
@@ -79,16 +79,55 @@ def measured_on(where: dict) -> str:
 # The demo's budget (2 CPU cores, minutes): a heal of 16 steps (most of the gap closes by then; README),
 # 8 optimizer steps of the CPU recipe per arm, every stage measured on the same 8 windows.
 DEMO_HEAL_TOKENS = 16 * HEAL_BATCH_SIZE * HEAL_SEQ_LEN
-DEMO_TRAIN_TOKENS = 8 * 4 * 256
+DEMO_TRAIN_TOKENS = 8 * CPU_STEP_TOKENS
 DEMO_EVAL_TOKENS = 8 * EVAL_SEQ_LEN
 # The demo trains at the heal's lr rather than the CPU recipe's: the higher the lr, the more the
 # healed Mix-LN arm learns its way back into loops (benchmarks/demo_lr.py, README)
 DEMO_LR = HEAL_LR
 
+DATA_FORMATS = (".txt, .jsonl/.json/.json.gz (field 'text'), .parquet, a folder, a glob, or a Hugging Face Hub "
+                "dataset ORG/NAME[:CONFIG[:SPLIT]][@REVISION] (column 'text', split train unless named). Default: "
+                "the embedded corpus (general English and Python's standard-library docstrings).")
+TASKS_HELP = ("lm-evaluation-harness tasks (`pip install 'mixln-convert[eval]'`): the shipped offline "
+              "mixln_langref_ppl and mixln_langref_next (they ship with the package), lm-eval's own "
+              "(e.g. hellaswag,arc_easy, from your datasets cache) or yours in --include-path.")
+METHOD_HELP = ("How --remove/--prune-curve choose N blocks: angular (the N consecutive blocks whose input and "
+               "output are closest in angle, Gromov et al.), drop (the N whose single removal costs least), "
+               "last (the N deepest).")
+
+
+def text(help_text: str, default=None, **declared):
+    """A text setting (--data and the like): a path, folder, glob or Hub dataset (DATA_FORMATS)."""
+    return setting(default, Text(), f"{help_text} {DATA_FORMATS}", metavar="PATH", **declared)
+
+
+def alpha(default=ALPHA, kind=FRACTION, **declared):
+    """The share of leading blocks made Post-LN, wherever a command or recipe takes it."""
+    return setting(default, kind, "Fraction of leading layers made Post-LN: floor(alpha * L).", **declared)
+
+
+def heal_budget(default: int = 0):
+    """The tokens a conversion is healed on before it is used (convert, demo, sweep; a recipe's heal.tokens)."""
+    return setting(default, TOKENS_OR_ZERO, "Heal the conversion on N tokens: distil its Post-LN blocks from the "
+                   f"source, as `mixln-convert heal` (its defaults otherwise: {HEAL_BATCH_SIZE * HEAL_SEQ_LEN:,} "
+                   f"tokens a step; {HEAL_TOKENS:,} is heal's own default budget). 0: no heal.", metavar="N")
+
+
+LIMIT = Count(1, MAX_EXAMPLES)  # examples of one lm-eval task (--limit)
+ARM_NAMES = Names(ARMS)  # distinct arms, at least one (a string is one name, not a list of them)
+
 
 class Options:
-    """A command's typed options: the CLI's defaults are its fields', making one checks it (each error
-    naming the flag), and the command's API function takes one or its fields as keyword arguments."""
+    """A command's typed options: the CLI's options are made from its declared settings, making one checks
+    it (each error naming the flag: each setting's range, then :meth:`check_combination` for what settings say of
+    each other), and the command's API function takes one or its fields as keyword arguments."""
+
+    def __post_init__(self):
+        check_settings(self)
+        self.check_combination()
+
+    def check_combination(self) -> None:
+        """Checks across settings (each setting's own range is its kind's)."""
 
     @classmethod
     def given(cls, options=None, settings: dict | None = None):
@@ -110,13 +149,30 @@ class ShardSized:
 class HealSettings:
     """The settings of a heal's training that a recipe's ``heal`` section holds too: healing/run.py's
     HealRun and training/recipe.py's Heal both extend this (spike_factor: as the recipe's guard)."""
-    tokens: int = HEAL_TOKENS
-    seq_len: int = HEAL_SEQ_LEN
-    batch_size: int = HEAL_BATCH_SIZE
-    lr: float = HEAL_LR
-    loss: str = HEAL_LOSS
-    activation_checkpointing: bool = False
-    spike_factor: float = 0.0
+    tokens: int = setting(HEAL_TOKENS, TOKENS, "Training tokens.")
+    seq_len: int = setting(HEAL_SEQ_LEN, Count(1), "Tokens per training window.")
+    batch_size: int = setting(HEAL_BATCH_SIZE, BATCH, "Windows per step.")
+    lr: float = setting(HEAL_LR, POSITIVE_NUMBER, "Peak learning rate (warmup, then cosine).")
+    loss: str = setting("kl", Choice(LOSSES),
+                        "kl (KL divergence of the final logits; runs both whole models, ~3.5x the FLOPs of a residual "
+                        "step, but recovers far more per token) or residual (relative error of the stream entering "
+                        "the first Pre-LN block; runs the Post-LN blocks only).")
+    activation_checkpointing: bool = setting(
+        False, Flag(), "Keep only each block's input through a step and recompute the rest in the backward (with "
+        "--loss kl the logits too, 128 tokens at a time): a step's activations stop growing with the depth, for one "
+        "more forward per step. Pays when activations, not weights, set the peak (long --seq-len, large "
+        "--batch-size).", flag="--activation-checkpointing/--no-activation-checkpointing")
+    spike_factor: float = setting(
+        0.0, SpikeFactor(), "Skip the update of a step whose loss exceeds X times the mean of the last 20 steps' "
+        "(more than 5 in a row stop the heal); 0: no check. Non-finite losses and gradients always stop it.",
+        metavar="X")
+
+    def check_one_step(self, name: str) -> None:
+        """A heal budget (``tokens``, named ``name`` in the error) of at least one step, or 0 (none)."""
+        step = self.batch_size * self.seq_len
+        if 0 < self.tokens < step:
+            raise MixLNError(f"{name}: {self.tokens} is less than one heal step ({self.batch_size} x {self.seq_len} "
+                             f"= {step} tokens)")
 
 
 @dataclass(kw_only=True)
@@ -124,69 +180,68 @@ class HealOptions(Options, HealSettings, ShardSized):
     """``mixln-convert heal``'s options (healing/run.py's HealRun adds the models and the output): ``data``
     a text path (the API also takes documents or tokens), measured on ``eval_tokens`` of ``eval_data``
     before, after and at each token count in ``eval_at`` (with ``perplexity`` the whole model's too)."""
-    data: object = None
-    dtype: str = HEAL_DTYPE
-    warmup_ratio: float = 0.1
-    grad_clip: float = 1.0
-    eval_tokens: int = EVAL_TOKENS
-    eval_data: str | None = None
-    perplexity: bool = True
-    eval_at: tuple = ()
-    max_shard_size: str | int = MAX_SHARD_SIZE
-    seed: int = 0
+    data: object = text("Training text (default split: train), best of the kind the model will be scored on: a "
+                        "heal carries over to other kinds of text only in part.")
+    dtype: str = setting("fp32", Choice(HEAL_DTYPES),
+                         "Of the frozen weights (everything but the Post-LN blocks, which train in fp32); bf16 "
+                         "halves them and computes under bf16 autocast.")
+    warmup_ratio: float = setting(0.1, Number(0, 1, high_open=True))
+    grad_clip: float = setting(1.0, NONNEGATIVE)
+    eval_tokens: int = setting(EVAL_TOKENS, TOKENS, "Held-out tokens measured before and after.")
+    eval_data: str | None = setting(None, Text(), "Held-out text measured before and after, packed and each "
+                                    "document on its own: a file, folder or glob (default: embedded corpus, "
+                                    "validation split).", metavar="PATH")
+    perplexity: bool = setting(True, Flag(), "Also measure whole-model perplexity (the teacher's and CONVERTED's "
+                               "whole models, over one copy of the layers they share).",
+                               flag="--perplexity/--no-perplexity")
+    eval_at: tuple = ()  # the API's: validation once this many tokens are trained
+    max_shard_size: str | int = setting(MAX_SHARD_SIZE, Size(), "Largest output shard, e.g. 5GB, 500MB.")
+    seed: int = setting(0, SEED)
 
-    def __post_init__(self):
-        check_choice("--loss", self.loss, LOSSES)
-        check_choice("--dtype", self.dtype, HEAL_DTYPES)
-        check_positive("--seq-len", self.seq_len)
-        check_batch_size("--batch-size", self.batch_size)
-        check_tokens("--tokens", self.tokens)
-        check_tokens("--eval-tokens", self.eval_tokens)
-        for tokens in self.eval_at:  # the API's: validation once this many tokens are trained
-            check_tokens("eval_at", tokens)
-        check_positive_float("--lr", self.lr)
-        check_fraction("warmup_ratio", self.warmup_ratio, high_open=True)
-        check_nonnegative("grad_clip", self.grad_clip)
-        check_spike_factor("--spike-factor", self.spike_factor)
-        check_seed(self.seed)
-        check_one_step(self.tokens, self.batch_size, self.seq_len)
-        parse_size(self.max_shard_size)  # refused now, not at the writer (None too: only convert has a default)
+    def check_combination(self):
+        for tokens in self.eval_at:
+            TOKENS.check("eval_at", tokens)
+        self.check_one_step("--tokens")
 
 
 @dataclass(frozen=True, kw_only=True)
 class ConvertOptions(Options, ShardSized):
     """``mixln-convert convert``'s options (conversion/converter.py). ``alpha`` None: ``post_ln_layers``,
     else ALPHA. The calibration options apply to the calibrated strategy of a Mix-LN layout only."""
-    alpha: float | None = None
-    post_ln_layers: int | None = None
-    layout: str = "mixln"
-    strategy: str = "calibrated"
-    scaled_init: bool = True
-    calibration_data: str | None = None
-    calibration_tokens: int = CALIBRATION_TOKENS
-    calibration_seq_len: int = CALIBRATION_SEQ_LEN
-    max_shard_size: str | int | None = None  # None: the source's largest shard, at most MAX_SHARD_SIZE
-    dtype: str | None = None  # one of DTYPES; None: the source's
-    seed: int = 0
+    alpha: float | None = alpha(None, default_help=f"{ALPHA}")  # None: --post-ln-layers may be given
+    post_ln_layers: int | None = setting(None, Count(0), "Exact number of leading Post-LN layers (instead of "
+                                         "--alpha).")
+    layout: str = setting("mixln", Choice(LAYOUTS),
+                          "mixln: the first blocks Post-LN (--alpha); lns: LayerNorm Scaling (arXiv 2502.05795), "
+                          "every block Pre-LN with its norm outputs scaled by 1/sqrt(l) in the forward and its norm "
+                          "gains multiplied by sqrt(l): exactly the source's function (with --strategy scratch: fresh "
+                          "weights).")
+    strategy: str = setting("calibrated", Choice(STRATEGIES),
+                            "calibrated (fold norms, calibrate gains: close to the original's perplexity at once; "
+                            "heal before generating text), move (paper layout, weights carried over; needs "
+                            "training), reinit-post (re-initialize the Post-LN layers; needs training), scratch "
+                            "(fresh Mix-LN model).")
+    scaled_init: bool = setting(True, Flag(), "o_proj/down_proj of initialized layers use std "
+                                "initializer_range/sqrt(2L).", flag="--scaled-init/--no-scaled-init")
+    calibration_data: str | None = setting(None, Text(), "Text for the calibration statistics (default: embedded "
+                                           "corpus, calibration split).", metavar="PATH")
+    calibration_tokens: int = setting(CALIBRATION_TOKENS, TOKENS, "Tokens the calibrated gains are fitted on.")
+    calibration_seq_len: int = setting(CALIBRATION_SEQ_LEN, Count(1), "Tokens per calibration window (short "
+                                       "windows fit better; docs/measurements.md).")
+    max_shard_size: str | int | None = setting(  # None: the source's largest shard, at most MAX_SHARD_SIZE
+        None, Size(), "Largest output shard, e.g. 5GB, 500MB. Default: the source's largest shard, at most 5GB "
+        "(memory use grows with it).")
+    dtype: str | None = setting(None, Choice(DTYPES), "Output dtype; default: the source's.")
+    seed: int = setting(0, SEED, "Seed of initialized weights.")
 
-    def __post_init__(self):
-        check_choice("--layout", self.layout, LAYOUTS)
-        check_choice("--strategy", self.strategy, STRATEGIES)
-        check_choice("--dtype", self.dtype, (None, *DTYPES))
+    def check_combination(self):
         if self.alpha is not None and self.post_ln_layers is not None:
             raise MixLNError("--alpha and --post-ln-layers are exclusive: give one")
-        if self.alpha is not None and not (is_number(self.alpha) and 0.0 <= self.alpha <= 1.0):
-            raise MixLNError(f"--alpha: {self.alpha} is outside [0, 1]")
-        if self.post_ln_layers is not None:
-            check_tokens("--post-ln-layers", self.post_ln_layers, zero_ok=True)
-        check_positive("--calibration-seq-len", self.calibration_seq_len)
-        check_tokens("--calibration-tokens", self.calibration_tokens)
-        check_seed(self.seed)
         self.max_shard_bytes  # parsed: a bad size is refused when the options are made
         if self.lns:
-            for flag, value in (("--alpha", self.alpha), ("--post-ln-layers", self.post_ln_layers)):
+            for name, value in (("--alpha", self.alpha), ("--post-ln-layers", self.post_ln_layers)):
                 if value is not None:
-                    raise MixLNError(f"{flag}: --layout lns makes no block Post-LN (it scales every Pre-LN block's "
+                    raise MixLNError(f"{name}: --layout lns makes no block Post-LN (it scales every Pre-LN block's "
                                      "norms); leave it out")
             if self.strategy not in ("calibrated", "scratch"):  # calibrated: the default, which is exact here
                 raise MixLNError(f"--strategy {self.strategy}: --layout lns has no Post-LN block for it to convert; "
@@ -199,24 +254,42 @@ class ConvertOptions(Options, ShardSized):
                     raise MixLNError(f"--{name.replace('_', '-')}: {why}; this run would ignore it")
 
     @property
+    def resolved_alpha(self) -> float | None:
+        """The alpha the layout is derived from, recorded in the converted config: the one given, else ALPHA;
+        None where --post-ln-layers gives the count instead."""
+        if self.post_ln_layers is not None:
+            return None
+        return ALPHA if self.alpha is None else self.alpha
+
+    @property
     def lns(self) -> bool:
         """Whether this is a LayerNorm Scaling conversion (architectures/__init__.py) rather than Mix-LN."""
         return self.layout == "lns"
 
 
 @dataclass(frozen=True, kw_only=True)
+class ConvertHealOptions(Options):
+    """``convert --heal-tokens``: the conversion healed in the same run (workflows/train.py's convert_and_heal)."""
+    heal_tokens: int = heal_budget()
+    heal_data: str | None = setting(None, Text(), "Text for --heal-tokens, best of the kind the model will be "
+                                    "scored on (default: embedded corpus, train split).", metavar="PATH")
+
+    def check_combination(self):
+        if self.heal_data is not None and not self.heal_tokens:
+            raise MixLNError("--heal-data: only a heal in the same run reads it (--heal-tokens N); this run would "
+                             "ignore it")
+        HealSettings(tokens=self.heal_tokens).check_one_step("--heal-tokens")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Measurement(Options):
     """Text a model is measured on: ``max_tokens`` tokens of ``data`` (a path; None: the command's
     embedded split) in packed windows of ``seq_len``, ``batch_size`` windows a forward pass."""
-    data: str | None = None
-    seq_len: int = EVAL_SEQ_LEN
-    max_tokens: int = EVAL_TOKENS
-    batch_size: int = BATCH_SIZE
-
-    def __post_init__(self):
-        check_positive("--seq-len", self.seq_len)
-        check_tokens("--max-tokens", self.max_tokens)
-        check_batch_size("--batch-size", self.batch_size)
+    data: str | None = text("Held-out text.")
+    seq_len: int = setting(EVAL_SEQ_LEN, Count(1), "Tokens per evaluated window (at most the model's "
+                           "max_position_embeddings).")
+    max_tokens: int = setting(EVAL_TOKENS, TOKENS, "Held-out tokens scored (whole windows of --seq-len).")
+    batch_size: int = setting(BATCH_SIZE, BATCH, "Windows (with tasks: lm-eval requests) per forward pass.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -224,22 +297,25 @@ class EvalOptions(Measurement):
     """``mixln-convert eval``'s options (evaluation/perplexity.py): the packed perplexity, or with ``tasks``
     lm-eval tasks instead (at most ``limit`` examples each; ``include_path``: a folder of task YAML files)."""
     TASKS_FLAG: ClassVar[str] = "--tasks"
-    allow_longer: bool = False
-    per_document: bool = False
-    generate: bool = False
-    tasks: tuple[str, ...] = ()
-    include_path: str | None = None
-    limit: int | None = None
+    allow_longer: bool = setting(False, Flag(), "Allow a --seq-len beyond the model's max_position_embeddings.")
+    per_document: bool = setting(False, Flag(), "Also score each document on its own from its first token "
+                                 "(lm-evaluation-harness's rolling loglikelihood: token and word perplexity, bits "
+                                 "per byte), windows of --seq-len.")
+    generate: bool = setting(False, Flag(), "Also write greedy continuations (64 tokens) of 24 fixed prompts and the "
+                             "share of their 4-grams that repeat earlier ones: what a looping model shows and "
+                             "perplexity hides.")
+    tasks: tuple[str, ...] = setting((), Names(low=0, high=MAX_TASKS), TASKS_HELP + " Instead of the packed "
+                                     "perplexity.", metavar="T1,T2")
+    include_path: str | None = setting(None, Folder(), "A folder of your own lm-eval task YAML files.", metavar="DIR")
+    limit: int | None = setting(None, LIMIT, "At most N examples of each task (lm-eval's --limit).",
+                                metavar="N", default_help="all")
 
     def __post_init__(self):
-        super().__post_init__()
         if self.tasks is None or isinstance(self.tasks, str):  # an API caller's None or "a,b": as the CLI reads it
-            object.__setattr__(self, "tasks", parse_tasks(self.tasks) if self.tasks is not None else ())
-        if not all(isinstance(name, str) and name.strip() for name in self.tasks):
-            raise MixLNError(f"{self.TASKS_FLAG}: {','.join(map(str, self.tasks))!r} holds an empty task name "
-                             "(give NAME[,NAME...])")
-        check_task_count(self.TASKS_FLAG, self.tasks)
-        check_limit("--limit", self.limit)
+            object.__setattr__(self, "tasks", comma_list(self.tasks) if self.tasks else ())
+        super().__post_init__()
+
+    def check_combination(self):
         if not self.tasks and (self.include_path is not None or self.limit is not None):
             raise MixLNError(f"--include-path and --limit go with {self.TASKS_FLAG}")
 
@@ -250,15 +326,18 @@ class AnalyzeOptions(EvalOptions):
     on each task's metric), with ``layer_sweep`` the per-block measures, with ``prune_curve`` the
     perplexity with N = 1..L/2 blocks removed by ``method``."""
     TASKS_FLAG: ClassVar[str] = "--task"
-    span: int = 1
-    layer_sweep: bool = True
-    prune_curve: bool = False
-    method: str = "angular"
+    tasks: tuple[str, ...] = setting((), Names(low=0, high=MAX_TASKS), "Also the layer drop on each task's metric "
+                                     "(the first its YAML lists): the metric with block l skipped minus the full "
+                                     "model's, in memory. " + TASKS_HELP, flag="--task", metavar="T1,T2")
+    span: int = setting(1, Count(1), "n of the per-layer angular distance, between the inputs of blocks l and l+n.")
+    layer_sweep: bool = setting(True, Flag(), "The per-block measures (skipping each block, angular distances, "
+                                "gradient norms: L forwards and a backward pass); without it, perplexity and what "
+                                "--generate and --per-document add.", flag="--layer-sweep/--no-layer-sweep")
+    prune_curve: bool = setting(False, Flag(), "Also the perplexity with N = 1..L/2 blocks removed by --method.")
+    method: str = setting("angular", Choice(METHODS), METHOD_HELP)
 
-    def __post_init__(self):
-        super().__post_init__()
-        check_positive("--span", self.span)
-        check_choice("--method", self.method, METHODS)
+    def check_combination(self):
+        super().check_combination()
         if not self.layer_sweep and (self.prune_curve or self.tasks):
             raise MixLNError(f"{'--prune-curve' if self.prune_curve else '--task'} ranks or drops blocks by the layer "
                              "sweep, which --no-layer-sweep skips")
@@ -269,60 +348,58 @@ class PruneOptions(Measurement, ShardSized):
     """``mixln-convert prune``'s options (surgery/prune.py): either ``layers`` names the blocks to
     remove ('20-23,27'), or ``remove`` blocks are chosen by ``method`` (angular and drop measure the
     model on the Measurement's text, default the embedded calibration split)."""
-    seq_len: int = PRUNE_SEQ_LEN
-    max_tokens: int = PRUNE_TOKENS
-    layers: str | None = None
-    remove: int | None = None
-    method: str = "angular"
-    max_shard_size: str | int = MAX_SHARD_SIZE
+    data: str | None = text("Calibration text for --method angular/drop (default split: calibration).")
+    seq_len: int = setting(PRUNE_SEQ_LEN, Count(1), "Tokens per measured window.")
+    max_tokens: int = setting(PRUNE_TOKENS, TOKENS, "Tokens measured for --method angular/drop.")
+    layers: str | None = setting(None, Text(), "Blocks to remove (0-based), e.g. 20-23,27.", metavar="LIST")
+    remove: int | None = setting(None, Count(1), "Number of blocks to remove, chosen by --method.", metavar="N")
+    method: str = setting("angular", Choice(METHODS), METHOD_HELP)
+    max_shard_size: str | int = setting(MAX_SHARD_SIZE, Size(), "Largest output shard, e.g. 5GB, 500MB.")
 
-    def __post_init__(self):
-        super().__post_init__()
+    def check_combination(self):
         if (self.layers is None) == (self.remove is None):
             raise MixLNError("--layers and --remove: give exactly one of them")
-        if self.remove is not None:
-            check_positive("--remove", self.remove)
-        check_choice("--method", self.method, METHODS)
-        parse_size(self.max_shard_size)  # refused now, not at the writer (None too: only convert has a default)
 
 
 @dataclass(frozen=True, kw_only=True)
 class TokenizeOptions(Options):
     """``mixln-convert tokenize``'s options (data/tokenization.py): ``num_proc`` 0 is one process per core
     for text over 16 MiB; shards of ``shard_tokens`` cut to whole windows of ``seq_len`` (None: any)."""
-    validation: str | None = None
-    validation_fraction: float = VALIDATION_FRACTION
-    num_proc: int = 0
-    seq_len: int | None = None
-    shard_tokens: int = SHARD_TOKENS
+    validation: str | None = setting(None, Text(), "Validation text (file, folder or glob); its documents are never "
+                                     "trained on.", metavar="PATH", default_help="--validation-fraction of DATA's "
+                                     "documents")
+    validation_fraction: float = setting(VALIDATION_FRACTION, OPEN_FRACTION, "Share of DATA's documents held out for "
+                                         "validation, by content hash.")
+    num_proc: int = setting(0, Count(0), "Tokenizing processes; 0: one per available core (none apart for text "
+                            "under 16 MiB).")
+    seq_len: int | None = setting(None, Count(1), "Training window length: shards are cut to whole windows of it "
+                                  "(any window length still reads).")
+    shard_tokens: int = setting(SHARD_TOKENS, TOKENS, "Tokens per shard.")
 
-    def __post_init__(self):
-        check_fraction("--validation-fraction", self.validation_fraction, low_open=True, high_open=True)
-        check_tokens("--num-proc", self.num_proc, zero_ok=True)
+    def check_combination(self):
         if self.num_proc:
             check_processes("--num-proc", self.num_proc)
-        check_tokens("--shard-tokens", self.shard_tokens)
-        if self.seq_len is not None:
-            check_positive("--seq-len", self.seq_len)
-            if self.seq_len > self.shard_tokens:
-                raise MixLNError(f"--seq-len {self.seq_len} is more than --shard-tokens {self.shard_tokens}")
+        if self.seq_len is not None and self.seq_len > self.shard_tokens:
+            raise MixLNError(f"--seq-len {self.seq_len} is more than --shard-tokens {self.shard_tokens}")
 
 
 @dataclass(frozen=True, kw_only=True)
 class EstimateOptions(Options):
     """The hardware ``mixln-convert estimate`` sizes a recipe for (training/memory.py), each None where
     the recipe's "Sized for" comment (else one 80 GB GPU) decides; ``memory`` of each process."""
-    processes: int | None = None
-    strategy: str | None = None
-    device: str | None = None
-    memory: str | None = None
+    processes: int | None = setting(None, Count(1, MAX_PROCESSES), "Processes, one per GPU.", metavar="N",
+                                    default_help="the recipe's 'Sized for' comment, else 1")
+    parallelism: str | None = setting(None, Choice(PARALLELISMS),
+                                   "single: one process; ddp: every process holds the whole training state; fsdp: "
+                                   "weights, gradients and AdamW state sharded over the processes.",
+                                   default_help="the recipe's, else single for one process, ddp for several")
+    device: str | None = setting(None, Choice(DEVICES), "gpu: precision auto is bf16 autocast; cpu: fp32.",
+                                 default_help="the recipe's, else gpu")
+    memory: str | None = setting(None, Size(), "Memory of each GPU (or the RAM of one CPU process), e.g. 80GB, "
+                                 "141GB, 24GiB.", metavar="SIZE", default_help="the recipe's, else 80GB")
 
-    def __post_init__(self):
-        if self.processes is not None and not (type(self.processes) is int and 1 <= self.processes <= MAX_PROCESSES):
-            raise MixLNError(f"--processes: must be an integer in [1, {MAX_PROCESSES}], got {self.processes!r}")
-        check_choice("--strategy", self.strategy, (None, *TRAINING_STRATEGIES))
-        check_choice("--device", self.device, (None, *DEVICES))
-        self.memory_bytes  # parsed: a bad size is refused when the options are made
+    def check_combination(self):
+        self.memory_bytes  # parsed: a bad size is refused when the options are made, naming --memory
 
     @property
     def memory_bytes(self) -> int | None:
@@ -334,64 +411,43 @@ class CompareOptions(Options):
     """``mixln-convert compare``'s options (report/compare.py): a name for each input in order (default:
     folder names), and whether analyses with different tokenizers are compared (warning) or refused."""
     labels: tuple[str, ...] = ()  # checked against the inputs, one per input (report/inputs.py)
-    allow_mismatch: bool = False
+    allow_mismatch: bool = setting(False, Flag(), "Compare analyses made with different tokenizers (with a warning) "
+                                   "instead of refusing.")
+
+
+SEEDS = Count(1, MAX_SEEDS)  # seeds per arm: each trains every arm once more
 
 
 @dataclass(frozen=True, kw_only=True)
 class SweepOptions(Options):
     """What ``mixln-convert sweep`` measures (workflows/sweep.py): per alpha a calibrated conversion, a heal and a
     training (``heal_tokens``, ``train_tokens`` 0: none); ``lns``: the LNS retrofit trained like the control."""
-    alphas: tuple[float, ...] = SWEEP_ALPHAS
-    heal_tokens: int = 0
-    train_tokens: int = 0
-    data: str | None = None
-    seeds: int = 1
-    eval_tokens: int = EVAL_TOKENS
-    max_ppl_increase: float = MAX_PPL_INCREASE
-    max_grad_ratio: float = MAX_GRAD_RATIO
-    lns: bool = False
+    alphas: tuple[float, ...] = setting(SWEEP_ALPHAS, Numbers(FRACTION, 1, MAX_ALPHAS), "Post-LN ratios to try, "
+                                        "comma-separated (alphas giving the same block count run once).",
+                                        metavar="LIST")
+    heal_tokens: int = heal_budget()
+    train_tokens: int = setting(0, TOKENS_OR_ZERO, "Train each Mix-LN model, and a Pre-LN control once per seed, on "
+                                f"N tokens (the {CPU_RECIPE} recipe's steps, same data and order). 0: no training.",
+                                metavar="N")
+    data: str | None = text("Heal and training text (default: the embedded corpus's train split).")
+    seeds: int = setting(1, SEEDS, "Training seeds per arm (with --train-tokens).")
+    eval_tokens: int = setting(EVAL_TOKENS, TOKENS, "Held-out tokens each stage is scored and analyzed on (windows "
+                               "of 256).", metavar="N")
+    max_ppl_increase: float = setting(MAX_PPL_INCREASE, NONNEGATIVE, "Rule: the healed (else converted) perplexity "
+                                      "at most X above the original's (0.10 = 10%).", metavar="X")
+    max_grad_ratio: float = setting(MAX_GRAD_RATIO, Number(1), "Rule: the largest Post-LN block gradient norm at "
+                                    "most Y times the Pre-LN blocks' mean.", metavar="Y")
+    lns: bool = setting(False, Flag(), "With --train-tokens, also train the LayerNorm Scaling retrofit of SRC "
+                        "(exact: every block's norm gains x sqrt(l), its norm outputs x 1/sqrt(l)) like the control, "
+                        "and compare them.")
 
-    def __post_init__(self):
-        if not self.alphas:
-            raise MixLNError("--alphas: give at least one alpha")
-        check_alpha_count("--alphas", self.alphas)
-        for alpha in self.alphas:
-            check_fraction("--alphas", alpha)
-        check_seeds("--seeds", self.seeds)
-        check_tokens("--eval-tokens", self.eval_tokens)
-        check_tokens("--heal-tokens", self.heal_tokens, zero_ok=True)
-        check_tokens("--train-tokens", self.train_tokens, zero_ok=True)
-        check_nonnegative("--max-ppl-increase", self.max_ppl_increase)
-        check_nonnegative("--max-grad-ratio", self.max_grad_ratio)
-        if self.max_grad_ratio < 1:
-            raise MixLNError(f"--max-grad-ratio: must be at least 1, got {self.max_grad_ratio!r}")
+    def check_combination(self):
         if self.lns and not self.train_tokens:
             raise MixLNError("--lns: the LNS retrofit computes the original's function, so only training tells them "
                              "apart; add --train-tokens N")
-        if self.heal_tokens:
-            check_one_step(self.heal_tokens, HEAL_BATCH_SIZE, HEAL_SEQ_LEN, "--heal-tokens", None, "one heal step")
+        HealSettings(tokens=self.heal_tokens).check_one_step("--heal-tokens")
 
 
-def parse_alphas(text: str) -> tuple[float, ...]:
-    """'0,0.0625,0.25' -> (0.0, 0.0625, 0.25), each a finite number in [0, 1]."""
-    alphas = []
-    for item in text.split(","):
-        try:
-            alpha = float(item)
-        except ValueError:
-            alpha = math.nan
-        if not 0 <= alpha <= 1:  # nan fails too
-            raise MixLNError(f"--alphas: {item.strip()!r} is not a number in [0, 1]")
-        alphas.append(alpha)
-    return tuple(alphas)
-
-
-def parse_tasks(text: str) -> tuple[str, ...]:
-    """'a,b' -> ('a', 'b'); a name given twice runs once (EvalOptions refuses an empty one)."""
-    return tuple(dict.fromkeys(name.strip() for name in text.split(",")))
-
-
-STUDY_RECIPE = "smollm2-135m-cpu"  # shipped; a study overrides source, conversion and seed
 STUDY_SCHEMES = {"scaled": True, "plain": False}  # a study's initialization scheme -> conversion.scaled_init
 
 
@@ -400,45 +456,39 @@ class StudyOptions(Options):
     """What ``mixln-convert study`` trains (workflows/study.py): ``recipe`` with the ``overrides`` (``--set`` items),
     ``seeds`` seeds of each scheme in ``schemes``, the Mix-LN arm at ``alpha`` beside Pre-LN (with
     ``post_ln`` and ``lns`` those arms too), each final model analyzed on ``eval_tokens``."""
-    recipe: str = STUDY_RECIPE
-    overrides: tuple[str, ...] = ()
-    alpha: float = ALPHA
-    seeds: int = 2
-    schemes: tuple[str, ...] = tuple(STUDY_SCHEMES)
-    post_ln: bool = True
-    lns: bool = False
-    eval_tokens: int = STUDY_EVAL_TOKENS
-
-    def __post_init__(self):
-        check_seeds("--seeds", self.seeds)
-        check_tokens("--eval-tokens", self.eval_tokens)
-        if not (is_number(self.alpha) and 0 < self.alpha < 1):
-            raise MixLNError(f"--alpha: {self.alpha} is not in (0, 1): the Mix-LN arm needs Post-LN and Pre-LN "
-                             "blocks")
-        unknown = [s for s in self.schemes if s not in STUDY_SCHEMES]
-        if unknown or not self.schemes:
-            raise MixLNError(f"--init: unknown scheme {unknown[0] if unknown else '(none)'!r} (choose from "
-                             f"{', '.join(STUDY_SCHEMES)})")
-        twice = [s for i, s in enumerate(self.schemes) if s in self.schemes[:i]]
-        if twice:  # its runs would share one folder
-            raise MixLNError(f"--init: {twice[0]!r} is given twice")
+    recipe: str = setting(CPU_RECIPE, Text(), "Training recipe of every run (a shipped name or a YAML file).",
+                          metavar="RECIPE")
+    overrides: tuple[str, ...] = ()  # --set items, as train takes them
+    # the Mix-LN arm needs Post-LN and Pre-LN blocks
+    alpha: float = alpha(kind=OPEN_FRACTION)
+    seeds: int = setting(2, SEEDS, "Seeds per arm and scheme (initialization and data order); verdicts need 2 or "
+                         "more.")
+    schemes: tuple[str, ...] = setting(tuple(STUDY_SCHEMES), Names(tuple(STUDY_SCHEMES)),
+                                       "Initialization schemes, each applied to every arm: scaled (o_proj/down_proj "
+                                       "std / sqrt(2L)), plain (LLaMA's).", flag="--init", metavar="LIST")
+    post_ln: bool = setting(True, Flag(), "Train a Post-LN arm (alpha 1) too.", flag="--post-ln/--no-post-ln")
+    lns: bool = setting(False, Flag(), "Train a LayerNorm Scaling arm too (arXiv 2502.05795: every block Pre-LN, the "
+                        "norm outputs of block l scaled by 1/sqrt(l); the same initialization, norm gains 1 as in its "
+                        "paper).", flag="--lns/--no-lns")
+    eval_tokens: int = setting(STUDY_EVAL_TOKENS, TOKENS, "Held-out tokens each final model is analyzed on (layer "
+                               "drop, gradient norms).", metavar="N")
 
 
 @dataclass(frozen=True, kw_only=True)
 class DemoOptions(Options):
     """What ``mixln-convert demo`` runs (workflows/demo.py): ``source`` (None: SmolLM2-135M) converted at ``alpha``,
     healed on ``heal_tokens`` (0: no heal), both arms trained on ``train_tokens``."""
-    source: str | None = None
-    alpha: float = ALPHA
-    heal_tokens: int = DEMO_HEAL_TOKENS
-    train_tokens: int = DEMO_TRAIN_TOKENS
-    eval_tokens: int = DEMO_EVAL_TOKENS
-    prune_curve: bool = True
+    alpha: float = alpha()
+    heal_tokens: int = heal_budget(DEMO_HEAL_TOKENS)
+    train_tokens: int = setting(DEMO_TRAIN_TOKENS, TOKENS, f"Training tokens per arm (the {CPU_RECIPE} recipe, "
+                                f"{CPU_STEP_TOKENS:,} tokens a step, at lr {DEMO_LR:g}); more for a real recovery.",
+                                metavar="N")
+    eval_tokens: int = setting(DEMO_EVAL_TOKENS, TOKENS, "Held-out tokens every stage is measured on, by training "
+                               "validation and analysis alike.", metavar="N")
+    prune_curve: bool = setting(True, Flag(), "Also the perplexity with 1..L/2 blocks removed, for the original and "
+                                "both trained arms.", flag="--prune-curve/--no-prune-curve")
+    source: str | None = setting(None, Text(), "Your own Pre-LN checkpoint (HF folder or .gguf) instead of "
+                                 "SmolLM2-135M.", metavar="MODEL")
 
-    def __post_init__(self):
-        check_fraction("--alpha", self.alpha)
-        check_tokens("--heal-tokens", self.heal_tokens, zero_ok=True)
-        if self.heal_tokens:
-            check_one_step(self.heal_tokens, HEAL_BATCH_SIZE, HEAL_SEQ_LEN, "--heal-tokens", None, "one heal step")
-        check_tokens("--train-tokens", self.train_tokens)
-        check_tokens("--eval-tokens", self.eval_tokens)
+    def check_combination(self):
+        HealSettings(tokens=self.heal_tokens).check_one_step("--heal-tokens")

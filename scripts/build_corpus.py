@@ -10,7 +10,7 @@ from the running Python, with the documents this script writes from two pinned r
 
 A document is cut at paragraph boundaries into pieces of at most CHUNK_CHARS characters, each
 piece labelled with its document, so that corpus.py puts every piece of one chapter or article
-into one split. The texts measured as held out (benchmarks/heal_quality.py, docs/corpus.md) are
+into one split. The texts measured as held out (`python -m benchmarks heal quality`, docs/corpus.md) are
 in neither source.
 
     python scripts/build_corpus.py    # rewrites mixln_convert/data/english/{documents.jsonl.xz,manifest.json}

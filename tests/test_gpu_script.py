@@ -103,7 +103,7 @@ def test_attention_is_a_recipe_key_the_mixln_model_honours(converted):
     from mixln_convert.surgery.loading import load_model
     from mixln_convert.training import load_recipe
 
-    with pytest.raises(MixLNError, match="attention must be one of sdpa, eager"):
+    with pytest.raises(MixLNError, match=r"attention: unknown value 'flash' \(choose from sdpa, eager\)"):
         load_recipe("smollm2-135m-cpu", ["source=" + str(converted), "attention=flash"])
     batch = torch.randint(0, 320, (2, 32))
     losses = {}

@@ -66,7 +66,7 @@ def test_a_nonfinite_gradient_with_a_finite_loss_never_reaches_the_weights(conve
     model = load_model(converted).train()
     layers = model.model.layers
     assert layers[1].is_post_ln
-    optimizer = adamw(parameter_groups(layers, [], lr=1e-3, weight_decay=0.0))
+    optimizer = adamw(parameter_groups(layers, [], lr=1e-3, weight_decay=0.0), betas=(0.9, 0.999))
     scheduler = warmup_cosine(optimizer, 0, 10)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     _one_backward(model, corrupt=bad)
@@ -85,7 +85,7 @@ def test_a_loss_spike_is_skipped_and_a_run_of_them_stops(converted):
     layers = model.model.layers
     guard = StepGuard(spike_factor=2.0, spike_window=3, max_skips=1)
     outside = [p for name, p in model.named_parameters() if not name.startswith("model.layers.")]
-    optimizer = adamw(parameter_groups(layers, outside, lr=1e-3, weight_decay=0.0))
+    optimizer = adamw(parameter_groups(layers, outside, lr=1e-3, weight_decay=0.0), betas=(0.9, 0.999))
     scheduler = warmup_cosine(optimizer, 0, 100)
 
     def step(n: int, loss: float) -> dict:

@@ -145,7 +145,7 @@ def test_hardware_flags_and_stated_hardware(tmp_path):
     stated = Hardware(1, "single", "gpu", 80 * 10**9)
     assert choose_hardware(stated, processes=8) == Hardware(8, "ddp", "gpu", 80 * 10**9)
     assert choose_hardware(None, memory="24GiB") == Hardware(1, "single", "gpu", 24 * 2**30)
-    for kwargs, message in [(dict(processes=2, strategy="single"), "--strategy single runs one process"),
+    for kwargs, message in [(dict(processes=2, parallelism="single"), "--parallelism single runs one process"),
                             (dict(memory="lots"), "--memory: cannot read size 'lots'"),
                             (dict(memory="2000TB"), "--memory: 2000TB is more than 1 PiB"),
                             (dict(processes=10**6), "--processes: must be an integer in [1, 65536]")]:

@@ -308,20 +308,20 @@ def with_per_window(folder, per_window):
 
 
 def test_interval_holds_the_figure_and_equal_windows_resample_alike():
-    from mixln_convert.report.uncertainty import differs, estimate, perplexity
+    from mixln_convert.report.uncertainty import bootstrap, differs, perplexity
 
     rng = np.random.default_rng(0)
     losses = 3 + 0.5 * rng.standard_normal(WINDOWS)
-    a = estimate(perplexity, losses, "text, 8,192 tokens")
+    a = bootstrap(perplexity, losses, "text, 8,192 tokens")
     assert a.value == pytest.approx(np.exp(losses.mean()))
     low, high = a.interval
     assert low < a.value < high
     # the interval of the mean loss is about +-1.96 standard errors
     half_width = (np.log(high) - np.log(low)) / 2
     assert half_width == pytest.approx(1.96 * losses.std() / np.sqrt(WINDOWS), rel=0.2)
-    shifted = estimate(perplexity, losses + 0.01, "text, 8,192 tokens")  # the same windows, a model 1% worse
+    shifted = bootstrap(perplexity, losses + 0.01, "text, 8,192 tokens")  # the same windows, a model 1% worse
     assert differs(shifted, a)  # paired: the same resamples, so a small consistent gap is resolved
-    unpaired = estimate(perplexity, losses + 0.01, "other text, 8,192 tokens")
+    unpaired = bootstrap(perplexity, losses + 0.01, "other text, 8,192 tokens")
     assert not differs(unpaired, a)  # other windows: 1% is inside the window-to-window spread
 
 
@@ -459,8 +459,8 @@ def test_the_verdict_needs_both_the_interval_and_the_practical_threshold():
     assert call(0.003) == "same" and call(0.05) == "open"  # no interval: the same within 1%, else uncalled
 
     def found(value, draws, n):
-        from mixln_convert.report.uncertainty import Estimate
-        return Estimate(value, np.asarray(draws), n)
+        from mixln_convert.report.uncertainty import Bootstrap
+        return Bootstrap(value, np.asarray(draws), n)
 
     # Pre-LN "won" by 0.0017% on the LNS retrofit's perplexity: the same within 1% of perplexity
     a, b = 24.0004, 24.0

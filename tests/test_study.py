@@ -109,7 +109,7 @@ def test_a_run_interrupted_after_its_analysis_keeps_it(finished, tiny_llama_tied
 @pytest.mark.parametrize("argv, fragment", [
     (["--init", "warm"], "--init: unknown scheme 'warm'"),
     (["--alpha", "1"], "--alpha"),
-    (["--set", "max_tokens=0"], "max_tokens must be an integer in [1, 10^13]"),
+    (["--set", "max_tokens=0"], "max_tokens: must be an integer in [1, 10^13]"),
 ])
 def test_bad_settings_are_refused_before_any_run(argv, fragment, cli, tiny_llama_tied, tmp_path):
     result = cli("study", tiny_llama_tied, "--out", tmp_path / "study", *argv)

@@ -76,12 +76,12 @@ def test_trackers_none_writes_no_event_files(tiny_llama_tied, corpus, tmp_path):
 
 
 @pytest.mark.parametrize("value, message", [
-    ("[nosuch]", "trackers: unknown tracker 'nosuch' (one of tensorboard, wandb, mlflow, or none)"),
-    ("nosuch", "trackers: unknown tracker 'nosuch'"),
+    ("[nosuch]", "trackers: unknown name 'nosuch' (choose from tensorboard, wandb, mlflow, none)"),
+    ("nosuch", "trackers: unknown name 'nosuch'"),
     ("[wandb]", "trackers: wandb is not installed (pip install wandb), or set trackers: none"),
-    ("[tensorboard, tensorboard]", "trackers: each tracker once, got ['tensorboard', 'tensorboard']"),
+    ("[tensorboard, tensorboard]", "trackers: 'tensorboard' is given twice"),
     ("[tensorboard, none]", "trackers: none logs to no tracker, so it comes alone"),
-    ("3", "trackers must be a list of names, got 3"),
+    ("3", "trackers: must be a list of names, got 3"),
 ])
 def test_a_bad_tracker_is_refused_in_one_line_before_any_output(value, message, cli, tiny_llama_tied, corpus, tmp_path,
                                                                 monkeypatch):

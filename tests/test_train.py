@@ -125,13 +125,13 @@ def test_orchestrators_replace_typed_fields(tiny_llama_tied, corpus):
     seeded = recipe.replace({"seed": 3, "optim.lr": "3e-4", "arms": ["lns"]}, "--seeds")
     assert (seeded.seed, seeded.optim.lr, seeded.arms) == (3, 3e-4, ("lns",)) and recipe.seed == 0
     assert seeded.replace({"seed": 0, "optim.lr": recipe.optim.lr, "arms": recipe.arms}) == recipe
-    for changes, message in (({"seed": -1}, "--seeds: seed must be an integer in [0, 2^32)"),
+    for changes, message in (({"seed": -1}, "--seeds: seed: must be an integer in [0, 2^32)"),
                              ({"optim.lrr": 1.0}, "--seeds: unknown key 'optim.lrr'"),
                              ({"optim": 1.0}, "--seeds: 'optim' is a section, not a key"),
                              ({"max_tokens": 1}, "--seeds: max_tokens 1 is less than one optimizer step")):
         with pytest.raises(MixLNError, match=re.escape(message)):
             recipe.replace(changes, "--seeds")
-    with pytest.raises(MixLNError, match="^demo: heal.tokens 1 is less than one heal step"):
+    with pytest.raises(MixLNError, match="^demo: heal.tokens: 1 is less than one heal step"):
         load_recipe("smollm2-135m-cpu", tiny(tiny_llama_tied, corpus), {"heal.tokens": 1}, "demo")
 
 
@@ -144,21 +144,21 @@ def test_a_recipe_may_alias_single_values(tiny_llama_tied, corpus, tmp_path):
 
 @pytest.mark.parametrize("content, extra, message", [
     ({"optim": {"lrr": 1}}, [], "unknown key 'optim.lrr'"),
-    ({}, ["--set=optim.post_ln_lr_scale=0"], "optim.post_ln_lr_scale must be in (0, 10]"),
-    ({}, ["--set=optim.post_ln_lr_scale=11"], "optim.post_ln_lr_scale must be in (0, 10]"),
-    ({}, ["--set=guard.spike_factor=0.5"], "guard.spike_factor must be 0 (off) or in (1, 1000]"),
-    ({}, ["--set=heal.spike_factor=1e9"], "heal.spike_factor must be 0 (off) or in (1, 1000]"),
-    ({}, ["--set=guard.spike_window=100001"], "guard.spike_window must be an integer in [1, 10000]"),
-    ({}, ["--set=guard.max_skips=-1"], "guard.max_skips must be an integer in [0, 10000]"),
-    ({}, ["--set=fsdp=maybe"], "fsdp must be true or false"),
-    ({}, ["--set=compile=2"], "compile must be true or false"),
+    ({}, ["--set=optim.post_ln_lr_scale=0"], "optim.post_ln_lr_scale: must be in (0, 10]"),
+    ({}, ["--set=optim.post_ln_lr_scale=11"], "optim.post_ln_lr_scale: must be in (0, 10]"),
+    ({}, ["--set=guard.spike_factor=0.5"], "guard.spike_factor: must be 0 (off) or in (1, 1000]"),
+    ({}, ["--set=heal.spike_factor=1e9"], "heal.spike_factor: must be 0 (off) or in (1, 1000]"),
+    ({}, ["--set=guard.spike_window=100001"], "guard.spike_window: must be an integer in [1, 10000]"),
+    ({}, ["--set=guard.max_skips=-1"], "guard.max_skips: must be an integer in [0, 10000]"),
+    ({}, ["--set=fsdp=maybe"], "fsdp: must be true or false"),
+    ({}, ["--set=compile=2"], "compile: must be true or false"),
     ({}, ["--set=warmup=3"], "unknown key 'warmup'"),
-    ({}, ["--set=optim.lr=fast"], "optim.lr must be float"),
+    ({}, ["--set=optim.lr=fast"], "optim.lr: must be a number > 0, got 'fast'"),
     ({}, ["--set=source=/no/such/model"], "source: /no/such/model does not exist"),
     ({}, ["--set=data.train=/no/such/*.jsonl"], "data.train: /no/such/*.jsonl does not exist"),
     ({}, ["--set=max_tokens=100"], "max_tokens 100 is less than one optimizer step"),
     ({}, ["--set=global_batch_size=5"], "global_batch_size 5 is not a multiple of micro_batch_size 2"),
-    ({}, ["--set=precision=fp8"], "precision must be one of"),
+    ({}, ["--set=precision=fp8"], "precision: unknown value 'fp8'"),
     ({}, ["--set=nokey"], "expected KEY=VALUE"),
 ])
 def test_bad_recipe_fails_before_any_work(content, extra, message, cli, tiny_llama_tied, corpus, tmp_path):

@@ -64,16 +64,16 @@ def measure(source, name: str, options: AnalyzeOptions, task_manager, progress: 
     windows = token_windows(tokenizer, texts, seq_len, options.max_tokens, source=data or EVAL_DATA)
     # angles and small perplexity differences need float32; a GPU where there is one (every sweep is L forwards)
     model = source.model(dtype=torch.float32, device="cuda" if torch.cuda.is_available() else "cpu")
-    n_post = getattr(model.config, "post_ln_layers", 0)
+    post_ln_layers = getattr(model.config, "post_ln_layers", 0)
     result = {
         "checkpoint": name,
         "data": str(data) if data else EVAL_DATA,
         "seq_len": seq_len,
         "num_layers": num_layers,
-        "post_ln_layers": n_post,
+        "post_ln_layers": post_ln_layers,
         # LayerNorm Scaling: every block Pre-LN, its norm outputs scaled by 1/sqrt(l)
         "layernorm_scaling": getattr(model.config, "layernorm_scaling", False),
-        "layout": ["Post-LN" if i < n_post else "Pre-LN" for i in range(num_layers)],
+        "layout": ["Post-LN" if i < post_ln_layers else "Pre-LN" for i in range(num_layers)],
         **(layer_metrics(model, windows, options.span, batch_size, progress)
            if options.layer_sweep else perplexity_only(model, windows, batch_size, progress)),
         "tokenizer_vocab_size": len(tokenizer),

@@ -4,7 +4,7 @@ output x_{l+N} are closest by token-averaged angular distance; ``drop``, the N b
 alone raises perplexity least; ``last``, the N deepest blocks."""
 
 from ..errors import MixLNError
-from ..limits import check_choice
+from ..schema import Choice
 from ..options import METHODS
 
 
@@ -16,7 +16,7 @@ def check_count(n: int, num_layers: int) -> None:
 def choose_layers(method: str, n: int, num_layers: int, scores: dict | None = None) -> list[int]:
     """The ``n`` blocks ``method`` removes. ``scores`` holds what the method ranks by:
     ``angular_distance_matrix`` (angular) or ``layer_drop`` (drop); see :func:`layer_scores`."""
-    check_choice("--method", method, METHODS)
+    Choice(METHODS).check("--method", method)
     check_count(n, num_layers)
     if method == "angular":
         distances = span_distances(scores["angular_distance_matrix"], n)

@@ -14,7 +14,7 @@ from ..io.writer import tool_stamp, write_checkpoint
 from ..limits import check_seq_len, parse_size
 from ..options import MAX_SHARD_SIZE, ConvertOptions
 from ..runtime import map_large_allocations
-from .layout import post_ln_count, resolved_alpha
+from .layout import post_ln_count
 from .plan import ConversionPlan
 
 
@@ -49,8 +49,9 @@ def convert(src, dst, options: ConvertOptions | None = None, *, force: bool = Fa
     source = open_checkpoint(src)
     arch = architecture_for(source.config, source.where)
     config = dict(source.config)
-    n_post = 0 if options.lns else post_ln_count(config["num_hidden_layers"], options.alpha, options.post_ln_layers)
-    if strategy == "calibrated" and n_post > 0:
+    post_ln_layers = 0 if options.lns else post_ln_count(config["num_hidden_layers"], options.resolved_alpha,
+                                                         options.post_ln_layers)
+    if strategy == "calibrated" and post_ln_layers > 0:
         check_seq_len("--calibration-seq-len", options.calibration_seq_len, config)
     if max_shard_bytes is None:  # the writer buffers one output shard of computed tensors
         max_shard_bytes = min(parse_size(MAX_SHARD_SIZE), source.largest_shard_bytes())
@@ -59,11 +60,12 @@ def convert(src, dst, options: ConvertOptions | None = None, *, force: bool = Fa
     with atomic_output_dir(dst, force=force, protect=inputs) as tmp:
         started = time.time()
         stats = None
-        if strategy == "calibrated" and n_post > 0:
-            stats = first_blocks(statistics, n_post) if statistics else calibration_statistics(
-                source, arch, n_post, calibration_data, options.calibration_tokens, options.calibration_seq_len,
+        if strategy == "calibrated" and post_ln_layers > 0:
+            stats = first_blocks(statistics, post_ln_layers) if statistics else calibration_statistics(
+                source, arch, post_ln_layers, calibration_data, options.calibration_tokens, options.calibration_seq_len,
                 progress)
-        plan = ConversionPlan(arch, config, n_post, strategy, options.scaled_init, options.seed, stats, out_dtype,
+        plan = ConversionPlan(arch, config, post_ln_layers, strategy, options.scaled_init, options.seed, stats,
+                              out_dtype,
                               lns_gains=options.lns and strategy != "scratch")
         # the fitted gain vectors are in the weights, their means here
         calibration = None if stats is None else {k: [v.mean().item() for v in vs] if k.endswith("_gain") else vs
@@ -75,8 +77,8 @@ def convert(src, dst, options: ConvertOptions | None = None, *, force: bool = Fa
             provenance["scaled_init"] = options.scaled_init
 
         def finished_config() -> dict:
-            alpha = None if options.lns else resolved_alpha(options.alpha, options.post_ln_layers)
-            return converted_config(config, arch, n_post, alpha, out_dtype,
+            alpha = None if options.lns else options.resolved_alpha
+            return converted_config(config, arch, post_ln_layers, alpha, out_dtype,
                                     {**provenance, "seconds": round(time.time() - started, 2)}, options.lns)
 
         write_checkpoint(tmp, plan.tensors(source), finished_config, source, max_shard_bytes, desc="converting",
@@ -84,7 +86,7 @@ def convert(src, dst, options: ConvertOptions | None = None, *, force: bool = Fa
     return Path(dst)
 
 
-def calibration_statistics(source, arch, n_post, data, tokens, seq_len, progress) -> dict:
+def calibration_statistics(source, arch, post_ln_layers, data, tokens, seq_len, progress) -> dict:
     from ..data import read_texts, token_windows
     from ..surgery.prefix import load_prefix
     from .calibrate import calibrate
@@ -92,7 +94,7 @@ def calibration_statistics(source, arch, n_post, data, tokens, seq_len, progress
     windows = token_windows(source.tokenizer, read_texts(data, split="calibration"), seq_len, tokens,
                             flag="--calibration-seq-len", source=data or "embedded:calibration")
     device = "cuda" if torch.cuda.is_available() else "cpu"  # a few blocks: the GPU makes calibration instant
-    stats = calibrate(load_prefix(source, arch, n_post, device=device), windows, progress=progress)
+    stats = calibrate(load_prefix(source, arch, post_ln_layers, device=device), windows, progress=progress)
     stats = {k: [v.cpu() if torch.is_tensor(v) else v for v in vs] for k, vs in stats.items()}
     for key, values in stats.items():
         for i, value in enumerate(values):
@@ -103,14 +105,15 @@ def calibration_statistics(source, arch, n_post, data, tokens, seq_len, progress
             "seq_len": windows.shape[1]}
 
 
-def first_blocks(stats: dict, n: int) -> dict:
-    """Calibration statistics of the first ``n`` blocks, from those of at least ``n``."""
-    if len(stats["input_scale"]) < n:
-        raise MixLNError(f"calibration statistics of {len(stats['input_scale'])} blocks cannot convert {n}")
-    return {key: value[:n] if isinstance(value, list) else value for key, value in stats.items()}
+def first_blocks(stats: dict, post_ln_layers: int) -> dict:
+    """Calibration statistics of the first ``post_ln_layers`` blocks, from those of at least ``post_ln_layers``."""
+    if len(stats["input_scale"]) < post_ln_layers:
+        raise MixLNError(f"calibration statistics of {len(stats['input_scale'])} blocks cannot convert "
+                         f"{post_ln_layers}")
+    return {key: value[:post_ln_layers] if isinstance(value, list) else value for key, value in stats.items()}
 
 
-def converted_config(source_config: dict, arch, n_post: int, alpha, dtype, provenance: dict,
+def converted_config(source_config: dict, arch, post_ln_layers: int, alpha, dtype, provenance: dict,
                      layernorm_scaling: bool) -> dict:
     """config.json of the converted model: the source's, with the Mix-LN model type and layout."""
     return {
@@ -118,7 +121,7 @@ def converted_config(source_config: dict, arch, n_post: int, alpha, dtype, prove
         "model_type": arch.converted["model_type"],
         "architectures": [arch.converted["architecture"]],
         "auto_map": arch.converted["auto_map"],
-        "post_ln_layers": n_post,
+        "post_ln_layers": post_ln_layers,
         "layernorm_scaling": layernorm_scaling,
         "alpha": alpha,
         "dtype": str(dtype).removeprefix("torch."),

@@ -1,7 +1,7 @@
 """What each output tensor of a conversion is: the logic, kept apart from reading and writing.
 
 A plan yields ``(name, tensor)`` for each output tensor, one at a time, so that a conversion can
-stream. Per strategy, a Post-LN layer i (i < n_post):
+stream. Per strategy, a Post-LN layer i (i < post_ln_layers):
 
 ==============  ====================  =====================  ====================
 strategy        input_layernorm       post_attention gain    post_feedforward gain
@@ -39,7 +39,7 @@ FOLDED = {"attention_inputs": ("input_norm", "input_scale"), "mlp_inputs": ("pos
 class ConversionPlan:
     arch: Architecture
     config: dict
-    n_post: int
+    post_ln_layers: int
     strategy: str
     scaled_init: bool = True
     seed: int = 0
@@ -68,7 +68,7 @@ class ConversionPlan:
             i = self.arch.layer_of(name)
             if self.strategy == "scratch":
                 yield from self._scratch(source, name, i)
-            elif i is None or i >= self.n_post:
+            elif i is None or i >= self.post_ln_layers:
                 yield name, self._carried(source, name, i)
             else:
                 yield from self._post_ln(source, name, i)
@@ -76,10 +76,10 @@ class ConversionPlan:
     def _scratch(self, source, name: str, i: int | None):
         shape = source.shape(name)
         role = None if i is None else self._role(name, i)
-        if role == "input_norm" and i < self.n_post:
+        if role == "input_norm" and i < self.post_ln_layers:
             return
         yield name, self._fresh(name, role, shape).to(self.dtype)
-        if role == "post_attention_norm" and i < self.n_post:
+        if role == "post_attention_norm" and i < self.post_ln_layers:
             pf = self.arch.layer_tensor(i, "post_feedforward_norm")
             yield pf, self._fresh(pf, "post_feedforward_norm", shape).to(self.dtype)
 

@@ -30,7 +30,7 @@ from ..errors import MixLNError, warn
 from ..io.atomic import replace_dir, try_lock, wait_for_lock, write_atomic, write_failure
 from ..io.paths import check_not_input, check_readable, checkpoint_path, resolved
 from ..io.hub import HubDataset
-from ..limits import check_tokens
+from ..schema import TOKENS
 from ..options import TokenizeOptions
 from .corpus import embedded_corpus, file_documents, source_files
 from .shards import (FORMAT, MANIFEST, TOKEN_SPLITS, VERSION, TokenShardWriter, check_shards, file_sha256,
@@ -284,7 +284,7 @@ def tokenize(train, tokenizer, out, options: TokenizeOptions | None = None, *, m
     options = TokenizeOptions.given(options, fields)
     for name, count in (("max_tokens", max_tokens), ("max_validation_tokens", max_validation_tokens)):
         if count is not None:  # the API's (training's token cache): a count like the options'
-            check_tokens(name, count)
+            TOKENS.check(name, count)
     named = named or f"--out {out}"
     out, tokenizer = _check_paths(train, tokenizer, out, options.validation, named, force)
     wanted = settings(tokenizer, train, options, max_tokens, max_validation_tokens)

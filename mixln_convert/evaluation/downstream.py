@@ -14,7 +14,8 @@ from pathlib import Path
 import yaml
 
 from ..errors import MixLNError
-from ..limits import check_batch_size, check_limit
+from ..options import LIMIT
+from ..schema import BATCH
 
 INSTALL = "pip install 'mixln-convert[eval]'"
 
@@ -126,8 +127,9 @@ def evaluate_tasks(model, tokenizer, names: list[str], manager, *, limit: int | 
     :func:`task_manager`): {"tasks": run_tasks(...), "limit", "lm_eval_version"}."""
     from importlib.metadata import version
 
-    check_limit("--limit", limit)
-    check_batch_size("--batch-size", batch_size)
+    if limit is not None:
+        LIMIT.check("--limit", limit)
+    BATCH.check("--batch-size", batch_size)
     return {"tasks": run_tasks(hf_lm(model, tokenizer, batch_size), names, manager, limit), "limit": limit,
             "lm_eval_version": version("lm_eval")}
 

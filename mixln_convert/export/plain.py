@@ -28,11 +28,11 @@ PROVENANCE_FILE = "mixln_export.json"
 def plain_architecture(source):
     """The family whose plain model computes what ``source`` computes; a Mix-LN checkpoint with
     Post-LN blocks is refused, naming its config and the key."""
-    n_post = source.config.get("post_ln_layers") or 0
-    if source.is_mixln and n_post:
-        raise MixLNError(f"{source.where}: post_ln_layers {n_post}: a Mix-LN checkpoint with Post-LN blocks does not "
-                         "export, as no plain architecture computes Norm(x + F(x)); export its Pre-LN source, or an "
-                         "LNS or post_ln_layers 0 checkpoint")
+    post_ln_layers = source.config.get("post_ln_layers") or 0
+    if source.is_mixln and post_ln_layers:
+        raise MixLNError(f"{source.where}: post_ln_layers {post_ln_layers}: a Mix-LN checkpoint with Post-LN blocks "
+                         "does not export, as no plain architecture computes Norm(x + F(x)); export its Pre-LN source, "
+                         "or an LNS or post_ln_layers 0 checkpoint")
     return source.arch
 
 

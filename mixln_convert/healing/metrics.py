@@ -32,7 +32,7 @@ def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def check_finite(record: dict, lr: float) -> None:
+def check_record_finite(record: dict, lr: float) -> None:
     """A heal whose held-out figures are no longer numbers has diverged: it must not be written."""
     for key in ("val_relative_error", "val_ppl", "val_doc_ppl"):
         if key in record and not math.isfinite(record[key]):

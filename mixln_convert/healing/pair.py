@@ -16,9 +16,9 @@ from ..surgery.shared_tail import load_pair
 
 @dataclass
 class Models:
-    """The heal's models: each one's embeddings and first k blocks (``*_prefix``; the student's are
+    """The heal's models: each one's embeddings and first post_ln_layers blocks (``*_prefix``; the student's are
     trained), the whole models around those very blocks (``*_model``, None unless loaded), and the
-    tensors outside the first k blocks the teacher keeps its own copies of (``unshared``: they differ)."""
+    tensors outside the first post_ln_layers blocks the teacher keeps its own copies of (``unshared``: they differ)."""
 
     student_prefix: torch.nn.Module
     teacher_prefix: torch.nn.Module
@@ -27,15 +27,18 @@ class Models:
     unshared: list[str] = field(default_factory=list)
 
 
-def load_models(student_source, teacher_source, k: int, frozen: torch.dtype, device: str, whole: bool) -> Models:
+def load_models(student_source, teacher_source, post_ln_layers: int, frozen: torch.dtype, device: str,
+                whole: bool) -> Models:
     """The pair's :class:`Models`, the whole models too with ``whole``; the frozen weights in ``frozen``."""
     arch = student_source.arch
     if not whole:
-        student = load_prefix(student_source, arch, k, device=device)
+        student = load_prefix(student_source, arch, post_ln_layers, device=device)
         student.embed_tokens.requires_grad_(False)  # only the Post-LN blocks learn
-        return Models(student, load_prefix(teacher_source, arch, k, frozen, device))
-    student_model, teacher_model, unshared = load_pair(student_source, teacher_source, arch, k, frozen, device)
-    return Models(prefix_of(student_model, student_source, arch, k), prefix_of(teacher_model, teacher_source, arch, k),
+        return Models(student, load_prefix(teacher_source, arch, post_ln_layers, frozen, device))
+    student_model, teacher_model, unshared = load_pair(student_source, teacher_source, arch, post_ln_layers, frozen,
+                                                       device)
+    return Models(prefix_of(student_model, student_source, arch, post_ln_layers),
+                  prefix_of(teacher_model, teacher_source, arch, post_ln_layers),
                   student_model, teacher_model, unshared)
 
 

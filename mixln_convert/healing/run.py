@@ -18,13 +18,13 @@ from ..io.paths import check_destination, check_readable, checkpoint_path
 from ..io.writer import tool_stamp, write_checkpoint
 from ..limits import check_seq_len
 from ..model.modeling_mixln import enable_checkpointing
-from ..options import EVAL_DATA, HealOptions
+from ..options import EVAL_DATA, HEAL_BETAS, HealOptions
 from ..runtime import map_large_allocations
 from ..surgery.prefix import prefix_names
 from ..training.loop import (NonFiniteStep, StepGuard, adamw, block_grad_norms, clip_gradients, parameter_groups,
                              take_step, warmup_cosine)
 from .losses import distillation_loss, relative_error
-from .metrics import cached_teacher_metrics, check_finite, digest, warn_if_worse
+from .metrics import cached_teacher_metrics, check_record_finite, digest, warn_if_worse
 from .pair import load_models, open_pair, same_tokenizer
 
 
@@ -80,7 +80,7 @@ class HealRun(HealOptions):
         self.student_source, self.teacher_source = open_pair(self.converted, self.teacher)
         check_seq_len(self.seq_len_flag or "seq_len", self.seq_len, self.student_source.config)
         self.tokenizer = same_tokenizer(self.student_source, self.teacher_source)
-        self.k = self.student_source.config["post_ln_layers"]
+        self.post_ln_layers = self.student_source.config["post_ln_layers"]
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         return inputs
 
@@ -97,7 +97,7 @@ class HealRun(HealOptions):
         self.eval_windows = token_windows(self.tokenizer, self.documents, self.seq_len, self.eval_tokens,
                                           source=self.eval_data or EVAL_DATA)
         loss_class = distillation_loss(self.loss, self.activation_checkpointing)
-        self.models = load_models(self.student_source, self.teacher_source, self.k,
+        self.models = load_models(self.student_source, self.teacher_source, self.post_ln_layers,
                                   {"fp32": torch.float32, "bf16": torch.bfloat16}[self.dtype], self.device,
                                   whole=self.perplexity or loss_class.whole_models)
         self.objective = loss_class(self.models)
@@ -105,7 +105,8 @@ class HealRun(HealOptions):
             # non-reentrant: the first block's input (the frozen embeddings' output) needs no gradient
             enable_checkpointing(self.objective.runs_through, {"use_reentrant": False})
         if self.models.unshared:
-            warn(f"--teacher {self.teacher}: {len(self.models.unshared)} tensors outside the first {self.k} "
+            warn(f"--teacher {self.teacher}: {len(self.models.unshared)} tensors outside the first "
+                 f"{self.post_ln_layers} "
                  f"blocks differ from {self.converted}'s (the first: {self.models.unshared[0]}); the teacher keeps "
                  "its own copies of those")
         self.teacher_figures = self.measure_teacher() if self.perplexity else None
@@ -156,7 +157,7 @@ class HealRun(HealOptions):
         parameters = list(layers.parameters())
         # No weight decay: it would pull the pretrained weights toward 0, away from the teacher. Every
         # trained block is a Post-LN block, so --lr is their learning rate.
-        optimizer = adamw(parameter_groups(layers, [], lr=self.lr, weight_decay=0.0))
+        optimizer = adamw(parameter_groups(layers, [], lr=self.lr, weight_decay=0.0), betas=HEAL_BETAS)
         scheduler = warmup_cosine(optimizer, round(self.warmup_ratio * self.steps), self.steps)
         guard = StepGuard(self.spike_factor)
         batches = torch.utils.data.DataLoader(
@@ -182,7 +183,7 @@ class HealRun(HealOptions):
                 if (pending and record["tokens"] >= pending[0]) or step == self.steps:
                     pending = [t for t in pending if t > record["tokens"]]
                     record.update(self.validate())
-                    check_finite(record, self.lr)
+                    check_record_finite(record, self.lr)
                 log.write(json.dumps(record) + "\n")
                 losses.append(record["loss"])
                 bar.set_postfix(loss=f"{record['loss']:.4f}")
@@ -196,7 +197,7 @@ class HealRun(HealOptions):
             return {"teacher": self.teacher_figures[teacher], "before": before[key], "after": after[key]}
 
         return {
-            "out": str(self.out), "post_ln_layers": self.k, "steps": self.steps, "tokens": after["tokens"],
+            "out": str(self.out), "post_ln_layers": self.post_ln_layers, "steps": self.steps, "tokens": after["tokens"],
             "loss": self.loss, "lr": self.lr, "dtype": self.dtype,
             "activation_checkpointing": self.activation_checkpointing,
             "relative_error": {"before": before["val_relative_error"], "after": after["val_relative_error"]},
@@ -212,7 +213,8 @@ class HealRun(HealOptions):
         in its provenance."""
         source, arch = self.student_source, self.student_source.arch
         state = self.models.student_prefix.state_dict()
-        healed = {name: state[name.removeprefix(arch.decoder + ".")] for name in prefix_names(source, arch, self.k)
+        healed = {name: state[name.removeprefix(arch.decoder + ".")]
+                  for name in prefix_names(source, arch, self.post_ln_layers)
                   if arch.layer_of(name) is not None}
         # Only the healed blocks are needed from here: the writer holds an output shard's tensors at once,
         # which on top of both models and the AdamW state would set the peak.

@@ -168,14 +168,14 @@ def _done(config: dict, provenance: dict, origin: str | None, hub, trained: dict
           exported: dict | None = None) -> list[str]:
     """What was done, each step as its record says: source, layout, conversion, heal, prunings, training, export."""
     recorded = {**config, **((exported or {}).get("source_config") or {})}  # an export's history is its source's
-    layers, n_post = config.get("num_hidden_layers"), config.get("post_ln_layers") or 0
+    layers, post_ln_layers = config.get("num_hidden_layers"), config.get("post_ln_layers") or 0
     items = [f"Source: {_described(origin)}." if origin else "Source: not recorded."]
     if hub and provenance.get("strategy") == "scratch":
         items.append("`base_model` is left out: a model initialized from scratch holds none of the source's weights.")
     layout = layout_tag(config)
     if layout == "mix-ln":
-        items.append(f"Layout: Mix-LN, the first {n_post} of {layers} decoder blocks Post-LN, the other "
-                     f"{layers - n_post} Pre-LN.")
+        items.append(f"Layout: Mix-LN, the first {post_ln_layers} of {layers} decoder blocks Post-LN, the other "
+                     f"{layers - post_ln_layers} Pre-LN.")
     elif layout == "layernorm-scaling":
         items.append(f"Layout: LayerNorm Scaling, all {layers} decoder blocks Pre-LN with each block's norm outputs "
                      "scaled by 1/sqrt(l) (l its depth, from 1).")

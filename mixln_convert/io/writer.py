@@ -50,7 +50,8 @@ def write_checkpoint(folder: Path, tensors, config: dict, source, max_shard_byte
     source.copy_extras(folder)
     if "auto_map" in config:
         copy_model_code(folder)
-    write_card(folder, config, source.path, exported=exported)  # after the extras: a source's own card is never the output's
+    # after the extras: a source's own card is never the output's
+    write_card(folder, config, source.path, exported=exported)
 
 
 def copy_model_code(folder: Path) -> None:

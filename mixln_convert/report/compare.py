@@ -15,7 +15,7 @@ from ..options import CompareOptions, measured_on
 from . import uncertainty
 from .inputs import ARM_KINDS, PRUNE_FRACTIONS, Model, analysis_evaluation, load_inputs
 from .downstream import downstream_numbers
-from .uncertainty import LEVEL, MIN_ROWS, PRACTICAL, Estimate, call, estimate
+from .uncertainty import LEVEL, MIN_ROWS, PRACTICAL, Bootstrap, bootstrap, call
 
 PRUNE_VERDICT = "L/4"  # the pruning sentence compares models at this many removed blocks
 
@@ -83,12 +83,12 @@ def prune_points(analysis: dict) -> dict:
             for name, d in PRUNE_FRACTIONS.items()}
 
 
-def model_estimates(model: Model) -> dict[str, Estimate]:
+def model_estimates(model: Model) -> dict[str, Bootstrap]:
     """Bootstrap estimates of the figures the summary compares, where the inputs hold the
     per-window values (analyses and training runs of this version do)."""
     estimates = {}
     if (validation := model.summary.get("validation")) and model.summary.get("final_val_window_losses"):
-        estimates["final_val_ppl"] = estimate(uncertainty.perplexity, model.summary["final_val_window_losses"],
+        estimates["final_val_ppl"] = bootstrap(uncertainty.perplexity, model.summary["final_val_window_losses"],
                                               measured_on(validation))
     analysis = model.analysis
     if not (analysis and "per_window" in analysis):
@@ -96,24 +96,24 @@ def model_estimates(model: Model) -> dict[str, Estimate]:
     per_window, deep = analysis["per_window"], deep_half(analysis["num_layers"])
     where = measured_on(analysis_evaluation(analysis))
     loss = np.asarray(per_window["loss"])[:, None]
-    estimates["perplexity"] = estimate(uncertainty.perplexity, loss[:, 0], where)
+    estimates["perplexity"] = bootstrap(uncertainty.perplexity, loss[:, 0], where)
     if not model.layered:
         return estimates
-    estimates["deep_layer_drop_relative"] = estimate(
+    estimates["deep_layer_drop_relative"] = bootstrap(
         uncertainty.relative_increase, np.hstack([loss, np.asarray(per_window["loss_without_layer"])[:, deep]]), where)
-    estimates["deep_angular_distance"] = estimate(uncertainty.mean_value,
+    estimates["deep_angular_distance"] = bootstrap(uncertainty.mean_value,
                                                   np.asarray(per_window["angular_distance"])[:, deep], where)
-    estimates["grad_norm_cv"] = estimate(uncertainty.variation_of_mean, per_window["grad_norm_per_layer"],
+    estimates["grad_norm_cv"] = bootstrap(uncertainty.variation_of_mean, per_window["grad_norm_per_layer"],
                                          where + " (gradient batches)", rows="gradient batches")
     curve = analysis.get("prune_curve", {})
     n = analysis["num_layers"] // PRUNE_FRACTIONS[PRUNE_VERDICT]
     if "window_losses" in curve and n in curve["removed"]:
         pruned = np.asarray(curve["window_losses"][curve["removed"].index(n)])[:, None]
-        estimates["prune_ratio"] = estimate(uncertainty.relative_increase, np.hstack([loss, pruned]), where)
+        estimates["prune_ratio"] = bootstrap(uncertainty.relative_increase, np.hstack([loss, pruned]), where)
     return estimates
 
 
-def model_numbers(model: Model, estimates: dict[str, Estimate]) -> dict:
+def model_numbers(model: Model, estimates: dict[str, Bootstrap]) -> dict:
     """The numbers of ``model`` the report compares (None where the input does not have them),
     with the 95% bootstrap interval of each figure that has ``estimates``."""
     numbers = {"label": model.label, "kind": model.kind, "layout": model.layout, "source": str(model.source)}
@@ -151,7 +151,7 @@ def model_numbers(model: Model, estimates: dict[str, Estimate]) -> dict:
     return numbers
 
 
-def _with_interval(text: str, found: Estimate | None, bound=lambda x: f"{x:.3g}") -> str:
+def _with_interval(text: str, found: Bootstrap | None, bound=lambda x: f"{x:.3g}") -> str:
     """``text`` with the interval of ``found`` and what it rests on: '0.268 [0.257, 0.283; n=8 windows]'."""
     if found is None:
         return text
@@ -163,7 +163,7 @@ def _and(labels: list[str]) -> str:
     return labels[0] if len(labels) == 1 else f"{', '.join(labels[:-1])} and {labels[-1]}"
 
 
-def judge(scale: str, a: float, b: float, found_a: Estimate | None = None, found_b: Estimate | None = None,
+def judge(scale: str, a: float, b: float, found_a: Bootstrap | None = None, found_b: Bootstrap | None = None,
           unbootstrapped: str = NO_VALUES) -> tuple[str, str]:
     """(outcome, why) of figure ``a`` against ``b`` (see :func:`uncertainty.call`: 'differs', 'same' or
     'open'), their difference measured by ``scale`` (RATIO, POINTS or RELATIVE); ``why`` says what an
@@ -192,7 +192,7 @@ def _ranking(what: str, shown: dict, values: dict, verdict: str, highest: bool, 
              unbootstrapped: str = NO_VALUES) -> str:
     """'<what>: A 1.0 [interval], B 2.0; <verdict naming the best>.', the best having the highest (or lowest)
     of ``values``; the verdict only where the best differs from every other model (:func:`judge`; ``found``:
-    label -> Estimate); otherwise which models are the same within PRACTICAL, or too close to call, and why."""
+    label -> Bootstrap); otherwise which models are the same within PRACTICAL, or too close to call, and why."""
     listed = ", ".join(f"{label} {text}" for label, text in shown.items())
     if len(values) < 2:
         return f"{what}: {listed} (only one model to show)."
@@ -297,7 +297,7 @@ def _arm_sentence(arm: dict) -> str:
             f"{after} after {arm['tokens_trained']:,} tokens{where}.")
 
 
-def _deep_drop_text(f: dict, found: Estimate | None) -> str:
+def _deep_drop_text(f: dict, found: Bootstrap | None) -> str:
     text = _with_interval(f"{f['deep_layer_drop']:+.3g} ({f['deep_layer_drop_relative']:+.1%}", found,
                           lambda x: f"{x:+.1%}")
     text += f"; median {f['deep_layer_drop_median']:+.3g}"

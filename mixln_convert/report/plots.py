@@ -44,8 +44,8 @@ def _coloured(models: list[Model], has) -> list[tuple[Model, str]]:
 def _mark_post_ln(ax, plotted: list[tuple[Model, str]], legend: bool = True) -> None:
     """A dotted line where each Mix-LN model's Post-LN blocks end."""
     boundaries = [(m.post_ln_layers, color) for m, color in plotted if m.post_ln_layers]
-    for i, (n_post, color) in enumerate(boundaries):
-        ax.axvline(n_post - 0.5, color=color, linestyle=":",
+    for i, (post_ln_layers, color) in enumerate(boundaries):
+        ax.axvline(post_ln_layers - 0.5, color=color, linestyle=":",
                    label="end of the Post-LN blocks" if legend and not i else None)
 
 

@@ -25,7 +25,7 @@ PRACTICAL = 0.01
 
 
 @dataclass
-class Estimate:
+class Bootstrap:
     """A figure and its bootstrap draws."""
 
     value: float
@@ -54,17 +54,17 @@ def interval(draws) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def estimate(statistic, samples, measured_on: str, rows: str = "windows") -> Estimate:
+def bootstrap(statistic, samples, measured_on: str, rows: str = "windows") -> Bootstrap:
     """``statistic`` of ``samples`` ([n, ...], one row per evaluation window or batch: ``rows`` says
     which) and of its bootstrap resamples. ``statistic`` maps an array [draws, n, ...] to [draws].
     ``measured_on`` names the windows (data, window length, count): equal names give equal resamples."""
     samples = np.asarray(samples, dtype=float)
     seed = int.from_bytes(hashlib.sha256(f"{measured_on}|{len(samples)}".encode()).digest()[:8], "big")
     resampled = np.random.default_rng(seed).integers(0, len(samples), (DRAWS, len(samples)))
-    return Estimate(float(statistic(samples[None])[0]), statistic(samples[resampled]), len(samples), rows)
+    return Bootstrap(float(statistic(samples[None])[0]), statistic(samples[resampled]), len(samples), rows)
 
 
-def differs(a: Estimate, b: Estimate) -> bool:
+def differs(a: Bootstrap, b: Bootstrap) -> bool:
     """Whether the LEVEL interval of a - b (paired where both were measured on the same windows) excludes 0."""
     low, high = interval(a.draws - b.draws)
     return low > 0 or high < 0

@@ -127,11 +127,11 @@ def pruned_config(config: dict, mixln: bool, removed: list[int], record: dict) -
     if config.get("layer_types"):  # the attention kind of each block (Qwen's): the kept blocks' only
         config["layer_types"] = [kind for i, kind in enumerate(config["layer_types"]) if i not in removed]
     if mixln:
-        n_post = config["post_ln_layers"]
+        post_ln_layers = config["post_ln_layers"]
         # Post-LN blocks are the leading ones, so the kept ones still are: the layout stays one count.
-        config["post_ln_layers"] = n_post - sum(i < n_post for i in removed)
+        config["post_ln_layers"] = post_ln_layers - sum(i < post_ln_layers for i in removed)
         provenance = dict(config.get("mixln_provenance") or {})
-        provenance["pruned"] = [*provenance.get("pruned", []), {**record, "post_ln_layers_before": n_post}]
+        provenance["pruned"] = [*provenance.get("pruned", []), {**record, "post_ln_layers_before": post_ln_layers}]
         config["mixln_provenance"] = provenance
     else:
         config["pruned"] = [*config.get("pruned", []), record]

@@ -1,6 +1,6 @@
 """The converted model and its teacher as two whole models over one copy of what they share.
 
-A conversion rewrites only the first k = ``post_ln_layers`` blocks, so a heal need not hold the
+A conversion rewrites only the first ``post_ln_layers`` blocks, so a heal need not hold the
 rest twice: the teacher's model is given the student's very Parameter objects for it. Sharing is
 decided tensor by tensor at load time, on the values: a tail tensor the conversion did change
 (``scratch``, ``--dtype bf16`` of a float32 source, a teacher of another depth) stays the teacher's
@@ -12,13 +12,13 @@ import torch
 from ..errors import MixLNError
 
 
-def load_pair(student_source, teacher_source, arch, k: int, dtype=torch.float32, device="cpu"):
-    """``(student, teacher, unshared)``: whole causal LMs in eval mode, the student's first ``k`` blocks
+def load_pair(student_source, teacher_source, arch, post_ln_layers: int, dtype=torch.float32, device="cpu"):
+    """``(student, teacher, unshared)``: whole causal LMs in eval mode, the student's first ``post_ln_layers`` blocks
     float32 and trainable, every other tensor frozen in ``dtype``; the teacher holds the student's own
     Parameters wherever the two agree bit for bit, ``unshared`` names the frozen tensors it could not."""
 
     def trained(name: str) -> bool:
-        return arch.layer_of(name) is not None and arch.layer_of(name) < k
+        return arch.layer_of(name) is not None and arch.layer_of(name) < post_ln_layers
 
     teacher_names = set(teacher_source.names())
     student_state, teacher_state, shared, unshared = {}, {}, [], []
@@ -37,7 +37,7 @@ def load_pair(student_source, teacher_source, arch, k: int, dtype=torch.float32,
         teacher_state[name] = teacher_source.get(name).to(device, dtype)
 
     student = _whole_model(student_source, arch, student_state).requires_grad_(False)
-    arch.blocks_of(student)[:k].requires_grad_(True)
+    arch.blocks_of(student)[:post_ln_layers].requires_grad_(True)
     parameters = dict(student.named_parameters(remove_duplicate=False))
     teacher_state.update({name: parameters[name] for name in shared})  # Parameters: assigned as they are
     teacher = _whole_model(teacher_source, arch, teacher_state).requires_grad_(False)

@@ -40,7 +40,7 @@ def parameter_groups(layers, other, *, lr: float, weight_decay: float, post_ln_l
             for (post_ln, decayed), params in sorted(sets.items())]
 
 
-def adamw(groups: list[dict], *, betas=(0.9, 0.999), eps: float = 1e-8) -> torch.optim.AdamW:
+def adamw(groups: list[dict], *, betas: tuple[float, float], eps: float = 1e-8) -> torch.optim.AdamW:
     """AdamW, fused where torch has the kernel for every parameter (one kernel per step and no
     temporaries the size of the trained weights); DTensor shards (FSDP2) take the foreach path."""
     from torch.distributed.tensor import DTensor

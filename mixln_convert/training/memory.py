@@ -1,7 +1,7 @@
 """What a training recipe costs, known before any weight is loaded: the model is built from its
 config alone (a folder's config.json, a GGUF's metadata) on the meta device, and the parameter
 count, per-process memory and FLOPs per optimizer step follow from its shapes, the recipe and the
-hardware (processes, strategy, memory per device).
+hardware (processes, parallelism, memory per device).
 
 Memory per process, in bytes:
 
@@ -47,12 +47,12 @@ _SIZED_FOR = re.compile(r"^#\s*Sized for:\s*(\d+) x (\d+(?:\.\d+)?) ?GB (GPU|CPU
 @dataclass(frozen=True)
 class Hardware:
     processes: int
-    strategy: str  # one of TRAINING_STRATEGIES
+    parallelism: str  # one of PARALLELISMS
     device: str  # one of DEVICES
     memory: int  # bytes per process: a GPU's memory, or the RAM one CPU process may use
 
     def __str__(self) -> str:
-        return f"{self.processes} x {self.memory / 1e9:g} GB {self.device.upper()}, {self.strategy}"
+        return f"{self.processes} x {self.memory / 1e9:g} GB {self.device.upper()}, {self.parallelism}"
 
 
 DEFAULT_HARDWARE = Hardware(1, "single", "gpu", 80 * 10**9)
@@ -68,8 +68,8 @@ def sized_for(recipe_file: Path) -> Hardware | None:
             if not (1 <= processes <= MAX_PROCESSES and 1 <= memory <= MAX_SIZE):
                 raise MixLNError(f"{recipe_file}: {line!r}: the processes must be in [1, {MAX_PROCESSES}] and the "
                                  "memory in (0, 1 PiB]")
-            strategy = (match.group(4) or ("single" if processes == 1 else "ddp")).lower()
-            return Hardware(processes, strategy, match.group(3).lower(), memory)
+            parallelism = (match.group(4) or ("single" if processes == 1 else "ddp")).lower()
+            return Hardware(processes, parallelism, match.group(3).lower(), memory)
     return None
 
 
@@ -78,13 +78,13 @@ def choose_hardware(stated: Hardware | None, options: EstimateOptions | None = N
     ``settings``) given, else what the recipe states, else one 80 GB GPU."""
     options, stated = EstimateOptions.given(options, settings), stated or DEFAULT_HARDWARE
     processes = options.processes or stated.processes
-    strategy = options.strategy
-    if strategy is None:  # a recipe sized for one GPU, estimated on several: replicated (DDP)
-        strategy = stated.strategy if stated.strategy != "single" or processes == 1 else "ddp"
-    if strategy == "single" and processes > 1:
-        raise MixLNError(f"--strategy single runs one process, not {processes} (ddp or fsdp for several)")
+    parallelism = options.parallelism
+    if parallelism is None:  # a recipe sized for one GPU, estimated on several: replicated (DDP)
+        parallelism = stated.parallelism if stated.parallelism != "single" or processes == 1 else "ddp"
+    if parallelism == "single" and processes > 1:
+        raise MixLNError(f"--parallelism single runs one process, not {processes} (ddp or fsdp for several)")
     memory = options.memory_bytes or stated.memory
-    return Hardware(processes, strategy, options.device or stated.device, memory)
+    return Hardware(processes, parallelism, options.device or stated.device, memory)
 
 
 @dataclass(frozen=True)
@@ -223,14 +223,14 @@ def estimate(recipe: Recipe, hardware: Hardware, shapes: Shapes) -> Estimate:
     n, p = shapes.parameters, hardware.processes
     # 2 for bf16 autocast, 4 for fp32: a recipe's ``precision: auto`` is bf16 on a GPU, fp32 on CPU
     compute = 2 if recipe.precision == "bf16" or (recipe.precision == "auto" and hardware.device == "gpu") else 4
-    sharded = p if hardware.strategy == "fsdp" else 1
+    sharded = p if hardware.parallelism == "fsdp" else 1
     share = "" if sharded == 1 else f", 1/{p} each"
     state = {f"weights (fp32 masters{share})": 4 * n // sharded,
              f"gradients (fp32{share})": 4 * n // sharded,
              f"AdamW moments (2 x fp32{share})": 8 * n // sharded}
-    if hardware.strategy == "ddp":
+    if hardware.parallelism == "ddp":
         state["DDP gradient buckets (fp32)"] = 4 * n
-    if hardware.strategy == "fsdp":
+    if hardware.parallelism == "fsdp":
         gathered = n - shapes.layers * shapes.block_parameters + 2 * shapes.block_parameters
         state["FSDP gathered: root unit and 2 blocks, weights and fp32 gradients"] = (compute + 4) * gathered
     elif compute == 2:

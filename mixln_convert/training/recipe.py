@@ -18,15 +18,17 @@ import yaml
 from ..errors import MixLNError, shown
 from ..io.hub import hub_name
 from ..io.paths import check_readable, checkpoint_path, is_pattern
-from ..limits import SPIKE_FACTORS, below_one_step, count_interval, count_ok, is_finite_number, spike_factor_ok
-from ..options import (ALPHA, ARMS, ATTENTIONS, DEFAULT_ARMS, EVAL_SEQ_LEN, EVAL_TOKENS, LOSSES, PRECISIONS, STRATEGIES,
-                       HealSettings, arms_ok)
+from ..options import (ARM_NAMES, ATTENTIONS, DEFAULT_ARMS, EVAL_SEQ_LEN, EVAL_TOKENS, PRECISIONS, STRATEGIES,
+                       HealSettings, TokenizeOptions, alpha, heal_budget)
+from ..schema import (BATCH, FRACTION, NONNEGATIVE, POSITIVE_NUMBER, SEED, TOKENS, TOKENS_OR_ZERO, Choice, Count, Flag,
+                      Names, Number, Numbers, SpikeFactor, Text, declared, default_of, same_as, setting)
 
 SMOLLM2 = "smollm2"  # `source: smollm2` names the embedded default model (the cached GGUF)
 # accelerate's trackers a run may log to -> its availability check (accelerate.utils) and the pip package it needs
 TRACKERS = {"tensorboard": ("is_tensorboard_available", "tensorboard"), "wandb": ("is_wandb_available", "wandb"),
             "mlflow": ("is_mlflow_available", "mlflow")}
 NO_TRACKER = "none"
+INTERVAL = Count(1)  # steps between logs, evaluations, checkpoints
 
 
 @dataclass(frozen=True)
@@ -34,27 +36,30 @@ class Conversion:
     """alpha: the paper's, for 71M-1B models. scaled_init: o_proj/down_proj std / sqrt(2L) for the
     freshly initialized weights of reinit-post and scratch; with scratch the Pre-LN arm is
     initialized by the same plan (alpha 0, same seed), so both arms start alike."""
-    alpha: float = ALPHA
-    strategy: str = "calibrated"
-    scaled_init: bool = True
+    alpha: float = alpha()
+    strategy: str = setting("calibrated", Choice(STRATEGIES))
+    scaled_init: bool = setting(True, Flag())
 
 
 @dataclass(kw_only=True)
 class Heal(HealSettings):
     """Distil the converted Post-LN blocks from the source before training (mixln-convert heal,
     with these of its settings); tokens 0 skips it."""
-    tokens: int = 0
+    tokens: int = heal_budget()
 
 
 @dataclass(frozen=True)
 class Data:
     # a tokenized folder (`mixln-convert tokenize`), or text: a file, folder, glob or Hugging Face Hub
     # dataset (see `read_texts`), tokenized into the user cache first; None: the embedded corpus's train split
-    train: str | None = None
-    validation: str | None = None  # None: embedded validation split, or a held-out fraction of train's documents
-    validation_fraction: float = 0.01
-    eval_tokens: int = EVAL_TOKENS  # validation tokens scored at each evaluation (eval's and analyze's default)
-    num_proc: int = 0  # processes tokenizing a text train; 0: one per core for text over 16 MiB
+    train: str | None = setting(None, Text())
+    # None: embedded validation split, or a held-out fraction of train's documents
+    validation: str | None = setting(None, Text())
+    validation_fraction: float = same_as(TokenizeOptions, "validation_fraction")
+    # validation tokens scored at each evaluation (eval's and analyze's default)
+    eval_tokens: int = setting(EVAL_TOKENS, TOKENS)
+    # processes tokenizing a text train; at most the cores: data/stream.py, once known
+    num_proc: int = same_as(TokenizeOptions, "num_proc")
 
 
 @dataclass(frozen=True)
@@ -62,66 +67,72 @@ class Optim:
     """AdamW. lr: the paper's from scratch; a pretrained source usually wants less. post_ln_lr_scale:
     the Post-LN blocks' lr as a multiple of lr (right after a conversion their gradients are far
     larger than the Pre-LN blocks'; docs/training.md has the rehearsal behind the default)."""
-    lr: float = 1e-3
-    betas: tuple[float, float] = (0.9, 0.95)
-    weight_decay: float = 0.1
-    eps: float = 1e-8
-    post_ln_lr_scale: float = 0.25
+    lr: float = setting(1e-3, POSITIVE_NUMBER)
+    betas: tuple[float, float] = setting((0.9, 0.95), Numbers(Number(0, 1, high_open=True), 2, 2))
+    weight_decay: float = setting(0.1, NONNEGATIVE)
+    eps: float = setting(1e-8, POSITIVE_NUMBER)
+    post_ln_lr_scale: float = setting(0.25, Number(0, 10, low_open=True))
 
 
 @dataclass(frozen=True)
 class Schedule:
     """Linear warmup, then cosine (the paper's) down to min_lr_ratio x lr."""
-    warmup_steps: int = 100
-    min_lr_ratio: float = 0.1
+    warmup_steps: int = setting(100, TOKENS_OR_ZERO)
+    min_lr_ratio: float = setting(0.1, FRACTION)
 
 
 @dataclass(frozen=True)
 class Guard:
     """A step whose loss exceeds spike_factor x the mean of the last spike_window steps' is not
     applied (training/loop.py), up to max_skips in a row; spike_factor 0 turns the check off."""
-    spike_factor: float = 3.0
-    spike_window: int = 20
-    max_skips: int = 5
+    spike_factor: float = setting(3.0, SpikeFactor())
+    spike_window: int = setting(20, Count(1, 10_000))
+    max_skips: int = setting(5, Count(0, 10_000))
 
 
 @dataclass(frozen=True)
 class Recipe:
     """Everything a ``train`` run depends on; ``OUT/recipe.yaml`` holds it resolved, and --resume
     compares it (in ``OUT/run.json``)."""
-    source: str | None = None  # the Pre-LN model: HF folder, .gguf, Hub name ORG/NAME[@REVISION], or "smollm2"
-    converted: str | None = None  # an already converted Mix-LN checkpoint; None: source converted into OUT/mixln
+    # the Pre-LN model: HF folder, .gguf, Hub name ORG/NAME[@REVISION], or "smollm2"
+    source: str | None = setting(None, Text())
+    # an already converted Mix-LN checkpoint; None: source converted into OUT/mixln
+    converted: str | None = setting(None, Text())
     # what `train` runs (its --arm overrides it), one arm after the other on the same data: mixln (the
     # source converted), preln (the source itself, the control), lns (retrofitted to LayerNorm Scaling)
-    arms: tuple[str, ...] = DEFAULT_ARMS
+    arms: tuple[str, ...] = setting(DEFAULT_ARMS, ARM_NAMES)
     conversion: Conversion = field(default_factory=Conversion)
     heal: Heal = field(default_factory=Heal)
     data: Data = field(default_factory=Data)
-    seq_len: int = EVAL_SEQ_LEN  # the paper's (LLaMA-71M..1B); validation windows have it too
-    micro_batch_size: int = 4  # sequences per forward pass and process
-    global_batch_size: int = 32  # sequences per optimizer step, all processes and accumulation together
-    max_tokens: int = 1_000_000  # training budget; steps = max_tokens // (global_batch_size * seq_len)
+    seq_len: int = setting(EVAL_SEQ_LEN, Count(1))  # the paper's (LLaMA-71M..1B); validation windows have it too
+    micro_batch_size: int = setting(4, BATCH)  # sequences per forward pass and process
+    # sequences per optimizer step, all processes and accumulation together
+    global_batch_size: int = setting(32, Count(1))
+    max_tokens: int = setting(1_000_000, TOKENS)  # training budget; steps = max_tokens // (global_batch_size * seq_len)
     optim: Optim = field(default_factory=Optim)
     schedule: Schedule = field(default_factory=Schedule)
-    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
+    grad_clip: float = setting(1.0, NONNEGATIVE)  # max global gradient norm; 0 disables clipping
     guard: Guard = field(default_factory=Guard)
     # recompute each block's activations in the backward instead of keeping them (one more forward
     # of the blocks per step, activations no longer growing with depth)
-    activation_checkpointing: bool = False
-    fsdp: bool = False  # shard weights, gradients and AdamW state over the processes (FSDP2; training/sharding.py)
-    compile: bool = False  # torch.compile each decoder block (GPU speed; the first steps pay the compilation)
-    precision: str = "auto"  # bf16 autocast on a GPU with fp32 master weights; fp32 on CPU
-    attention: str = "sdpa"  # transformers' attention kernel: sdpa (flash/efficient on GPUs) or eager (plain matmuls)
+    activation_checkpointing: bool = setting(False, Flag())
+    # shard weights, gradients and AdamW state over the processes (FSDP2; training/sharding.py)
+    fsdp: bool = setting(False, Flag())
+    # torch.compile each decoder block (GPU speed; the first steps pay the compilation)
+    compile: bool = setting(False, Flag())
+    precision: str = setting("auto", Choice(PRECISIONS))  # bf16 autocast on a GPU with fp32 master weights; fp32 on CPU
+    # transformers' attention kernel: sdpa (flash/efficient on GPUs) or eager (plain matmuls)
+    attention: str = setting("sdpa", Choice(ATTENTIONS))
     # accelerate's trackers each arm logs to (run name: the arm; config: the resolved recipe): tensorboard,
     # wandb, mlflow, or none; null: tensorboard where installed, else none (resolved when the recipe is loaded)
-    trackers: tuple[str, ...] | None = None
-    log_interval: int = 1
-    eval_interval: int = 100
-    checkpoint_interval: int = 500
-    keep_checkpoints: int = 2  # most recent checkpoints kept per arm; 0 keeps all
-    grad_norm_interval: int = 10
-    seed: int = 0
-    allow_longer_seq: bool = False  # true: seq_len may exceed the source's max_position_embeddings
+    trackers: tuple[str, ...] | None = setting(None, Names((*TRACKERS, NO_TRACKER)))
+    log_interval: int = setting(1, INTERVAL)
+    eval_interval: int = setting(100, INTERVAL)
+    checkpoint_interval: int = setting(500, INTERVAL)
+    keep_checkpoints: int = setting(2, TOKENS_OR_ZERO)  # most recent checkpoints kept per arm; 0 keeps all
+    grad_norm_interval: int = setting(10, INTERVAL)
+    seed: int = setting(0, SEED)
+    allow_longer_seq: bool = setting(False, Flag())  # true: seq_len may exceed the source's max_position_embeddings
 
     @property
     def steps(self) -> int:
@@ -152,15 +163,14 @@ def _plain(value):
 
 
 def _fields(cls=Recipe, prefix: str = "") -> dict:
-    """{dotted key: (type, default)} of every leaf of ``cls``."""
+    """{dotted key: (kind, default)} of every leaf of ``cls``: its declared settings."""
     found = {}
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        kind = hints[f.name]
-        if dataclasses.is_dataclass(kind):
-            found.update(_fields(kind, f"{prefix}{f.name}."))
-        else:
-            found[f"{prefix}{f.name}"] = (kind, f.default)
+        if dataclasses.is_dataclass(hints[f.name]):
+            found.update(_fields(hints[f.name], f"{prefix}{f.name}."))
+    found.update({f"{prefix}{name}": (declaration.kind, default_of(f))
+                  for name, (f, declaration) in declared(cls).items()})
     return found
 
 
@@ -233,45 +243,15 @@ def _assign(values: dict, origin: dict, dotted: str, value, where: str) -> None:
 
 
 def _typed(key: str, value, where: str):
-    """``value`` converted to the key's field type. YAML reads 3e-4 (no dot) as a string, so
-    numbers are also accepted as strings."""
+    """``value`` read as the key's kind reads it (YAML reads 3e-4, no dot, as a string: numbers are
+    read from strings too); None where the key's default is None."""
     kind, default = FIELDS[key]
-    if key in PATH_KEYS:
-        return None if value is None else str(value)
-    names = kind in (tuple[str, ...], tuple[str, ...] | None)
-    if names and default is None and value is None:
+    if value is None and default is None:
         return None
-    if key == "trackers" and isinstance(value, str):  # `trackers: none`, `--set trackers=wandb`: one name
-        value = [value]
     try:
-        if names:  # any number of them
-            if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-                raise ValueError
-            return tuple(value)
-        if typing.get_origin(kind) is tuple:
-            if not isinstance(value, (list, tuple)) or len(value) != len(default):
-                raise ValueError
-            return tuple(float(v) for v in value)
-        if kind is bool:
-            if not isinstance(value, bool):
-                raise ValueError
-            return value
-        if kind is float:
-            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-                raise ValueError
-            return float(value)
-        if kind is int:
-            number = float(value) if isinstance(value, str) else value  # "2e8" from --set
-            if isinstance(number, bool) or not isinstance(number, (int, float)) or number != int(number):
-                raise ValueError
-            return int(number)
-        if not isinstance(value, str):
-            raise ValueError
-        return value
+        return kind.read(value)
     except (ValueError, TypeError, OverflowError):
-        what = ("a list of names" if names else f"a list of {len(default)} numbers" if typing.get_origin(kind) is tuple
-                else "true or false" if kind is bool else kind.__name__)
-        raise MixLNError(f"{where}: {key} must be {what}, got {value!r}") from None
+        raise MixLNError(f"{where}: {key}: must be {kind.describe()}, got {shown(repr(value))}") from None
 
 
 def _resolve_path(key: str, value: str | None, where: str) -> str | None:
@@ -294,57 +274,31 @@ def _resolve_path(key: str, value: str | None, where: str) -> str | None:
 
 
 def _check(r: dict, where: str, origin: dict) -> None:
-    """Ranges and budgets of the typed flat values ``r``; a message names what set the key
-    (``origin``: the file or a --set item), else ``where``, the recipe."""
+    """The typed flat values ``r``: each key's range (its kind's), then what keys say of each other; a
+    message names what set the key (``origin``: the file or a --set item), else ``where``, the recipe."""
     def need(ok: bool, message: str, key: str | None = None):
         if not ok:
             raise MixLNError(f"{origin.get(key, where)}: {message}")
 
-    def number(key: str, ok, interval: str):
-        need(is_finite_number(r[key]) and ok(r[key]), f"{key} must be {interval}, got {r[key]!r}", key)
-
     need(r["source"] is not None, "source is required (a Pre-LN checkpoint folder, a .gguf, or smollm2)")
-    need(r["conversion.strategy"] in STRATEGIES, f"conversion.strategy must be one of {', '.join(STRATEGIES)}",
-         "conversion.strategy")
-    need(arms_ok(r["arms"]), f"arms must list distinct arms of {', '.join(ARMS)}, got {list(r['arms'])!r}", "arms")
-    for key, allowed in (("heal.loss", LOSSES), ("precision", PRECISIONS), ("attention", ATTENTIONS)):
-        need(r[key] in allowed, f"{key} must be one of {', '.join(allowed)}", key)
-    # counts of tokens, or of steps and sequences (a run has fewer of those than tokens): one bound
-    for key in ("max_tokens", "data.eval_tokens", "seq_len", "micro_batch_size", "global_batch_size", "log_interval",
-                "eval_interval", "checkpoint_interval", "grad_norm_interval", "heal.seq_len", "heal.batch_size"):
-        number(key, count_ok, count_interval())
-    for key in ("heal.tokens", "schedule.warmup_steps", "keep_checkpoints"):
-        number(key, lambda v: count_ok(v, 0), count_interval(0))
-    number("data.num_proc", lambda v: v >= 0, "an integer >= 0")  # at most the cores: data/stream.py, once known
-    number("conversion.alpha", lambda v: 0 <= v <= 1, "in [0, 1]")
-    number("data.validation_fraction", lambda v: 0 < v < 1, "in (0, 1)")
-    for key in ("optim.lr", "heal.lr", "optim.eps"):
-        number(key, lambda v: v > 0, "a number > 0")
-    number("optim.weight_decay", lambda v: v >= 0, "a number >= 0")
-    number("grad_clip", lambda v: v >= 0, "a number >= 0 (0 disables clipping)")
-    number("schedule.min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]")
-    number("optim.post_ln_lr_scale", lambda v: 0 < v <= 10, "in (0, 10]")
-    for key in ("guard.spike_factor", "heal.spike_factor"):
-        number(key, spike_factor_ok, SPIKE_FACTORS)
-    number("guard.spike_window", lambda v: 1 <= v <= 10_000, "an integer in [1, 10000]")
-    number("guard.max_skips", lambda v: 0 <= v <= 10_000, "an integer in [0, 10000]")
-    number("seed", lambda v: 0 <= v < 2**32, "an integer in [0, 2^32)")
-    for i, beta in enumerate(r["optim.betas"]):
-        need(is_finite_number(beta) and 0 <= beta < 1, f"optim.betas[{i}] must be in [0, 1), got {beta!r}", "optim.betas")
+    for key, (kind, default) in FIELDS.items():
+        if not (r[key] is None and default is None):
+            try:
+                kind.check(key, r[key])
+            except MixLNError as e:
+                need(False, str(e), key)
     need(r["global_batch_size"] % r["micro_batch_size"] == 0,
          f"global_batch_size {r['global_batch_size']} is not a multiple of micro_batch_size {r['micro_batch_size']}",
          "global_batch_size")
     step_tokens = r["global_batch_size"] * r["seq_len"]
     need(r["max_tokens"] >= step_tokens, f"max_tokens {r['max_tokens']} is less than one optimizer step "
                                          f"(global_batch_size x seq_len = {step_tokens} tokens)", "max_tokens")
-    short = r["heal.tokens"] and below_one_step(r["heal.tokens"], r["heal.batch_size"], r["heal.seq_len"],
-                                                "heal.batch_size x heal.seq_len", "one heal step")
-    need(not short, f"heal.tokens {short}; 0 skips the heal", "heal.tokens")
+    heal = Heal(**{key.removeprefix("heal."): value for key, value in r.items() if key.startswith("heal.")})
+    try:
+        heal.check_one_step("heal.tokens")
+    except MixLNError as e:
+        need(False, f"{e}; 0 skips the heal", "heal.tokens")
     trackers = r["trackers"] or ()
-    for name in trackers:
-        need(name in (*TRACKERS, NO_TRACKER), f"trackers: unknown tracker {shown(name)!r} (one of "
-                                               f"{', '.join(TRACKERS)}, or {NO_TRACKER})", "trackers")
-    need(len(set(trackers)) == len(trackers), f"trackers: each tracker once, got {list(trackers)!r}", "trackers")
     need(NO_TRACKER not in trackers or len(trackers) == 1,
          f"trackers: {NO_TRACKER} logs to no tracker, so it comes alone, got {list(trackers)!r}", "trackers")
     for name in (name for name in trackers if name != NO_TRACKER):

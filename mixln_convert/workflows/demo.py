@@ -9,13 +9,12 @@ from ..fetch import cache_dir
 from ..io.loader import open_checkpoint
 from ..io.paths import checkpoint_path
 from ..limits import check_force_or_resume
-from ..options import DEMO_LR, EVAL_DATA, DemoOptions, measured_on
+from ..options import CPU_RECIPE, CPU_STEP_TOKENS, DEMO_LR, EVAL_DATA, DemoOptions, measured_on
 from ..training.recipe import Recipe, load_recipe
 from .runs import Stages, claim_run
 from .train import check_launch, train
 
 log = logging.getLogger(__name__)  # the demo's progress: the CLI shows it, a library caller may silence it
-DEMO_RECIPE = "smollm2-135m-cpu"  # shipped with the package
 # the whole demo at its defaults on 2 idle cores, measured (docs/measurements.md, "The demo, as it ran here"):
 # 12 min 38 s on a Zen 4 machine, 27 to 33 min on a Zen 1 one
 DEMO_MINUTES = (13, 33)
@@ -93,9 +92,10 @@ def _demo_plan(options: DemoOptions) -> tuple[str | None, Recipe, dict]:
                 "--prune-curve": options.prune_curve, "optim.lr": DEMO_LR}  # the lr: a demo before it was the recipe's
     changes = {"conversion.alpha": options.alpha, "heal.tokens": options.heal_tokens,
                "max_tokens": options.train_tokens, "optim.lr": DEMO_LR,
-               "eval_interval": max(1, options.train_tokens // 1024), "data.eval_tokens": options.eval_tokens,
+               "eval_interval": max(1, options.train_tokens // CPU_STEP_TOKENS),
+               "data.eval_tokens": options.eval_tokens,
                **({"source": source} if source else {})}
-    recipe = load_recipe(DEMO_RECIPE, changes=changes, changed_by="demo")
+    recipe = load_recipe(CPU_RECIPE, changes=changes, changed_by="demo")
     open_checkpoint(recipe.source)  # a bad --source is refused before --force empties out (opened once: cached)
     return source, recipe, settings
 

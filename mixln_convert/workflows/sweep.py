@@ -24,6 +24,7 @@ from ..io.records import METRICS, read_metrics, write_json
 from ..limits import check_force_or_resume
 from ..options import (
     CALIBRATION_SEQ_LEN,
+    CPU_RECIPE,
     CALIBRATION_TOKENS,
     MAX_GRAD_RATIO,
     MAX_PPL_INCREASE,
@@ -33,7 +34,6 @@ from ..training import Recipe, load_recipe
 from .runs import STAGE_RESULT, Stages, claim_run, timed
 
 log = logging.getLogger(__name__)  # the sweep's progress: the CLI shows it, a library caller may silence it
-TRAIN_RECIPE = "smollm2-135m-cpu"  # settings of the short continued pre-training (CPU-sized steps)
 FIRST_STEPS = 4  # gradient norms "over the first steps": this many training steps (or analysis batches)
 
 
@@ -181,7 +181,7 @@ def _training_recipe(src, data, train_tokens: int):
     changes = {"source": str(Path(src).absolute()), "grad_norm_interval": 1}
     if data is not None:
         changes["data.train"] = str(data)  # a path (made absolute) or a Hub dataset name, as a recipe takes it
-    defaults = load_recipe(TRAIN_RECIPE, changes=changes, changed_by="sweep")
+    defaults = load_recipe(CPU_RECIPE, changes=changes, changed_by="sweep")
     step_tokens = defaults.global_batch_size * defaults.seq_len
     if train_tokens < step_tokens:
         raise MixLNError(f"--train-tokens: {train_tokens} is less than one training step ({step_tokens} tokens)")
@@ -190,18 +190,18 @@ def _training_recipe(src, data, train_tokens: int):
                             "--train-tokens")
 
 
-def _calibrate(source, blocks: int, times: dict, progress: bool):
-    """The calibration statistics of the first ``blocks`` blocks, which every alpha's conversion reuses."""
+def _calibrate(source, post_ln_layers: int, times: dict, progress: bool):
+    """The calibration statistics of the first ``post_ln_layers`` blocks, which every alpha's conversion reuses."""
     from ..conversion.converter import calibration_statistics
 
-    log.info(f"calibrating the first {blocks} blocks once for every alpha")
+    log.info(f"calibrating the first {post_ln_layers} blocks once for every alpha")
     with timed(times, "calibration_s"):
-        return calibration_statistics(source, source.arch, blocks, None, CALIBRATION_TOKENS, CALIBRATION_SEQ_LEN,
-                                      progress)
+        return calibration_statistics(source, source.arch, post_ln_layers, None, CALIBRATION_TOKENS,
+                                      CALIBRATION_SEQ_LEN, progress)
 
 
-def _folder(out: Path, n: int) -> Path:
-    return out / f"post-ln-{n:02d}"
+def _folder(out: Path, post_ln_layers: int) -> Path:
+    return out / f"post-ln-{post_ln_layers:02d}"
 
 
 def _scores(ckpt, eval_tokens: int, progress: bool) -> dict:
@@ -230,15 +230,15 @@ def _train(recipe: Recipe, folder: Path, arm: str, progress: bool) -> dict:
             "grad_norm_steps": [r["grad_norm_per_layer"] for r in records if "grad_norm_per_layer" in r][:FIRST_STEPS]}
 
 
-def _alpha(src, tmp: Path, n: int, given: list[float], stats, options: SweepOptions, training, original: dict,
-           controls: list[dict], progress: bool) -> dict:
-    """Convert ``src`` with ``n`` Post-LN blocks into ``tmp/converted`` (reusing ``stats``), heal,
+def _alpha(src, tmp: Path, post_ln_layers: int, given: list[float], stats, options: SweepOptions, training,
+           original: dict, controls: list[dict], progress: bool) -> dict:
+    """Convert ``src`` with ``post_ln_layers`` Post-LN blocks into ``tmp/converted`` (reusing ``stats``), heal,
     train each seed, score every stage and analyze the last one."""
     from ..conversion.converter import convert
     from ..healing import heal
 
     heal_tokens, train_tokens, eval_tokens = options.heal_tokens, options.train_tokens, options.eval_tokens
-    if n == 0:  # no Post-LN block: the original's weights, measured once as "original" and the control
+    if post_ln_layers == 0:  # no Post-LN block: the original's weights, measured once as "original" and the control
         scores = original["scores"]
         return {"post_ln_layers": 0, "alphas": given, "converted": scores, "healed": scores if heal_tokens else None,
                 "trained": controls or None, "analysis": original["analysis"], "times": {},
@@ -247,8 +247,9 @@ def _alpha(src, tmp: Path, n: int, given: list[float], stats, options: SweepOpti
                                    original["analysis"]["grad_norm_batches"], 0)}
     times = {}
     with timed(times, "convert_s"):
-        stage = convert(src, tmp / "converted", post_ln_layers=n, statistics=stats, progress=progress)
-    row = {"post_ln_layers": n, "alphas": given, "converted": _scores(stage, eval_tokens, progress), "healed": None,
+        stage = convert(src, tmp / "converted", post_ln_layers=post_ln_layers, statistics=stats, progress=progress)
+    row = {"post_ln_layers": post_ln_layers, "alphas": given, "converted": _scores(stage, eval_tokens, progress),
+           "healed": None,
            "trained": None}
     if heal_tokens:
         stage = tmp / "healed"
@@ -265,6 +266,7 @@ def _alpha(src, tmp: Path, n: int, given: list[float], stats, options: SweepOpti
     with timed(times, "analysis_s"):
         row["analysis"] = _analysis(final, tmp, eval_tokens, progress)
     steps = row["trained"][0]["grad_norm_steps"] if train_tokens else row["analysis"]["grad_norm_batches"]
-    row.update(gradient_figures(steps, n), gradients_from="training steps" if train_tokens else "analysis batches",
+    row.update(gradient_figures(steps, post_ln_layers),
+               gradients_from="training steps" if train_tokens else "analysis batches",
                times=times)
     return row

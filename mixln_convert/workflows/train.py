@@ -14,8 +14,8 @@ from ..io.atomic import scratch_dir, write_atomic
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable, checkpoint_path
 from ..io.records import SUMMARY, read_summary
-from ..limits import check_one_step, check_seq_len, check_tokens
-from ..options import ARMS, HEAL_BATCH_SIZE, HEAL_SEQ_LEN, ConvertOptions, arms_ok
+from ..limits import check_seq_len
+from ..options import ARM_NAMES, HEAL_SEQ_LEN, ConvertHealOptions, ConvertOptions
 from ..runtime import map_large_allocations
 from ..training.recipe import Recipe
 from .runs import Stages, claim_run
@@ -34,8 +34,7 @@ def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool =
 
     out = Path(out).absolute()
     arms = recipe.arms if arms is None else arms
-    if not arms_ok(arms):  # the recipe's are checked; an API caller's "mixln" would train five arms, m, i, x...
-        raise MixLNError(f"arms: must list distinct arms of {', '.join(ARMS)}, got {arms!r}")
+    ARM_NAMES.check("arms", arms)  # the recipe's are checked; an API caller's "mixln" would train five arms, m, i, x...
     # Accelerator reads `accelerate launch --cpu` (ACCELERATE_USE_CPU) itself; PartialState does not.
     state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
     accumulation = _accumulation(recipe, state.num_processes)
@@ -125,29 +124,33 @@ def prepare(recipe: Recipe, arm: str, folder: Path, splits, progress: bool) -> s
     return str(healed)
 
 
-def convert_and_heal(src, dst, options: ConvertOptions | None = None, *, heal_tokens: int, heal_data=None,
+def convert_and_heal(src, dst, options: ConvertOptions | None = None, healing: ConvertHealOptions | None = None, *,
                      force: bool = False, progress: bool = True, **settings) -> dict:
-    """One command from a pretrained model to a usable Mix-LN one: ``src`` converted (``options`` or
-    ``settings``, as :func:`~mixln_convert.conversion.converter.convert` takes them) into a temporary
-    folder beside ``dst``, then healed on ``heal_tokens`` tokens into ``dst``; returns heal's result."""
+    """One command from a pretrained model to a usable Mix-LN one: ``src`` converted (``options``, as
+    :func:`~mixln_convert.conversion.converter.convert` takes them) into a temporary folder beside ``dst``,
+    then healed as ``healing`` says (its ``heal_tokens`` and ``heal_data``) into ``dst``; ``settings``: the
+    fields of either; returns heal's result."""
     from ..conversion.converter import convert
     from ..conversion.layout import post_ln_count
     from ..data import read_texts, token_stream, windows
     from ..healing import heal
 
+    healing = ConvertHealOptions.given(healing, {key: settings.pop(key) for key in ("heal_tokens", "heal_data")
+                                                 if key in settings})
     options = ConvertOptions.given(options, settings)
+    if not healing.heal_tokens:
+        raise MixLNError("--heal-tokens: a heal in the same run needs a budget of at least one heal step")
+    heal_tokens, heal_data = healing.heal_tokens, healing.heal_data
     src = checkpoint_path(src, "SRC")
     check_readable(heal_data, "--heal-data")
     layers = open_checkpoint(src).config["num_hidden_layers"]
-    if options.lns or post_ln_count(layers, options.alpha, options.post_ln_layers) == 0:
+    if options.lns or post_ln_count(layers, options.resolved_alpha, options.post_ln_layers) == 0:
         # a heal trains the Post-LN blocks: said before converting
         given = ("--layout lns" if options.lns else f"--post-ln-layers {options.post_ln_layers}"
                  if options.post_ln_layers is not None else f"--alpha {options.alpha:g}" if options.alpha is not None
                  else "the default --alpha")
         raise MixLNError(f"--heal-tokens: {given} makes no block Post-LN (of {layers}), so there is nothing to "
                          "heal; convert without --heal-tokens, or make some blocks Post-LN")
-    check_tokens("--heal-tokens", heal_tokens)
-    check_one_step(heal_tokens, HEAL_BATCH_SIZE, HEAL_SEQ_LEN, "--heal-tokens", None, "one heal step")
     target = check_destination(dst, {"SRC": src, "--heal-data": heal_data}, force)
     # the heal's text is read and tokenized (into the cache heal reads it from) before the long conversion
     what = str(heal_data) if heal_data else "embedded:train"
