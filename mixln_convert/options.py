@@ -82,7 +82,7 @@ DEMO_HEAL_TOKENS = 16 * HEAL_BATCH_SIZE * HEAL_SEQ_LEN
 DEMO_TRAIN_TOKENS = 8 * CPU_STEP_TOKENS
 DEMO_EVAL_TOKENS = 8 * EVAL_SEQ_LEN
 # The demo trains at the heal's lr rather than the CPU recipe's: the higher the lr, the more the
-# healed Mix-LN arm learns its way back into loops (benchmarks/demo_lr.py, README)
+# healed Mix-LN arm learns its way back into loops (python -m benchmarks studies demo-lr, README)
 DEMO_LR = HEAL_LR
 
 DATA_FORMATS = (".txt, .jsonl/.json/.json.gz (field 'text'), .parquet, a folder, a glob, or a Hugging Face Hub "
@@ -114,7 +114,7 @@ def heal_budget(default: int = 0):
 
 
 LIMIT = Count(1, MAX_EXAMPLES)  # examples of one lm-eval task (--limit)
-ARM_NAMES = Names(ARMS)  # distinct arms, at least one (a string is one name, not a list of them)
+ARM_NAMES = Names(ARMS, noun="arm")  # distinct arms, at least one (a string is one name, not a list of them)
 
 
 class Options:
@@ -182,7 +182,7 @@ class HealOptions(Options, HealSettings, ShardSized):
     before, after and at each token count in ``eval_at`` (with ``perplexity`` the whole model's too)."""
     data: object = text("Training text (default split: train), best of the kind the model will be scored on: a "
                         "heal carries over to other kinds of text only in part.")
-    dtype: str = setting("fp32", Choice(HEAL_DTYPES),
+    dtype: str = setting("fp32", Choice(HEAL_DTYPES, "dtype"),
                          "Of the frozen weights (everything but the Post-LN blocks, which train in fp32); bf16 "
                          "halves them and computes under bf16 autocast.")
     warmup_ratio: float = setting(0.1, Number(0, 1, high_open=True))
@@ -231,7 +231,7 @@ class ConvertOptions(Options, ShardSized):
     max_shard_size: str | int | None = setting(  # None: the source's largest shard, at most MAX_SHARD_SIZE
         None, Size(), "Largest output shard, e.g. 5GB, 500MB. Default: the source's largest shard, at most 5GB "
         "(memory use grows with it).")
-    dtype: str | None = setting(None, Choice(DTYPES), "Output dtype; default: the source's.")
+    dtype: str | None = setting(None, Choice(DTYPES, "dtype"), "Output dtype; default: the source's.")
     seed: int = setting(0, SEED, "Seed of initialized weights.")
 
     def check_combination(self):
@@ -463,7 +463,7 @@ class StudyOptions(Options):
     alpha: float = alpha(kind=OPEN_FRACTION)
     seeds: int = setting(2, SEEDS, "Seeds per arm and scheme (initialization and data order); verdicts need 2 or "
                          "more.")
-    schemes: tuple[str, ...] = setting(tuple(STUDY_SCHEMES), Names(tuple(STUDY_SCHEMES)),
+    schemes: tuple[str, ...] = setting(tuple(STUDY_SCHEMES), Names(tuple(STUDY_SCHEMES), noun="scheme"),
                                        "Initialization schemes, each applied to every arm: scaled (o_proj/down_proj "
                                        "std / sqrt(2L)), plain (LLaMA's).", flag="--init", metavar="LIST")
     post_ln: bool = setting(True, Flag(), "Train a Post-LN arm (alpha 1) too.", flag="--post-ln/--no-post-ln")

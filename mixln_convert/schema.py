@@ -126,10 +126,11 @@ class SpikeFactor(Number):
 @dataclass(frozen=True)
 class Choice(Kind):
     choices: tuple
+    noun: str = "value"  # what a choice is, in errors: "unknown dtype 'fp8'"
 
     def check(self, name: str, value) -> None:
         if value not in self.choices:
-            raise MixLNError(f"{name}: unknown value {shown(repr(value))} (choose from {', '.join(self.choices)})")
+            raise MixLNError(f"{name}: unknown {self.noun} {shown(repr(value))} (choose from {', '.join(self.choices)})")
 
     def read(self, value):
         if not isinstance(value, str):
@@ -199,6 +200,7 @@ class Names(Kind):
     choices: tuple | None = None
     low: int = 1
     high: int = 256
+    noun: str = "name"
 
     def check(self, name: str, value) -> None:
         if isinstance(value, str) or not isinstance(value, (list, tuple)):
@@ -208,7 +210,7 @@ class Names(Kind):
             if not (isinstance(item, str) and item.strip()):
                 raise MixLNError(f"{name}: {shown(given)!r} holds an empty name")
             if self.choices is not None and item not in self.choices:
-                raise MixLNError(f"{name}: unknown name {shown(item)!r} (choose from {', '.join(self.choices)})")
+                raise MixLNError(f"{name}: unknown {self.noun} {shown(item)!r} (choose from {', '.join(self.choices)})")
         twice = [item for i, item in enumerate(value) if item in value[:i]]
         if twice:
             raise MixLNError(f"{name}: {shown(twice[0])!r} is given twice")

@@ -661,7 +661,7 @@ ROWS = [
     ("eval-hub-repo-of-a-card-only", lambda i, o: ["eval", hub_repo(i, {"README.md": b"a card"})], "holds no config.json and no .gguf file"),
     ("train-unknown-recipe", lambda i, o: ["train", "no-such-recipe", "--out", o], "no-such-recipe: neither a recipe file nor a shipped recipe"),
     ("train-source-missing", lambda i, o: [*recipe(i, f"source={i.root / 'gone'}"), "--out", o], "does not exist"),
-    ("train-arms-unknown", lambda i, o: [*recipe(i, "arms=[mixln, postln]"), "--out", o], "arms: unknown name 'postln' (choose from mixln, preln, lns)"),
+    ("train-arms-unknown", lambda i, o: [*recipe(i, "arms=[mixln, postln]"), "--out", o], "arms: unknown arm 'postln' (choose from mixln, preln, lns)"),
     ("train-arm-unknown", lambda i, o: [*recipe(i), "--arm", "postln", "--out", o], "'--arm'"),
     ("convert-lns-with-alpha", lambda i, o: ["convert", i.src, o, "--layout", "lns", "--alpha", "0.25"], "--alpha: --layout lns makes no block Post-LN"),
     ("sweep-lns-without-training", lambda i, o: ["sweep", i.src, "--out", o, "--lns"], "--lns: the LNS retrofit computes the original's function"),
@@ -723,7 +723,7 @@ ROWS = [
     ("train-tokens-and-validation", lambda i, o: [*recipe(i, f"data.train={tokens(i)}"), "--out", o], "set data.validation to null"),
     ("train-num-proc-negative", lambda i, o: [*recipe(i, "data.num_proc=-1"), "--out", o], "data.num_proc: must be an integer in [0, 10^13], got -1"),
     # ---- study: every number and path checked before any run ----
-    ("study-init-unknown", lambda i, o: ["study", i.src, "--out", o, "--init", "scaled,warm"], "--init: unknown name 'warm' (choose from scaled, plain)"),
+    ("study-init-unknown", lambda i, o: ["study", i.src, "--out", o, "--init", "scaled,warm"], "--init: unknown scheme 'warm' (choose from scaled, plain)"),
     ("study-init-empty", lambda i, o: ["study", i.src, "--out", o, "--init", ","], "--init: ',' holds an empty name"),
     ("study-alpha-zero", lambda i, o: ["study", i.src, "--out", o, "--alpha", "0"], "'--alpha'"),
     ("study-alpha-nan", lambda i, o: ["study", i.src, "--out", o, "--alpha", "nan"], "--alpha: must be in (0, 1), got nan"),

@@ -28,7 +28,7 @@ def test_help_of_group_and_every_command(cli, command):
 
 @pytest.mark.parametrize("command", [[], *([name] for name in main.commands)], ids=lambda c: " ".join(c) or "group")
 def test_help_imports_neither_torch_nor_transformers(command):
-    """What makes --help answer at once (benchmarks/startup.py times it): no heavy import."""
+    """What makes --help answer at once (python -m benchmarks maintenance startup times it): no heavy import."""
     code = ("import sys\nfrom mixln_convert.cli import main\ntry:\n    main(%r)\nexcept SystemExit:\n"
             "    print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers'}))" % ([*command, "--help"],))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

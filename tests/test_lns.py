@@ -143,7 +143,7 @@ def test_inspect_names_the_scaled_blocks(converted_lns, cli):
 
 
 @pytest.mark.parametrize("arms, fragment", [
-    ("[mixln, lns]", None), ("[lns]", None), ("[postln]", "arms: unknown name 'postln' (choose from mixln, preln, lns)"),
+    ("[mixln, lns]", None), ("[lns]", None), ("[postln]", "arms: unknown arm 'postln' (choose from mixln, preln, lns)"),
     ("[lns, lns]", "arms: 'lns' is given twice"), ("[]", "arms: give 1 to 256 names, got 0"), ("lns", None),
 ])
 def test_the_recipe_lists_the_arms(arms, fragment, tiny_llama):

@@ -110,7 +110,7 @@ def test_estimate_recipe_is_the_estimate_of_the_recipe_on_its_hardware(tmp_path)
     stated = sized_for(shipped_file("llama-7b-fsdp"))
     assert estimate_recipe("llama-7b-fsdp", overrides) == estimate(recipe, stated, model_shapes(str(source)))
     on_cpu = estimate_recipe("llama-7b-fsdp", overrides, processes=2, device="cpu", memory="24GiB")
-    assert on_cpu.hardware == Hardware(2, stated.strategy, "cpu", 24 * 2**30)
+    assert on_cpu.hardware == Hardware(2, stated.parallelism, "cpu", 24 * 2**30)
     with pytest.raises(MixLNError, match="^--memory: "):
         estimate_recipe("llama-7b-fsdp", overrides, memory="lots")
 

@@ -76,8 +76,8 @@ def test_trackers_none_writes_no_event_files(tiny_llama_tied, corpus, tmp_path):
 
 
 @pytest.mark.parametrize("value, message", [
-    ("[nosuch]", "trackers: unknown name 'nosuch' (choose from tensorboard, wandb, mlflow, none)"),
-    ("nosuch", "trackers: unknown name 'nosuch'"),
+    ("[nosuch]", "trackers: unknown tracker 'nosuch' (choose from tensorboard, wandb, mlflow, none)"),
+    ("nosuch", "trackers: unknown tracker 'nosuch'"),
     ("[wandb]", "trackers: wandb is not installed (pip install wandb), or set trackers: none"),
     ("[tensorboard, tensorboard]", "trackers: 'tensorboard' is given twice"),
     ("[tensorboard, none]", "trackers: none logs to no tracker, so it comes alone"),

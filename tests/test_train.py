@@ -739,11 +739,15 @@ def test_speed_and_memory_levers_keep_the_losses(tiny_llama_tied, corpus, tmp_pa
     assert lever["mixln"]["final_val_loss"] == pytest.approx(plain["mixln"]["final_val_loss"], abs=tol)
 
 
-@pytest.mark.parametrize("arms", ["mixln", ("postln",), (), ("preln", "preln")])
-def test_an_api_callers_arms_are_checked_like_the_recipes(arms, tiny_llama_tied, corpus, tmp_path):
+@pytest.mark.parametrize("arms, said", [
+    ("mixln", "must be a list of names, got 'mixln'"),
+    (("postln",), r"unknown arm 'postln' \(choose from mixln, preln, lns\)"),
+    ((), "give 1 to 256 names, got 0"),
+    (("preln", "preln"), "'preln' is given twice")])
+def test_an_api_callers_arms_are_checked_like_the_recipes(arms, said, tiny_llama_tied, corpus, tmp_path):
     """train(arms="mixln") once trained five arms, one per letter; an unknown name trained as Mix-LN."""
     recipe = load_recipe("smollm2-135m-cpu", tiny(tiny_llama_tied, corpus, steps=2))
-    with pytest.raises(MixLNError, match=r"^arms: must list distinct arms of mixln, preln, lns, got "):
+    with pytest.raises(MixLNError, match=f"^arms: {said}$"):
         train(recipe, tmp_path / "run", arms=arms, progress=False)
     assert not (tmp_path / "run").exists()
 

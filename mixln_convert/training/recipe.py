@@ -124,8 +124,8 @@ class Recipe:
     # transformers' attention kernel: sdpa (flash/efficient on GPUs) or eager (plain matmuls)
     attention: str = setting("sdpa", Choice(ATTENTIONS))
     # accelerate's trackers each arm logs to (run name: the arm; config: the resolved recipe): tensorboard,
-    # wandb, mlflow, or none; null: tensorboard where installed, else none (resolved when the recipe is loaded)
-    trackers: tuple[str, ...] | None = setting(None, Names((*TRACKERS, NO_TRACKER)))
+    # wandb, mlflow, or none (saved as []); null: tensorboard where installed, else none (resolved when loaded)
+    trackers: tuple[str, ...] | None = setting(None, Names((*TRACKERS, NO_TRACKER), low=0, noun="tracker"))
     log_interval: int = setting(1, INTERVAL)
     eval_interval: int = setting(100, INTERVAL)
     checkpoint_interval: int = setting(500, INTERVAL)
