@@ -106,8 +106,8 @@ def child_train(recipe: str, arm: str, out: str, overrides: list, resume: bool) 
     from mixln_convert.training import load_recipe
 
     summary = train(load_recipe(recipe, overrides), out, (arm,), resume=resume, progress=False)[arm]
-    print(f"{arm}: {summary['steps']} steps, validation perplexity {summary['initial_val_ppl']:.3f} -> "
-          f"{summary['final_val_ppl']:.3f}", flush=True)
+    print(f"{arm}: {summary.steps} steps, validation perplexity {summary.initial_val_ppl:.3f} -> "
+          f"{summary.final_val_ppl:.3f}", flush=True)
     return {}
 
 

@@ -55,20 +55,20 @@ def rehearsal(argv):
     report = {"steps": args.steps, "batch": args.batch, "warmup": args.warmup, "heal_tokens": args.heal_tokens,
               "post_ln_lr_scale": args.post_ln_scale, "seconds": round(time.time() - started), "runs": {}}
     for name, summary in runs.items():
-        arm = summary["arm"]
+        arm = summary.arm
         records = [json.loads(line) for line in (args.out / name / arm / "metrics.jsonl").read_text().splitlines()]
-        k = summary["post_ln_layers"]
+        k = summary.post_ln_layers
         post = max((max(r["grad_norm_per_layer"][:k]) for r in records), default=None) if k else None
         pre = max(max(r["grad_norm_per_layer"][k:]) for r in records)
         report["runs"][name] = {
             "loss": {r["step"]: r["loss"] for r in records}, "skipped": [r["step"] for r in records if r.get("skipped")],
-            "val_ppl": [summary["initial_val_ppl"], summary["final_val_ppl"]],
+            "val_ppl": [summary.initial_val_ppl, summary.final_val_ppl],
             "max_block_grad_norm": {"post_ln": post, "pre_ln": pre},
             "first_step_block_grad_norms": records[0]["grad_norm_per_layer"],
         }
         at = [s for s in (1, args.warmup, 2 * args.warmup, args.steps) if s <= args.steps]
         print(f"{name}: loss " + ", ".join(f"step {s} {report['runs'][name]['loss'][s]:.3f}" for s in dict.fromkeys(at))
-              + f"; val ppl {summary['initial_val_ppl']:.2f} -> {summary['final_val_ppl']:.2f}; skipped "
+              + f"; val ppl {summary.initial_val_ppl:.2f} -> {summary.final_val_ppl:.2f}; skipped "
               f"{report['runs'][name]['skipped'] or 'none'}; max block grad norm Post-LN "
               f"{'-' if post is None else f'{post:.3g}'}, Pre-LN {pre:.3g}"
               + (f" ({post / pre:.1f}x)" if post else ""))
@@ -117,8 +117,8 @@ def demo_lr(argv):
             final = open_checkpoint(f"{out}/{arm}/final")
             written = greedy_continuations(final.model(dtype=torch.float32, device="cpu"), final.tokenizer,
                                            progress=False)
-        print(harness.row([arm, f"{lr:g}", f"{scale:g}", f"{summary['initial_val_ppl']:.2f} -> "
-                           f"{summary['final_val_ppl']:.2f}", f"{written['repeated_4gram_share']:.1%}"]), flush=True)
+        print(harness.row([arm, f"{lr:g}", f"{scale:g}", f"{summary.initial_val_ppl:.2f} -> "
+                           f"{summary.final_val_ppl:.2f}", f"{written['repeated_4gram_share']:.1%}"]), flush=True)
 
 
 SCRATCH_VOCAB = 4096
@@ -237,7 +237,7 @@ def scratch_tokens(source: Path, minutes: float, runs: int) -> tuple[int, float]
         recipe = load_recipe(StudyOptions().recipe, [  # the recipe a study trains with
             *scratch_overrides(8 * STEP_TOKENS, source), f"source={source}", "conversion.strategy=scratch",
             "eval_interval=8", "grad_norm_interval=8", "checkpoint_interval=8", "data.eval_tokens=2048"])
-        rate = train(recipe, Path(tmp) / "trial", arms=("preln",), progress=False)["preln"]["tokens_per_s"]
+        rate = train(recipe, Path(tmp) / "trial", arms=("preln",), progress=False)["preln"].tokens_per_s
     # about a third of each run's time goes to evaluations, initialization and the analysis
     tokens = int(rate * minutes * 60 / runs * 0.65) // STEP_TOKENS * STEP_TOKENS
     return max(tokens, 2 * STEP_TOKENS), rate

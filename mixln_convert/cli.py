@@ -376,8 +376,8 @@ def train(recipe_file, overrides, arm_names, out, resume, list_recipes):
     summaries = run(recipe, out, arms or None, resume)
     if PartialState().is_main_process:
         for s in summaries.values():
-            click.echo(f"{s['arm']}: {s['steps']} steps, {s['tokens']} tokens, validation perplexity "
-                       f"{s['initial_val_ppl']:.3f} -> {s['final_val_ppl']:.3f}")
+            click.echo(f"{s.arm}: {s.steps} steps, {s.tokens} tokens, validation perplexity "
+                       f"{s.initial_val_ppl:.3f} -> {s.final_val_ppl:.3f}")
 
 
 def _print_recipes() -> None:

@@ -130,7 +130,8 @@ class Choice(Kind):
 
     def check(self, name: str, value) -> None:
         if value not in self.choices:
-            raise MixLNError(f"{name}: unknown {self.noun} {shown(repr(value))} (choose from {', '.join(self.choices)})")
+            raise MixLNError(f"{name}: unknown {self.noun} {shown(repr(value))} "
+                             f"(choose from {', '.join(self.choices)})")
 
     def read(self, value):
         if not isinstance(value, str):
@@ -333,11 +334,33 @@ def default_of(f: dataclasses.Field):
 def check_settings(obj, name=flag) -> None:
     """Each declared setting of the dataclass ``obj`` checked against its kind, an error naming it by
     ``name(field)``; a setting whose default is None may be None (left to the command to work out)."""
-    for f, found in declared(type(obj)).values():
-        value = getattr(obj, f.name)
+    check_values(type(obj), {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}, name)
+
+
+def check_values(cls, values: dict, name=flag) -> None:
+    """:func:`check_settings` of the values ``values`` holds for the dataclass ``cls``'s settings (by field name)."""
+    for f, found in declared(cls).values():
+        if f.name not in values:
+            continue
+        value = values[f.name]
         if value is None and default_of(f) is None:
             continue
         found.kind.check(name(f), value)
+
+
+def read_record(cls, record, where: str):
+    """An instance of the dataclass ``cls`` from ``record`` (a JSON object a command wrote, read from ``where``):
+    each declared field's value checked against its kind, then each field without a default required; keys
+    not declared are ignored (a newer version's). One line naming ``where`` and the key if not."""
+    if not isinstance(record, dict):
+        raise MixLNError(f"{where}: not a JSON object")
+    fields = declared(cls)
+    values = {name: record[name] for name in fields if name in record}
+    check_values(cls, values, lambda f: f"{where}: {f.name}")
+    missing = [name for name, (f, _) in fields.items() if name not in record and default_of(f) is dataclasses.MISSING]
+    if missing:
+        raise MixLNError(f"{where}: missing {', '.join(missing)}")
+    return cls(**values)
 
 
 def click_options(cls, *names: str):

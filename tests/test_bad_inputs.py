@@ -91,12 +91,16 @@ class Inputs:
         return folder
 
     def run(self, name: str, metrics: str, summary=None) -> Path:
+        """A train output folder of one arm (mixln) with ``metrics``; with ``summary``, a finished arm's
+        summary.json changed by it."""
         folder = self.root / name
         (folder / "mixln").mkdir(parents=True)
         (folder / "recipe.yaml").write_text("source: x\n")
         (folder / "mixln" / "metrics.jsonl").write_bytes(metrics if isinstance(metrics, bytes) else metrics.encode())
         if summary is not None:
-            (folder / "mixln" / "summary.json").write_text(json.dumps(summary))
+            finished = {"arm": "mixln", "steps": 1, "tokens": 8, "wall_time_s": 1.0, "initial_val_ppl": 9.0,
+                        "final_val_ppl": 8.0}
+            (folder / "mixln" / "summary.json").write_text(json.dumps({**finished, **summary}))
         return folder
 
 
@@ -592,7 +596,7 @@ ROWS = [
     ("gguf-rms-eps-negative", lambda i, o: ["convert", qwen2_gguf_with(i, "rms_norm_eps", -1.0), o, "--strategy", "move"], "rms_norm_eps must be a number in (0, 1), got -1.0"),
     ("gguf-rope-theta-nan", lambda i, o: ["convert", qwen2_gguf_with(i, "rope_theta", float("nan")), o, "--strategy", "move"], "rope_theta must be a positive number, got nan"),
     ("compare-matrix-empty-rows", lambda i, o: ["compare", i.analysis("a", angular_distance_matrix=[[], []]), "--out", o], "a list of non-empty lists of numbers"),
-    ("compare-summary-layers-fraction", lambda i, o: ["compare", i.run("r", '{"step": 1, "tokens": 8, "loss": 2.0}\n', {"num_layers": 2.5}), "--out", o], "num_layers must be a positive integer, got 2.5"),
+    ("compare-summary-layers-fraction", lambda i, o: ["compare", i.run("r", '{"step": 1, "tokens": 8, "loss": 2.0}\n', {"num_layers": 2.5}), "--out", o], "num_layers: must be an integer in [1, 10^6], got 2.5"),
     ("compare-summary-post-ln-beyond-layers", lambda i, o: ["compare", i.run("r", '{"step": 1, "tokens": 8, "loss": 2.0}\n', {"num_layers": 2, "post_ln_layers": 7}), "--out", o], "post_ln_layers 7 exceeds num_layers 2"),
     ("tokenizer-beyond-vocab", lambda i, o: ["eval", "--seq-len", "32", i.variant("v", config=_set("vocab_size", 300),
                                                              tensors=lambda s: {k: v[:300] if v.shape[0] == 320 else v for k, v in s.items()})],
@@ -745,7 +749,7 @@ ROWS = [
     ("compare-metrics-null-record", lambda i, o: ["compare", i.run("r", '{"step": 1, "tokens": 8, "loss": 2.0}\n\nnull\n'), "--out", o], "record 2 is not a JSON object"),
     ("compare-metrics-without-tokens", lambda i, o: ["compare", i.run("r", '{"step": 1, "loss": 2.0}\n'), "--out", o], "record 1: missing tokens"),
     ("compare-metrics-string-loss", lambda i, o: ["compare", i.run("r", '{"step": 1, "tokens": 8, "loss": "x"}\n'), "--out", o], "loss must be a number"),
-    ("compare-summary-string", lambda i, o: ["compare", i.run("r", '{"step": 1, "tokens": 8, "loss": 2.0}\n', summary={"final_val_ppl": "x"}), "--out", o], "final_val_ppl must be a number"),
+    ("compare-summary-string", lambda i, o: ["compare", i.run("r", '{"step": 1, "tokens": 8, "loss": 2.0}\n', summary={"final_val_ppl": "x"}), "--out", o], "summary.json: final_val_ppl: must be a number > 0, got 'x'"),
     ("compare-metrics-not-utf8", lambda i, o: ["compare", i.run("r", b"\xff\xfe"), "--out", o], "not UTF-8"),
     # ---- a checkpoint's declared tying and rope against its tensors and transformers ----
     ("convert-tied-config-separate-head", lambda i, o: ["convert", i.variant("v", config=_set("tie_word_embeddings", True)), o, "--alpha", "0", "--strategy", "move"], "lm_head.weight differs from model.embed_tokens.weight, but"),

@@ -247,7 +247,7 @@ def test_training_runs_and_saves_the_familys_mix_ln_model(family, source, tmp_pa
             "grad_norm_interval": 2, "conversion.strategy": "move", "heal.tokens": 0}
     recipe = load_recipe("smollm2-135m-cpu", [f"{k}={v}" for k, v in sets.items()])
     summary = train(recipe, tmp_path / "run", arms=("mixln",), progress=False)["mixln"]
-    assert summary["steps"] == 2 and math.isfinite(summary["final_val_loss"])
+    assert summary.steps == 2 and math.isfinite(summary.final_val_loss)
     model = load_model(tmp_path / "run" / "mixln" / "final")
     assert type(model) is FAMILIES[family][2] and model.config.post_ln_layers == N_POST
     assert model._no_split_modules == {type(model.model.layers[0]).__name__}  # the blocks FSDP wraps

@@ -129,9 +129,9 @@ def test_a_trained_arm_final_card_has_its_training_and_validation_figures(tiny_l
     assert data["license"] == "apache-2.0" and "base_model" not in data  # carried through the converted folder
     assert f"`{source}`" in body and "first 2 of 8 decoder blocks Post-LN" in body and "strategy `move`" in body
     assert f"(arm `mixln`): 1 step, 128 tokens of `{corpus}`" in body
-    validation = summary["validation"]
-    assert (f"validation perplexity {summary['initial_val_ppl']:.2f} before the first step and "
-            f"{summary['final_val_ppl']:.2f} after the last, on `{validation['data']}` "
+    validation = summary.validation
+    assert (f"validation perplexity {summary.initial_val_ppl:.2f} before the first step and "
+            f"{summary.final_val_ppl:.2f} after the last, on `{validation['data']}` "
             f"({validation['tokens']:,} tokens in windows of 32)") in body
     assert "trust_remote_code=True" in body and SENTINEL not in body
 

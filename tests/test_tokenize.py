@@ -329,7 +329,7 @@ def test_train_reads_a_tokenized_folder_without_tokenizing(tiny_llama, corpus, t
             "micro_batch_size=2", "global_batch_size=2", "max_tokens=128", "data.eval_tokens=256", "precision=fp32",
             "schedule.warmup_steps=1", "heal.tokens=0"]
     summary = train(load_recipe("smollm2-135m-cpu", sets), tmp_path / "run", arms=("preln",), progress=False)["preln"]
-    assert summary["steps"] == 2 and summary["final_val_loss"] > 0
+    assert summary.steps == 2 and summary.final_val_loss > 0
     assert {p.name: (p.stat().st_mtime_ns, file_sha256(p)) for p in folder.iterdir()} == before
 
 

@@ -108,7 +108,7 @@ def test_shipped_recipe_dry_run(recipe, tiny_llama_tied, corpus, tmp_path):
     # and so is compile (a minute of CPU compilation per arm; test_speed_and_memory_levers_keep_the_losses covers it)
     resolved = load_recipe(recipe, tiny(tiny_llama_tied, corpus, steps=2, fsdp="false") + ["compile=false"])
     summaries = train(resolved, tmp_path / "run", progress=False)
-    assert [s["steps"] for s in summaries.values()] == [2, 2]
+    assert [s.steps for s in summaries.values()] == [2, 2]
     assert all((tmp_path / "run" / arm / "final" / "config.json").is_file() for arm in ("mixln", "preln"))
 
 
@@ -434,10 +434,10 @@ def test_smollm2_cpu_recipe_runs_on_the_real_model(tmp_path):
     recipe = load_recipe("smollm2-135m-cpu",
                          ["seq_len=64", "max_tokens=256", "data.eval_tokens=128", "micro_batch_size=2", "heal.tokens=1024"])
     summaries = train(recipe, tmp_path / "run", progress=False)
-    assert summaries["mixln"]["post_ln_layers"] == 7 and summaries["preln"]["post_ln_layers"] == 0
-    assert summaries["mixln"]["heal_tokens"] == 1024 and (tmp_path / "run" / "mixln" / "healed").is_dir()
+    assert summaries["mixln"].post_ln_layers == 7 and summaries["preln"].post_ln_layers == 0
+    assert summaries["mixln"].heal_tokens == 1024 and (tmp_path / "run" / "mixln" / "healed").is_dir()
     # the calibrated conversion keeps the model usable: perplexity within a few times the original
-    assert summaries["mixln"]["initial_val_ppl"] < 4 * summaries["preln"]["initial_val_ppl"]
+    assert summaries["mixln"].initial_val_ppl < 4 * summaries["preln"].initial_val_ppl
 
 
 def test_heal_section_heals_the_converted_model_before_training(tiny_llama_tied, corpus, tmp_path):
@@ -446,7 +446,7 @@ def test_heal_section_heals_the_converted_model_before_training(tiny_llama_tied,
     summary = train(load_recipe("smollm2-135m-cpu", sets), tmp_path / "run",
                     arms=("mixln",), progress=False)["mixln"]
     healed = tmp_path / "run" / "mixln" / "healed"
-    assert summary["source"] == str(healed) and (healed / "heal_metrics.jsonl").is_file()
+    assert summary.source == str(healed) and (healed / "heal_metrics.jsonl").is_file()
     heal_record = json.loads((healed / "config.json").read_text())["mixln_provenance"]["heal"]
     assert heal_record["tokens"] == 2 * 4 * 32
 
@@ -501,7 +501,7 @@ def test_from_scratch_both_arms_start_from_the_same_initialization(tiny_llama_ti
                                                      "conversion.scaled_init": scaled, "seed": 3})
     summaries = train(load_recipe("smollm2-135m-cpu", sets), tmp_path / "run", progress=False)
     pre = tmp_path / "run" / "preln" / "initialized"
-    assert summaries["preln"]["source"] == str(pre)
+    assert summaries["preln"].source == str(pre)
     pre_tensors = load_file(pre / "model.safetensors")
     mix_tensors = load_file(tmp_path / "run" / "mixln" / "converted" / "model.safetensors")
     shared = pre_tensors.keys() & mix_tensors.keys()
@@ -559,7 +559,7 @@ def test_resume_skips_a_damaged_checkpoint_and_a_cut_metrics_line(cli, tiny_llam
     result = cli("train", recipe, *(f"--set={s}" for s in sets), "--out", run, "--arm", "mixln", "--resume")
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
     assert result.exit_code == 1 and len(errors) == 1, result.output
-    assert f"{summary}: final_val_ppl must be a number" in errors[0] and "train the mixln arm again" in errors[0]
+    assert f"{summary}: final_val_ppl: must be a number > 0" in errors[0] and "train the mixln arm again" in errors[0]
 
     _as_if_killed_after(run, "mixln", 8)  # now every checkpoint is damaged: a one-line refusal
     shutil.rmtree(run / "mixln" / "checkpoints" / "step-4")
@@ -714,8 +714,8 @@ def test_bf16_runs_convert_heal_and_both_arms(tiny_llama_tied, corpus, tmp_path)
     heal_record = json.loads((tmp_path / "run" / "mixln" / "healed" / "config.json").read_text())
     assert heal_record["mixln_provenance"]["heal"]["dtype"] == "bf16"
     for arm, summary in summaries.items():
-        assert summary["precision"] == "bf16"
-        assert all(math.isfinite(summary[key]) for key in ("initial_val_loss", "final_val_loss"))
+        assert summary.precision == "bf16"
+        assert all(math.isfinite(loss) for loss in (summary.initial_val_loss, summary.final_val_loss))
         assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in metrics(tmp_path / "run", arm))
         from safetensors.torch import load_file
 
@@ -724,7 +724,7 @@ def test_bf16_runs_convert_heal_and_both_arms(tiny_llama_tied, corpus, tmp_path)
     # the next run in this process chooses its own precision (accelerate's state is per process)
     fp32 = train(load_recipe("smollm2-135m-cpu", tiny(tiny_llama_tied, corpus, steps=1)), tmp_path / "fp32",
                  arms=("preln",), progress=False)
-    assert fp32["preln"]["precision"] == "no"
+    assert fp32["preln"].precision == "no"
 
 
 @pytest.mark.parametrize("key", ["activation_checkpointing", "compile"])
@@ -736,7 +736,7 @@ def test_speed_and_memory_levers_keep_the_losses(tiny_llama_tied, corpus, tmp_pa
                   progress=False)
     tol = 1e-6 if key == "activation_checkpointing" else 1e-4  # compiled kernels may fuse in another order
     assert_same_curve(metrics(tmp_path / "lever", "mixln"), metrics(tmp_path / "plain", "mixln"), tol=tol)
-    assert lever["mixln"]["final_val_loss"] == pytest.approx(plain["mixln"]["final_val_loss"], abs=tol)
+    assert lever["mixln"].final_val_loss == pytest.approx(plain["mixln"].final_val_loss, abs=tol)
 
 
 @pytest.mark.parametrize("arms, said", [

@@ -1,17 +1,17 @@
-"""What the commands leave in their folders, read and written here only: metrics, summaries and
-analyses. Each reader checks what its callers use; a failure is one line naming the file and key. (A run
-folder's claim, its record and its stages: :mod:`mixln_convert.workflows.runs`.)
+"""What the commands leave in their folders, read and written here: metrics and analyses. Each reader
+checks what its callers use; a failure is one line naming the file and key. (A trained arm's summary:
+:mod:`mixln_convert.training.summary`; a run folder's claim, its record and its stages:
+:mod:`mixln_convert.workflows.runs`.)
 """
 
 import json
-import math
 from pathlib import Path
 
 from ..errors import MixLNError
 from ..limits import is_finite_number
 from .atomic import write_atomic
 
-SUMMARY, METRICS, ANALYSIS = "summary.json", "metrics.jsonl", "analysis.json"
+METRICS, ANALYSIS = "metrics.jsonl", "analysis.json"
 
 
 def write_json(file: Path, value, indent: int = 2) -> None:
@@ -57,22 +57,6 @@ def read_metrics(file: Path) -> list[dict]:
 ANALYSIS_KEYS = ("checkpoint", "num_layers", "post_ln_layers", "perplexity")
 # the layer sweep's results: all of them, or none in an analysis made without ``layer_sweep``
 PER_LAYER_KEYS = ("layer_drop", "angular_distance_matrix", "grad_norm_per_layer")
-# what a finished arm's summary gives every caller (train's printout, demo, sweep, study)
-FINISHED = ("arm", "steps", "tokens", "wall_time_s", "initial_val_ppl", "final_val_ppl")
-
-
-def read_summary(file: Path, required=FINISHED) -> dict:
-    """A training arm's summary.json, its fields checked: one line naming the file and key if not."""
-    summary = _read_json(file)
-    if not isinstance(summary, dict):
-        raise MixLNError(f"{file}: not a JSON object")
-    _check_fields(summary, SUMMARY_FIELDS, str(file), required)
-    if summary.get("post_ln_layers", 0) > summary.get("num_layers", math.inf):
-        raise MixLNError(f"{file}: post_ln_layers {summary['post_ln_layers']} exceeds num_layers "
-                         f"{summary['num_layers']}")
-    return summary
-
-
 def _numbers(value) -> bool:
     return isinstance(value, list) and all(is_finite_number(v) for v in value)
 
@@ -123,23 +107,6 @@ METRIC_FIELDS = {
 }
 
 
-def _evaluation(value) -> bool:
-    return (isinstance(value, dict) and isinstance(value.get("data"), str) and _count(value.get("tokens"))
-            and _count(value.get("seq_len")) and value["seq_len"] > 1)
-
-
-SUMMARY_FIELDS = {
-    **{key: (is_finite_number, "a number") for key in (
-        "tokens", "steps", "wall_time_s", "final_val_loss", "final_val_ppl", "initial_val_loss", "initial_val_ppl",
-        "tokens_per_s")},
-    **{key: ANALYSIS_FIELDS[key] for key in ("num_layers", "post_ln_layers")},
-    "layernorm_scaling": (lambda v: isinstance(v, bool), "true or false"),
-    "heal_tokens": (_count, "a whole number >= 0"),
-    "validation": (_evaluation, "an object with data (a string), tokens and seq_len (integers)"),
-    "initial_val_window_losses": (lambda v: _numbers(v) and len(v) > 0, "a non-empty list of numbers"),
-    "final_val_window_losses": (lambda v: _numbers(v) and len(v) > 0, "a non-empty list of numbers"),
-    "arm": (lambda v: isinstance(v, str), "a string"),
-}
 PER_WINDOW_TABLES = ("loss_without_layer", "angular_distance", "grad_norm_per_layer")  # rows of one value per layer
 
 
@@ -154,7 +121,7 @@ def _check_fields(record: dict, fields: dict, where: str, required=()) -> None:
 
 def read_analysis(file: Path) -> dict:
     """``file`` (an analysis.json), checked for the keys, types and per-layer lengths the report uses."""
-    analysis = _read_json(file)
+    analysis = read_json(file)
     if not isinstance(analysis, dict):
         raise MixLNError(f"{file}: not an analysis of `mixln-convert analyze` (not a JSON object)")
     missing = [key for key in ANALYSIS_KEYS if key not in analysis]
@@ -205,7 +172,7 @@ def _check_per_window(analysis: dict, file: Path) -> None:
         raise MixLNError(f"{file}: prune_curve.window_losses: must hold one row of {windows} numbers per removal")
 
 
-def _read_json(file: Path) -> dict:
+def read_json(file: Path) -> dict:
     try:
         return json.loads(file.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:

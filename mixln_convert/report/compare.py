@@ -87,9 +87,10 @@ def model_estimates(model: Model) -> dict[str, Bootstrap]:
     """Bootstrap estimates of the figures the summary compares, where the inputs hold the
     per-window values (analyses and training runs of this version do)."""
     estimates = {}
-    if (validation := model.summary.get("validation")) and model.summary.get("final_val_window_losses"):
-        estimates["final_val_ppl"] = bootstrap(uncertainty.perplexity, model.summary["final_val_window_losses"],
-                                              measured_on(validation))
+    summary = model.summary
+    if summary and summary.validation and summary.final_val_window_losses:
+        estimates["final_val_ppl"] = bootstrap(uncertainty.perplexity, summary.final_val_window_losses,
+                                              measured_on(summary.validation))
     analysis = model.analysis
     if not (analysis and "per_window" in analysis):
         return estimates
@@ -120,8 +121,8 @@ def model_numbers(model: Model, estimates: dict[str, Bootstrap]) -> dict:
     if model.arm:
         numbers.update(arm=model.arm, tokens_trained=model.tokens_trained(),
                        initial_val_ppl=model.val_ppl("initial"), final_val_ppl=model.val_ppl("final"),
-                       wall_time_s=model.summary.get("wall_time_s"), finished=bool(model.summary),
-                       validation=model.summary.get("validation"))
+                       wall_time_s=model.summary and model.summary.wall_time_s, finished=bool(model.summary),
+                       validation=model.summary and model.summary.validation)
         if (norms := model.training_grad_norms()) is not None:
             numbers["training_grad_norm_cv"] = float(coefficient_of_variation(norms))
     if analysis := model.analysis:
@@ -276,7 +277,7 @@ def _pair_sentences(m: Model, p: Model, numbers: dict, estimates: dict) -> list[
                           f"({converted / original:.4f}x: from a pretrained source the LNS retrofit computes its "
                           f"function, so 1.0000x up to rounding; from scratch they differ); {after}"]
     # with a heal the arm starts from the healed model, so its first figure is the healed one
-    heal_tokens = m.summary.get("heal_tokens", 0)  # absent from summaries written before it was recorded
+    heal_tokens = m.summary and m.summary.heal_tokens  # None in summaries written before it was recorded
     healed = f" and a heal on {heal_tokens:,} tokens" if heal_tokens else ""
     return [sentence, f"Conversion{healed} took validation perplexity from {original:.2f} (original) to "
                       f"{converted:.2f} ({converted / original:.2f}x); {after}"]

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from ..errors import MixLNError
 from ..limits import MAX_COMPARED, check_at_most
-from ..io.records import ANALYSIS, METRICS, SUMMARY, has_layer_metrics, read_analysis, read_metrics, read_summary
+from ..io.records import ANALYSIS, METRICS, has_layer_metrics, read_analysis, read_metrics
+from ..training.summary import TrainSummary
 
 ARM_KINDS = {"mixln": "Mix-LN", "preln": "Pre-LN", "lns": "LNS"}  # the train command's arm folders
 PRUNE_FRACTIONS = {"L/8": 8, "L/4": 4, "L/2": 2}  # removed blocks N = L // d in the pruning table
@@ -21,7 +22,7 @@ class Model:
     source: Path  # the argument it was read from
     analysis: dict | None = None
     arm: str | None = None  # "mixln", "preln" or "lns" when ``source`` is a train output folder
-    summary: dict = field(default_factory=dict)  # the arm's summary.json; {} while the run is unfinished
+    summary: TrainSummary | None = None  # the arm's summary.json; None while the run is unfinished
     metrics: list[dict] = field(default_factory=list)  # the arm's metrics.jsonl records
 
     @property
@@ -29,19 +30,26 @@ class Model:
         """Whether its analysis holds the layer sweep (one made without ``layer_sweep`` has not)."""
         return has_layer_metrics(self.analysis)
 
+    def _layout(self, key: str):
+        """The analysis's ``key`` (post_ln_layers, num_layers, layernorm_scaling), else the summary's; None
+        for neither."""
+        if self.analysis:
+            return self.analysis.get(key)
+        return getattr(self.summary, key) if self.summary else None
+
     @property
     def post_ln_layers(self) -> int | None:
         """Leading Post-LN blocks; None when only an unfinished arm's name tells the kind."""
-        return (self.analysis or self.summary).get("post_ln_layers")
+        return self._layout("post_ln_layers")
 
     @property
     def kind(self) -> str:
         """'Pre-LN', 'Mix-LN', 'Post-LN' or 'LNS' (LayerNorm Scaling), from the block layout."""
         if self.post_ln_layers is None:
             return ARM_KINDS[self.arm]
-        if (self.analysis or self.summary).get("layernorm_scaling"):
+        if self._layout("layernorm_scaling"):
             return "LNS"
-        num_layers = (self.analysis or self.summary)["num_layers"]
+        num_layers = self._layout("num_layers")
         return "Pre-LN" if self.post_ln_layers == 0 else "Post-LN" if self.post_ln_layers == num_layers else "Mix-LN"
 
     @property
@@ -51,22 +59,24 @@ class Model:
             return "LNS (Pre-LN, block l's norm outputs x 1/sqrt(l))"
         if self.kind != "Mix-LN" or self.post_ln_layers is None:
             return self.kind
-        return f"Mix-LN ({self.post_ln_layers} of {(self.analysis or self.summary)['num_layers']} blocks Post-LN)"
+        return f"Mix-LN ({self.post_ln_layers} of {self._layout('num_layers')} blocks Post-LN)"
 
     def tokens_trained(self) -> int | None:
-        return self.summary.get("tokens", self.metrics[-1]["tokens"]) if self.arm else None
+        if not self.arm:
+            return None
+        return self.summary.tokens if self.summary else self.metrics[-1]["tokens"]
 
     def val_ppl(self, when: str) -> float | None:
         """The arm's validation perplexity ``when`` 'initial' or 'final' (the last evaluation so far)."""
-        if when == "final" and "final_val_ppl" not in self.summary:
-            return next((r["val_ppl"] for r in reversed(self.metrics) if "val_ppl" in r), None)
-        return self.summary.get(f"{when}_val_ppl")
+        if self.summary:
+            return getattr(self.summary, f"{when}_val_ppl")
+        return next((r["val_ppl"] for r in reversed(self.metrics) if "val_ppl" in r), None) if when == "final" else None
 
     def val_curve(self) -> tuple[list[int], list[float]]:
         """Tokens trained and validation loss at each evaluation, from 0 tokens where the summary has it."""
         points = [(r["tokens"], r["val_loss"]) for r in self.metrics if "val_loss" in r]
-        if "initial_val_loss" in self.summary:
-            points.insert(0, (0, self.summary["initial_val_loss"]))
+        if self.summary and self.summary.initial_val_loss is not None:
+            points.insert(0, (0, self.summary.initial_val_loss))
         return [t for t, _ in points], [v for _, v in points]
 
     def training_grad_norms(self) -> list[float] | None:
@@ -118,7 +128,8 @@ def _load_arm(run: Path, arm: str, label: str) -> Model:
     metrics = read_metrics(file) if file.is_file() else []
     if not metrics:
         raise MixLNError(f"{file}: no training metrics (has the {arm} arm started training?)")
-    summary = read_summary(folder / SUMMARY, required=()) if (folder / SUMMARY).is_file() else {}
+    file = folder / TrainSummary.FILE
+    summary = TrainSummary.read(file) if file.is_file() else None
     analysis_file = folder / "analysis" / ANALYSIS
     analysis = read_analysis(analysis_file) if analysis_file.is_file() else None
     return Model(label, run, analysis=analysis, arm=arm, summary=summary, metrics=metrics)

@@ -51,7 +51,7 @@ def _mark_post_ln(ax, plotted: list[tuple[Model, str]], legend: bool = True) -> 
 
 def plot_training_curves(models: list[Model], path: Path) -> None:
     trained = _coloured(models, lambda m: m.arm)
-    validations = {measured_on(m.summary["validation"]) for m, _ in trained if m.summary.get("validation")}
+    validations = {measured_on(m.summary.validation) for m, _ in trained if m.summary and m.summary.validation}
     fig, ax = _figure("Loss during training", "tokens trained", "loss (nats per token)",
                       "validation: " + " / ".join(sorted(validations)) if validations else "")
     for m, color in trained:

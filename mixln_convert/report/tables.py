@@ -44,9 +44,10 @@ def start_stage(m: Model) -> str:
     Mix-LN without a heal) or the converted and healed one (Mix-LN trains from the healed model)."""
     if m.arm == "preln":
         return "before training (original)"
-    if m.arm == "mixln" and "heal_tokens" not in m.summary:  # summaries written before it was recorded
+    heal_tokens = m.summary.heal_tokens if m.summary else None
+    if m.arm == "mixln" and heal_tokens is None:  # summaries written before it was recorded, or none yet
         return "before training (converted, healed if the run healed: not recorded)"
-    if heal_tokens := m.summary.get("heal_tokens", 0):
+    if heal_tokens:
         return f"before training (converted + healed on {heal_tokens:,} tokens)"
     return "before training (converted)"
 

@@ -31,13 +31,14 @@ from ..errors import MixLNError, first_line, warn
 from ..evaluation.perplexity import evaluate_perplexity
 from ..io.atomic import atomic_output_dir, write_atomic
 from ..io.model_card import write_card
-from ..io.records import METRICS, SUMMARY, append_metrics, cut_metrics, write_json
+from ..io.records import METRICS, append_metrics, cut_metrics
 from ..io.writer import copy_model_code
 from ..options import EVAL_DATA
 from ..model.modeling_mixln import enable_checkpointing
 from ..surgery.loading import load_model
 from .loop import StepGuard, adamw, block_grad_norms, clip_gradients, parameter_groups, take_step, warmup_cosine
 from .recipe import Recipe
+from .summary import TrainSummary
 from .sharding import is_sharded, load_sharded, save_sharded, shard, sharded_state_dict
 
 
@@ -76,7 +77,7 @@ class Run:
 
 
 def train_arm(recipe: Recipe, arm: str, folder: Path, source: str, splits: Splits, tokenizer, accumulation: int,
-              resume: bool = False, progress: bool = True) -> dict:
+              resume: bool = False, progress: bool = True) -> TrainSummary:
     """Train ``source`` as arm ``arm`` into ``folder``; returns the arm's summary. With ``resume``
     it continues from the last checkpoint that loads."""
     started = time.time()
@@ -88,27 +89,28 @@ def train_arm(recipe: Recipe, arm: str, folder: Path, source: str, splits: Split
     start = _restore(run, folder) if resume else 0
     record, train_time = fit(run, recipe, arm, folder, start, progress)
     save(run, tokenizer, folder)
-    summary = {
-        "arm": arm, "source": source, "steps": run.steps, "tokens": run.steps * run.step_tokens,
-        "wall_time_s": round(time.time() - started, 2), "resumed_from_step": start,
-        "final_val_loss": record["val_loss"], "final_val_ppl": record["val_ppl"],
-        "initial_val_loss": initial["val_loss"], "initial_val_ppl": initial["val_ppl"],
-        "validation": {"data": validation_source(recipe.data),
-                       "tokens": len(initial["val_window_losses"]) * (recipe.seq_len - 1),
-                       "seq_len": recipe.seq_len},
-        "initial_val_window_losses": initial["val_window_losses"],
-        "final_val_window_losses": record["val_window_losses"],
-        "tokens_per_s": (run.steps - start) * run.step_tokens / train_time, "parameters": run.parameters,
-        "num_layers": run.config.num_hidden_layers, "post_ln_layers": getattr(run.config, "post_ln_layers", 0),
-        "layernorm_scaling": getattr(run.config, "layernorm_scaling", False),
-        "heal_tokens": recipe.heal.tokens if arm == "mixln" else 0,  # prepare() heals only that arm
-        "processes": run.accelerator.num_processes, "precision": run.accelerator.mixed_precision,
-        "attention": recipe.attention,
-        "peak_gpu_memory_bytes": torch.cuda.max_memory_allocated() if run.accelerator.device.type == "cuda" else None,
-    }
+    summary = TrainSummary(
+        arm=arm, source=source, steps=run.steps, tokens=run.steps * run.step_tokens,
+        wall_time_s=round(time.time() - started, 2), resumed_from_step=start,
+        final_val_loss=record["val_loss"], final_val_ppl=record["val_ppl"],
+        initial_val_loss=initial["val_loss"], initial_val_ppl=initial["val_ppl"],
+        validation={"data": validation_source(recipe.data),
+                    "tokens": len(initial["val_window_losses"]) * (recipe.seq_len - 1),
+                    "seq_len": recipe.seq_len},
+        initial_val_window_losses=initial["val_window_losses"],
+        final_val_window_losses=record["val_window_losses"],
+        tokens_per_s=(run.steps - start) * run.step_tokens / train_time, parameters=run.parameters,
+        num_layers=run.config.num_hidden_layers, post_ln_layers=getattr(run.config, "post_ln_layers", 0),
+        layernorm_scaling=getattr(run.config, "layernorm_scaling", False),
+        heal_tokens=recipe.heal.tokens if arm == "mixln" else 0,  # prepare() heals only that arm
+        processes=run.accelerator.num_processes, precision=run.accelerator.mixed_precision,
+        attention=recipe.attention,
+        peak_gpu_memory_bytes=torch.cuda.max_memory_allocated() if run.accelerator.device.type == "cuda" else None,
+    )
     if run.accelerator.is_main_process:  # the card before the summary, which says the arm is done
-        write_card(folder / "final", source=source, trained={**summary, "data": recipe.data.train or "embedded:train"})
-        write_json(folder / SUMMARY, summary)
+        write_card(folder / "final", source=source,
+                   trained={**summary.to_dict(), "data": recipe.data.train or "embedded:train"})
+        summary.write(folder)
     # not end_training(): it would destroy the process group the next arm needs
     for tracker in run.accelerator.trackers:
         tracker.finish()

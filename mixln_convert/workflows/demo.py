@@ -54,7 +54,8 @@ def _demo(out: Path, options: DemoOptions, recipe: Recipe, resume: bool) -> dict
              f"-> {out / 'train'}")
     stages = Stages(resume)
     # training resumes within an arm itself: the stage works in its folder
-    summaries = stages.run("train", out / "train", lambda folder: train(recipe, folder, resume=True), atomic=False)
+    summaries = stages.run("train", out / "train", lambda folder: {
+        arm: summary.to_dict() for arm, summary in train(recipe, folder, resume=True).items()}, atomic=False)
     for summary in summaries.values():
         log.info(f"      {summary['arm']}: validation perplexity {summary['initial_val_ppl']:.2f} -> "
                  f"{summary['final_val_ppl']:.2f} ({where})")

@@ -24,6 +24,7 @@ from ..io.records import METRICS, read_metrics, write_json
 from ..options import STUDY_SCHEMES, StudyOptions
 from ..report.study import CLAIMS, LNS_CLAIMS, write_study_report
 from ..training.recipe import Recipe
+from ..training.summary import TrainSummary
 from .runs import Stages, claim_run
 
 LNS_ARM = "LNS"
@@ -143,14 +144,14 @@ def _slug(arm: str) -> str:
     return arm.split(" ")[0].lower().replace("-", "")
 
 
-def measure(arm_dir: Path, summary: dict, analysis: dict) -> dict:
+def measure(arm_dir: Path, summary: TrainSummary, analysis: dict) -> dict:
     """The figures the claims are judged on (:data:`CLAIMS`), with the curves and profiles they summarize."""
     curve = [(r["tokens"], r["val_ppl"]) for r in read_metrics(arm_dir / METRICS) if "val_ppl" in r]
     drop = [d / analysis["perplexity"] for d in analysis["layer_drop"]]
     grads = analysis["grad_norm_per_layer"]
     return {
-        "final_val_ppl": summary["final_val_ppl"], "tokens": summary["tokens"],
-        "wall_time_s": summary["wall_time_s"], "validation_curve": curve,
+        "final_val_ppl": summary.final_val_ppl, "tokens": summary.tokens,
+        "wall_time_s": summary.wall_time_s, "validation_curve": curve,
         # how much the last evaluation interval still moved the curve: ~0 once it has flattened
         "last_interval_change": (curve[-1][1] / curve[-2][1] - 1) if len(curve) >= 2 else None,
         "relative_layer_drop": drop, "deep_layer_drop": statistics.mean(drop[deep_half(len(drop))]),

@@ -225,8 +225,8 @@ def _train(recipe: Recipe, folder: Path, arm: str, progress: bool) -> dict:
 
     summary = train(recipe, folder, arms=(arm,), progress=progress)[arm]
     records = read_metrics(folder / arm / METRICS)
-    return {"final_val_ppl": summary["final_val_ppl"], "initial_val_ppl": summary["initial_val_ppl"],
-            "tokens": summary["tokens"], "seed": recipe.seed,
+    return {"final_val_ppl": summary.final_val_ppl, "initial_val_ppl": summary.initial_val_ppl,
+            "tokens": summary.tokens, "seed": recipe.seed,
             "grad_norm_steps": [r["grad_norm_per_layer"] for r in records if "grad_norm_per_layer" in r][:FIRST_STEPS]}
 
 

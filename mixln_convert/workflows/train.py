@@ -13,15 +13,15 @@ from ..errors import MixLNError, warn
 from ..io.atomic import scratch_dir, write_atomic
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable, checkpoint_path
-from ..io.records import SUMMARY, read_summary
 from ..limits import check_seq_len
 from ..options import ARM_NAMES, HEAL_SEQ_LEN, ConvertHealOptions, ConvertOptions
 from ..runtime import map_large_allocations
 from ..training.recipe import Recipe
+from ..training.summary import TrainSummary
 from .runs import Stages, claim_run
 
 
-def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool = True) -> dict:
+def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool = True) -> dict[str, TrainSummary]:
     """Train each arm of ``arms`` (default: the recipe's ``arms``) in turn into ``out``; returns
     {arm: summary}. With ``resume`` an interrupted run continues from each arm's last checkpoint
     (finished arms are kept as they are); the recipe must be the one the run started with."""
@@ -60,7 +60,8 @@ def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool =
                    held=state.is_main_process) as claim:
         train_tokens = max(recipe.steps * recipe.global_batch_size * recipe.seq_len, recipe.heal.tokens)
         stages = Stages(resume)  # an arm is a stage; its summary.json, written last, says it is done
-        finished = {arm: _finished(out / arm / SUMMARY, arm) for arm in arms if stages.done(out / arm, SUMMARY)}
+        finished = {arm: _finished(out / arm / TrainSummary.FILE, arm) for arm in arms
+                    if stages.done(out / arm, TrainSummary.FILE)}
         with state.main_process_first():  # the main process tokenizes into the cache, the others read it
             splits = load_splits(recipe.data, source.tokenizer, train_tokens, progress)
         split_windows(recipe, splits)
@@ -170,12 +171,12 @@ def _accumulation(recipe: Recipe, processes: int) -> int:
     return recipe.global_batch_size // per_pass
 
 
-def _finished(file: Path, arm: str) -> dict:
+def _finished(file: Path, arm: str) -> TrainSummary:
     """The summary (``file``) of an arm finished before the interruption."""
     try:
-        summary = read_summary(file)
-        if summary["arm"] != arm:
-            raise MixLNError(f"{file}: arm is {summary['arm']!r}, not {arm!r}")
+        summary = TrainSummary.read(file)
+        if summary.arm != arm:
+            raise MixLNError(f"{file}: arm is {summary.arm!r}, not {arm!r}")
     except MixLNError as e:
         raise MixLNError(f"{e}; remove it to train the {arm} arm again") from None
     return summary
