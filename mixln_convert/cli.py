@@ -249,14 +249,14 @@ def analyze(ckpt, out, force, **settings):
     from .analysis.analyze import analyze as run
 
     result = run(ckpt, out, options, force=force, task_manager=manager)
-    line = f"{ckpt}: perplexity {result['perplexity']:.3f} on {measured_on(result)}"
+    line = f"{ckpt}: perplexity {result.perplexity:.3f} on {measured_on(result.evaluation())}"
     if options.layer_sweep:
-        cheapest = min(range(result["num_layers"]), key=result["layer_drop"].__getitem__)
-        line += f"; cheapest block to skip {cheapest} ({result['layer_drop'][cheapest]:+.3f})"
+        cheapest = min(range(result.num_layers), key=result.layer_drop.__getitem__)
+        line += f"; cheapest block to skip {cheapest} ({result.layer_drop[cheapest]:+.3f})"
     click.echo(line)
-    for task, drop in result.get("task_drop", {}).items():
+    for task, drop in (result.task_drop or {}).items():
         pick = min if drop["higher_is_better"] else max
-        worst = pick(range(result["num_layers"]), key=drop["layer_drop"].__getitem__)
+        worst = pick(range(result.num_layers), key=drop["layer_drop"].__getitem__)
         click.echo(f"{ckpt}: {task} {drop['metric']} {drop['value']:.4g}; skipping block {worst} costs most "
                    f"({drop['layer_drop'][worst]:+.4g})")
     click.echo(f"wrote {Path(out) / 'analysis.json'} and plots")

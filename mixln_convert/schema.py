@@ -171,6 +171,29 @@ class Text(Kind):
         return "a string"
 
 
+class String(Kind):
+    """A string as a result file holds it (a setting's path or name is a :class:`Text`)."""
+
+    def ok(self, value) -> bool:
+        return isinstance(value, str)
+
+    def describe(self) -> str:
+        return "a string"
+
+
+@dataclass(frozen=True)
+class Shaped(Kind):
+    """A value of a result file passing ``test``, an object or list of a shape ``description`` says."""
+    test: object
+    description: str
+
+    def ok(self, value) -> bool:
+        return self.test(value)
+
+    def describe(self) -> str:
+        return self.description
+
+
 class Folder(Text):
     def ok(self, value) -> bool:
         return os.path.isdir(value)
@@ -247,7 +270,7 @@ class Numbers(Kind):
             raise MixLNError(f"{name}: give {count} numbers, got {len(value)}")
         for item in value:
             if not self.item.ok(item):
-                raise MixLNError(f"{name}: {shown(repr(item))} is not {self.item.describe().removeprefix('a ')}")
+                raise MixLNError(f"{name}: {shown(repr(item))} is not {self.item.describe()}")
 
     def describe(self) -> str:
         return "a list of numbers"
@@ -348,18 +371,19 @@ def check_values(cls, values: dict, name=flag) -> None:
         found.kind.check(name(f), value)
 
 
-def read_record(cls, record, where: str):
-    """An instance of the dataclass ``cls`` from ``record`` (a JSON object a command wrote, read from ``where``):
-    each declared field's value checked against its kind, then each field without a default required; keys
-    not declared are ignored (a newer version's). One line naming ``where`` and the key if not."""
+def read_record(cls, record, where: str, what: str = "a record"):
+    """An instance of the dataclass ``cls`` from ``record`` (a JSON object a command wrote, read from ``where``,
+    ``what`` it should be): each field without a default required, then each declared field's value checked
+    against its kind; keys not declared are ignored (a newer version's). One line naming ``where`` and the key
+    if not."""
     if not isinstance(record, dict):
-        raise MixLNError(f"{where}: not a JSON object")
+        raise MixLNError(f"{where}: not {what} (not a JSON object)")
     fields = declared(cls)
-    values = {name: record[name] for name in fields if name in record}
-    check_values(cls, values, lambda f: f"{where}: {f.name}")
     missing = [name for name, (f, _) in fields.items() if name not in record and default_of(f) is dataclasses.MISSING]
     if missing:
-        raise MixLNError(f"{where}: missing {', '.join(missing)}")
+        raise MixLNError(f"{where}: not {what} (missing {', '.join(missing)})")
+    values = {name: record[name] for name in fields if name in record}
+    check_values(cls, values, lambda f: f"{where}: {f.name}")
     return cls(**values)
 
 

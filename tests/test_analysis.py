@@ -95,6 +95,18 @@ def test_cli_analyze_writes_contract_and_plots(converted, tmp_path, cli):
     assert all(math.isfinite(p) for p in curve["perplexity"])
 
 
+def test_an_analysis_reads_back_as_analyze_returned_it(converted, tmp_path):
+    """analyze() returns an Analysis; its analysis.json, read back, is that Analysis (every field that was
+    measured, nothing not measured: no prune curve key without --prune-curve)."""
+    from mixln_convert.analysis.analyze import analyze
+    from mixln_convert.analysis.result import Analysis
+
+    result = analyze(converted, tmp_path / "a", seq_len=32, max_tokens=128, generate=False, progress=False)
+    assert Analysis.read(tmp_path / "a" / "analysis.json") == result and result.layered
+    written = json.loads((tmp_path / "a" / "analysis.json").read_text())
+    assert "prune_curve" not in written and written == result.to_dict()
+
+
 def test_analyze_without_the_layer_sweep_scores_the_same_perplexity(converted, tmp_path, cli):
     common = ("--seq-len", 32, "--max-tokens", 256)
     full, light = tmp_path / "full", tmp_path / "light"
@@ -125,8 +137,8 @@ def test_analyze_real_gguf(tmp_path):
     from mixln_convert.fetch import smollm2_gguf
 
     analysis = analyze(smollm2_gguf(), tmp_path / "a", seq_len=32, max_tokens=64, progress=False)
-    assert analysis["num_layers"] == 30 and analysis["post_ln_layers"] == 0
-    assert analysis["tokenizer_vocab_size"] == 49152
-    assert 1 < analysis["perplexity"] < 200
+    assert analysis.num_layers == 30 and analysis.post_ln_layers == 0
+    assert analysis.tokenizer_vocab_size == 49152
+    assert 1 < analysis.perplexity < 200
     # the paper's observation for Pre-LN: the first block matters far more than the deep ones
-    assert analysis["layer_drop"][0] > max(analysis["layer_drop"][15:])
+    assert analysis.layer_drop[0] > max(analysis.layer_drop[15:])

@@ -585,6 +585,7 @@ def test_figures_name_their_model_keep_one_unit_and_clip_no_title(monkeypatch, t
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     from mixln_convert.analysis.plots import plot_analysis
+    from mixln_convert.analysis.result import Analysis
     from mixln_convert.report import compare
 
     saved = captured_figures(monkeypatch)
@@ -597,7 +598,7 @@ def test_figures_name_their_model_keep_one_unit_and_clip_no_title(monkeypatch, t
         analysis = json.loads((folder / "analysis.json").read_text())
         analysis.update(checkpoint=str(tmp_path / "train" / arm / "final"), data=long_data)
         (folder / "analysis.json").write_text(json.dumps(analysis))
-        arms[arm] = analysis
+        arms[arm] = Analysis.read(folder / "analysis.json")
     figures = {}
     for arm, analysis in arms.items():  # the per-model figures, as analyze writes them
         (tmp_path / f"plots-{arm}").mkdir()
@@ -614,7 +615,7 @@ def test_figures_name_their_model_keep_one_unit_and_clip_no_title(monkeypatch, t
     # one unit for both layer-drop figures: % of the full model's perplexity, plotted as such
     per_model, compared = figures["mixln"]["layer_drop.png"].axes[0], figures["report"]["layer_drop.png"].axes[0]
     assert per_model.get_ylabel() == compared.get_ylabel() and "%" in per_model.get_ylabel()
-    expected = [100 * d / arms["mixln"]["perplexity"] for d in arms["mixln"]["layer_drop"]]
+    expected = [100 * d / arms["mixln"].perplexity for d in arms["mixln"].layer_drop]
     assert sorted(p.get_height() for p in per_model.patches) == pytest.approx(sorted(expected))
     assert list(compared.lines[0].get_ydata()) == pytest.approx(expected)
     # no title, label or subtitle runs past the figure's edges

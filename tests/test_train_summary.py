@@ -41,7 +41,7 @@ def test_an_older_summary_reads_with_what_it_lacks_unknown(tmp_path):
     ({"arm": 3}, "arm: must be a string, got 3"),
     ({"layernorm_scaling": "no"}, "layernorm_scaling: must be true or false"),
     ({"final_val_window_losses": []}, "final_val_window_losses: give 1 to"),
-    ({"final_val_window_losses": [1.0, "x"]}, "final_val_window_losses: 'x' is not"),
+    ({"final_val_window_losses": [1.0, "x"]}, "final_val_window_losses: 'x' is not a finite number"),
     ({"validation": {"data": "d", "tokens": 3, "seq_len": 1}}, "validation: must be an object with data"),
     ({"num_layers": 2, "post_ln_layers": 3}, "post_ln_layers 3 exceeds num_layers 2"),
 ])

@@ -12,17 +12,17 @@ from ..evaluation.perplexity import check_finite_score, evaluate_documents, eval
 from ..io.atomic import atomic_output_dir
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable, checkpoint_path
-from ..io.records import ANALYSIS, write_json
 from ..limits import check_seq_len
 from ..options import EVAL_DATA, AnalyzeOptions
 from ..runtime import map_large_allocations
 from .choice import choose_layers
 from .layers import BlockRunner, RepresentationStatistics, grad_norm_per_layer, removal_sweep
 from .plots import plot_analysis
+from .result import Analysis
 
 
 def analyze(ckpt, out, options: AnalyzeOptions | None = None, *, force: bool = False, task_manager=None,
-            progress: bool = True, **settings) -> dict:
+            progress: bool = True, **settings) -> Analysis:
     """Measure ``ckpt`` (HF folder, LLaMA or Mix-LN, or .gguf) on held-out text and write
     ``out/analysis.json`` and PNG plots; returns the analysis.
 
@@ -51,12 +51,12 @@ def analyze(ckpt, out, options: AnalyzeOptions | None = None, *, force: bool = F
     check_seq_len("--seq-len", options.seq_len, source.config, "--allow-longer", options.allow_longer)
     with atomic_output_dir(out, force=force, protect=inputs) as tmp:
         result = measure(source, str(ckpt), options, task_manager, progress)
-        write_json(tmp / ANALYSIS, result)
+        result.write(tmp)
         plot_analysis(result, tmp)
     return result
 
 
-def measure(source, name: str, options: AnalyzeOptions, task_manager, progress: bool) -> dict:
+def measure(source, name: str, options: AnalyzeOptions, task_manager, progress: bool) -> Analysis:
     """The analysis of the opened checkpoint ``source`` (``name``: its local path, which analysis.json records)."""
     data, seq_len, batch_size = options.data, options.seq_len, options.batch_size
     tokenizer, num_layers = source.tokenizer, source.config["num_hidden_layers"]
@@ -92,7 +92,7 @@ def measure(source, name: str, options: AnalyzeOptions, task_manager, progress: 
         result["task_drop"] = {task: task_layer_drop(model, tokenizer, task, task_manager, limit=options.limit,
                                                      batch_size=batch_size, progress=progress)
                                for task in options.tasks}
-    return result
+    return Analysis(**result)
 
 
 def layer_metrics(model, windows: torch.Tensor, span: int, batch_size: int, progress: bool) -> dict:

@@ -10,8 +10,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from ..io.records import has_layer_metrics
 from ..options import measured_on
+from .result import Analysis
 
 PRE_LN, POST_LN = "tab:blue", "tab:orange"
 ANGULAR_DISTANCE = "angular distance arccos(cos) / pi"
@@ -75,15 +75,15 @@ def save(fig, path: Path, dpi: int = 120) -> None:
     fig.savefig(path, dpi=dpi)
 
 
-def _layer_figure(result: dict, title: str, ylabel: str, shade_post_ln: bool = False):
+def _layer_figure(result: Analysis, title: str, ylabel: str, shade_post_ln: bool = False):
     """A figure over block index, the Post-LN blocks shaded if asked (bar plots colour them instead)."""
     fig = Figure(figsize=(8, 4.5), layout="constrained")
     ax = fig.add_subplot()
-    if shade_post_ln and result["post_ln_layers"]:
-        ax.axvspan(-0.5, result["post_ln_layers"] - 0.5, color=POST_LN, alpha=0.12, label="Post-LN blocks")
-    ax.set(title=f"{title}\n{checkpoint_name(result['checkpoint'])}: {measured_on(result)}",
+    if shade_post_ln and result.post_ln_layers:
+        ax.axvspan(-0.5, result.post_ln_layers - 0.5, color=POST_LN, alpha=0.12, label="Post-LN blocks")
+    ax.set(title=f"{title}\n{checkpoint_name(result.checkpoint)}: {measured_on(result.evaluation())}",
            xlabel="block (layer index)",
-           ylabel=ylabel, xlim=(-0.5, result["num_layers"] - 0.5))
+           ylabel=ylabel, xlim=(-0.5, result.num_layers - 0.5))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     return fig, ax
@@ -106,75 +106,75 @@ def scale_layer_drop_axis(ax, values) -> None:
         ax.set_ylim(bottom=0)
 
 
-def plot_layer_drop(result: dict, path: Path) -> None:
+def plot_layer_drop(result: Analysis, path: Path) -> None:
     # relative, as the compare report's layer-drop figure: one unit for both
     fig, ax = _layer_figure(result, f"Perplexity increase when one block is skipped (full model "
-                                    f"{result['perplexity']:.2f})", LAYER_DROP)
-    relative = [100 * d / result["perplexity"] for d in result["layer_drop"]]
-    _bars(ax, relative, result["layout"])
+                                    f"{result.perplexity:.2f})", LAYER_DROP)
+    relative = [100 * d / result.perplexity for d in result.layer_drop]
+    _bars(ax, relative, result.layout)
     scale_layer_drop_axis(ax, relative)
     ax.legend()
     save(fig, path)
 
 
-def plot_representation_change(result: dict, path: Path) -> None:
+def plot_representation_change(result: Analysis, path: Path) -> None:
     fig, ax = _layer_figure(result, "How much each block changes the residual stream", "distance",
                             shade_post_ln=True)
-    distances = np.array(result["angular_distance"], dtype=float)  # None (no span from the last blocks): nan
-    ax.plot(distances, marker="o", label=f"angular distance, inputs of blocks l and l+{result['span']}")
-    ax.plot(result["block_influence"], marker="s", label="block influence, 1 - cos(input, output)")
+    distances = np.array(result.angular_distance, dtype=float)  # None (no span from the last blocks): nan
+    ax.plot(distances, marker="o", label=f"angular distance, inputs of blocks l and l+{result.span}")
+    ax.plot(result.block_influence, marker="s", label="block influence, 1 - cos(input, output)")
     ax.set_ylim(bottom=0)
     ax.legend()
     save(fig, path)
 
 
-def angular_grid(result: dict) -> np.ndarray:
+def angular_grid(result: Analysis) -> np.ndarray:
     """The angular distance matrix as a square array, NaN where l + n runs past the last block."""
-    grid = np.full((result["num_layers"], result["num_layers"]), np.nan)
-    for l, row in enumerate(result["angular_distance_matrix"]):
+    grid = np.full((result.num_layers, result.num_layers), np.nan)
+    for l, row in enumerate(result.angular_distance_matrix):
         grid[l, :len(row)] = row
     return grid
 
 
-def draw_angular_matrix(ax, result: dict, vmin=None, vmax=None):
+def draw_angular_matrix(ax, result: Analysis, vmin=None, vmax=None):
     """Heatmap of ``angular_distance_matrix`` (first block l by span n) on ``ax``; returns the image.
     ``vmin``/``vmax`` give several models one colour scale."""
-    num_layers = result["num_layers"]
+    num_layers = result.num_layers
     for axis in (ax.xaxis, ax.yaxis):  # block indices and spans: no 0.5 ticks on small models
         axis.set_major_locator(MaxNLocator(integer=True))
     return ax.imshow(angular_grid(result), origin="lower", cmap="viridis", aspect="auto", vmin=vmin, vmax=vmax,
                      extent=(0.5, num_layers + 0.5, -0.5, num_layers - 0.5))
 
 
-def plot_angular_matrix(result: dict, path: Path) -> None:
+def plot_angular_matrix(result: Analysis, path: Path) -> None:
     fig = Figure(figsize=(7, 6), layout="constrained")
     ax = fig.add_subplot()
     image = draw_angular_matrix(ax, result)
     fig.colorbar(image, ax=ax, label=ANGULAR_DISTANCE)
-    ax.set(title=f"Angular distance between the inputs of blocks l and l+n\n{checkpoint_name(result['checkpoint'])}: "
-                 f"{measured_on(result)}",
+    ax.set(title=f"Angular distance between the inputs of blocks l and l+n\n{checkpoint_name(result.checkpoint)}: "
+                 f"{measured_on(result.evaluation())}",
            xlabel="span n (blocks)", ylabel="first block l")
     save(fig, path)
 
 
-def plot_grad_norms(result: dict, path: Path) -> None:
-    batches = len(result["per_window"]["grad_norm_per_layer"])
+def plot_grad_norms(result: Analysis, path: Path) -> None:
+    batches = len(result.per_window["grad_norm_per_layer"])
     fig, ax = _layer_figure(result, f"Gradient norm of each block's parameters (LM loss), mean over {batches} batches",
                             "gradient L2 norm")
-    _bars(ax, result["grad_norm_per_layer"], result["layout"])
+    _bars(ax, result.grad_norm_per_layer, result.layout)
     ax.set_yscale("log")
     ax.legend()
     save(fig, path)
 
 
-def plot_prune_curve(result: dict, path: Path) -> None:
-    curve = result["prune_curve"]
+def plot_prune_curve(result: Analysis, path: Path) -> None:
+    curve = result.prune_curve
     fig = Figure(figsize=(7, 4.5), layout="constrained")
     ax = fig.add_subplot()
-    perplexity = [result["perplexity"], *curve["perplexity"]]
+    perplexity = [result.perplexity, *curve["perplexity"]]
     ax.plot([0, *curve["removed"]], perplexity, marker="o", label=f"blocks chosen by '{curve['method']}'")
-    ax.set(title=f"Perplexity after removing N blocks\n{checkpoint_name(result['checkpoint'])}: "
-                 f"{measured_on(result)}",
+    ax.set(title=f"Perplexity after removing N blocks\n{checkpoint_name(result.checkpoint)}: "
+                 f"{measured_on(result.evaluation())}",
            xlabel="blocks removed N", ylabel="perplexity",
            yscale="log" if max(perplexity) > 10 * min(perplexity) else "linear")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -188,12 +188,12 @@ def task_drop_file(task: str) -> str:
     return "task_drop_" + re.sub(r"[^\w.-]", "_", task) + ".png"
 
 
-def plot_task_drop(result: dict, task: str, path: Path) -> None:
-    drop = result["task_drop"][task]
+def plot_task_drop(result: Analysis, task: str, path: Path) -> None:
+    drop = result.task_drop[task]
     better = "higher" if drop["higher_is_better"] else "lower"
     fig, ax = _layer_figure(result, f"Change of {task} {drop['metric']} when one block is skipped",
                             f"{drop['metric']} change (full model {drop['value']:.4g}; {better} is better)")
-    _bars(ax, drop["layer_drop"], result["layout"])
+    _bars(ax, drop["layer_drop"], result.layout)
     scale_layer_drop_axis(ax, drop["layer_drop"])
     ax.axhline(0, color="black", linewidth=0.8)
     ax.legend()
@@ -208,11 +208,11 @@ PLOTS = {
 }
 
 
-def plot_analysis(result: dict, folder: Path) -> None:
+def plot_analysis(result: Analysis, folder: Path) -> None:
     """Write every figure ``result`` has data for into ``folder``."""
-    plots = {**(PLOTS if has_layer_metrics(result) else {}),
-             **({"prune_curve.png": plot_prune_curve} if "prune_curve" in result else {})}
+    plots = {**(PLOTS if result.layered else {}),
+             **({"prune_curve.png": plot_prune_curve} if result.prune_curve is not None else {})}
     for name, plot in plots.items():
         plot(result, Path(folder) / name)
-    for task in result.get("task_drop", {}):
+    for task in result.task_drop or {}:
         plot_task_drop(result, task, Path(folder) / task_drop_file(task))

@@ -8,12 +8,13 @@ and a lower perplexity; the summary says whether these models show it.
 import numpy as np
 
 from ..analysis.measures import coefficient_of_variation, deep_half
+from ..analysis.result import Analysis
 from ..errors import MixLNError
 from ..io.paths import check_destination
 from ..io.records import write_json
 from ..options import CompareOptions, measured_on
 from . import uncertainty
-from .inputs import ARM_KINDS, PRUNE_FRACTIONS, Model, analysis_evaluation, load_inputs
+from .inputs import ARM_KINDS, PRUNE_FRACTIONS, Model, load_inputs
 from .downstream import downstream_numbers
 from .uncertainty import LEVEL, MIN_ROWS, PRACTICAL, Bootstrap, bootstrap, call
 
@@ -64,8 +65,8 @@ def compare(inputs, out, options: CompareOptions | None = None, *, force: bool =
 def check_tokenizers(models: list[Model], allow_mismatch: bool) -> list[str]:
     """[] when every analysis used one tokenizer (by vocabulary size); else a warning with
     ``allow_mismatch``, an error without."""
-    sizes = {m.label: m.analysis["tokenizer_vocab_size"] for m in models
-             if m.analysis and m.analysis.get("tokenizer_vocab_size") is not None}
+    sizes = {m.label: m.analysis.tokenizer_vocab_size for m in models
+             if m.analysis and m.analysis.tokenizer_vocab_size is not None}
     if len(set(sizes.values())) < 2:
         return []
     listed = ", ".join(f"{label} {size}" for label, size in sizes.items())
@@ -75,9 +76,9 @@ def check_tokenizers(models: list[Model], allow_mismatch: bool) -> list[str]:
     return [message]
 
 
-def prune_points(analysis: dict) -> dict:
+def prune_points(analysis: Analysis) -> dict:
     """{'L/8': (N, perplexity with N blocks removed) or None, ...} from the analysis's prune curve."""
-    curve, num_layers = analysis["prune_curve"], analysis["num_layers"]
+    curve, num_layers = analysis.prune_curve, analysis.num_layers
     measured = dict(zip(curve["removed"], curve["perplexity"]))
     return {name: (n, measured[n]) if (n := num_layers // d) in measured else None
             for name, d in PRUNE_FRACTIONS.items()}
@@ -92,10 +93,10 @@ def model_estimates(model: Model) -> dict[str, Bootstrap]:
         estimates["final_val_ppl"] = bootstrap(uncertainty.perplexity, summary.final_val_window_losses,
                                               measured_on(summary.validation))
     analysis = model.analysis
-    if not (analysis and "per_window" in analysis):
+    if not (analysis and analysis.per_window is not None):
         return estimates
-    per_window, deep = analysis["per_window"], deep_half(analysis["num_layers"])
-    where = measured_on(analysis_evaluation(analysis))
+    per_window, deep = analysis.per_window, deep_half(analysis.num_layers)
+    where = measured_on(analysis.evaluation())
     loss = np.asarray(per_window["loss"])[:, None]
     estimates["perplexity"] = bootstrap(uncertainty.perplexity, loss[:, 0], where)
     if not model.layered:
@@ -106,8 +107,8 @@ def model_estimates(model: Model) -> dict[str, Bootstrap]:
                                                   np.asarray(per_window["angular_distance"])[:, deep], where)
     estimates["grad_norm_cv"] = bootstrap(uncertainty.variation_of_mean, per_window["grad_norm_per_layer"],
                                          where + " (gradient batches)", rows="gradient batches")
-    curve = analysis.get("prune_curve", {})
-    n = analysis["num_layers"] // PRUNE_FRACTIONS[PRUNE_VERDICT]
+    curve = analysis.prune_curve or {}
+    n = analysis.num_layers // PRUNE_FRACTIONS[PRUNE_VERDICT]
     if "window_losses" in curve and n in curve["removed"]:
         pruned = np.asarray(curve["window_losses"][curve["removed"].index(n)])[:, None]
         estimates["prune_ratio"] = bootstrap(uncertainty.relative_increase, np.hstack([loss, pruned]), where)
@@ -126,25 +127,25 @@ def model_numbers(model: Model, estimates: dict[str, Bootstrap]) -> dict:
         if (norms := model.training_grad_norms()) is not None:
             numbers["training_grad_norm_cv"] = float(coefficient_of_variation(norms))
     if analysis := model.analysis:
-        numbers.update(perplexity=analysis["perplexity"], evaluation=analysis_evaluation(analysis))
+        numbers.update(perplexity=analysis.perplexity, evaluation=analysis.evaluation())
         if model.layered:  # what the layer sweep says of the deeper half of the blocks
-            deep = deep_half(analysis["num_layers"])
-            drops = np.asarray(analysis["layer_drop"][deep])
+            deep = deep_half(analysis.num_layers)
+            drops = np.asarray(analysis.layer_drop[deep])
             numbers.update(
                 deep_layer_drop=float(drops.mean()),
                 deep_layer_drop_median=float(np.median(drops)),
-                deep_layer_drop_relative=float(drops.mean()) / analysis["perplexity"],
+                deep_layer_drop_relative=float(drops.mean()) / analysis.perplexity,
                 # the block that carries the mean, and its share of the deep blocks' summed increase
                 deep_layer_drop_top=[int(drops.argmax()) + deep.start,
                                      float(drops.max() / drops.sum()) if drops.sum() > 0 else None],
                 # span 1 (consecutive block inputs) whatever --span the analysis was made with
-                deep_angular_distance=float(np.mean([row[0] for row in analysis["angular_distance_matrix"][deep]])),
-                grad_norm_cv=float(coefficient_of_variation(analysis["grad_norm_per_layer"])),
+                deep_angular_distance=float(np.mean([row[0] for row in analysis.angular_distance_matrix[deep]])),
+                grad_norm_cv=float(coefficient_of_variation(analysis.grad_norm_per_layer)),
             )
-        if "generation" in analysis:
-            numbers["repeated_4gram_share"] = analysis["generation"]["repeated_4gram_share"]
-        if "prune_curve" in analysis:
-            numbers["prune_method"] = analysis["prune_curve"]["method"]
+        if analysis.generation is not None:
+            numbers["repeated_4gram_share"] = analysis.generation["repeated_4gram_share"]
+        if analysis.prune_curve is not None:
+            numbers["prune_method"] = analysis.prune_curve["method"]
             numbers["prune"] = prune_points(analysis)
     numbers["intervals"] = {name: e.interval for name, e in estimates.items()}
     numbers["interval_n"] = {name: e.size for name, e in estimates.items()}  # what each interval rests on

@@ -7,7 +7,7 @@ import numpy as np
 
 from ..analysis.measures import deep_half
 from ..analysis.plots import task_drop_file
-from ..io.records import PER_DOCUMENT_KEYS
+from ..analysis.result import PER_DOCUMENT_KEYS
 from .inputs import Model
 from .render import MISSING
 
@@ -15,16 +15,16 @@ from .render import MISSING
 def downstream_numbers(model: Model) -> dict:
     """{"tasks": {task: metric, value, mean drop over the deeper half}, "per_document": ...}, the
     keys present only where the model's analysis has them."""
-    analysis = model.analysis or {}
+    analysis = model.analysis
     numbers = {}
-    if "task_drop" in analysis:
-        deep = deep_half(analysis["num_layers"])
+    if analysis and analysis.task_drop is not None:
+        deep = deep_half(analysis.num_layers)
         numbers["tasks"] = {task: {"metric": drop["metric"], "value": drop["value"],
                                    "higher_is_better": drop["higher_is_better"], "samples": drop["samples"],
                                    "deep_layer_drop": float(np.mean(drop["layer_drop"][deep]))}
-                            for task, drop in analysis["task_drop"].items()}
-    if "per_document" in analysis:
-        numbers["per_document"] = {key: analysis["per_document"][key] for key in PER_DOCUMENT_KEYS}
+                            for task, drop in analysis.task_drop.items()}
+    if analysis and analysis.per_document is not None:
+        numbers["per_document"] = {key: analysis.per_document[key] for key in PER_DOCUMENT_KEYS}
     return numbers
 
 
@@ -67,14 +67,14 @@ def plot_task_drops(models: list[Model], folder: Path) -> dict[str, str]:
 
     from ..analysis.plots import save, scale_layer_drop_axis
 
-    tasks = list(dict.fromkeys(task for m in models if m.analysis for task in m.analysis.get("task_drop", {})))
+    tasks = list(dict.fromkeys(task for m in models if m.analysis for task in m.analysis.task_drop or {}))
     written = {}
     for task in tasks:
         fig = Figure(figsize=(8, 5.5), layout="constrained")
         ax = fig.add_subplot()
         values = []
         for i, m in enumerate(models):
-            drop = (m.analysis or {}).get("task_drop", {}).get(task)
+            drop = ((m.analysis and m.analysis.task_drop) or {}).get(task)
             if drop:
                 ax.plot(drop["layer_drop"], color=f"C{i % 10}", marker="o",
                         label=f"{m.label}, {m.layout} (full model {drop['value']:.4g})")

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from ..errors import MixLNError
 from ..limits import MAX_COMPARED, check_at_most
-from ..io.records import ANALYSIS, METRICS, has_layer_metrics, read_analysis, read_metrics
+from ..analysis.result import Analysis
+from ..io.records import METRICS, read_metrics
 from ..training.summary import TrainSummary
 
 ARM_KINDS = {"mixln": "Mix-LN", "preln": "Pre-LN", "lns": "LNS"}  # the train command's arm folders
@@ -20,7 +21,7 @@ class Model:
 
     label: str
     source: Path  # the argument it was read from
-    analysis: dict | None = None
+    analysis: Analysis | None = None
     arm: str | None = None  # "mixln", "preln" or "lns" when ``source`` is a train output folder
     summary: TrainSummary | None = None  # the arm's summary.json; None while the run is unfinished
     metrics: list[dict] = field(default_factory=list)  # the arm's metrics.jsonl records
@@ -28,13 +29,13 @@ class Model:
     @property
     def layered(self) -> bool:
         """Whether its analysis holds the layer sweep (one made without ``layer_sweep`` has not)."""
-        return has_layer_metrics(self.analysis)
+        return bool(self.analysis) and self.analysis.layered
 
     def _layout(self, key: str):
         """The analysis's ``key`` (post_ln_layers, num_layers, layernorm_scaling), else the summary's; None
         for neither."""
         if self.analysis:
-            return self.analysis.get(key)
+            return getattr(self.analysis, key)
         return getattr(self.summary, key) if self.summary else None
 
     @property
@@ -83,12 +84,6 @@ class Model:
         return next((r["grad_norm_per_layer"] for r in reversed(self.metrics) if "grad_norm_per_layer" in r), None)
 
 
-def analysis_evaluation(analysis: dict) -> dict:
-    """The data, tokens and window length of an analysis (seq_len absent from older analyses)."""
-    return {"data": analysis.get("data", "unknown data"), "tokens": analysis.get("tokens", 0),
-            "seq_len": analysis.get("seq_len", "unknown length")}
-
-
 def load_inputs(paths, labels=()) -> list[Model]:
     """The models of ``paths`` (analysis folders or files, train output folders), labelled by
     ``labels`` (one per path) or by their folder names; a train folder gives one model per arm."""
@@ -107,9 +102,9 @@ def load_inputs(paths, labels=()) -> list[Model]:
 
 
 def _load(path: Path, label: str | None) -> list[Model]:
-    if (path.is_file() and path.suffix == ".json") or (path / ANALYSIS).is_file():
-        file = path if path.is_file() else path / ANALYSIS
-        return [Model(label or file.absolute().parent.name, path, analysis=read_analysis(file))]
+    if (path.is_file() and path.suffix == ".json") or (path / Analysis.FILE).is_file():
+        file = path if path.is_file() else path / Analysis.FILE
+        return [Model(label or file.absolute().parent.name, path, analysis=Analysis.read(file))]
     if (path / "recipe.yaml").is_file():
         arms = [arm for arm in ARM_KINDS if (path / arm).is_dir()]
         if not arms:
@@ -130,8 +125,8 @@ def _load_arm(run: Path, arm: str, label: str) -> Model:
         raise MixLNError(f"{file}: no training metrics (has the {arm} arm started training?)")
     file = folder / TrainSummary.FILE
     summary = TrainSummary.read(file) if file.is_file() else None
-    analysis_file = folder / "analysis" / ANALYSIS
-    analysis = read_analysis(analysis_file) if analysis_file.is_file() else None
+    analysis_file = folder / "analysis" / Analysis.FILE
+    analysis = Analysis.read(analysis_file) if analysis_file.is_file() else None
     return Model(label, run, analysis=analysis, arm=arm, summary=summary, metrics=metrics)
 
 

@@ -10,7 +10,7 @@ from matplotlib.ticker import EngFormatter, MaxNLocator
 from ..analysis.plots import (ANGULAR_DISTANCE, LAYER_DROP, angular_grid, draw_angular_matrix, save,
                               scale_layer_drop_axis)
 from ..options import measured_on
-from .inputs import Model, analysis_evaluation
+from .inputs import Model
 
 
 def _figure(title: str, xlabel: str, ylabel: str, measured: str = "", columns: int = 1):
@@ -27,7 +27,7 @@ def _figure(title: str, xlabel: str, ylabel: str, measured: str = "", columns: i
 
 
 def _analysed_on(models: list[Model]) -> str:
-    return " / ".join(sorted({measured_on(analysis_evaluation(m.analysis)) for m in models if m.analysis}))
+    return " / ".join(sorted({measured_on(m.analysis.evaluation()) for m in models if m.analysis}))
 
 
 def _save(fig, path: Path) -> None:
@@ -72,9 +72,9 @@ def plot_layer_drop(models: list[Model], path: Path) -> None:
     analysed = _coloured(models, lambda m: m.layered)
     relative = {}
     for m, color in analysed:
-        relative[m.label] = [100 * d / m.analysis["perplexity"] for d in m.analysis["layer_drop"]]
+        relative[m.label] = [100 * d / m.analysis.perplexity for d in m.analysis.layer_drop]
         ax.plot(relative[m.label], color=color, marker="o",
-                label=f"{m.label}, {m.layout} (full model {m.analysis['perplexity']:.2f})")
+                label=f"{m.label}, {m.layout} (full model {m.analysis.perplexity:.2f})")
     _mark_post_ln(ax, analysed)
     scale_layer_drop_axis(ax, [v for curve in relative.values() for v in curve])
     _save(fig, path)
@@ -85,11 +85,11 @@ def plot_angular_matrices(models: list[Model], path: Path) -> None:
     the first model (same block count), where maps that look alike differ."""
     analysed = [m for m in models if m.layered]
     reference = analysed[0]
-    differences = [m for m in analysed[1:] if m.analysis["num_layers"] == reference.analysis["num_layers"]]
+    differences = [m for m in analysed[1:] if m.analysis.num_layers == reference.analysis.num_layers]
     columns = 2 if differences else 1
     fig = Figure(figsize=(5 * columns + 1.5, 4 * len(analysed) + 0.8), layout="constrained")
     axes = fig.subplots(len(analysed), columns, squeeze=False)
-    values = np.concatenate([np.ravel(row) for m in analysed for row in m.analysis["angular_distance_matrix"]])
+    values = np.concatenate([np.ravel(row) for m in analysed for row in m.analysis.angular_distance_matrix])
     for row, m in zip(axes, analysed):  # one colour scale, so equal colours mean equal distances
         image = draw_angular_matrix(row[0], m.analysis, vmin=values.min(), vmax=values.max())
         row[0].set(title=f"{m.label}\n{m.layout}", xlabel="span n (blocks)", ylabel="first block l")
@@ -104,7 +104,7 @@ def plot_angular_matrices(models: list[Model], path: Path) -> None:
             if m.label not in grids:  # another block count: nothing to subtract
                 row[1].set_axis_off()
                 continue
-            n = m.analysis["num_layers"]
+            n = m.analysis.num_layers
             shown = row[1].imshow(grids[m.label], origin="lower", cmap="RdBu_r", aspect="auto", vmin=-limit,
                                   vmax=limit, extent=(0.5, n + 0.5, -0.5, n - 0.5))
             row[1].set(title=f"{m.label} minus {reference.label}", xlabel="span n (blocks)", ylabel="first block l")
@@ -120,10 +120,10 @@ def plot_grad_norms(models: list[Model], path: Path) -> None:
                                               "gradient L2 norm", columns=2)
     analysed = _coloured(models, lambda m: m.layered)
     for m, color in analysed:
-        norms = np.asarray(m.analysis["grad_norm_per_layer"])
-        batches = np.asarray(m.analysis.get("per_window", {}).get("grad_norm_per_layer", [norms]))
+        norms = np.asarray(m.analysis.grad_norm_per_layer)
+        batches = np.asarray((m.analysis.per_window or {}).get("grad_norm_per_layer", [norms]))
         spread = np.clip([norms - batches.min(axis=0), batches.max(axis=0) - norms], 0, None)  # a hand-edited file
-        spread_of = f"mean of {len(batches)} batches, bars min-max" if "per_window" in m.analysis else "one gradient"
+        spread_of = f"mean of {len(batches)} batches, bars min-max" if m.analysis.per_window else "one gradient"
         analysis_ax.errorbar(range(len(norms)), norms, yerr=spread, color=color, marker="o", capsize=2,
                              label=f"{m.label} (analysis, {spread_of})")
     analysis_ax.set_title(f"analysis: LM loss on held-out text\n{_analysed_on(models)}", fontsize="medium")
@@ -144,9 +144,9 @@ def plot_grad_norms(models: list[Model], path: Path) -> None:
 
 def plot_prune_curves(models: list[Model], path: Path) -> None:
     fig, ax = _figure("Perplexity after removing N blocks", "blocks removed N", "perplexity", _analysed_on(models))
-    for m, color in _coloured(models, lambda m: m.analysis and "prune_curve" in m.analysis):
-        curve = m.analysis["prune_curve"]
-        ax.plot([0, *curve["removed"]], [m.analysis["perplexity"], *curve["perplexity"]], color=color, marker="o",
+    for m, color in _coloured(models, lambda m: m.analysis and m.analysis.prune_curve is not None):
+        curve = m.analysis.prune_curve
+        ax.plot([0, *curve["removed"]], [m.analysis.perplexity, *curve["perplexity"]], color=color, marker="o",
                 label=f"{m.label} (blocks chosen by '{curve['method']}')")
     ax.set_yscale("log")
     _save(fig, path)
@@ -162,7 +162,7 @@ def plot_report(models: list[Model], folder: Path) -> dict[str, str]:
         "angular_distance.png": (analysed, plot_angular_matrices, "Angular distance between block inputs"),
         "grad_norm_per_layer.png": (analysed or any(m.training_grad_norms() for m in models), plot_grad_norms,
                                     "Gradient norm per block"),
-        "prune_curves.png": (any(m.analysis and "prune_curve" in m.analysis for m in models), plot_prune_curves,
+        "prune_curves.png": (any(m.analysis and m.analysis.prune_curve is not None for m in models), plot_prune_curves,
                              "Perplexity after removing N blocks"),
     }
     written = {}

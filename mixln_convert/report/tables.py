@@ -55,9 +55,9 @@ def start_stage(m: Model) -> str:
 def checkpoint_names(models: list[Model]) -> dict[str, str]:
     """{label: the name of its analysed checkpoint}: :func:`checkpoint_name`, or the whole path where two
     analysed checkpoints would share a name."""
-    names = {m.label: checkpoint_name(m.analysis["checkpoint"]) for m in models if m.analysis}
+    names = {m.label: checkpoint_name(m.analysis.checkpoint) for m in models if m.analysis}
     twice = {name for name in names.values() if list(names.values()).count(name) > 1}
-    return {m.label: m.analysis["checkpoint"] if names[m.label] in twice else names[m.label]
+    return {m.label: m.analysis.checkpoint if names[m.label] in twice else names[m.label]
             for m in models if m.analysis}
 
 
@@ -94,7 +94,7 @@ def prune_rows(numbers: dict) -> list[list[str]]:
 
 def continuation_rows(models: list[Model], shown: int = 3) -> list[list[str]]:
     """The first ``shown`` prompts, one row each, with every generating model's continuation."""
-    writers = [m.analysis["generation"]["continuations"] for m in models if m.analysis and "generation" in m.analysis]
+    writers = [m.analysis.generation["continuations"] for m in models if m.analysis and m.analysis.generation]
     if not writers:
         return []
     rows = []
@@ -116,7 +116,7 @@ def report_blocks(models: list[Model], numbers: dict, summary: list[str], notes:
         blocks += [("h2", "Pruning"),
                    ("table", ["model", "blocks chosen by", "full model", *(f"N = {n}" for n in PRUNE_FRACTIONS)], rows)]
     if rows := continuation_rows(models):
-        writers = [m for m in models if m.analysis and "generation" in m.analysis]
+        writers = [m for m in models if m.analysis and m.analysis.generation]
         blocks += [("h2", "What the models write"),
                    ("p", "Greedy continuations of the first fixed prompts (`analyze --generate`; all of them in "
                          "analysis.json), cut at 160 characters."),

@@ -2,44 +2,27 @@
 is done) and read back by ``train --resume``, ``compare``, demo, sweep and study. Each field is declared once
 with its kind (:mod:`mixln_convert.schema`), which checks it where the file is read. Torch-free."""
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 from ..errors import MixLNError
-from ..io.records import read_json, write_json
+from ..io.records import Result
 from ..limits import MAX_TOKENS, is_integral
-from ..schema import NONNEGATIVE, POSITIVE_NUMBER, TOKENS_OR_ZERO, Count, Flag, Kind, Number, Numbers, read_record, \
-    setting
+from ..schema import NONNEGATIVE, POSITIVE_NUMBER, TOKENS_OR_ZERO, Count, Flag, Number, Numbers, Shaped, String, setting
 
 
-class String(Kind):
-    def ok(self, value) -> bool:
-        return isinstance(value, str)
-
-    def describe(self) -> str:
-        return "a string"
-
-
-class MeasuredOn(Kind):
-    """What a perplexity was measured on: the text's name, the tokens scored and the window length."""
-
-    def ok(self, value) -> bool:
-        return (isinstance(value, dict) and isinstance(value.get("data"), str) and is_integral(value.get("tokens"))
-                and value["tokens"] >= 0 and is_integral(value.get("seq_len")) and value["seq_len"] > 1)
-
-    def describe(self) -> str:
-        return "an object with data (a string), tokens and seq_len (integers)"
-
-
+# what a perplexity was measured on: the text's name, the tokens scored and the window length
+MEASURED_ON = Shaped(lambda v: isinstance(v, dict) and isinstance(v.get("data"), str) and is_integral(v.get("tokens"))
+                     and v["tokens"] >= 0 and is_integral(v.get("seq_len")) and v["seq_len"] > 1,
+                     "an object with data (a string), tokens and seq_len (integers)")
 LOSS, WINDOW_LOSSES = Number(), Numbers(Number(), 1, MAX_TOKENS)
 
 
 # kw_only: the fields keep the file's order (a summary written before a field existed lacks it: None)
 @dataclass(frozen=True, kw_only=True)
-class TrainSummary:
-    FILE: ClassVar[str] = "summary.json"
+class TrainSummary(Result):
+    FILE = "summary.json"
+    WHAT = "a trained arm's summary"
 
     arm: str = setting(kind=String())
     source: str | None = setting(None, String())  # the checkpoint the arm trained from
@@ -51,7 +34,7 @@ class TrainSummary:
     final_val_ppl: float = setting(kind=POSITIVE_NUMBER)
     initial_val_loss: float | None = setting(None, LOSS)
     initial_val_ppl: float = setting(kind=POSITIVE_NUMBER)
-    validation: dict | None = setting(None, MeasuredOn())
+    validation: dict | None = setting(None, MEASURED_ON)
     initial_val_window_losses: list[float] | None = setting(None, WINDOW_LOSSES)
     final_val_window_losses: list[float] | None = setting(None, WINDOW_LOSSES)
     tokens_per_s: float | None = setting(None, NONNEGATIVE)
@@ -65,17 +48,6 @@ class TrainSummary:
     attention: str | None = setting(None, String())
     peak_gpu_memory_bytes: int | None = setting(None, TOKENS_OR_ZERO)
 
-    def write(self, folder: Path) -> None:
-        write_json(folder / self.FILE, self.to_dict())
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def read(cls, file: Path) -> "TrainSummary":
-        """``file``, each field checked: one line naming the file and key if not."""
-        summary = read_record(cls, read_json(file), str(file))
-        if summary.post_ln_layers is not None and summary.num_layers is not None \
-                and summary.post_ln_layers > summary.num_layers:
-            raise MixLNError(f"{file}: post_ln_layers {summary.post_ln_layers} exceeds num_layers {summary.num_layers}")
-        return summary
+    def check(self, file: Path) -> None:
+        if self.post_ln_layers is not None and self.num_layers is not None and self.post_ln_layers > self.num_layers:
+            raise MixLNError(f"{file}: post_ln_layers {self.post_ln_layers} exceeds num_layers {self.num_layers}")

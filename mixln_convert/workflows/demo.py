@@ -74,7 +74,7 @@ def _demo(out: Path, options: DemoOptions, recipe: Recipe, resume: bool) -> dict
     for name, ckpt in checkpoints.items():
         result = stages.run(name, out / "analysis" / name, lambda folder, ckpt=ckpt, sweep=name in swept: analyze(
             ckpt, folder, seq_len=recipe.seq_len, max_tokens=eval_tokens, layer_sweep=sweep,
-            prune_curve=options.prune_curve and sweep, generate=True, force=True))
+            prune_curve=options.prune_curve and sweep, generate=True, force=True).to_dict())
         took = _took(stages, name)
         log.info(f"      {name}: perplexity {result['perplexity']:.2f}; greedy continuations repeat "
                  f"{result['generation']['repeated_4gram_share']:.1%} of their 4-grams"

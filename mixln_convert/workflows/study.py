@@ -128,7 +128,7 @@ def _run(plan: StudyRun, stages: Stages, eval_tokens: int, progress: bool) -> di
     final = plan.folder / plan.engine_arm / "final"
     analysis = stages.run(f"{plan.name} analysis", plan.folder / "analysis", lambda folder: analyze(
         final, folder, data=analysis_text(plan.recipe), seq_len=plan.recipe.seq_len, max_tokens=eval_tokens,
-        force=True, progress=progress))
+        force=True, progress=progress).to_dict())
     return {"scheme": plan.scheme, "seed": plan.seed, "arm": plan.arm, "folder": str(plan.folder),
             **measure(plan.folder / plan.engine_arm, summary, analysis)}
 

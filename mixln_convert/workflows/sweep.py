@@ -216,8 +216,9 @@ def _analysis(ckpt, tmp: Path, eval_tokens: int, progress: bool) -> dict:
     from ..analysis.analyze import analyze
 
     result = analyze(ckpt, tmp / "analysis", max_tokens=eval_tokens, progress=progress)
-    return {key: result[key] for key in ("perplexity", "layer_drop", "angular_distance", "post_ln_layers")} | {
-        "grad_norm_batches": result["per_window"]["grad_norm_per_layer"]}
+    return {"perplexity": result.perplexity, "layer_drop": result.layer_drop,
+            "angular_distance": result.angular_distance, "post_ln_layers": result.post_ln_layers,
+            "grad_norm_batches": result.per_window["grad_norm_per_layer"]}
 
 
 def _train(recipe: Recipe, folder: Path, arm: str, progress: bool) -> dict:

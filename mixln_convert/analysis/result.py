@@ -1,0 +1,125 @@
+"""An analysis (``analysis.json`` of ``mixln-convert analyze``): what :func:`~.analyze.analyze` returns and
+writes, and what compare, demo, sweep and study read back, each field declared once with its kind. Torch-free."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import MixLNError
+from ..io.records import NUMBER_LIST, Result
+from ..limits import MAX_TOKENS, is_finite_number
+from ..schema import POSITIVE_NUMBER, TOKENS_OR_ZERO, Count, Flag, Kind, Shaped, String, setting
+
+PER_DOCUMENT_KEYS = ("documents", "tokens", "token_perplexity", "word_perplexity", "bits_per_byte")
+# the layer sweep's results: all of them, or none in an analysis made without ``layer_sweep``
+PER_LAYER_KEYS = ("layer_drop", "angular_distance_matrix", "grad_norm_per_layer")
+PER_WINDOW_TABLES = ("loss_without_layer", "angular_distance", "grad_norm_per_layer")  # rows of one value per layer
+LAYERS = Count(1, 10**6)
+
+
+def _numbers(value) -> bool:
+    return NUMBER_LIST.ok(value)
+
+
+def _task_drop(value) -> bool:
+    """One task of ``analyze --task``: its metric, direction, full-model value, examples and per-layer drop."""
+    return (isinstance(value, dict) and isinstance(value.get("metric"), str)
+            and isinstance(value.get("higher_is_better"), bool) and is_finite_number(value.get("value"))
+            and TOKENS_OR_ZERO.ok(value.get("samples")) and _numbers(value.get("layer_drop")))
+
+
+ANGULAR_MATRIX = Shaped(lambda v: isinstance(v, list) and all(_numbers(row) and row for row in v),
+                        "a list of non-empty lists of numbers")
+GENERATION = Shaped(lambda v: isinstance(v, dict) and is_finite_number(v.get("repeated_4gram_share"))
+                    and isinstance(v.get("continuations"), list)
+                    and all(isinstance(c, dict) and isinstance(c.get("prompt"), str) and isinstance(c.get("text"), str)
+                            for c in v["continuations"]),
+                    "an object with repeated_4gram_share and continuations ({prompt, text})")
+PRUNE_CURVE = Shaped(lambda v: isinstance(v, dict) and isinstance(v.get("method"), str) and _numbers(v.get("removed"))
+                     and _numbers(v.get("perplexity")) and len(v["removed"]) == len(v["perplexity"]),
+                     "an object with method, removed and perplexity lists of one length")
+TASK_DROP = Shaped(lambda v: isinstance(v, dict) and all(_task_drop(d) for d in v.values()),
+                   "an object of tasks, each with metric, higher_is_better, value, samples and a layer_drop list")
+PER_DOCUMENT = Shaped(lambda v: isinstance(v, dict) and all(is_finite_number(v.get(k)) for k in PER_DOCUMENT_KEYS),
+                      f"an object with numbers {', '.join(PER_DOCUMENT_KEYS)}")
+
+
+# kw_only: the fields keep the file's order; a measurement not made (no layer sweep, no prune curve) is None
+# and left out of the file
+@dataclass(frozen=True, kw_only=True)
+class Analysis(Result):
+    FILE = "analysis.json"
+    WHAT = "an analysis of `mixln-convert analyze`"
+
+    checkpoint: str = setting(kind=String())
+    data: str | None = setting(None, String())  # data, tokens, seq_len: absent from the oldest analyses
+    seq_len: int | None = setting(None, Count(2, MAX_TOKENS))
+    num_layers: int = setting(kind=LAYERS)
+    post_ln_layers: int = setting(kind=Count(0, 10**6))
+    layernorm_scaling: bool | None = setting(None, Flag())  # LayerNorm Scaling: norm outputs x 1/sqrt(l)
+    layout: list | None = setting(None, Kind())  # "Post-LN" or "Pre-LN" per block
+    tokens: int | None = setting(None, TOKENS_OR_ZERO)
+    perplexity: float = setting(kind=POSITIVE_NUMBER)
+    layer_drop: list | None = setting(None, NUMBER_LIST)
+    angular_distance: list | None = setting(None, Kind())  # null past the last block with span blocks ahead
+    angular_distance_matrix: list | None = setting(None, ANGULAR_MATRIX)
+    span: int | None = setting(None, LAYERS)
+    block_influence: list | None = setting(None, Kind())
+    grad_norm_per_layer: list | None = setting(None, NUMBER_LIST)
+    per_window: dict | None = setting(None, Kind())  # the values intervals are bootstrapped from (check())
+    tokenizer_vocab_size: int | None = setting(None, TOKENS_OR_ZERO)
+    prune_curve: dict | None = setting(None, PRUNE_CURVE)
+    generation: dict | None = setting(None, GENERATION)
+    per_document: dict | None = setting(None, PER_DOCUMENT)
+    task_drop: dict | None = setting(None, TASK_DROP)
+
+    @property
+    def layered(self) -> bool:
+        """Whether it holds the layer sweep (layer drop, angular distances, gradient norms)."""
+        return self.layer_drop is not None
+
+    def evaluation(self) -> dict:
+        """The data, tokens and window length it was measured on (as the oldest analyses say: unknown)."""
+        return {"data": self.data or "unknown data", "tokens": self.tokens or 0,
+                "seq_len": self.seq_len or "unknown length"}
+
+    def to_dict(self) -> dict:
+        return {key: value for key, value in super().to_dict().items() if value is not None}
+
+    def check(self, file: Path) -> None:
+        """The per-layer lists one entry per layer, the layer sweep whole, and the per-window tables."""
+        num_layers = self.num_layers
+        if self.post_ln_layers > num_layers:
+            raise MixLNError(f"{file}: post_ln_layers {self.post_ln_layers} exceeds num_layers {num_layers}")
+        layered = [key for key in PER_LAYER_KEYS if getattr(self, key) is not None]
+        if layered and len(layered) < len(PER_LAYER_KEYS):
+            missing = ", ".join(key for key in PER_LAYER_KEYS if getattr(self, key) is None)
+            raise MixLNError(f"{file}: has {layered[0]} but not {missing} (a layer analysis has all of them)")
+        for key in layered:
+            if len(getattr(self, key)) != num_layers:
+                raise MixLNError(f"{file}: {key} has {len(getattr(self, key))} entries for {num_layers} layers")
+        if self.per_window is not None:
+            self._check_per_window(file)
+        for task, drop in (self.task_drop or {}).items():
+            if len(drop["layer_drop"]) != num_layers:
+                raise MixLNError(f"{file}: task_drop.{task}.layer_drop has {len(drop['layer_drop'])} entries for "
+                                 f"{num_layers} layers")
+
+    def _check_per_window(self, file: Path) -> None:
+        """The per-window values the report bootstraps from: one loss per evaluation window, and per
+        window (or gradient batch) one value per layer; prune-curve losses per window likewise."""
+        per_window, num_layers = self.per_window, self.num_layers
+        where = f"{file}: per_window"
+        if not isinstance(per_window, dict) or not _numbers(per_window.get("loss")) or not per_window["loss"]:
+            raise MixLNError(f"{where}: must be an object with loss, a non-empty list of numbers")
+        windows = len(per_window["loss"])
+        for key in PER_WINDOW_TABLES if self.layered else ():
+            table = per_window.get(key)
+            if not (isinstance(table, list) and table
+                    and all(_numbers(row) and len(row) == num_layers for row in table)):
+                raise MixLNError(f"{where}.{key}: must be a non-empty list of rows of {num_layers} numbers")
+            if key != "grad_norm_per_layer" and len(table) != windows:
+                raise MixLNError(f"{where}.{key}: {len(table)} rows for {windows} evaluation windows")
+        losses = (self.prune_curve or {}).get("window_losses")
+        if losses is not None and not (isinstance(losses, list) and len(losses) == len(self.prune_curve["removed"])
+                                       and all(_numbers(row) and len(row) == windows for row in losses)):
+            raise MixLNError(f"{file}: prune_curve.window_losses: must hold one row of {windows} numbers per removal")
