@@ -21,7 +21,8 @@ WORDS = "the model reads a block of text and writes the next word with care over
 def same_outputs(argv):
     """Does a refactor change what the tool writes? Every output file at two revisions, compared.
 
-    Runs a conversion (calibrated, from a sharded source), a heal and a short three-arm train on a tiny random LLaMA with this checkout and with a
+    Runs a conversion (calibrated, from a sharded source), a heal, a short three-arm train and two analyses on a
+    tiny random LLaMA with this checkout and with a
     checkout of ``--base`` (a git worktree), each into the same absolute folder, and compares every
     file they wrote: tensors bitwise (dtype, shape, bytes), JSON and JSON lines field by field less the
     fields that hold times, YAML and text byte for byte.
@@ -68,7 +69,7 @@ def same_outputs(argv):
 
 
 def run_pipeline(tree: Path, source: Path, corpus: Path, out: Path) -> None:
-    """convert -> heal -> train with the code of ``tree``, into ``out`` (emptied first)."""
+    """convert -> heal -> train -> analyze with the code of ``tree``, into ``out`` (emptied first)."""
     for folder in (out, out.parent / "cache"):  # a token cache left by the other side would skip tokenizing
         shutil.rmtree(folder, ignore_errors=True)
     out.mkdir(parents=True)
@@ -87,6 +88,12 @@ def run_pipeline(tree: Path, source: Path, corpus: Path, out: Path) -> None:
              "schedule.warmup_steps=1", "eval_interval=2", "checkpoint_interval=2", "grad_norm_interval=2",
              # the lr pinned: an edit of the shipped recipe's is no change of the code
              "heal.tokens=512", "heal.seq_len=32", "heal.batch_size=4", "optim.lr=1e-4"))],
+        # every measurement an analysis makes, of a trained arm (the layer sweep, a prune curve, continuations)
+        # and of the source (perplexity only, per document)
+        ["analyze", out / "train" / "mixln" / "final", "--out", out / "analysis-mixln", "--data", corpus,
+         "--seq-len", "32", "--max-tokens", "256", "--prune-curve", "--generate"],
+        ["analyze", source, "--out", out / "analysis-source", "--data", corpus, "--seq-len", "32",
+         "--max-tokens", "256", "--no-layer-sweep", "--per-document"],
     ]
     for step in steps:
         done = subprocess.run([*cli, *map(str, step)], cwd=tree, env=env, capture_output=True, text=True)

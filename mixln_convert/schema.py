@@ -26,7 +26,8 @@ def _bound(value: int) -> str:
 class Kind:
     """The values a setting takes: ``ok`` says whether one is, ``describe`` says which (in errors),
     ``read`` types a value from YAML or ``--set`` (ValueError: not of the type), ``click_type`` is its
-    option's type."""
+    option's type. A kind whose ``check`` says why a value is not one answers ``ok`` through it
+    (:class:`Checked`)."""
     click_type = None
 
     def ok(self, value) -> bool:
@@ -123,8 +124,19 @@ class SpikeFactor(Number):
         return "0 (off) or in (1, 1000]"
 
 
+class Checked(Kind):
+    """A kind whose :meth:`check` gives the reason a value is not one: ``ok`` is whether it passes."""
+
+    def ok(self, value) -> bool:
+        try:
+            self.check("value", value)
+        except MixLNError:
+            return False
+        return True
+
+
 @dataclass(frozen=True)
-class Choice(Kind):
+class Choice(Checked):
     choices: tuple
     noun: str = "value"  # what a choice is, in errors: "unknown dtype 'fp8'"
 
@@ -202,7 +214,7 @@ class Folder(Text):
         return "an existing folder"
 
 
-class Size(Kind):
+class Size(Checked):
     """A size in bytes or with a unit: '5GB', '500MiB' (limits.parse_size)."""
 
     def check(self, name: str, value) -> None:
@@ -218,7 +230,7 @@ class Size(Kind):
 
 
 @dataclass(frozen=True)
-class Names(Kind):
+class Names(Checked):
     """Distinct names (of ``choices`` where given), ``low`` to ``high`` of them; on the command line
     comma-separated, in YAML a list (or one name)."""
     choices: tuple | None = None
@@ -256,7 +268,7 @@ class Names(Kind):
 
 
 @dataclass(frozen=True)
-class Numbers(Kind):
+class Numbers(Checked):
     """Numbers each of ``item``, ``low`` to ``high`` of them (comma-separated on the command line)."""
     item: Number
     low: int = 1

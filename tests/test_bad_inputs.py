@@ -669,7 +669,7 @@ ROWS = [
     ("train-arm-unknown", lambda i, o: [*recipe(i), "--arm", "postln", "--out", o], "'--arm'"),
     ("convert-lns-with-alpha", lambda i, o: ["convert", i.src, o, "--layout", "lns", "--alpha", "0.25"], "--alpha: --layout lns makes no block Post-LN"),
     ("sweep-lns-without-training", lambda i, o: ["sweep", i.src, "--out", o, "--lns"], "--lns: the LNS retrofit computes the original's function"),
-    ("compare-layernorm-scaling-not-bool", lambda i, o: ["compare", i.analysis("a", layernorm_scaling="yes"), "--out", o], "layernorm_scaling must be true or false"),
+    ("compare-layernorm-scaling-not-bool", lambda i, o: ["compare", i.analysis("a", layernorm_scaling="yes"), "--out", o], "layernorm_scaling: must be true or false"),
     # ---- downstream tasks (lm-eval) ----
     ("eval-empty-task-name", lambda i, o: ["eval", i.src, "--tasks", "mixln_langref_next,"], "--tasks: 'mixln_langref_next,' holds an empty name"),
     ("eval-limit-0", lambda i, o: ["eval", i.src, "--tasks", "mixln_langref_next", "--limit", "0"], "'--limit': 0 is not in the range"),
@@ -688,7 +688,7 @@ ROWS = [
     ("analyze-task-limit-0", lambda i, o: ["analyze", i.src, "--out", o, "--task", "mixln_langref_ppl", "--limit", "0"], "'--limit'"),
     ("analyze-include-path-without-task", lambda i, o: ["analyze", i.src, "--out", o, "--include-path", i.root], "go with --task"),
     ("compare-task-drop-short", lambda i, o: ["compare", i.analysis("a", task_drop={"t": {"metric": "acc", "higher_is_better": True, "value": 0.5, "samples": 3, "layer_drop": [0.1]}}), "--out", o], "task_drop.t.layer_drop has 1 entries for 2 layers"),
-    ("compare-task-drop-string-value", lambda i, o: ["compare", i.analysis("a", task_drop={"t": {"metric": "acc", "higher_is_better": True, "value": "high", "samples": 3, "layer_drop": [0.1, 0.2]}}), "--out", o], "task_drop must be an object of tasks"),
+    ("compare-task-drop-string-value", lambda i, o: ["compare", i.analysis("a", task_drop={"t": {"metric": "acc", "higher_is_better": True, "value": "high", "samples": 3, "layer_drop": [0.1, 0.2]}}), "--out", o], "task_drop: must be an object of tasks"),
     ("compare-per-document-not-numbers", lambda i, o: ["compare", i.analysis("a", per_document={"documents": "many"}), "--out", o], "per_document: must be an object with numbers"),
     # ---- text ----
     ("eval-data-missing", lambda i, o: ["eval", i.src, "--data", i.root / "none.txt"], "--data"),
@@ -742,13 +742,13 @@ ROWS = [
     # ---- compare: types, not only keys ----
     ("compare-string-perplexity", lambda i, o: ["compare", i.analysis("a", perplexity="low"), "--out", o], "perplexity: must be a number > 0"),
     ("compare-layer-drop-nulls", lambda i, o: ["compare", i.analysis("a", layer_drop=[None, None]), "--out", o], "layer_drop: None is not a finite number"),
-    ("compare-matrix-not-lists", lambda i, o: ["compare", i.analysis("a", angular_distance_matrix=[1, 2]), "--out", o], "angular_distance_matrix must be"),
+    ("compare-matrix-not-lists", lambda i, o: ["compare", i.analysis("a", angular_distance_matrix=[1, 2]), "--out", o], "angular_distance_matrix: must be"),
     ("compare-layers-a-string", lambda i, o: ["compare", i.analysis("a", num_layers="2"), "--out", o], "num_layers: must be an integer in [1, 10^6]"),
     ("compare-analysis-a-list", lambda i, o: ["compare", i.file("list.json", "[1, 2]"), "--out", o], "not a JSON object"),
     ("compare-metrics-lists", lambda i, o: ["compare", i.run("r", "[1, 2]\n"), "--out", o], "record 1: not a training record (not a JSON object)"),
     ("compare-metrics-null-record", lambda i, o: ["compare", i.run("r", '{"step": 1, "tokens": 8, "loss": 2.0}\n\nnull\n'), "--out", o], "record 2: not a training record (not a JSON object)"),
     ("compare-metrics-without-tokens", lambda i, o: ["compare", i.run("r", '{"step": 1, "loss": 2.0}\n'), "--out", o], "record 1: not a training record (missing tokens)"),
-    ("compare-metrics-string-loss", lambda i, o: ["compare", i.run("r", '{"step": 1, "tokens": 8, "loss": "x"}\n'), "--out", o], "loss must be a number"),
+    ("compare-metrics-string-loss", lambda i, o: ["compare", i.run("r", '{"step": 1, "tokens": 8, "loss": "x"}\n'), "--out", o], "record 1: loss: must be a finite number, got 'x'"),
     ("compare-summary-string", lambda i, o: ["compare", i.run("r", '{"step": 1, "tokens": 8, "loss": 2.0}\n', summary={"final_val_ppl": "x"}), "--out", o], "summary.json: final_val_ppl: must be a number > 0, got 'x'"),
     ("compare-metrics-not-utf8", lambda i, o: ["compare", i.run("r", b"\xff\xfe"), "--out", o], "not UTF-8"),
     # ---- a checkpoint's declared tying and rope against its tensors and transformers ----
@@ -782,6 +782,11 @@ ROWS = [
     ("convert-heal-tokens-alpha-0", lambda i, o: ["convert", i.src, o, "--heal-tokens", "1024", "--alpha", "0"], "--heal-tokens: --alpha 0 makes no block Post-LN"),
     ("convert-heal-tokens-no-post-ln-layers", lambda i, o: ["convert", i.src, o, "--heal-tokens", "1024", "--post-ln-layers", "0"], "--heal-tokens: --post-ln-layers 0 makes no block Post-LN"),
     ("train-set-a-section", lambda i, o: [*recipe(i, "optim=1"), "--out", o], "'optim' is a section, not a key: set one of optim.lr, "),
+    # ---- the upper bound every count has by its declared kind (a typo's extra zeros) ----
+    ("eval-seq-len-huge", lambda i, o: ["eval", i.src, "--seq-len", "100000000000000"], "'--seq-len': 100000000000000 is not in the range 1<=x<=10000000000000"),
+    ("analyze-span-huge", lambda i, o: ["analyze", i.src, "--out", o, "--span", "100000000000000"], "'--span': 100000000000000 is not in the range 1<=x<=10000000000000"),
+    ("convert-post-ln-layers-huge", lambda i, o: ["convert", i.src, o, "--post-ln-layers", "100000000000000"], "'--post-ln-layers': 100000000000000 is not in the range 0<=x<=10000000000000"),
+    ("train-set-trackers-empty-name", lambda i, o: [*recipe(i, "trackers=[tensorboard, '']"), "--out", o], "trackers: 'tensorboard,' holds an empty name"),
     # ---- Hugging Face Hub names, offline: what the caches lack is one line; a snapshot is an input ----
     ("convert-hub-model-not-cached", lambda i, o: ["convert", "org/absent", o], "SRC org/absent: no such file or folder, and the Hugging Face cache"),
     ("convert-hub-revision-not-cached", lambda i, o: ["convert", hub_model(i)[0] + "@v9", o], "holds no model org/tiny-llama at revision v9 (offline mode"),

@@ -7,7 +7,7 @@ import re
 import click
 import pytest
 
-from mixln_convert import options
+from mixln_convert import options, schema
 from mixln_convert.errors import MixLNError
 from mixln_convert.schema import Count, Number, declared, flag
 
@@ -83,3 +83,19 @@ def test_the_cpu_recipes_step_is_the_one_demo_and_sweep_count_in(tiny_llama):
     recipe = load_recipe(options.CPU_RECIPE, [f"source={tiny_llama}"])
     assert recipe.global_batch_size * recipe.seq_len == options.CPU_STEP_TOKENS
     assert options.DEMO_TRAIN_TOKENS % options.CPU_STEP_TOKENS == 0
+
+
+@pytest.mark.parametrize("kind, value", [
+    (schema.Choice(("a", "b")), "c"), (schema.Choice(("a", "b")), "a"), (schema.Names(("a",)), ("a", "a")),
+    (schema.Names(("a",)), ("a",)), (schema.Numbers(schema.Number(), 0, 3), [1.0, None]),
+    (schema.Numbers(schema.Number(), 0, 3), 1), (schema.Numbers(schema.Number(), 0, 3), [1, 2.5]),
+    (schema.Size(), "5GB"), (schema.Size(), "five"), (schema.Count(0, 9), 10), (schema.Number(0, 1), 0.5)])
+def test_a_kind_says_ok_exactly_when_its_check_passes(kind, value):
+    """A result file's nested checks ask ok() of a kind: one that answered True for anything (a list of numbers
+    given 1) let a damaged analysis through to an internal error."""
+    try:
+        kind.check("key", value)
+        passes = True
+    except MixLNError:
+        passes = False
+    assert kind.ok(value) is passes
