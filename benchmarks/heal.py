@@ -134,14 +134,14 @@ def quality(argv):
     text_c = f", C: {args.lines} ({len(documents['C'])} documents)" if args.lines else ""
     print(f"\n{Path(src).name}, alpha {args.alpha} calibrated, heal {args.loss} lr {args.lr} on "
           f"{', '.join(args.heal_data) if args.heal_data else f'the embedded corpus ({mix} of its characters)'}, "
-          f"{heal_result['tokens']:,} tokens in steps of {args.heal_batch_size} x {args.heal_seq_len} "
-          f"({heal_result['seconds']:.0f} s); A: {', '.join(args.packed)} ({len(documents['A'])} documents), "
+          f"{heal_result.tokens:,} tokens in steps of {args.heal_batch_size} x {args.heal_seq_len} "
+          f"({heal_result.seconds:.0f} s); A: {', '.join(args.packed)} ({len(documents['A'])} documents), "
           f"B: {len(documents['B'])} paragraphs of {args.paragraphs}{text_c}; {args.eval_tokens:,} tokens "
           f"per text and mode, windows of {args.seq_len}; total {time.time() - started:.0f} s")
     print("held out: " + ", ".join(f"{name} {shared[name]} of {len(documents[name])} documents" for name in texts)
           + f" share a sentence of {harness.SENTENCE_CHARS}+ characters with the embedded corpus\n")
     print(score_table(models, texts))
-    teacher = heal_result["perplexity"]["teacher"], heal_result["per_document_perplexity"]["teacher"]
+    teacher = heal_result.perplexity["teacher"], heal_result.per_document_perplexity["teacher"]
     on = args.curve_on
     print(f"\nHeal curve on {on} (windows of heal's {args.heal_seq_len} tokens; mid-run points at a learning rate "
           "not yet annealed):\n")

@@ -72,12 +72,12 @@ def test_heal_card_has_the_figures_before_and_after_with_their_text(converted, t
     assert data["tags"] == ["mixln-convert", "mix-ln", "llama"] and "base_model" not in data
     assert f"`{tiny_llama}`" in body and "first 2 of 8 decoder blocks Post-LN" in body
     assert "strategy `calibrated`" in body and "Healed with `mixln-convert heal`" in body
-    assert f"{result['tokens']:,} tokens of `embedded:train`" in body
-    evaluation = result["evaluation"]
+    assert f"{result.tokens:,} tokens of `embedded:train`" in body
+    evaluation = result.evaluation
     assert f"`{evaluation['data']}`, {evaluation['tokens']:,} tokens in windows of 32" in body
-    ppl = result["perplexity"]
+    ppl = result.perplexity
     assert f"| perplexity (packed windows) | {ppl['before']:.2f} | {ppl['after']:.2f} | {ppl['teacher']:.2f} |" in body
-    error = result["relative_error"]
+    error = result.relative_error
     assert f"{error['before']:.4g} | {error['after']:.4g}" in body
 
 

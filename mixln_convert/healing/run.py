@@ -26,9 +26,10 @@ from ..training.loop import (NonFiniteStep, StepGuard, adamw, block_grad_norms, 
 from .losses import distillation_loss, relative_error
 from .metrics import cached_teacher_metrics, check_record_finite, digest, warn_if_worse
 from .pair import load_models, open_pair, same_tokenizer
+from .result import HealResult
 
 
-def heal(converted, teacher, out, options: HealOptions | None = None, **settings) -> dict:
+def heal(converted, teacher, out, options: HealOptions | None = None, **settings) -> HealResult:
     """Heal the Mix-LN checkpoint ``converted`` against its Pre-LN original ``teacher``; write ``out``.
     ``options``: a :class:`~mixln_convert.options.HealOptions`; ``settings``: :class:`HealRun`'s
     keyword fields (with ``options``, those replaced). Returns :meth:`HealRun.summary`."""
@@ -54,7 +55,7 @@ class HealRun(HealOptions):
     progress: bool = True
     seq_len_flag: str | None = "--seq-len"
 
-    def run(self) -> dict:
+    def run(self) -> HealResult:
         map_large_allocations()
         inputs = self.check()
         with atomic_output_dir(self.out, force=self.force, protect=inputs) as tmp:
@@ -191,24 +192,23 @@ class HealRun(HealOptions):
                       record.get("val_doc_ppl"))
         return record
 
-    def summary(self, before: dict, after: dict) -> dict:
+    def summary(self, before: dict, after: dict) -> HealResult:
         """:func:`heal`'s result (and the provenance's record), from the figures ``before`` and ``after``."""
         def compared(key: str, teacher: str):
             return {"teacher": self.teacher_figures[teacher], "before": before[key], "after": after[key]}
 
-        return {
-            "out": str(self.out), "post_ln_layers": self.post_ln_layers, "steps": self.steps, "tokens": after["tokens"],
-            "loss": self.loss, "lr": self.lr, "dtype": self.dtype,
-            "activation_checkpointing": self.activation_checkpointing,
-            "relative_error": {"before": before["val_relative_error"], "after": after["val_relative_error"]},
-            "perplexity": compared("val_ppl", "packed") if self.perplexity else None,
-            "per_document_perplexity": compared("val_doc_ppl", "per_document") if self.perplexity else None,
-            "evaluation": {"data": str(self.eval_data) if self.eval_data else EVAL_DATA,
-                           "tokens": self.eval_windows[:, 1:].numel(), "seq_len": self.seq_len},
-            "seconds": round(time.time() - self.started, 2),
-        }
+        return HealResult(
+            out=str(self.out), post_ln_layers=self.post_ln_layers, steps=self.steps, tokens=after["tokens"],
+            loss=self.loss, lr=self.lr, dtype=self.dtype, activation_checkpointing=self.activation_checkpointing,
+            relative_error={"before": before["val_relative_error"], "after": after["val_relative_error"]},
+            perplexity=compared("val_ppl", "packed") if self.perplexity else None,
+            per_document_perplexity=compared("val_doc_ppl", "per_document") if self.perplexity else None,
+            evaluation={"data": str(self.eval_data) if self.eval_data else EVAL_DATA,
+                        "tokens": self.eval_windows[:, 1:].numel(), "seq_len": self.seq_len},
+            seconds=round(time.time() - self.started, 2),
+        )
 
-    def save(self, folder: Path, result: dict) -> None:
+    def save(self, folder: Path, result: HealResult) -> None:
         """The converted checkpoint into ``folder``, its Post-LN blocks the healed ones, ``result``
         in its provenance."""
         source, arch = self.student_source, self.student_source.arch
@@ -221,7 +221,7 @@ class HealRun(HealOptions):
         del state
         self.models = self.objective = None
         record = tool_stamp(teacher=str(Path(self.teacher).absolute()), data=_describe(self.data), seq_len=self.seq_len,
-                            batch_size=self.batch_size, **{key: value for key, value in result.items() if key != "out"})
+                            batch_size=self.batch_size, **result.record())
         config = dict(source.config)
         config["mixln_provenance"] = {**(config.get("mixln_provenance") or {}), "heal": record}
         write_checkpoint(folder, _healed_tensors(source, healed), config, source, self.max_shard_bytes,

@@ -6,6 +6,7 @@ runs; this module chains them.
 import os
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -19,6 +20,9 @@ from ..runtime import map_large_allocations
 from ..training.recipe import Recipe
 from ..training.summary import TrainSummary
 from .runs import Stages, claim_run
+
+if TYPE_CHECKING:  # heal's module imports torch; this one is imported before a command needs it
+    from ..healing.result import HealResult
 
 
 def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool = True) -> dict[str, TrainSummary]:
@@ -126,7 +130,7 @@ def prepare(recipe: Recipe, arm: str, folder: Path, splits, progress: bool) -> s
 
 
 def convert_and_heal(src, dst, options: ConvertOptions | None = None, healing: ConvertHealOptions | None = None, *,
-                     force: bool = False, progress: bool = True, **settings) -> dict:
+                     force: bool = False, progress: bool = True, **settings) -> "HealResult":
     """One command from a pretrained model to a usable Mix-LN one: ``src`` converted (``options``, as
     :func:`~mixln_convert.conversion.converter.convert` takes them) into a temporary folder beside ``dst``,
     then healed as ``healing`` says (its ``heal_tokens`` and ``heal_data``) into ``dst``; ``settings``: the
