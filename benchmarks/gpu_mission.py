@@ -128,7 +128,7 @@ def child_analyze(stages: dict, out: str, data: str, seq_len: int, tokens: int, 
             traceback.print_exc()
     inputs = {**done, **{Path(run).name: run for run in runs}}
     result = compare(list(inputs.values()), f"{out}/report", labels=list(inputs))
-    return {"analyzed": list(done), "summary": result["summary"], "notes": result["notes"]}
+    return {"analyzed": list(done), "summary": result.summary, "notes": result.notes}
 
 
 def child_profile(source: str, seq_len: int, micro_batch: int) -> dict:

@@ -332,7 +332,7 @@ def child_compare(inputs: dict, out: str) -> dict:
     from mixln_convert.report import compare
 
     result = compare(list(inputs.values()), out, labels=list(inputs), force=True)
-    return {"summary": result["summary"], "notes": result["notes"]}
+    return {"summary": result.summary, "notes": result.notes}
 
 
 CHILDREN = {"setup": child_setup, "analyze-stages": child_analyze, "tasks": child_tasks, "compare": child_compare}

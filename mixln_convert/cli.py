@@ -433,7 +433,7 @@ def demo(out, force, resume, **settings):
     from .workflows.demo import run_demo
 
     comparison = run_demo(out, options, force=force, resume=resume)
-    for sentence in comparison["summary"]:
+    for sentence in comparison.summary:
         click.echo(f"- {sentence}")
     click.echo(f"report: {Path(out) / 'report' / 'report.md'} (and report.html)")
 
@@ -525,9 +525,9 @@ def compare(inputs, out, force, **settings):
     from .report import compare as run
 
     result = run(inputs, out, options, force=force)
-    for note in result["notes"]:
+    for note in result.notes:
         click.echo(f"warning: {note}", err=True)
-    for sentence in result["summary"]:
+    for sentence in result.summary:
         click.echo(f"- {sentence}")
     click.echo(f"wrote {Path(out) / 'report.md'} and report.html")
 

@@ -605,8 +605,9 @@ def test_figures_name_their_model_keep_one_unit_and_clip_no_title(monkeypatch, t
         plot_analysis(analysis, tmp_path / f"plots-{arm}")
         figures[arm] = dict(saved)
         saved.clear()
-    compare([tmp_path / "mixln-trained", tmp_path / "preln-trained"], tmp_path / "report")
+    comparison = compare([tmp_path / "mixln-trained", tmp_path / "preln-trained"], tmp_path / "report")
     figures["report"] = dict(saved)
+    assert type(comparison).read(tmp_path / "report" / "comparison.json") == comparison  # the file is what it says
 
     # the trained arms' per-model figures name their arm, not 'final' for both
     for arm in ("mixln", "preln"):

@@ -5,14 +5,18 @@ uniform than Pre-LN's, its successor LayerNorm Scaling (LNS, arXiv 2502.05795) t
 and a lower perplexity; the summary says whether these models show it.
 """
 
+import json
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..analysis.measures import coefficient_of_variation, deep_half
 from ..analysis.result import Analysis
 from ..errors import MixLNError
 from ..io.paths import check_destination
-from ..io.records import write_json
+from ..io.records import Result
 from ..options import CompareOptions, measured_on
+from ..schema import Shaped, setting
 from . import uncertainty
 from .inputs import ARM_KINDS, PRUNE_FRACTIONS, Model, load_inputs
 from .downstream import downstream_numbers
@@ -35,10 +39,25 @@ VERDICT_NOTE = (f"The summary calls a difference (a model wins, a figure is high
                 f"windows (or gradient batches) n it resamples; one on fewer than {MIN_ROWS} decides nothing.")
 
 
-def compare(inputs, out, options: CompareOptions | None = None, *, force: bool = False, **settings) -> dict:
+SENTENCES = Shaped(lambda v: isinstance(v, list) and all(isinstance(line, str) for line in v), "a list of strings")
+
+
+@dataclass(frozen=True)
+class Comparison(Result):
+    """What :func:`compare` says, as ``comparison.json`` holds it."""
+    FILE = "comparison.json"
+    WHAT = "a comparison of `mixln-convert compare`"
+
+    summary: list[str] = setting(kind=SENTENCES)  # the sentences of the report's summary
+    notes: list[str] = setting(kind=SENTENCES)  # warnings (analyses made with different tokenizers)
+    models: list[dict] = setting(kind=Shaped(lambda v: isinstance(v, list) and all(isinstance(m, dict) for m in v),
+                                             "a list of objects"))  # per model, the numbers compared
+
+
+def compare(inputs, out, options: CompareOptions | None = None, *, force: bool = False, **settings) -> Comparison:
     """Write a report comparing ``inputs`` (analysis folders or files, train output folders) into ``out``:
-    report.md, report.html (figures embedded), the PNGs and comparison.json; returns {"summary": sentences,
-    "notes": warnings, "models": numbers}. ``options``: a :class:`~mixln_convert.options.CompareOptions`, or
+    report.md, report.html (figures embedded), the PNGs and comparison.json; returns the :class:`Comparison`.
+    ``options``: a :class:`~mixln_convert.options.CompareOptions`, or
     its fields as ``settings``. Analyses made with different tokenizers are refused unless ``allow_mismatch``."""
     options = CompareOptions.given(options, settings)
     from ..io.atomic import atomic_output_dir
@@ -54,11 +73,12 @@ def compare(inputs, out, options: CompareOptions | None = None, *, force: bool =
     estimates = {m.label: model_estimates(m) for m in models}
     numbers = {m.label: model_numbers(m, estimates[m.label]) for m in models}
     summary = _training_sentences(models, numbers, estimates) + _analysis_sentences(models, numbers, estimates)
-    result = {"summary": summary, "notes": notes, "models": list(numbers.values())}
+    # the numbers as comparison.json holds them (a tuple a list, a key a string): what it returns is the file
+    result = Comparison(summary, notes, json.loads(json.dumps(list(numbers.values()))))
     with atomic_output_dir(out, force=force, protect=protect) as tmp:
         images = beside_layer_drop(plot_report(models, tmp), plot_task_drops(models, tmp))
-        write_report(tmp, report_blocks(models, numbers, result["summary"], notes, images))
-        write_json(tmp / "comparison.json", result)
+        write_report(tmp, report_blocks(models, numbers, summary, notes, images))
+        result.write(tmp)
     return result
 
 

@@ -4,6 +4,7 @@ recipe: convert, heal, both arms trained, every stage analyzed, compared.
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..fetch import cache_dir
 from ..io.loader import open_checkpoint
@@ -14,6 +15,9 @@ from ..training.recipe import Recipe, load_recipe
 from .runs import Stages, claim_run
 from .train import check_launch, train
 
+if TYPE_CHECKING:  # the report imports matplotlib, which the demo needs only at its end
+    from ..report.compare import Comparison
+
 log = logging.getLogger(__name__)  # the demo's progress: the CLI shows it, a library caller may silence it
 # the whole demo at its defaults on 2 idle cores, measured (docs/measurements.md, "The demo, as it ran here"):
 # 12 min 38 s on a Zen 4 machine, 27 to 33 min on a Zen 1 one
@@ -21,7 +25,7 @@ DEMO_MINUTES = (13, 33)
 
 
 def run_demo(out, options: DemoOptions | None = None, *, force: bool = False, resume: bool = False,
-             **settings) -> dict:
+             **settings) -> "Comparison":
     """Every stage on ``options.source`` (default: SmolLM2-135M-Instruct) into ``out`` with the CPU
     recipe at lr ``DEMO_LR``: convert, heal (``heal_tokens``; 0 skips it), train both arms, analyze each
     stage, compare; returns the comparison. ``options``: a :class:`~mixln_convert.options.DemoOptions`, or
@@ -38,7 +42,7 @@ def run_demo(out, options: DemoOptions | None = None, *, force: bool = False, re
         return _demo(claim.path, options, recipe, resume)
 
 
-def _demo(out: Path, options: DemoOptions, recipe: Recipe, resume: bool) -> dict:
+def _demo(out: Path, options: DemoOptions, recipe: Recipe, resume: bool) -> "Comparison":
     """The demo's stages into ``out``, claimed for it."""
     from ..analysis.analyze import analyze
     from ..report import compare
