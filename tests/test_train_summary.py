@@ -52,7 +52,7 @@ def test_a_bad_field_is_one_line_naming_the_file_and_key(change, said, tmp_path)
     assert said in str(raised.value) and "\n" not in str(raised.value)
 
 
-@pytest.mark.parametrize("text, said", [("[]", "not a JSON object"), ("{", "cannot read JSON"),
+@pytest.mark.parametrize("text, said", [("[]", "not a JSON object"), ("{", "unreadable JSON"),
                                         (json.dumps({"arm": "mixln", "steps": 1}), "missing tokens, wall_time_s")])
 def test_a_summary_that_is_not_one_is_refused(text, said, tmp_path):
     file = tmp_path / "summary.json"

@@ -21,15 +21,6 @@ from .checkpoint_files import TOKENIZER_CONFIG, TOKENIZER_FILES
 from .validate import check_finite
 
 
-def read_json(path: Path):
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise MixLNError(f"{path}: not found") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise MixLNError(f"{path}: unreadable JSON ({e})") from None
-
-
 def tokenizer_files(folder: Path) -> list[str]:
     """Which of :data:`TOKENIZER_FILES` (what a tokenizer's vocabulary is built from) ``folder`` holds."""
     return [name for name in TOKENIZER_FILES if all((folder / f).is_file() for f in name.split(" with "))]

@@ -20,9 +20,10 @@ import torch
 
 from ..architectures import architecture_of_any
 from ..errors import MixLNError, first_line
-from .checkpoint import Checkpoint, StoredTensor, read_json
+from .checkpoint import Checkpoint, StoredTensor
 from .checkpoint_files import EXTRA_FILE_PATTERNS, WEIGHT_FILES
 from .gguf import GGUFCheckpoint
+from .records import read_json
 from .validate import check_config, check_config_loads, check_finite, check_tensors
 
 

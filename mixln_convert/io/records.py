@@ -99,11 +99,14 @@ class Result:
         """What the fields say of each other, checked (a MixLNError naming ``file``)."""
 
 
-def read_json(file: Path) -> dict:
+def read_json(file: Path):
+    """``file``'s JSON value; one line naming the file if it is missing or no JSON."""
     try:
         return json.loads(file.read_text())
+    except FileNotFoundError:
+        raise MixLNError(f"{file}: not found") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise MixLNError(f"{file}: cannot read JSON ({e})") from None
+        raise MixLNError(f"{file}: unreadable JSON ({e})") from None
 
 
 def _read_jsonl(file: Path) -> list[dict]:

@@ -29,7 +29,7 @@ import torch
 
 from ..architectures import model_blocks
 from ..errors import MixLNError
-from ..io.checkpoint import read_json
+from ..io.records import read_json
 from ..io.loader import open_checkpoint
 from ..io.validate import check_config, check_config_loads
 from ..limits import MAX_PROCESSES, MAX_SIZE
