@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import MixLNError
-from ..io.records import NUMBER_LIST, Result
+from ..io.records import LAYER_COUNT, NUMBER_LIST, POST_LN_COUNT, Result
 from ..limits import MAX_TOKENS, is_finite_number
 from ..schema import POSITIVE_NUMBER, TOKENS_OR_ZERO, Count, Flag, Kind, Shaped, String, setting
 
@@ -13,29 +13,25 @@ PER_DOCUMENT_KEYS = ("documents", "tokens", "token_perplexity", "word_perplexity
 # the layer sweep's results: all of them, or none in an analysis made without ``layer_sweep``
 PER_LAYER_KEYS = ("layer_drop", "angular_distance_matrix", "grad_norm_per_layer")
 PER_WINDOW_TABLES = ("loss_without_layer", "angular_distance", "grad_norm_per_layer")  # rows of one value per layer
-LAYERS = Count(1, 10**6)
-
-
-def _numbers(value) -> bool:
-    return NUMBER_LIST.ok(value)
 
 
 def _task_drop(value) -> bool:
     """One task of ``analyze --task``: its metric, direction, full-model value, examples and per-layer drop."""
     return (isinstance(value, dict) and isinstance(value.get("metric"), str)
             and isinstance(value.get("higher_is_better"), bool) and is_finite_number(value.get("value"))
-            and TOKENS_OR_ZERO.ok(value.get("samples")) and _numbers(value.get("layer_drop")))
+            and TOKENS_OR_ZERO.ok(value.get("samples")) and NUMBER_LIST.ok(value.get("layer_drop")))
 
 
-ANGULAR_MATRIX = Shaped(lambda v: isinstance(v, list) and all(_numbers(row) and row for row in v),
+ANGULAR_MATRIX = Shaped(lambda v: isinstance(v, list) and all(NUMBER_LIST.ok(row) and row for row in v),
                         "a list of non-empty lists of numbers")
 GENERATION = Shaped(lambda v: isinstance(v, dict) and is_finite_number(v.get("repeated_4gram_share"))
                     and isinstance(v.get("continuations"), list)
                     and all(isinstance(c, dict) and isinstance(c.get("prompt"), str) and isinstance(c.get("text"), str)
                             for c in v["continuations"]),
                     "an object with repeated_4gram_share and continuations ({prompt, text})")
-PRUNE_CURVE = Shaped(lambda v: isinstance(v, dict) and isinstance(v.get("method"), str) and _numbers(v.get("removed"))
-                     and _numbers(v.get("perplexity")) and len(v["removed"]) == len(v["perplexity"]),
+PRUNE_CURVE = Shaped(lambda v: isinstance(v, dict) and isinstance(v.get("method"), str)
+                     and NUMBER_LIST.ok(v.get("removed")) and NUMBER_LIST.ok(v.get("perplexity"))
+                     and len(v["removed"]) == len(v["perplexity"]),
                      "an object with method, removed and perplexity lists of one length")
 TASK_DROP = Shaped(lambda v: isinstance(v, dict) and all(_task_drop(d) for d in v.values()),
                    "an object of tasks, each with metric, higher_is_better, value, samples and a layer_drop list")
@@ -53,8 +49,8 @@ class Analysis(Result):
     checkpoint: str = setting(kind=String())
     data: str | None = setting(None, String())  # data, tokens, seq_len: absent from the oldest analyses
     seq_len: int | None = setting(None, Count(2, MAX_TOKENS))
-    num_layers: int = setting(kind=LAYERS)
-    post_ln_layers: int = setting(kind=Count(0, 10**6))
+    num_layers: int = setting(kind=LAYER_COUNT)
+    post_ln_layers: int = setting(kind=POST_LN_COUNT)
     layernorm_scaling: bool | None = setting(None, Flag())  # LayerNorm Scaling: norm outputs x 1/sqrt(l)
     layout: list | None = setting(None, Kind())  # "Post-LN" or "Pre-LN" per block
     tokens: int | None = setting(None, TOKENS_OR_ZERO)
@@ -62,7 +58,7 @@ class Analysis(Result):
     layer_drop: list | None = setting(None, NUMBER_LIST)
     angular_distance: list | None = setting(None, Kind())  # null past the last block with span blocks ahead
     angular_distance_matrix: list | None = setting(None, ANGULAR_MATRIX)
-    span: int | None = setting(None, LAYERS)
+    span: int | None = setting(None, LAYER_COUNT)
     block_influence: list | None = setting(None, Kind())
     grad_norm_per_layer: list | None = setting(None, NUMBER_LIST)
     per_window: dict | None = setting(None, Kind())  # the values intervals are bootstrapped from (check())
@@ -109,17 +105,17 @@ class Analysis(Result):
         window (or gradient batch) one value per layer; prune-curve losses per window likewise."""
         per_window, num_layers = self.per_window, self.num_layers
         where = f"{file}: per_window"
-        if not isinstance(per_window, dict) or not _numbers(per_window.get("loss")) or not per_window["loss"]:
+        if not isinstance(per_window, dict) or not NUMBER_LIST.ok(per_window.get("loss")) or not per_window["loss"]:
             raise MixLNError(f"{where}: must be an object with loss, a non-empty list of numbers")
         windows = len(per_window["loss"])
         for key in PER_WINDOW_TABLES if self.layered else ():
             table = per_window.get(key)
             if not (isinstance(table, list) and table
-                    and all(_numbers(row) and len(row) == num_layers for row in table)):
+                    and all(NUMBER_LIST.ok(row) and len(row) == num_layers for row in table)):
                 raise MixLNError(f"{where}.{key}: must be a non-empty list of rows of {num_layers} numbers")
             if key != "grad_norm_per_layer" and len(table) != windows:
                 raise MixLNError(f"{where}.{key}: {len(table)} rows for {windows} evaluation windows")
         losses = (self.prune_curve or {}).get("window_losses")
         if losses is not None and not (isinstance(losses, list) and len(losses) == len(self.prune_curve["removed"])
-                                       and all(_numbers(row) and len(row) == windows for row in losses)):
+                                       and all(NUMBER_LIST.ok(row) and len(row) == windows for row in losses)):
             raise MixLNError(f"{file}: prune_curve.window_losses: must hold one row of {windows} numbers per removal")

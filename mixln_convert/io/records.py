@@ -13,7 +13,7 @@ from typing import ClassVar
 
 from ..errors import MixLNError
 from ..limits import MAX_TOKENS
-from ..schema import TOKENS_OR_ZERO, Number, Numbers, read_record, setting
+from ..schema import TOKENS_OR_ZERO, Count, Number, Numbers, read_record, setting
 from .atomic import write_atomic
 
 METRICS = "metrics.jsonl"
@@ -59,6 +59,8 @@ def read_metrics(file: Path) -> list[dict]:
 
 # what a number of a result file may be: any finite one; a list of them, one per layer (or window)
 NUMBER, NUMBER_LIST = Number(), Numbers(Number(), 0, MAX_TOKENS)
+# a model's blocks, and its leading Post-LN ones, as a result file records them
+LAYER_COUNT, POST_LN_COUNT = Count(1, 10**6), Count(0, 10**6)
 
 
 @dataclass(frozen=True)

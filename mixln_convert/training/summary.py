@@ -6,16 +6,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import MixLNError
-from ..io.records import Result
+from ..io.records import LAYER_COUNT, NUMBER, POST_LN_COUNT, Result
 from ..limits import MAX_TOKENS, is_integral
-from ..schema import NONNEGATIVE, POSITIVE_NUMBER, TOKENS_OR_ZERO, Count, Flag, Number, Numbers, Shaped, String, setting
+from ..schema import NONNEGATIVE, POSITIVE_NUMBER, TOKENS_OR_ZERO, Count, Flag, Numbers, Shaped, String, setting
 
 
 # what a perplexity was measured on: the text's name, the tokens scored and the window length
 MEASURED_ON = Shaped(lambda v: isinstance(v, dict) and isinstance(v.get("data"), str) and is_integral(v.get("tokens"))
                      and v["tokens"] >= 0 and is_integral(v.get("seq_len")) and v["seq_len"] > 1,
                      "an object with data (a string), tokens and seq_len (integers)")
-LOSS, WINDOW_LOSSES = Number(), Numbers(Number(), 1, MAX_TOKENS)
+WINDOW_LOSSES = Numbers(NUMBER, 1, MAX_TOKENS)  # one per validation window
 
 
 # kw_only: the fields keep the file's order (a summary written before a field existed lacks it: None)
@@ -30,17 +30,17 @@ class TrainSummary(Result):
     tokens: int = setting(kind=TOKENS_OR_ZERO)
     wall_time_s: float = setting(kind=NONNEGATIVE)
     resumed_from_step: int | None = setting(None, TOKENS_OR_ZERO)
-    final_val_loss: float | None = setting(None, LOSS)
+    final_val_loss: float | None = setting(None, NUMBER)
     final_val_ppl: float = setting(kind=POSITIVE_NUMBER)
-    initial_val_loss: float | None = setting(None, LOSS)
+    initial_val_loss: float | None = setting(None, NUMBER)
     initial_val_ppl: float = setting(kind=POSITIVE_NUMBER)
     validation: dict | None = setting(None, MEASURED_ON)
     initial_val_window_losses: list[float] | None = setting(None, WINDOW_LOSSES)
     final_val_window_losses: list[float] | None = setting(None, WINDOW_LOSSES)
     tokens_per_s: float | None = setting(None, NONNEGATIVE)
     parameters: int | None = setting(None, TOKENS_OR_ZERO)
-    num_layers: int | None = setting(None, Count(1, 10**6))
-    post_ln_layers: int | None = setting(None, Count(0, 10**6))
+    num_layers: int | None = setting(None, LAYER_COUNT)
+    post_ln_layers: int | None = setting(None, POST_LN_COUNT)
     layernorm_scaling: bool | None = setting(None, Flag())
     heal_tokens: int | None = setting(None, TOKENS_OR_ZERO)  # None: written before a heal was recorded
     processes: int | None = setting(None, Count(1))
