@@ -475,15 +475,28 @@ def sweep(src, out, resume, force, **settings):
               help="Output folder.  [default: CONVERTED-healed beside it; NAME-healed here for a Hub model ORG/NAME]")
 @click_options(HealOptions)
 @click.option("--force", is_flag=True, help="Replace a non-empty output folder (never an input).")
-def heal(converted, teacher, out, force, **settings):
+@click.option("--resume", is_flag=True, help="Continue the heal of --out a kill interrupted, from its last "
+              "checkpoint (--checkpoint-interval); refused if the models, data or settings changed.")
+def heal(converted, teacher, out, force, resume, **settings):
     """Heal the Mix-LN checkpoint CONVERTED cheaply: distill only its Post-LN blocks from the
     teacher (with --loss residual a step costs about k/L of a training step). Writes a converted
-    checkpoint folder with heal_metrics.jsonl."""
+    checkpoint folder with heal_metrics.jsonl.
+
+    On several GPUs (or CPU processes), every process heals an equal share of each step:
+
+    \b
+      accelerate launch --multi_gpu --num_processes 8 -m mixln_convert.cli heal CONV --teacher MODEL \\
+          --data TOKENS --tokens 100000000 --batch-size 64 --seq-len 2048 --dtype bf16 --out HEALED
+    """
     options = HealOptions(**settings)
     out = out or _healed_beside(converted)
     from .healing import heal as run
 
-    result = run(converted, teacher, out, options, force=force)
+    result = run(converted, teacher, out, options, force=force, resume=resume)
+    from accelerate import PartialState
+
+    if not PartialState().is_main_process:  # one report for a launch of several processes
+        return
     error = result.relative_error
     click.echo(f"healed {result.post_ln_layers} Post-LN blocks on {result.tokens} tokens ({result.steps} "
                f"steps, {result.seconds:.0f} s): residual relative error {error['before']:.4f} -> "

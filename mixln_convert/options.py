@@ -28,6 +28,7 @@ HEAL_LR = 3e-5
 HEAL_BETAS = (0.9, 0.999)  # healing/: AdamW's (torch's defaults); a training recipe has its own (optim.betas)
 HEAL_SEQ_LEN, HEAL_BATCH_SIZE = 256, 4  # healing/: a step of 4 x 256 tokens
 HEAL_TOKENS = 65_536  # healing/: 64 steps
+HEAL_CHECKPOINT_INTERVAL = 100  # healing/: steps; a checkpoint holds the Post-LN blocks and their AdamW state only
 
 ALPHA = 0.25  # conversion/layout.py: the share of leading blocks made Post-LN unless told otherwise
 # conversion/converter.py's calibrated gains. Short windows fit better (docs/measurements.md): each
@@ -166,6 +167,9 @@ class HealSettings:
         0.0, SpikeFactor(), "Skip the update of a step whose loss exceeds X times the mean of the last 20 steps' "
         "(more than 5 in a row stop the heal); 0: no check. Non-finite losses and gradients always stop it.",
         metavar="X")
+    checkpoint_interval: int = setting(
+        HEAL_CHECKPOINT_INTERVAL, Count(0), "Save what --resume continues from (the Post-LN blocks, AdamW's "
+        "state, the schedule) every N steps, beside --out; 0: never.", metavar="N")
 
     def check_one_step(self, name: str) -> None:
         """A heal budget (``tokens``, named ``name`` in the error) of at least one step, or 0 (none)."""
@@ -181,7 +185,8 @@ class HealOptions(Options, HealSettings, ShardSized):
     a text path (the API also takes documents or tokens), measured on ``eval_tokens`` of ``eval_data``
     before, after and at each token count in ``eval_at`` (with ``perplexity`` the whole model's too)."""
     data: object = text("Training text (default split: train), best of the kind the model will be scored on: a "
-                        "heal carries over to other kinds of text only in part.")
+                        "heal carries over to other kinds of text only in part. Or a `mixln-convert tokenize` "
+                        "folder (its train split, memory-mapped: nothing is tokenized again).")
     dtype: str = setting("fp32", Choice(HEAL_DTYPES, "dtype"),
                          "Of the frozen weights (everything but the Post-LN blocks, which train in fp32); bf16 "
                          "halves them and computes under bf16 autocast.")
@@ -190,7 +195,8 @@ class HealOptions(Options, HealSettings, ShardSized):
     eval_tokens: int = setting(EVAL_TOKENS, TOKENS, "Held-out tokens measured before and after.")
     eval_data: str | None = setting(None, Text(), "Held-out text measured before and after, packed and each "
                                     "document on its own: a file, folder or glob (default: embedded corpus, "
-                                    "validation split).", metavar="PATH")
+                                    "validation split), or a `mixln-convert tokenize` folder (its validation split).",
+                                    metavar="PATH")
     perplexity: bool = setting(True, Flag(), "Also measure whole-model perplexity (the teacher's and CONVERTED's "
                                "whole models, over one copy of the layers they share).",
                                flag="--perplexity/--no-perplexity")

@@ -379,6 +379,31 @@ def test_sigkill_then_resume_gives_the_uninterrupted_losses(cli, tiny_llama_tied
     assert_same_curve(metrics(out, "mixln"), metrics(tmp_path / "whole", "mixln"), tol=1e-6)
 
 
+def test_a_heal_killed_inside_train_resumes_with_train(cli, tiny_llama_tied, corpus, tmp_path):
+    """`train --resume` continues the Mix-LN arm's heal from its last checkpoint, to the uninterrupted heal."""
+    recipe = "smollm2-135m-cpu"
+    sets = tiny(tiny_llama_tied, corpus, steps=2, **{"heal.tokens": 16 * 2 * 32, "heal.seq_len": 32,
+                                                     "heal.batch_size": 2, "heal.checkpoint_interval": 3})
+    train(load_recipe(recipe, sets), tmp_path / "whole", arms=("mixln",), progress=False)
+    out = tmp_path / "killed"
+    work = out / "mixln" / ".healed.heal"
+    cmd = [sys.executable, "-m", "mixln_convert.cli", "train", recipe, *(f"--set={s}" for s in sets), "--out", str(out),
+           "--arm", "mixln"]
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 180
+    while time.time() < deadline and proc.poll() is None and not list(work.glob("step-*.pt")):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL and list(work.glob("step-*.pt")) and not (out / "mixln" / "healed").exists()
+    result = cli("train", recipe, *(f"--set={s}" for s in sets), "--out", out, "--arm", "mixln", "--resume")
+    assert result.exit_code == 0, result.output
+    healed = [(out / "mixln" / "healed" / "heal_metrics.jsonl"), tmp_path / "whole" / "mixln" / "healed" / "heal_metrics.jsonl"]
+    a, b = ([{k: v for k, v in json.loads(line).items() if k != "seconds"} for line in f.read_text().splitlines()]
+            for f in healed)
+    assert a == b and len(a) == 17 and not work.exists()
+    assert_same_curve(metrics(out, "mixln"), metrics(tmp_path / "whole", "mixln"), tol=1e-6)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -386,8 +411,10 @@ def _free_port() -> int:
 
 
 def test_two_cpu_processes_match_one(tiny_llama_tied, corpus, tmp_path):
+    """Both arms, and the Mix-LN arm's heal, shared by two processes: the one-process figures."""
     recipe = "smollm2-135m-cpu"
-    sets = tiny(tiny_llama_tied, corpus, steps=6, global_batch_size=8, max_tokens=6 * 8 * 32)
+    sets = tiny(tiny_llama_tied, corpus, steps=6, global_batch_size=8, max_tokens=6 * 8 * 32,
+                **{"heal.tokens": 6 * 2 * 32, "heal.seq_len": 32, "heal.batch_size": 2})
     train(load_recipe(recipe, sets), tmp_path / "one", progress=False)
     # accelerate launch --cpu starts one process without MPI; torchrun + ACCELERATE_USE_CPU is the gloo setup.
     # Both arms: the second one must find the process group the first one used still alive.
@@ -399,6 +426,10 @@ def test_two_cpu_processes_match_one(tiny_llama_tied, corpus, tmp_path):
     for arm in ("mixln", "preln"):
         assert json.loads((tmp_path / "two" / arm / "summary.json").read_text())["processes"] == 2
         assert_same_curve(metrics(tmp_path / "two", arm), metrics(tmp_path / "one", arm), tol=1e-5)
+    healed = [json.loads((tmp_path / run / "mixln" / "healed" / "config.json").read_text())["mixln_provenance"]["heal"]
+              for run in ("two", "one")]
+    assert [h["processes"] for h in healed] == [2, 1]
+    assert healed[0]["relative_error"] == pytest.approx(healed[1]["relative_error"], rel=1e-5)
 
 
 def test_nonfinite_loss_stops_naming_the_step(cli, tiny_llama_tied, corpus, tmp_path):

@@ -52,7 +52,8 @@ def rise(before: float, after: float) -> str:
     return f"{old} to {new} ({percent})"
 
 
-def warn_if_worse(losses: list[float], ppl_before, ppl_after, lr: float, doc_before=None, doc_after=None) -> None:
+def warn_if_worse(losses: list[float], ppl_before, ppl_after, lr: float, doc_before=None, doc_after=None,
+                  lr_name: str = "--lr") -> None:
     """A heal that ends worse than it started (training loss over its last tenth of steps above the
     first step's, or held-out perplexity up) has almost always diverged; say so, still writing it.
     Per-document perplexity up while packed went down is a heal too short for the first positions
@@ -65,7 +66,7 @@ def warn_if_worse(losses: list[float], ppl_before, ppl_after, lr: float, doc_bef
     if ppl_before is not None and ppl_after > ppl_before:
         signs.append(f"held-out perplexity rose from {rise(ppl_before, ppl_after)}")
     if signs:
-        warn(f"the heal made the model worse ({'; '.join(signs)}): --lr {lr:g} is probably too high for this "
+        warn(f"the heal made the model worse ({'; '.join(signs)}): {lr_name} {lr:g} is probably too high for this "
              f"model; try {lr / 3:.1g}")
     elif doc_before is not None and doc_after > doc_before:
         warn(f"the heal made per-document perplexity worse (from {rise(doc_before, doc_after)}, each document "

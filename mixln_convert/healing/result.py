@@ -19,6 +19,8 @@ class HealResult:
     perplexity: dict | None  # packed windows: {"teacher", "before", "after"}; None without the evaluation
     per_document_perplexity: dict | None  # each document from its first token, likewise
     evaluation: dict  # the held-out text: {"data", "tokens" (scored), "seq_len"}
+    data_passes: float  # how many times the heal went over its training windows (over 1: it repeated them)
+    processes: int  # that shared each step
     seconds: float
 
     def record(self) -> dict:

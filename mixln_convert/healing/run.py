@@ -1,7 +1,14 @@
-"""One heal, in the training loop's order: check -> setup -> fit (validating as it goes) -> save."""
+"""One heal, in the training loop's order: check -> setup -> fit (validating as it goes) -> save.
+
+Every process of an ``accelerate launch`` (or torchrun) heals: each runs an equal share of every step's
+windows and the Post-LN blocks' gradients are averaged over the processes before the update, so the
+result does not depend on how many there are. Validation is measured by each process on the same
+windows (a heal's evaluations are small), and the main process alone writes.
+"""
 
 import contextlib
-import json
+import hashlib
+import shutil
 import time
 from dataclasses import KW_ONLY, dataclass, fields
 from pathlib import Path
@@ -10,7 +17,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..data import PackedWindows, TokenShards, read_texts, token_stream, token_windows, windows
+from ..data import PackedWindows, TokenShards, data_fingerprint, open_tokens, read_texts, token_stream, token_windows, windows
+from ..data.shards import is_tokens_folder
 from ..errors import MixLNError, warn
 from ..evaluation.perplexity import evaluate_documents, evaluate_perplexity
 from ..io.atomic import atomic_output_dir
@@ -27,6 +35,7 @@ from .losses import distillation_loss, relative_error
 from .metrics import cached_teacher_metrics, check_record_finite, digest, warn_if_worse
 from .pair import load_models, open_pair, same_tokenizer
 from .result import HealResult
+from .state import METRICS, HealState
 
 
 def heal(converted, teacher, out, options: HealOptions | None = None, **settings) -> HealResult:
@@ -45,6 +54,7 @@ class HealRun(HealOptions):
     the rest in the backward (one more forward, for activations that no longer grow with the depth: see
     :func:`_recomputing`), and with the ``kl`` loss the logits too (:class:`.losses.ChunkedKL`).
     ``seq_len_flag``: the option or recipe key that set ``seq_len``, for messages (None: the caller fixes the length).
+    ``resume``: continue the heal a kill interrupted (:mod:`.state`).
     """
 
     converted: str | Path
@@ -52,24 +62,50 @@ class HealRun(HealOptions):
     out: str | Path
     _: KW_ONLY  # the options (HealOptions' too), keyword-only as heal() takes them
     force: bool = False
+    resume: bool = False
     progress: bool = True
     seq_len_flag: str | None = "--seq-len"
 
     def run(self) -> HealResult:
         map_large_allocations()
         inputs = self.check()
-        with atomic_output_dir(self.out, force=self.force, protect=inputs) as tmp:
-            self.setup()
-            before = self.validate()
-            after = self.fit(before, tmp / "heal_metrics.jsonl")
-            result = self.summary(before, after)
-            self.save(tmp, result)
+        main = self.process.is_main_process
+        try:
+            with atomic_output_dir(self.out, force=self.force, protect=inputs) if main else contextlib.nullcontext() \
+                    as tmp:
+                self.read_data()
+                self.record = self.settings() if main else None
+                self.resumed = _agreed(lambda: self.state.check(self.record, self.resume, self.force, self.out))
+                self.setup()
+                after = self.fit()
+                result = self.summary(self.before, after)
+                self.save(tmp, result)
+        except BaseException:
+            if main and not self.state.checkpoints():  # nothing to resume: a refusal leaves nothing behind
+                self.state.remove()
+            raise
+        if main:
+            self.state.remove()  # the healed checkpoint is in place: nothing is left to resume
+        self.process.wait_for_everyone()  # every process finds the output once heal() returns
+        if self.owns_group:
+            self.process.destroy_process_group()
         return result
 
     def check(self) -> dict:
         """Every check that needs no model (the numbers were checked when the run was made), before
         anything is written, and the pair opened; returns the inputs the output must not replace."""
+        from accelerate import PartialState
+        from accelerate.utils import parse_flag_from_env
+
+        self.owns_group = not torch.distributed.is_initialized()  # train's run has its own group
+        # accelerate launch --cpu sets ACCELERATE_USE_CPU, which PartialState does not read itself
+        self.process = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
+        self.owns_group = self.owns_group and torch.distributed.is_initialized()
         self.steps = self.tokens // (self.batch_size * self.seq_len)
+        world = self.process.num_processes
+        if self.batch_size % world:
+            raise MixLNError(f"{self._name('batch_size')}: {self.batch_size} windows a step do not share equally "
+                             f"among {world} processes; give a multiple of {world}")
         self.converted = checkpoint_path(self.converted, "CONVERTED")
         self.teacher = checkpoint_path(self.teacher, "--teacher")
         in_hand = isinstance(self.data, (list, np.ndarray, TokenShards))  # documents or a token stream, not a path
@@ -82,21 +118,58 @@ class HealRun(HealOptions):
         check_seq_len(self.seq_len_flag or "seq_len", self.seq_len, self.student_source.config)
         self.tokenizer = same_tokenizer(self.student_source, self.teacher_source)
         self.post_ln_layers = self.student_source.config["post_ln_layers"]
-        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = self.process.device
+        self.state = HealState(self.out)
         return inputs
 
-    def setup(self) -> None:
-        """The training and held-out windows, the models, the loss, and the teacher's figures."""
-        self.started = time.time()
+    def _name(self, key: str) -> str:
+        """How the caller named the setting ``key``: a recipe key (``heal.batch_size``) or a flag."""
+        if self.seq_len_flag and not self.seq_len_flag.startswith("--"):
+            return f"{self.seq_len_flag.rsplit('.', 1)[0]}.{key}"
+        return f"--{key.replace('_', '-')}"
+
+    def read_data(self) -> None:
+        """The training windows (text is tokenized into the user cache; a tokenized folder is read as it is,
+        memory-mapped) and the held-out windows and documents; warns when the heal passes over the data
+        more than once."""
         if isinstance(self.data, (np.ndarray, TokenShards)):
             stream = self.data
+        elif is_tokens_folder(self.data):
+            stream = open_tokens(self.data, self.tokenizer)[0]
         else:
             texts = self.data if isinstance(self.data, list) else read_texts(self.data, split="train")
             stream = token_stream(self.tokenizer, texts, self.tokens, _describe(self.data))
         self.train_windows = windows(stream, self.seq_len, _describe(self.data), self.seq_len_flag)
-        self.documents = read_texts(self.eval_data, split="validation")  # scored packed, and one by one
-        self.eval_windows = token_windows(self.tokenizer, self.documents, self.seq_len, self.eval_tokens,
-                                          source=self.eval_data or EVAL_DATA)
+        self.passes = self.steps * self.batch_size / len(self.train_windows)
+        if self.passes > 1 and self.process.is_main_process:
+            warn(f"{_describe(self.data)}: holds "
+                 f"{len(self.train_windows):,} windows of {self.seq_len} tokens; a heal of {self.tokens:,} tokens "
+                 f"passes over them {self.passes:.3g} times")
+        if is_tokens_folder(self.eval_data):
+            held_out = open_tokens(self.eval_data, self.tokenizer)[1]
+            held_out = np.asarray(held_out[: max(1, self.eval_tokens // self.seq_len) * self.seq_len])
+            self.documents = _documents(held_out, self.tokenizer)
+            self.eval_windows = torch.from_numpy(windows(held_out, self.seq_len, str(self.eval_data),
+                                                         self.seq_len_flag).astype(np.int64))
+        else:
+            self.documents = read_texts(self.eval_data, split="validation")  # scored packed, and one by one
+            self.eval_windows = token_windows(self.tokenizer, self.documents, self.seq_len, self.eval_tokens,
+                                              source=self.eval_data or EVAL_DATA)
+
+    def settings(self) -> dict:
+        """What a resumed heal must find unchanged: the pair, the data and every setting of the result."""
+        data = self.data if isinstance(self.data, str) or self.data is None else None
+        stream = None if data is not None or self.data is None else _stream_digest(self.train_windows)
+        return {"converted": self.student_source.fingerprint(), "teacher": self.teacher_source.fingerprint(),
+                "data": data_fingerprint(data) if data else stream or "embedded:train",
+                "eval_windows": digest(self.eval_windows.numpy().tobytes()),
+                **{f.name: getattr(self, f.name) for f in fields(HealOptions)
+                   if f.name not in ("data", "eval_data", "max_shard_size", "checkpoint_interval")}}
+
+    def setup(self) -> None:
+        """The models, the loss, the teacher's figures, and the student's as they stand (or as a resumed
+        heal measured them)."""
+        self.started = time.time()
         loss_class = distillation_loss(self.loss, self.activation_checkpointing)
         self.models = load_models(self.student_source, self.teacher_source, self.post_ln_layers,
                                   {"fp32": torch.float32, "bf16": torch.bfloat16}[self.dtype], self.device,
@@ -105,12 +178,19 @@ class HealRun(HealOptions):
         if self.activation_checkpointing:
             # non-reentrant: the first block's input (the frozen embeddings' output) needs no gradient
             enable_checkpointing(self.objective.runs_through, {"use_reentrant": False})
-        if self.models.unshared:
+        if self.models.unshared and self.process.is_main_process:
             warn(f"--teacher {self.teacher}: {len(self.models.unshared)} tensors outside the first "
                  f"{self.post_ln_layers} "
                  f"blocks differ from {self.converted}'s (the first: {self.models.unshared[0]}); the teacher keeps "
                  "its own copies of those")
         self.teacher_figures = self.measure_teacher() if self.perplexity else None
+        if self.resumed:
+            self.before = self.state.records()[0]
+        else:
+            self.before = self.validate()
+            if self.process.is_main_process:
+                self.state.start(self.record, self.before)
+
 
     def precision(self):
         """bf16 compute over bf16 frozen weights (autocast; the trained blocks stay float32 masters)."""
@@ -131,7 +211,7 @@ class HealRun(HealOptions):
         return cached_teacher_metrics(
             measure, teacher=self.teacher_source.fingerprint(), windows=digest(self.eval_windows.numpy().tobytes()),
             documents=digest("\0".join(self.documents).encode()), seq_len=self.seq_len, eval_tokens=self.eval_tokens,
-            batch_size=self.batch_size, dtype=self.dtype, device=self.device, torch=torch.__version__)
+            batch_size=self.batch_size, dtype=self.dtype, device=self.device.type, torch=torch.__version__)
 
     def validate(self) -> dict:
         """The student's held-out figures as they stand: ``val_relative_error`` of its prefix's stream;
@@ -151,9 +231,10 @@ class HealRun(HealOptions):
                     self.eval_tokens, self.progress)["token_perplexity"])
         return measured
 
-    def fit(self, before: dict, path: Path) -> dict:
-        """The training loop: a line of ``path`` per step (``before``'s first), validated after each
-        ``eval_at`` token count and at the last step. Returns the last line."""
+    def fit(self) -> dict:
+        """The training loop: a line of the metrics per step (the figures before it first), validated after
+        each ``eval_at`` token count and at the last step, checkpointed every ``checkpoint_interval``
+        steps; from the last checkpoint when resumed. Returns the last line."""
         layers = self.models.student_prefix.layers
         parameters = list(layers.parameters())
         # No weight decay: it would pull the pretrained weights toward 0, away from the teacher. Every
@@ -161,35 +242,56 @@ class HealRun(HealOptions):
         optimizer = adamw(parameter_groups(layers, [], lr=self.lr, weight_decay=0.0), betas=HEAL_BETAS)
         scheduler = warmup_cosine(optimizer, round(self.warmup_ratio * self.steps), self.steps)
         guard = StepGuard(self.spike_factor)
-        batches = torch.utils.data.DataLoader(
-            PackedWindows(self.train_windows, self.steps * self.batch_size, self.seed), batch_size=self.batch_size)
-        pending, losses = sorted(self.eval_at), []
-        with open(path, "w") as log:
-            log.write(json.dumps({"step": 0, "tokens": 0, **before}) + "\n")
-            bar = tqdm(batches, total=self.steps, desc="healing", unit="step", disable=not self.progress)
-            for step, batch in enumerate(bar, 1):
-                with self.precision(), _recomputing(self.objective.runs_through.layers, self.activation_checkpointing):
-                    value = self.objective(batch.to(self.device))
-                value.backward()  # a checkpointed block's recompute restores the forward's autocast state
-                try:
-                    taken = take_step(optimizer, scheduler, guard, step=step, loss=value.item(),
-                                      clip=lambda: clip_gradients(parameters, self.grad_clip),
-                                      block_norms=lambda: (block_grad_norms(layers), layers),
-                                      samples=range((step - 1) * self.batch_size, step * self.batch_size))
-                except NonFiniteStep as e:
-                    raise MixLNError(f"--lr: the heal's {self.loss} {e}; the heal diverged at lr {self.lr:g}: try a "
-                                     "smaller --lr") from None
-                record = {"step": step, "tokens": step * batch.numel(), **taken,
-                          "seconds": round(time.time() - self.started, 2)}
-                if (pending and record["tokens"] >= pending[0]) or step == self.steps:
-                    pending = [t for t in pending if t > record["tokens"]]
-                    record.update(self.validate())
-                    check_record_finite(record, self.lr)
-                log.write(json.dumps(record) + "\n")
-                losses.append(record["loss"])
-                bar.set_postfix(loss=f"{record['loss']:.4f}")
-        warn_if_worse(losses, before.get("val_ppl"), record.get("val_ppl"), self.lr, before.get("val_doc_ppl"),
-                      record.get("val_doc_ppl"))
+        start, spent = 0, 0.0
+        if self.resumed:
+            saved = self.state.load()
+            layers.load_state_dict(saved["blocks"])
+            optimizer.load_state_dict(saved["optimizer"])
+            scheduler.load_state_dict(saved["scheduler"])
+            guard.load_state_dict(saved["guard"])
+            torch.set_rng_state(saved["rng"])
+            start, spent = saved["step"], saved["seconds"]
+        self.started = time.time() - spent
+        samples = PackedWindows(self.train_windows, self.steps * self.batch_size, self.seed)
+        world, rank, main = self.process.num_processes, self.process.process_index, self.process.is_main_process
+        share = self.batch_size // world  # this process's windows of each step
+        record = self.before
+        losses = [r["loss"] for r in self.state.records()[1:]] if self.resumed else []
+        pending = sorted(t for t in self.eval_at if t > start * self.batch_size * self.seq_len)
+        bar = tqdm(range(start + 1, self.steps + 1), initial=start, total=self.steps, desc="healing", unit="step",
+                   disable=not (self.progress and main))
+        for step in bar:
+            first = (step - 1) * self.batch_size + rank * share
+            batch = torch.stack([samples[i] for i in range(first, first + share)])
+            with self.precision(), _recomputing(self.objective.runs_through.layers, self.activation_checkpointing):
+                value = self.objective(batch.to(self.device))
+            value.backward()  # a checkpointed block's recompute restores the forward's autocast state
+            loss = _averaged(value.detach(), parameters, world)
+            try:
+                taken = take_step(optimizer, scheduler, guard, step=step, loss=loss,
+                                  clip=lambda: clip_gradients(parameters, self.grad_clip),
+                                  block_norms=lambda: (block_grad_norms(layers), layers),
+                                  samples=range((step - 1) * self.batch_size, step * self.batch_size))
+            except NonFiniteStep as e:
+                raise MixLNError(f"{self._name('lr')}: the heal's {self.loss} {e}; the heal diverged at lr "
+                                 f"{self.lr:g}: try a smaller {self._name('lr')}") from None
+            record = {"step": step, "tokens": step * self.batch_size * self.seq_len, **taken,
+                      "seconds": round(time.time() - self.started, 2)}
+            if (pending and record["tokens"] >= pending[0]) or step == self.steps:
+                pending = [t for t in pending if t > record["tokens"]]
+                record.update(self.validate())
+                check_record_finite(record, self.lr)
+            losses.append(record["loss"])
+            bar.set_postfix(loss=f"{record['loss']:.4f}")
+            if main:
+                self.state.log(record)
+                if self.checkpoint_interval and step % self.checkpoint_interval == 0 and step < self.steps:
+                    self.state.save(step, {"step": step, "seconds": record["seconds"], "blocks": layers.state_dict(),
+                                           "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                                           "guard": guard.state_dict(), "rng": torch.get_rng_state()})
+        if main:
+            warn_if_worse(losses, self.before.get("val_ppl"), record.get("val_ppl"), self.lr,
+                          self.before.get("val_doc_ppl"), record.get("val_doc_ppl"), self._name("lr"))
         return record
 
     def summary(self, before: dict, after: dict) -> HealResult:
@@ -205,12 +307,13 @@ class HealRun(HealOptions):
             per_document_perplexity=compared("val_doc_ppl", "per_document") if self.perplexity else None,
             evaluation={"data": str(self.eval_data) if self.eval_data else EVAL_DATA,
                         "tokens": self.eval_windows[:, 1:].numel(), "seq_len": self.seq_len},
+            data_passes=round(self.passes, 4), processes=self.process.num_processes,
             seconds=round(time.time() - self.started, 2),
         )
 
-    def save(self, folder: Path, result: HealResult) -> None:
-        """The converted checkpoint into ``folder``, its Post-LN blocks the healed ones, ``result``
-        in its provenance."""
+    def save(self, folder: Path | None, result: HealResult) -> None:
+        """The converted checkpoint into ``folder`` (None: another process writes it), its Post-LN blocks the
+        healed ones, ``result`` in its provenance, the heal's metrics beside it."""
         source, arch = self.student_source, self.student_source.arch
         state = self.models.student_prefix.state_dict()
         healed = {name: state[name.removeprefix(arch.decoder + ".")]
@@ -220,12 +323,15 @@ class HealRun(HealOptions):
         # which on top of both models and the AdamW state would set the peak.
         del state
         self.models = self.objective = None
+        if folder is None:
+            return
         record = tool_stamp(teacher=str(Path(self.teacher).absolute()), data=_describe(self.data), seq_len=self.seq_len,
                             batch_size=self.batch_size, **result.record())
         config = dict(source.config)
         config["mixln_provenance"] = {**(config.get("mixln_provenance") or {}), "heal": record}
         write_checkpoint(folder, _healed_tensors(source, healed), config, source, self.max_shard_bytes,
                          desc="writing", total=len(source.names()), progress=self.progress)
+        shutil.copyfile(self.state.folder / METRICS, folder / METRICS)
 
 
 @contextlib.contextmanager
@@ -249,6 +355,56 @@ def _describe(data) -> str:
     if isinstance(data, list):
         return f"{len(data)} documents given"
     return str(data) if data else "embedded:train"
+
+
+def _documents(stream: np.ndarray, tokenizer) -> list[str]:
+    """The documents of a tokenized stream (EOS between them) as text, for the per-document evaluation."""
+    cuts = np.flatnonzero(stream == tokenizer.eos_token_id)
+    return [text for piece in np.split(stream, cuts) if (text := tokenizer.decode(piece[piece != tokenizer.eos_token_id]
+                                                                                      ).strip())]
+
+
+def _stream_digest(train_windows) -> str:
+    """sha256 of every training window (a stream given in hand: a resumed heal must find the same)."""
+    found = hashlib.sha256()
+    for start in range(0, len(train_windows), 4096):
+        found.update(np.ascontiguousarray(np.stack([train_windows[j] for j in range(start, min(
+            start + 4096, len(train_windows)))])).astype("<i4").tobytes())
+    return found.hexdigest()
+
+
+def _averaged(loss: torch.Tensor, parameters, world: int) -> float:
+    """The step's loss, and the gradients of ``parameters``, averaged over the ``world`` processes (each
+    computed them on an equal share of the step's windows)."""
+    if world > 1:
+        for p in parameters:
+            if p.grad is not None:
+                torch.distributed.all_reduce(p.grad)
+                p.grad.div_(world)
+        torch.distributed.all_reduce(loss)
+        loss = loss / world
+    return loss.item()
+
+
+def _agreed(decide):
+    """``decide()`` as the main process answers it, on every process: its value, or its refusal raised everywhere
+    (the others would otherwise wait for a step the main process never takes)."""
+    from accelerate import PartialState
+    from accelerate.utils import broadcast_object_list
+
+    state = PartialState()
+    answer = [None]
+    if state.is_main_process:
+        try:
+            answer = [("value", decide())]
+        except MixLNError as e:
+            answer = [("error", str(e))]
+    if state.num_processes > 1:
+        broadcast_object_list(answer)
+    kind, value = answer[0]
+    if kind == "error":
+        raise MixLNError(value)
+    return value
 
 
 def _healed_tensors(source, healed: dict):

@@ -42,6 +42,9 @@ def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool =
     # Accelerator reads `accelerate launch --cpu` (ACCELERATE_USE_CPU) itself; PartialState does not.
     state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
     accumulation = _accumulation(recipe, state.num_processes)
+    if recipe.heal.tokens and recipe.heal.batch_size % state.num_processes:  # heal shares each step like training
+        raise MixLNError(f"heal.batch_size {recipe.heal.batch_size} is not a multiple of the {state.num_processes} "
+                         "processes, which share each heal step equally")
     if recipe.fsdp and state.num_processes < 2:
         raise MixLNError("fsdp: true shards over several processes, and this run has one; launch it with "
                          "accelerate launch --config_file \"$(mixln-convert recipes --path fsdp)\" (or torchrun)")
@@ -74,7 +77,8 @@ def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool =
             claim.start()
             if not (out / "recipe.yaml").is_file():  # the resolved recipe, for a user to read or rerun
                 write_atomic(out / "recipe.yaml", yaml.safe_dump(recipe.to_dict(), sort_keys=False))
-        sources = {arm: prepare(recipe, arm, out / arm, splits, progress) for arm in arms if arm not in finished}
+        sources = {arm: prepare(recipe, arm, out / arm, splits, resume, progress) for arm in arms
+                   if arm not in finished}
         claim.working()
         summaries = {arm: finished.get(arm) or stages.run(arm, out / arm, lambda folder, arm=arm: train_arm(
             recipe, arm, folder, sources[arm], splits, source.tokenizer, accumulation, resume, progress),
@@ -92,10 +96,11 @@ def check_launch() -> None:
                          "recipe key fsdp: true")
 
 
-def prepare(recipe: Recipe, arm: str, folder: Path, splits, progress: bool) -> str:
+def prepare(recipe: Recipe, arm: str, folder: Path, splits, resume: bool, progress: bool) -> str:
     """The checkpoint an arm trains from: the source (Pre-LN); the source converted exactly into
     ``folder/converted`` (LNS); the recipe's converted model, else the source converted into ``folder/converted``
-    and, with ``heal.tokens``, healed into ``folder/healed`` on the run's own training stream (Mix-LN). From
+    and, with ``heal.tokens``, healed into ``folder/healed`` on the run's own training stream by every process of
+    the run (Mix-LN; with ``resume`` a heal a kill interrupted continues from its last checkpoint). From
     scratch (``conversion.strategy: scratch``) every arm is initialized by the same seeded plan (Pre-LN into
     ``folder/initialized`` at alpha 0, LNS with its gains at 1): every tensor the layouts share starts equal,
     so a gap between the arms is the layout's, not the initialization's."""
@@ -119,13 +124,13 @@ def prepare(recipe: Recipe, arm: str, folder: Path, splits, progress: bool) -> s
         if not (Path(converted) / "config.json").is_file():
             convert(recipe.source, converted, **layout, scaled_init=conversion.scaled_init, seed=recipe.seed,
                     progress=progress)
-        if arm != "mixln" or not recipe.heal.tokens:
-            return str(converted)
-        healed = folder / "healed"
-        if not (healed / "config.json").is_file():
-            heal(converted, recipe.source, healed, data=splits.train, perplexity=False, seed=recipe.seed,
-                 progress=progress, seq_len_flag="heal.seq_len",
-                 dtype="bf16" if mixed_precision(recipe.precision) == "bf16" else "fp32", **asdict(recipe.heal))
+    if arm != "mixln" or not recipe.heal.tokens:
+        return str(converted)
+    healed = folder / "healed"
+    if not (healed / "config.json").is_file():
+        heal(converted, recipe.source, healed, data=splits.train, perplexity=False, seed=recipe.seed, resume=resume,
+             progress=progress, seq_len_flag="heal.seq_len",
+             dtype="bf16" if mixed_precision(recipe.precision) == "bf16" else "fp32", **asdict(recipe.heal))
     return str(healed)
 
 

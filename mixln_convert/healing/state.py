@@ -1,0 +1,104 @@
+"""A heal's work folder, ``.OUT.heal`` beside its output: what ``--resume`` continues.
+
+It holds ``run.json`` (what the heal was started with: the pair's and the data's fingerprints and every
+setting that changes the result), ``heal_metrics.jsonl`` as it is written, and ``step-N.pt`` every
+``checkpoint_interval`` steps: the Post-LN blocks, AdamW's state, the schedule, the step guard, the
+seconds spent and the RNG, each file written whole or not at all. A batch is a pure function of its
+step (:class:`~mixln_convert.data.PackedWindows`), so the step is the data position. The folder goes
+when the healed checkpoint is in place; a heal killed before its first checkpoint leaves nothing a
+later run must continue.
+"""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from ..errors import MixLNError, first_line, warn
+from ..io.atomic import write_atomic
+from ..io.records import cut_metrics
+
+RECORD = "run.json"
+METRICS = "heal_metrics.jsonl"
+KEEP = 2  # checkpoints kept: the last, and the one before it should the last be damaged
+
+
+class HealState:
+    def __init__(self, out: Path):
+        out = Path(out).absolute()
+        self.folder = out.with_name(f".{out.name}.heal")
+
+    def checkpoints(self) -> list[tuple[int, Path]]:
+        """(step, file) of every complete checkpoint, by step."""
+        found = self.folder.glob("step-*.pt") if self.folder.is_dir() else ()
+        return sorted((int(f.stem[5:]), f) for f in found if f.stem[5:].isdigit())
+
+    def check(self, settings: dict, resume: bool, force: bool, out) -> bool:
+        """Whether this heal continues the one in the folder: only with ``resume``, only one begun with
+        ``settings``. ``force`` discards it; a folder without a checkpoint holds nothing to continue."""
+        if not self.checkpoints() or force:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            return False
+        step = self.checkpoints()[-1][0]
+        if not resume:
+            raise MixLNError(f"--out {out}: a heal of it was interrupted at step {step} ({self.folder}); --resume "
+                             "continues it, --force starts afresh")
+        try:
+            started = json.loads((self.folder / RECORD).read_text())
+            if not isinstance(started, dict):
+                raise ValueError
+        except (OSError, ValueError):
+            raise MixLNError(f"{self.folder / RECORD}: damaged; it holds the settings --resume must match: "
+                             "--force starts afresh") from None
+        now = json.loads(json.dumps(settings))  # as the record reads back
+        for key in sorted(set(now) | set(started)):
+            if now.get(key) != started.get(key):
+                raise MixLNError(f"--resume: the heal in {self.folder} started with {key} "
+                                 f"{json.dumps(started.get(key))}, not {json.dumps(now.get(key))}; give the same, or "
+                                 "--force to start afresh")  # a long value is cut by MixLNError
+        return True
+
+    def start(self, settings: dict, before: dict) -> None:
+        """A fresh folder: the record, and the metrics' first line (the figures ``before`` any step)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.folder / RECORD, json.dumps(settings, indent=1) + "\n")
+        write_atomic(self.folder / METRICS, json.dumps({"step": 0, "tokens": 0, **before}) + "\n")
+
+    def save(self, step: int, state: dict) -> None:
+        """Checkpoint ``state`` (tensors and plain values) as ``step``; the oldest beyond :data:`KEEP` go."""
+        tmp = self.folder / f".step-{step}.pt.tmp"
+        try:
+            torch.save(state, tmp)
+            os.replace(tmp, self.folder / f"step-{step}.pt")
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise MixLNError(f"{self.folder}: saving the heal's checkpoint failed: {e.strerror or e}") from None
+        for _, old in self.checkpoints()[:-KEEP]:
+            old.unlink()
+
+    def load(self) -> dict:
+        """The last checkpoint that loads (a damaged one is skipped with a warning), its metrics kept up to it."""
+        for step, file in reversed(self.checkpoints()):
+            try:
+                state = torch.load(file, map_location="cpu", weights_only=True)
+                if state.get("step") != step:
+                    raise ValueError(f"it holds step {state.get('step')}")
+            except Exception as e:  # torch and pickle each fail their own way on a damaged file
+                warn(f"{file} is damaged ({first_line(e)[:200]}); trying the checkpoint before it")
+                continue
+            cut_metrics(self.folder / METRICS, step)
+            return state
+        raise MixLNError(f"{self.folder}: no checkpoint loads; --force starts the heal afresh")
+
+    def records(self) -> list[dict]:
+        return [json.loads(line) for line in (self.folder / METRICS).read_text().splitlines() if line.strip()]
+
+    def log(self, record: dict) -> None:
+        with open(self.folder / METRICS, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def remove(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
