@@ -292,6 +292,27 @@ def validation(inputs) -> str:
     return f"data.validation={inputs.file('validation.txt', ' '.join(f'Another line, number {i}.' for i in range(200)))}"
 
 
+def interrupted(out: Path, record: str | None = '{"lr": 1.0}') -> Path:
+    """The work folder a killed heal into ``out`` leaves beside it: its record (None: damaged) and a checkpoint."""
+    work = out.with_name(f".{out.name}.heal")
+    work.mkdir()
+    (work / "run.json").write_text(record if record is not None else "{not json")
+    (work / "step-3.pt").write_bytes(b"checkpoint")
+    return out
+
+
+def tokens_folder(inputs, manifest=None) -> Path:
+    """A `tokenize` folder of the row's text (its manifest edited by ``manifest``)."""
+    from mixln_convert.data import tokenize
+
+    folder = inputs.root / "tokens"
+    tokenize(inputs.text, inputs.src, folder, validation_fraction=0.5, progress=False)
+    if manifest is not None:
+        path = folder / "mixln-tokens.json"
+        path.write_text(json.dumps(manifest(json.loads(path.read_text()))))
+    return folder
+
+
 def recipe(inputs, *sets):
     """`train` with a tiny recipe on the row's source and text."""
     base = [f"source={inputs.src}", f"data.train={inputs.text}", f"data.validation={inputs.text}",
@@ -798,6 +819,15 @@ ROWS = [
     ("eval-data-hub-dataset-other-revision", lambda i, o: ["eval", i.src, "--data", f"{hub_dataset(i)}@{'3' * 40}"], "is not in the datasets cache"),
     ("tokenize-hub-dataset-no-such-split", lambda i, o: ["tokenize", hub_dataset(i) + "::test", "--tokenizer", i.src, "--out", o], "no split test (splits: train)"),
     ("train-data-hub-dataset-not-cached", lambda i, o: [*recipe(i, "data.train=org/absent"), "--out", o], "data.train org/absent: no such file or folder"),
+    # ---- the heal at scale: resume, checkpoints, tokenized data ----
+    ("heal-checkpoint-interval-negative", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--checkpoint-interval", "-1"], "'--checkpoint-interval'"),
+    ("heal-checkpoint-interval-huge", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--checkpoint-interval", "100000000000000000000"], "'--checkpoint-interval'"),
+    ("train-heal-checkpoint-interval-negative", lambda i, o: [*recipe(i, "heal.checkpoint_interval=-1"), "--out", o], "heal.checkpoint_interval: must be an integer in [0, 10^13]"),
+    ("heal-interrupted-without-resume", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", interrupted(o)], "a heal of it was interrupted at step 3"),
+    ("heal-resume-other-settings", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", interrupted(o), "--resume"], "--resume: the heal in"),
+    ("heal-resume-damaged-record", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", interrupted(o, None), "--resume"], "run.json: damaged"),
+    ("heal-data-tokens-other-tokenizer", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--data", tokens_folder(i, lambda m: {**m, "tokenizer_sha256": "0" * 64})], "tokenized with another tokenizer"),
+    ("heal-eval-data-tokens-damaged", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--eval-data", tokens_folder(i, lambda m: {**m, "version": 99})], "mixln-tokens.json: damaged"),
 ]
 
 
