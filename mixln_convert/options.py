@@ -200,6 +200,9 @@ class HealOptions(Options, HealSettings, ShardSized):
     perplexity: bool = setting(True, Flag(), "Also measure whole-model perplexity (the teacher's and CONVERTED's "
                                "whole models, over one copy of the layers they share).",
                                flag="--perplexity/--no-perplexity")
+    fsdp: bool = setting(False, Flag(), "Shard the teacher and the student per block over the processes of a "
+                         "launch (FSDP2), for a heal that does not fit one device; --loss kl only.",
+                         flag="--fsdp/--no-fsdp")
     eval_at: tuple = ()  # the API's: validation once this many tokens are trained
     max_shard_size: str | int = setting(MAX_SHARD_SIZE, Size(), "Largest output shard, e.g. 5GB, 500MB.")
     seed: int = setting(0, SEED)

@@ -104,18 +104,39 @@ def test_two_processes_heal_like_one(whole, moved, tiny_llama, tmp_path):
     assert not list(tmp_path.glob(".two*"))  # no lock, scratch or work folder left
 
 
-def _killed_at(moved, teacher, out, step: int) -> Path:
-    """A heal checkpointing every 3 steps, SIGKILLed once its metrics reach ``step``."""
+def test_two_sharded_processes_heal_like_one(moved, tiny_llama, tmp_path):
+    """FSDP2 (teacher and student sharded per block, as the trainer shards) over gloo: the one-process heal."""
+    kl = ["--loss", "kl", "--checkpoint-interval", 5]
+    _heal(moved, tiny_llama, tmp_path / "one", *kl)
+    _heal(moved, tiny_llama, tmp_path / "two", *kl, "--fsdp", processes=2)
+    two, one = _records(tmp_path / "two"), _records(tmp_path / "one")
+    assert [r["step"] for r in two] == [r["step"] for r in one] == list(range(STEPS + 1))
+    for a, b in zip(two, one):
+        for key in ("loss", "lr", "grad_norm", "val_relative_error"):
+            assert a.get(key, 0) == pytest.approx(b.get(key, 0), rel=1e-4, abs=1e-6), (a["step"], key)
+    healed, reference = _weights(tmp_path / "two"), _weights(tmp_path / "one")
+    assert healed.keys() == reference.keys()
+    for name, tensor in healed.items():
+        torch.testing.assert_close(tensor, reference[name], atol=1e-4, rtol=1e-3, msg=name)
+
+
+def _killed_at(moved, teacher, out, step: int, *extra, processes: int = 1) -> Path:
+    """A heal checkpointing every 3 steps, every process of it SIGKILLed once its metrics reach ``step``."""
     work = out.with_name(f".{out.name}.heal")
-    proc = subprocess.Popen(_command(moved, teacher, out, "--checkpoint-interval", 3), env=_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(_command(moved, teacher, out, "--checkpoint-interval", 3, *extra, processes=processes),
+                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
         lines = (work / "heal_metrics.jsonl").read_text().splitlines() if (work / "heal_metrics.jsonl").exists() else []
         if lines and json.loads(lines[-1])["step"] >= step:
             break
         time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):  # torchrun starts its workers in sessions of their own
+        try:
+            if str(out) in cmdline.read_bytes().decode(errors="replace"):
+                os.kill(int(cmdline.parent.name), signal.SIGKILL)
+        except (OSError, ValueError):  # gone meanwhile
+            pass
     proc.wait()
     assert not out.exists() and work.is_dir(), "the heal finished before it was killed"
     return work
@@ -137,6 +158,23 @@ def test_killed_heal_resumes_to_the_uninterrupted_result_exactly(step, whole, mo
     healed, reference = _weights(out), _weights(whole)
     assert healed.keys() == reference.keys() and all(torch.equal(healed[k], reference[k]) for k in healed)
     assert not (tmp_path / ".healed.heal").exists()
+
+
+def test_a_sharded_heal_killed_resumes_to_the_uninterrupted_result(moved, tiny_llama, tmp_path):
+    sharded = ["--loss", "kl", "--fsdp"]
+    _heal(moved, tiny_llama, tmp_path / "whole", "--checkpoint-interval", 3, *sharded, processes=2)
+    out = tmp_path / "healed"
+    work = _killed_at(moved, tiny_llama, out, 5, *sharded, processes=2)
+    assert list(work.glob("step-*.pt")), "killed before its first checkpoint"
+    _heal(moved, tiny_llama, out, "--checkpoint-interval", 3, *sharded, "--resume", processes=2)
+    resumed, whole = _records(out), _records(tmp_path / "whole")
+    assert [r["step"] for r in resumed] == [r["step"] for r in whole]
+    for a, b in zip(resumed, whole):
+        for key in ("loss", "lr", "val_relative_error"):
+            assert a.get(key, 0) == pytest.approx(b.get(key, 0), rel=1e-6, abs=1e-9), (a["step"], key)
+    healed, reference = _weights(out), _weights(tmp_path / "whole")
+    for name, tensor in healed.items():
+        torch.testing.assert_close(tensor, reference[name], atol=1e-6, rtol=1e-6, msg=name)
 
 
 CHANGES = {  # what a resumed heal must find as it was, and how each is changed

@@ -18,7 +18,7 @@ FAST = dict(seq_len=SEQ_LEN, batch_size=BATCH, eval_tokens=EVAL_TOKENS, lr=0.1, 
 STEPS = 3
 
 
-def old_pair(student_source, teacher_source, arch, k, dtype, device):
+def old_pair(student_source, teacher_source, arch, k, dtype, device, share=True):
     """The heal's models as they were before the shared tail: both loaded whole, nothing shared."""
     teacher = teacher_source.model(dtype=torch.float32, device=device)
     student = student_source.model(dtype=torch.float32, device=device).requires_grad_(False)
@@ -92,6 +92,20 @@ def test_a_heal_holds_the_tail_once_and_it_does_not_drift(pair, captured, tmp_pa
         layer = open_checkpoint(converted).arch.layer_of(name)
         if name in original and (layer is None or layer >= k):  # after the heal, still the teacher's bit for bit
             assert torch.equal(param, original[name]) and torch.equal(healed[name], original[name]), name
+
+
+def test_unshared_the_teacher_holds_copies_of_its_own(pair):
+    """What a sharded heal loads: two models, each a root of its own shards, with equal values."""
+    converted, teacher_path = pair
+    student_source, teacher_source = open_checkpoint(converted), open_checkpoint(teacher_path)
+    arch, k = student_source.arch, student_source.config["post_ln_layers"]
+    student, teacher, unshared = load_pair(student_source, teacher_source, arch, k, share=False)
+    shared = load_pair(student_source, teacher_source, arch, k)[:2]
+    assert unshared == [] and unique_elements(student, teacher) > unique_elements(*shared)
+    storages = {p.untyped_storage().data_ptr() for p in student.parameters()}
+    assert not any(p.untyped_storage().data_ptr() in storages for p in teacher.parameters())
+    for name, param in teacher.named_parameters():
+        assert torch.equal(param, teacher_source.get(name if name in teacher_source.names() else arch.embed)), name
 
 
 @pytest.mark.parametrize("dtype", [None, "bf16"], ids=["shared", "converted-to-bf16"])

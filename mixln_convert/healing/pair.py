@@ -28,15 +28,16 @@ class Models:
 
 
 def load_models(student_source, teacher_source, post_ln_layers: int, frozen: torch.dtype, device: str,
-                whole: bool) -> Models:
-    """The pair's :class:`Models`, the whole models too with ``whole``; the frozen weights in ``frozen``."""
+                whole: bool, share: bool = True) -> Models:
+    """The pair's :class:`Models`, the whole models too with ``whole`` (over one copy of their common tail
+    with ``share``); the frozen weights in ``frozen``."""
     arch = student_source.arch
     if not whole:
         student = load_prefix(student_source, arch, post_ln_layers, device=device)
         student.embed_tokens.requires_grad_(False)  # only the Post-LN blocks learn
         return Models(student, load_prefix(teacher_source, arch, post_ln_layers, frozen, device))
     student_model, teacher_model, unshared = load_pair(student_source, teacher_source, arch, post_ln_layers, frozen,
-                                                       device)
+                                                       device, share)
     return Models(prefix_of(student_model, student_source, arch, post_ln_layers),
                   prefix_of(teacher_model, teacher_source, arch, post_ln_layers),
                   student_model, teacher_model, unshared)

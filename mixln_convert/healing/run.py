@@ -31,7 +31,8 @@ from ..runtime import map_large_allocations
 from ..surgery.prefix import prefix_names
 from ..training.loop import (NonFiniteStep, StepGuard, adamw, block_grad_norms, clip_gradients, parameter_groups,
                              take_step, warmup_cosine)
-from .losses import distillation_loss, relative_error
+from ..training.sharding import shard, sharded_state_dict
+from .losses import KL, distillation_loss, relative_error
 from .metrics import cached_teacher_metrics, check_record_finite, digest, warn_if_worse
 from .pair import load_models, open_pair, same_tokenizer
 from .result import HealResult
@@ -106,6 +107,13 @@ class HealRun(HealOptions):
         if self.batch_size % world:
             raise MixLNError(f"{self._name('batch_size')}: {self.batch_size} windows a step do not share equally "
                              f"among {world} processes; give a multiple of {world}")
+        fsdp = "fsdp: true" if self._name("fsdp") != "--fsdp" else "--fsdp"  # the recipe's key is the run's own
+        if self.fsdp and self.loss != "kl":
+            raise MixLNError(f"{fsdp}: shards the whole models the kl loss runs; {self._name('loss')} {self.loss} "
+                             "runs the first blocks only, which fit where the whole model does: heal without it")
+        if self.fsdp and world < 2:
+            raise MixLNError(f"{fsdp}: shards over several processes, and this heal has one; launch it with "
+                             "accelerate launch (or torchrun)")
         self.converted = checkpoint_path(self.converted, "CONVERTED")
         self.teacher = checkpoint_path(self.teacher, "--teacher")
         in_hand = isinstance(self.data, (list, np.ndarray, TokenShards))  # documents or a token stream, not a path
@@ -170,14 +178,18 @@ class HealRun(HealOptions):
         """The models, the loss, the teacher's figures, and the student's as they stand (or as a resumed
         heal measured them)."""
         self.started = time.time()
-        loss_class = distillation_loss(self.loss, self.activation_checkpointing)
+        # sharded models are entered through their roots only: no chunked logits from the decoder's output
+        loss_class = KL if self.fsdp else distillation_loss(self.loss, self.activation_checkpointing)
         self.models = load_models(self.student_source, self.teacher_source, self.post_ln_layers,
                                   {"fp32": torch.float32, "bf16": torch.bfloat16}[self.dtype], self.device,
-                                  whole=self.perplexity or loss_class.whole_models)
+                                  whole=self.perplexity or loss_class.whole_models, share=not self.fsdp)
         self.objective = loss_class(self.models)
         if self.activation_checkpointing:
             # non-reentrant: the first block's input (the frozen embeddings' output) needs no gradient
             enable_checkpointing(self.objective.runs_through, {"use_reentrant": False})
+        if self.fsdp:  # the trainer's units: a block each, the rest in the root; two roots, nothing shared
+            for model in (self.models.student_model, self.models.teacher_model):
+                shard(model, bf16=self.dtype == "bf16")
         if self.models.unshared and self.process.is_main_process:
             warn(f"--teacher {self.teacher}: {len(self.models.unshared)} tensors outside the first "
                  f"{self.post_ln_layers} "
@@ -194,7 +206,7 @@ class HealRun(HealOptions):
 
     def precision(self):
         """bf16 compute over bf16 frozen weights (autocast; the trained blocks stay float32 masters)."""
-        return torch.autocast(self.device, torch.bfloat16) if self.dtype == "bf16" else contextlib.nullcontext()
+        return torch.autocast(self.device.type, torch.bfloat16) if self.dtype == "bf16" else contextlib.nullcontext()
 
     def measure_teacher(self) -> dict:
         """The teacher's perplexity, packed and per document: it does not change, so it is measured
@@ -220,9 +232,7 @@ class HealRun(HealOptions):
         with self.precision(), torch.no_grad():
             for start in range(0, len(held_out), self.batch_size):
                 batch = held_out[start:start + self.batch_size].to(self.device)
-                stream = models.student_prefix(input_ids=batch).last_hidden_state
-                target = models.teacher_prefix(input_ids=batch).last_hidden_state
-                errors.append(relative_error(stream, target).item() * len(batch))
+                errors.append(relative_error(*self.streams(batch)).item() * len(batch))
             measured = {"val_relative_error": sum(errors) / len(held_out)}
             if self.perplexity:
                 packed = evaluate_perplexity(models.student_model, held_out, self.batch_size, self.progress)
@@ -230,6 +240,39 @@ class HealRun(HealOptions):
                     models.student_model, self.tokenizer, self.documents, self.seq_len, self.batch_size,
                     self.eval_tokens, self.progress)["token_perplexity"])
         return measured
+
+    def streams(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The student's and the teacher's residual streams as their Post-LN blocks hand them on: the prefixes'
+        outputs, or (sharded) the whole models' hidden states there."""
+        models = self.models
+        if not self.fsdp:
+            return (models.student_prefix(input_ids=batch).last_hidden_state,
+                    models.teacher_prefix(input_ids=batch).last_hidden_state)
+        return tuple(model(input_ids=batch, output_hidden_states=True).hidden_states[self.post_ln_layers]
+                     for model in (models.student_model, models.teacher_model))
+
+    def trained_state(self, optimizer) -> tuple[dict, dict]:
+        """The Post-LN blocks' weights and AdamW's state, whole (sharded: gathered onto the main process, which
+        alone gets them; every process calls it)."""
+        if not self.fsdp:
+            return self.models.student_prefix.layers.state_dict(), optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        model = self.models.student_model
+        weights, state = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True,
+                                                                                   cpu_offload=True))
+        trained = {name for name, p in model.named_parameters() if p.requires_grad}
+        return {name: tensor for name, tensor in weights.items() if name in trained}, state
+
+    def load_trained_state(self, optimizer, weights: dict, state: dict) -> None:
+        if not self.fsdp:
+            self.models.student_prefix.layers.load_state_dict(weights)
+            optimizer.load_state_dict(state)
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        set_state_dict(self.models.student_model, optimizer, model_state_dict=weights, optim_state_dict=state,
+                       options=StateDictOptions(full_state_dict=True, strict=False))
 
     def fit(self) -> dict:
         """The training loop: a line of the metrics per step (the figures before it first), validated after
@@ -245,8 +288,7 @@ class HealRun(HealOptions):
         start, spent = 0, 0.0
         if self.resumed:
             saved = self.state.load()
-            layers.load_state_dict(saved["blocks"])
-            optimizer.load_state_dict(saved["optimizer"])
+            self.load_trained_state(optimizer, saved["blocks"], saved["optimizer"])
             scheduler.load_state_dict(saved["scheduler"])
             guard.load_state_dict(saved["guard"])
             torch.set_rng_state(saved["rng"])
@@ -266,11 +308,12 @@ class HealRun(HealOptions):
             with self.precision(), _recomputing(self.objective.runs_through.layers, self.activation_checkpointing):
                 value = self.objective(batch.to(self.device))
             value.backward()  # a checkpointed block's recompute restores the forward's autocast state
-            loss = _averaged(value.detach(), parameters, world)
+            loss = _averaged(value.detach(), [] if self.fsdp else parameters, world)  # FSDP averages its own
             try:
                 taken = take_step(optimizer, scheduler, guard, step=step, loss=loss,
                                   clip=lambda: clip_gradients(parameters, self.grad_clip),
-                                  block_norms=lambda: (block_grad_norms(layers), layers),
+                                  block_norms=lambda: (block_grad_norms(layers, _summed if self.fsdp else None),
+                                                       layers),
                                   samples=range((step - 1) * self.batch_size, step * self.batch_size))
             except NonFiniteStep as e:
                 raise MixLNError(f"{self._name('lr')}: the heal's {self.loss} {e}; the heal diverged at lr "
@@ -285,9 +328,11 @@ class HealRun(HealOptions):
             bar.set_postfix(loss=f"{record['loss']:.4f}")
             if main:
                 self.state.log(record)
-                if self.checkpoint_interval and step % self.checkpoint_interval == 0 and step < self.steps:
-                    self.state.save(step, {"step": step, "seconds": record["seconds"], "blocks": layers.state_dict(),
-                                           "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+            if self.checkpoint_interval and step % self.checkpoint_interval == 0 and step < self.steps:
+                weights, state = self.trained_state(optimizer)
+                if main:
+                    self.state.save(step, {"step": step, "seconds": record["seconds"], "blocks": weights,
+                                           "optimizer": state, "scheduler": scheduler.state_dict(),
                                            "guard": guard.state_dict(), "rng": torch.get_rng_state()})
         if main:
             warn_if_worse(losses, self.before.get("val_ppl"), record.get("val_ppl"), self.lr,
@@ -315,10 +360,12 @@ class HealRun(HealOptions):
         """The converted checkpoint into ``folder`` (None: another process writes it), its Post-LN blocks the
         healed ones, ``result`` in its provenance, the heal's metrics beside it."""
         source, arch = self.student_source, self.student_source.arch
-        state = self.models.student_prefix.state_dict()
-        healed = {name: state[name.removeprefix(arch.decoder + ".")]
-                  for name in prefix_names(source, arch, self.post_ln_layers)
-                  if arch.layer_of(name) is not None}
+        if self.fsdp:  # gathered onto the main process: every process takes part
+            state, prefix = sharded_state_dict(self.models.student_model), ""
+        else:
+            state, prefix = self.models.student_prefix.state_dict(), arch.decoder + "."
+        healed = {name: state[name.removeprefix(prefix)] for name in prefix_names(source, arch, self.post_ln_layers)
+                  if arch.layer_of(name) is not None and folder is not None}
         # Only the healed blocks are needed from here: the writer holds an output shard's tensors at once,
         # which on top of both models and the AdamW state would set the peak.
         del state
@@ -384,6 +431,11 @@ def _averaged(loss: torch.Tensor, parameters, world: int) -> float:
         torch.distributed.all_reduce(loss)
         loss = loss / world
     return loss.item()
+
+
+def _summed(tensor: torch.Tensor) -> torch.Tensor:
+    torch.distributed.all_reduce(tensor)
+    return tensor
 
 
 def _agreed(decide):

@@ -12,10 +12,12 @@ import torch
 from ..errors import MixLNError
 
 
-def load_pair(student_source, teacher_source, arch, post_ln_layers: int, dtype=torch.float32, device="cpu"):
+def load_pair(student_source, teacher_source, arch, post_ln_layers: int, dtype=torch.float32, device="cpu",
+              share: bool = True):
     """``(student, teacher, unshared)``: whole causal LMs in eval mode, the student's first ``post_ln_layers`` blocks
     float32 and trainable, every other tensor frozen in ``dtype``; the teacher holds the student's own
-    Parameters wherever the two agree bit for bit, ``unshared`` names the frozen tensors it could not."""
+    Parameters wherever the two agree bit for bit, ``unshared`` names the frozen tensors it could not. Without
+    ``share`` the teacher holds copies of its own (sharded models: each is a root of its own shards)."""
 
     def trained(name: str) -> bool:
         return arch.layer_of(name) is not None and arch.layer_of(name) < post_ln_layers
@@ -25,7 +27,7 @@ def load_pair(student_source, teacher_source, arch, post_ln_layers: int, dtype=t
     for name in student_source.names():
         tensor = student_source.get(name)
         student_state[name] = tensor.to(device, torch.float32 if trained(name) else dtype)
-        if trained(name) or name not in teacher_names:
+        if trained(name) or name not in teacher_names or not share:
             continue
         original = teacher_source.get(name)
         if _equal(tensor, original):
