@@ -410,8 +410,9 @@ def recipes(name):
 def estimate(recipe_file, overrides, **settings):
     """What training RECIPE costs per process, known before any weight is loaded: parameters,
     memory for weights, gradients, AdamW state and activations (with and without activation
-    checkpointing), tokens and FLOPs per optimizer step, and whether it fits. The model is built
-    from the source's config.json (or GGUF metadata) alone, on the meta device."""
+    checkpointing), tokens and FLOPs per optimizer step, and whether it fits; the same for the heal
+    its Mix-LN arm runs first (heal.tokens). The model is built from the source's config.json (or
+    GGUF metadata) alone, on the meta device."""
     options = EstimateOptions(**settings)
     from .training.memory import estimate_recipe, report
 

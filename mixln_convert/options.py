@@ -29,6 +29,7 @@ HEAL_BETAS = (0.9, 0.999)  # healing/: AdamW's (torch's defaults); a training re
 HEAL_SEQ_LEN, HEAL_BATCH_SIZE = 256, 4  # healing/: a step of 4 x 256 tokens
 HEAL_TOKENS = 65_536  # healing/: 64 steps
 HEAL_CHECKPOINT_INTERVAL = 100  # healing/: steps; a checkpoint holds the Post-LN blocks and their AdamW state only
+KL_CHUNK_TOKENS = 128  # healing/losses.py: positions whose logits a checkpointed kl heal holds at once
 
 ALPHA = 0.25  # conversion/layout.py: the share of leading blocks made Post-LN unless told otherwise
 # conversion/converter.py's calibrated gains. Short windows fit better (docs/measurements.md): each

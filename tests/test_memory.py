@@ -1,6 +1,6 @@
 """The memory and compute estimate of a recipe (`mixln-convert estimate`): built from a config
-alone, checked against the tensors autograd saves, and every shipped recipe fits the hardware
-its comments state."""
+alone, checked against the tensors autograd saves (training) and a measured peak (the heal), and
+every shipped recipe, its heal too, fits the hardware its comments state."""
 
 import json
 
@@ -10,8 +10,8 @@ from tiny import tiny_config
 from transformers import LlamaForCausalLM
 
 from mixln_convert.errors import MixLNError
-from mixln_convert.training.memory import (Hardware, choose_hardware, estimate, estimate_recipe, model_shapes,
-                                           saved_bytes, sized_for)
+from mixln_convert.training.memory import (Hardware, check_heal_fits, choose_hardware, estimate, estimate_recipe,
+                                           model_shapes, report, saved_bytes, sized_for)
 from mixln_convert.training.recipe import RECIPES, load_recipe, shipped_file, shipped_recipes
 
 # Published shapes for the recipes whose sources are placeholders: LLaMA-1B as GaLore (and the
@@ -99,6 +99,9 @@ def test_shipped_recipes_fit_the_hardware_they_state(name, tmp_path, monkeypatch
     recipe = load_recipe(name, overrides)
     result = estimate(recipe, hardware, model_shapes(recipe.source))
     assert result.fits(recipe.activation_checkpointing), (name, result.total(recipe.activation_checkpointing))
+    heal = result.heal  # as the recipe states it: tokens, batch, loss and checkpointing read, not assumed
+    assert (heal is None) == (recipe.heal.tokens == 0), name
+    assert heal is None or heal.fits(heal.checkpointing), (name, heal.total(heal.checkpointing))
 
 
 def test_estimate_recipe_is_the_estimate_of_the_recipe_on_its_hardware(tmp_path):
@@ -159,3 +162,122 @@ def test_hardware_flags_and_stated_hardware(tmp_path):
     recipe.write_text("# Sized for: 0 x 80 GB GPUs\n")
     with pytest.raises(MixLNError, match="r.yaml: '# Sized for: 0 x 80 GB GPUs': the processes must be"):
         sized_for(recipe)
+
+
+CPU = Hardware(1, "single", "cpu", 8 * 10**9)
+
+
+def heal_recipe(tiny_llama, converted, *settings):
+    """The CPU recipe healing ``converted`` against ``tiny_llama`` (a few steps of 4 x 128), with ``settings``."""
+    return load_recipe(RECIPES / "smollm2-135m-cpu.yaml", [f"source={tiny_llama}", f"converted={converted}",
+                                                           "heal.tokens=4096", "heal.seq_len=128", *settings])
+
+
+def heal_step_peak(recipe, profile_file) -> int:
+    """Bytes a heal of ``recipe``'s heal section holds at its peak on CPU: its models' and AdamW's
+    tensors, and the most that its second step (the first made AdamW's state) allocates on top, each
+    allocation and free as torch's profiler records them. The step is HealRun.fit's."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from mixln_convert.healing.losses import distillation_loss
+    from mixln_convert.healing.pair import load_models, open_pair
+    from mixln_convert.healing.run import _recomputing
+    from mixln_convert.model.modeling_mixln import enable_checkpointing
+    from mixln_convert.options import HEAL_BETAS
+    from mixln_convert.training.loop import adamw, parameter_groups
+
+    heal, bf16 = recipe.heal, recipe.precision == "bf16"
+    student, teacher = open_pair(recipe.converted, recipe.source)
+    loss_class = distillation_loss(heal.loss, heal.activation_checkpointing)
+    models = load_models(student, teacher, student.config["post_ln_layers"], torch.bfloat16 if bf16 else torch.float32,
+                         "cpu", whole=loss_class.whole_models)
+    objective = loss_class(models)
+    if heal.activation_checkpointing:
+        enable_checkpointing(objective.runs_through, {"use_reentrant": False})
+    layers = models.student_prefix.layers
+    optimizer = adamw(parameter_groups(layers, [], lr=1e-4, weight_decay=0.0), betas=HEAL_BETAS)
+    torch.manual_seed(0)
+    batch = torch.randint(0, student.config["vocab_size"], (heal.batch_size, heal.seq_len))
+
+    def step():
+        with (torch.autocast("cpu", torch.bfloat16, enabled=bf16),
+              _recomputing(objective.runs_through.layers, heal.activation_checkpointing)):
+            value = objective(batch)
+        value.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # kernels' scratch buffers grow with the threads: the same peak on any machine
+    try:
+        step()
+        tensors = [p for model in (models.student_model, models.teacher_model, models.student_prefix,
+                                   models.teacher_prefix) if model is not None for p in model.parameters()]
+        tensors += [t for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
+        held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}  # shared ones once
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiled:
+            step()
+    finally:
+        torch.set_num_threads(threads)
+    profiled.export_chrome_trace(str(profile_file))
+    events = sorted((e for e in json.loads(profile_file.read_text())["traceEvents"] if e.get("name") == "[memory]"),
+                    key=lambda e: e["ts"])
+    allocated, peak = 0, 0
+    for event in events:
+        allocated += event["args"]["Bytes"]  # negative for a free
+        peak = max(peak, allocated)
+    return sum(held.values()) + peak
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["stored", "recomputed"])
+@pytest.mark.parametrize("loss", ["kl", "residual"])
+def test_heal_estimate_against_a_measured_peak(loss, checkpointing, precision, tiny_llama, converted, tmp_path):
+    """Never below the peak, and at most 25% above it: the estimate counts the trained blocks'
+    gradients (and bf16 copies) whole beside the activations' peak, where the backward has written
+    some of them, or none (kl's peak is at its loss, in the forward); this tiny model's two trained
+    blocks of eight make that a larger share than a real model's."""
+    recipe = heal_recipe(tiny_llama, converted, f"heal.loss={loss}", f"heal.activation_checkpointing={checkpointing}",
+                         f"precision={precision}")
+    heal = estimate(recipe, CPU, model_shapes(str(tiny_llama))).heal
+    assert heal.blocks == 2 and heal.compute == (2 if precision == "bf16" else 4)
+    measured = heal_step_peak(recipe, tmp_path / "trace.json")
+    assert 0.8 <= measured / heal.total(checkpointing) <= 1.0, (measured, heal.total(checkpointing))
+
+
+def test_heal_counts_and_flops(tiny_llama, converted):
+    """The heal's state by what each loss loads, its FLOPs, and no heal where nothing would run."""
+    shapes = model_shapes(str(tiny_llama))
+    n, n_k = shapes.parameters - shapes.lookup_parameters, 2 * shapes.block_parameters
+    kl = estimate(heal_recipe(tiny_llama, converted), CPU, shapes).heal
+    assert kl.state == {"frozen weights (fp32): teacher and student, whole, their common part once":
+                        4 * shapes.parameters, "trained blocks (2): fp32 masters": 4 * n_k,
+                        "gradients (fp32)": 4 * n_k, "AdamW moments (2 x fp32)": 8 * n_k}
+    assert kl.steps == 4096 // (4 * 128) and kl.flops_per_token == 6 * n + 2 * n_k
+    residual = estimate(heal_recipe(tiny_llama, converted, "heal.loss=residual", "heal.activation_checkpointing=true",
+                                    "precision=bf16"), Hardware(4, "fsdp", "gpu", 80 * 10**9), shapes).heal
+    assert residual.flops_per_token == 8 * n_k + 2 * n_k and residual.windows == (1, 4)
+    assert residual.state["bf16 copies of the trained blocks (autocast)"] == 2 * n_k
+    for settings in (["heal.tokens=0"], ["conversion.alpha=0.1"], ["arms=[preln]"]):
+        recipe = load_recipe(RECIPES / "smollm2-135m-cpu.yaml", [f"source={tiny_llama}", *settings])
+        assert estimate(recipe, CPU, shapes).heal is None, settings  # alpha 0.1 of 8 blocks: none Post-LN
+
+
+def test_a_heal_that_does_not_fit_is_said_before_any_weight_is_loaded(tmp_path):
+    """`estimate`'s last line, and check_heal_fits, for train to call before it loads the models: from
+    the configs alone (the weights here are no safetensors)."""
+    source = config_only(tmp_path / "source", "not a safetensors file", **tiny_config().to_diff_dict())
+    converted = config_only(tmp_path / "converted", "not a safetensors file", post_ln_layers=2)
+    big = heal_recipe(source, converted, "heal.batch_size=64", "heal.seq_len=256", "heal.tokens=16384")
+    result = estimate(big, Hardware(1, "single", "cpu", 2 * 10**8), model_shapes(str(source)))
+    assert result.fits(False) and not result.heal.fits(False) and result.heal.fits(True)
+    lines = report(result).splitlines()
+    assert "the first 2 of 8 blocks trained" in "\n".join(lines)
+    assert lines[-1].startswith("does not fit: ") and "; the heal does not fit: " in lines[-1]
+    assert lines[-1].endswith(f"heal.activation_checkpointing: false; with heal.activation_checkpointing: true it "
+                              f"fits ({result.heal.total(True) / 1e9:.2f} GB)")
+    with pytest.raises(MixLNError, match="^heal: does not fit: .* GB per process of 0.18 GB usable"):
+        check_heal_fits(big, 1, memory=2 * 10**8)
+    with pytest.raises(MixLNError, match="^heal.batch_size 64 is not a multiple of the 3 processes"):
+        check_heal_fits(big, 3, memory=10**12)
+    assert check_heal_fits(big, 2, memory=10**12).windows == (32, 64)

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..architectures import architecture_of_model
+from ..options import KL_CHUNK_TOKENS
 
 
 class Residual:
@@ -66,7 +67,7 @@ def relative_error(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor
 
 
 def chunked_kl(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, student_head, teacher_head,
-               chunk_tokens: int = 128) -> torch.Tensor:
+               chunk_tokens: int = KL_CHUNK_TOKENS) -> torch.Tensor:
     """:func:`distribution_kl` of ``student_head(student_hidden)`` against ``teacher_head(teacher_hidden)``,
     ``chunk_tokens`` positions at a time: each chunk's logits are recomputed in the backward, so a step
     holds one chunk's vocabulary-sized tensors, not the whole batch's, for two more passes of the heads."""

@@ -19,8 +19,15 @@ A run fits when this is at most ``USABLE`` of the device's memory; the rest is f
 counted: the CUDA context, NCCL buffers, the caching allocator's fragmentation, and AdamW's
 temporaries at the optimizer step (none when fused; one shard-sized buffer under FSDP),
 taken after the activations are freed.
+
+The heal of the Mix-LN arm (the recipe's ``heal`` section) runs before training and has a peak of
+its own (:func:`heal_estimate`): every process holds the frozen teacher and student in the heal's
+dtype, sharing one copy of what the conversion left equal (``kl``: both whole models; ``residual``:
+both prefixes), and the trained Post-LN blocks as fp32 masters with their gradients (all-reduced in
+place: no bucket copy) and AdamW's two moments; nothing is sharded, not even under FSDP.
 """
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,18 +35,22 @@ from pathlib import Path
 import torch
 
 from ..architectures import model_blocks
+from ..conversion.layout import post_ln_count
 from ..errors import MixLNError
 from ..io.records import read_json
 from ..io.loader import open_checkpoint
 from ..io.validate import check_config, check_config_loads
 from ..limits import MAX_PROCESSES, MAX_SIZE
-from ..options import EstimateOptions
+from ..options import KL_CHUNK_TOKENS, EstimateOptions
 from .recipe import Recipe, load_recipe, recipe_path
 
 USABLE = 0.9
 # bytes per token and vocabulary entry that the backward adds to the saved log-softmax: the fp32
 # gradients of the loss w.r.t. log-softmax's output and input, both alive at the peak
 LOSS_GRADIENTS = 8
+# the heal's residual loss, per token: a few fp32 hidden-width tensors (the teacher's stream, the
+# difference, its square; their gradients in the backward)
+RESIDUAL_LOSS_STREAMS = 4
 # "# Sized for: 8 x 80 GB GPUs, FSDP" in a recipe's leading comments: the hardware it is sized for
 _SIZED_FOR = re.compile(r"^#\s*Sized for:\s*(\d+) x (\d+(?:\.\d+)?) ?GB (GPU|CPU)s?(?:, (DDP|FSDP))?", re.IGNORECASE)
 
@@ -139,18 +150,22 @@ def model_shapes(source: str) -> Shapes:
         lookup_parameters=0 if tied else embedding.numel())
 
 
-def block_bytes_per_token(s: Shapes, compute: int) -> int:
-    """Bytes a Pre-LN LLaMA block saves for its backward, per token (a Post-LN block saves a few
-    hidden widths less); ``compute``: 2 under bf16 autocast, 4 in fp32. The Megatron-style count
-    (Korthikanti et al. 2022, section 4.1: each tensor autograd keeps, by its width and bytes) redone
-    for this block as transformers runs it: RMSNorm, SwiGLU MLP, SDPA/flash attention (which keeps
-    no seq_len x seq_len scores) and no dropout; tests/test_memory.py checks it against autograd."""
+def block_bytes_per_token(s: Shapes, compute: int, frozen: bool = False) -> int:
+    """Bytes a Pre-LN LLaMA block saves for its backward, per token (a Post-LN block as much);
+    ``compute``: 2 under bf16 autocast, 4 in fp32. The Megatron-style count (Korthikanti et al. 2022,
+    section 4.1: each tensor autograd keeps, by its width and bytes) redone for this block as
+    transformers runs it: RMSNorm, SwiGLU MLP, SDPA/flash attention (which keeps no seq_len x seq_len
+    scores) and no dropout; tests/test_memory.py checks it against autograd. ``frozen``: a block
+    without trainable weights that the gradient still crosses (the heal's student after its Post-LN
+    blocks): autograd keeps no matmul's input and no norm's output for it, as no weight needs them."""
     h, c = s.hidden, compute
+    attention = c * (2 * s.q_dim + 2 * s.kv_dim) + 4 * s.heads  # q, output, k, v; fp32 logsumexp per head
+    if frozen:  # the norms' fp32 inputs; gate, silu(gate) and up
+        return 2 * 4 * h + attention + 3 * c * s.intermediate
     norms = 2 * (4 * h + 4 * h)  # each RMSNorm keeps its fp32 input and normalized output
     # the projections' inputs: in fp32 the norms' outputs (q/k/v share one, gate/up the other);
     # under autocast each of q, k, v, gate and up saves a bf16 cast of its own
     projection_inputs = 2 * 4 * h if c == 4 else 5 * 2 * h
-    attention = c * (2 * s.q_dim + 2 * s.kv_dim) + 4 * s.heads  # q, output, k, v; fp32 logsumexp per head
     mlp = 4 * c * s.intermediate  # gate, silu(gate), up and their product (down_proj's input)
     return norms + projection_inputs + attention + mlp
 
@@ -176,22 +191,81 @@ def activation_bytes(s: Shapes, tokens: int, compute: int, checkpointing: bool) 
     return tokens * (blocks + head_bytes_per_token(s, compute) + LOSS_GRADIENTS * s.vocab)
 
 
+def heal_activation_bytes(s: Shapes, trained: int, tokens: int, compute: int, kl: bool, checkpointing: bool) -> int:
+    """A heal step's activation memory at its peak, ``trained`` the Post-LN blocks it trains.
+
+    ``residual`` runs the student's prefix: its blocks, and the loss's few fp32 streams. ``kl`` runs the
+    whole student (its frozen blocks keep less: :func:`block_bytes_per_token`), and its peak is the
+    loss: the final norm's fp32 input, both models' logits (compute dtype) and five fp32 [tokens, vocab]
+    tensors: both log-softmaxes, and kl_div's exp(target), target - input and their product.
+
+    With activation checkpointing each block keeps its fp32 input and the backward recomputes one
+    block at a time, the last first, while the inputs before it are still held; ``kl``'s loss
+    (ChunkedKL) holds the final norm's input, both final hidden states and KL_CHUNK_TOKENS positions'
+    five fp32 tensors, the logits themselves freed as they are used."""
+    h, block = s.hidden, block_bytes_per_token(s, compute)
+    if not kl:
+        blocks = trained * 4 * h + block if checkpointing else trained * block
+        return tokens * (blocks + RESIDUAL_LOSS_STREAMS * 4 * h)
+    frozen = block_bytes_per_token(s, compute, frozen=True)
+    if not checkpointing:
+        return tokens * (trained * block + (s.layers - trained) * frozen + 4 * h + (2 * compute + 20) * s.vocab)
+    held = s.layers * 4 * h
+    loss = tokens * (held + 3 * 4 * h) + min(tokens, KL_CHUNK_TOKENS) * 20 * s.vocab
+    # the deepest frozen block, with every input held, or the last trained one, with its own and those
+    # before it; beside it, its backward's gradients: the MLP's three intermediates' and the stream's
+    recompute = tokens * (max(held + frozen, trained * 4 * h + block) + 3 * compute * s.intermediate + 2 * 4 * h)
+    return max(loss, recompute)
+
+
 @dataclass(frozen=True)
-class Estimate:
-    shapes: Shapes
+class Memory:
+    """Bytes per process on ``hardware``: ``state`` (row label -> bytes that do not depend on the batch)
+    and ``activations`` (activation_checkpointing -> bytes); ``checkpointing``: the recipe's choice."""
     hardware: Hardware
-    compute: int  # bytes of the compute dtype: 2 (bf16 autocast) or 4 (fp32)
-    micro_batch: tuple[int, int]  # (sequences, seq_len) per forward pass and process
-    global_batch: int  # sequences per optimizer step, all processes together
-    state: dict[str, int]  # row label -> bytes per process that do not depend on the batch
-    activations: dict[bool, int]  # activation_checkpointing -> activation bytes per process
-    checkpointing: bool  # the recipe's activation_checkpointing
+    state: dict[str, int]
+    activations: dict[bool, int]
+    checkpointing: bool
 
     def total(self, checkpointing: bool) -> int:
         return sum(self.state.values()) + self.activations[checkpointing]
 
     def fits(self, checkpointing: bool) -> bool:
         return self.total(checkpointing) <= USABLE * self.hardware.memory
+
+
+@dataclass(frozen=True)
+class HealEstimate(Memory):
+    """The heal of the recipe's Mix-LN arm, before it trains: its first ``blocks`` blocks distilled with ``loss``."""
+    loss: str
+    blocks: int
+    compute: int  # bytes of the compute dtype and of the frozen weights: 2 (bf16) or 4 (fp32)
+    windows: tuple[int, int]  # windows per step: (per process, all processes together)
+    seq_len: int
+    steps: int
+    matmul_parameters: tuple[int, int]  # (N, N_k): in the matmuls a step runs through, in the trained blocks'
+
+    @property
+    def step_tokens(self) -> int:
+        return self.windows[1] * self.seq_len
+
+    @property
+    def flops_per_token(self) -> int:
+        """The teacher's forward 2N, the student's 2N, the backward's activation gradients through the
+        student ~2N and the trained blocks' weight gradients 2N_k; with checkpointing one more forward
+        of the student, 2N. N: the parameters in the matmuls a step runs through (kl: the whole
+        model's; residual: the prefix's, the trained blocks' alone), N_k: the trained blocks'."""
+        n, n_k = self.matmul_parameters
+        return 2 * (3 + self.checkpointing) * n + 2 * n_k
+
+
+@dataclass(frozen=True)
+class Estimate(Memory):
+    shapes: Shapes
+    compute: int  # bytes of the compute dtype: 2 (bf16 autocast) or 4 (fp32)
+    micro_batch: tuple[int, int]  # (sequences, seq_len) per forward pass and process
+    global_batch: int  # sequences per optimizer step, all processes together
+    heal: HealEstimate | None = None  # None: the recipe heals nothing
 
     @property
     def step_tokens(self) -> int:
@@ -219,10 +293,9 @@ def estimate_recipe(recipe_file, overrides=(), options: EstimateOptions | None =
 
 
 def estimate(recipe: Recipe, hardware: Hardware, shapes: Shapes) -> Estimate:
-    """The memory per process and the compute per step of ``recipe`` (loaded by ``load_recipe``)."""
+    """The memory per process and the compute per step of ``recipe`` (loaded by ``load_recipe``), and of its heal."""
     n, p = shapes.parameters, hardware.processes
-    # 2 for bf16 autocast, 4 for fp32: a recipe's ``precision: auto`` is bf16 on a GPU, fp32 on CPU
-    compute = 2 if recipe.precision == "bf16" or (recipe.precision == "auto" and hardware.device == "gpu") else 4
+    compute = _compute_bytes(recipe, hardware)
     sharded = p if hardware.parallelism == "fsdp" else 1
     share = "" if sharded == 1 else f", 1/{p} each"
     state = {f"weights (fp32 masters{share})": 4 * n // sharded,
@@ -236,42 +309,150 @@ def estimate(recipe: Recipe, hardware: Hardware, shapes: Shapes) -> Estimate:
     elif compute == 2:
         state["bf16 weight copies (autocast)"] = 2 * shapes.matmul_parameters
     tokens = recipe.micro_batch_size * recipe.seq_len
-    return Estimate(shapes, hardware, compute, (recipe.micro_batch_size, recipe.seq_len),
-                    recipe.global_batch_size, state,
-                    {ac: activation_bytes(shapes, tokens, compute, ac) for ac in (False, True)},
-                    recipe.activation_checkpointing)
+    return Estimate(hardware, state, {ac: activation_bytes(shapes, tokens, compute, ac) for ac in (False, True)},
+                    recipe.activation_checkpointing, shapes, compute, (recipe.micro_batch_size, recipe.seq_len),
+                    recipe.global_batch_size, heal_estimate(recipe, hardware, shapes))
+
+
+def _compute_bytes(recipe: Recipe, hardware: Hardware) -> int:
+    """2 for bf16 autocast, 4 for fp32: a recipe's ``precision: auto`` is bf16 on a GPU, fp32 on CPU
+    (the heal's frozen weights and compute follow it)."""
+    return 2 if recipe.precision == "bf16" or (recipe.precision == "auto" and hardware.device == "gpu") else 4
+
+
+def heal_estimate(recipe: Recipe, hardware: Hardware, shapes: Shapes) -> HealEstimate | None:
+    """The memory per process and the compute of the heal ``recipe``'s Mix-LN arm runs before training
+    (None: no heal, no Post-LN block, or no Mix-LN arm). The heal is replicated, never sharded: each
+    process runs its share of heal.batch_size windows a step."""
+    heal, s = recipe.heal, shapes
+    k = (read_json(Path(recipe.converted) / "config.json").get("post_ln_layers", 0) if recipe.converted
+         else post_ln_count(s.layers, recipe.conversion.alpha))
+    if not (heal.tokens and k and "mixln" in recipe.arms):
+        return None
+    compute, kl = _compute_bytes(recipe, hardware), heal.loss == "kl"
+    trained = k * s.block_parameters  # their norms' few weights counted as matmul weights below
+    embedding = s.vocab * s.hidden
+    if kl:  # the student's frozen weights and the teacher's own first k blocks (all of it after a
+        # scratch conversion, which leaves nothing equal): what the two share is held once
+        frozen = compute * (s.parameters - trained + (s.parameters if recipe.conversion.strategy == "scratch"
+                                                      else trained))
+    else:  # the teacher's prefix; the student's embeddings stay fp32 (load_prefix's default)
+        frozen = compute * (embedding + trained) + 4 * embedding
+    dtype = "bf16" if compute == 2 else "fp32"
+    state = {f"frozen weights ({dtype}): teacher and student, "
+             + ("whole, their common part once" if kl else "embeddings and first blocks"): frozen,
+             f"trained blocks ({k}): fp32 masters": 4 * trained,
+             "gradients (fp32)": 4 * trained,
+             "AdamW moments (2 x fp32)": 8 * trained}
+    if compute == 2:
+        state["bf16 copies of the trained blocks (autocast)"] = 2 * trained
+    windows = -(-heal.batch_size // hardware.processes)  # a multiple of the processes, else train refuses it
+    tokens = windows * heal.seq_len
+    return HealEstimate(
+        hardware, state, {ac: heal_activation_bytes(s, k, tokens, compute, kl, ac) for ac in (False, True)},
+        heal.activation_checkpointing, heal.loss, k, compute, (windows, heal.batch_size), heal.seq_len,
+        heal.tokens // (heal.batch_size * heal.seq_len),
+        (s.parameters - s.lookup_parameters if kl else trained, trained))
+
+
+def check_heal_fits(recipe: Recipe, processes: int, memory: int | None = None) -> HealEstimate | None:
+    """Refuse, before any weight is loaded, a heal (the recipe's, for its Mix-LN arm) that would not fit
+    ``processes`` processes on this machine: each the memory of the GPU it sees, else the machine's RAM
+    shared by all (``memory``: bytes per process instead). Returns its :class:`HealEstimate`; None: no heal."""
+    gpu = torch.cuda.is_available()
+    if memory is None:
+        memory = (torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory if gpu
+                  else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // processes)
+    parallelism = "fsdp" if recipe.fsdp else "ddp" if processes > 1 else "single"
+    hardware = Hardware(processes, parallelism, "gpu" if gpu else "cpu", memory)
+    heal = heal_estimate(recipe, hardware, model_shapes(recipe.source))
+    if heal is None:
+        return None
+    if recipe.heal.batch_size % processes:
+        raise MixLNError(f"heal.batch_size {recipe.heal.batch_size} is not a multiple of the {processes} processes: "
+                         "each runs as many of a step's windows")
+    if not heal.fits(heal.checkpointing):
+        raise MixLNError(f"heal: does not fit: {_gb(heal.total(heal.checkpointing))} GB per process of "
+                         f"{_usable(hardware)}, {_checkpointing(heal, 'heal.activation_checkpointing')} "
+                         "(`mixln-convert estimate` has the figures; a smaller heal.batch_size needs less)")
+    return heal
 
 
 def _gb(size: int) -> str:
     return f"{size / 1e9:.2f}"
 
 
+def _usable(hw: Hardware) -> str:
+    return f"{_gb(USABLE * hw.memory)} GB usable ({USABLE:.0%} of {hw.memory / 1e9:g} GB) per {hw.device.upper()}"
+
+
+def _checkpointing(m: Memory, key: str) -> str:
+    """The recipe's ``key`` (activation checkpointing), and what turning it on would do where that
+    alone makes ``m`` fit."""
+    text = f"{key}: {str(m.checkpointing).lower()}"
+    if not m.fits(m.checkpointing) and not m.checkpointing and m.fits(True):
+        text += f"; with {key}: true it fits ({_gb(m.total(True))} GB)"
+    return text
+
+
+def _table(m: Memory, key: str) -> list[str]:
+    ours = {ac: " (the recipe's)" if ac == m.checkpointing else "" for ac in (False, True)}
+    return [f"| GB per process | {key}: false{ours[False]} | true{ours[True]} |",
+            "|---|---:|---:|",
+            *(f"| {label} | {_gb(size)} | {_gb(size)} |" for label, size in m.state.items()),
+            f"| activations | {_gb(m.activations[False])} | {_gb(m.activations[True])} |",
+            f"| **total** | **{_gb(m.total(False))}** | **{_gb(m.total(True))}** |"]
+
+
+def _heal_lines(h: HealEstimate, s: Shapes) -> list[str]:
+    windows, seq_len = h.windows[0], h.seq_len
+    n, n_k = h.matmul_parameters
+    flops = h.flops_per_token * h.step_tokens
+    lines = [
+        f"heal (the mixln arm's, before it trains): {h.loss} loss, the first {h.blocks} of {s.layers} blocks trained, "
+        f"{'bf16 autocast over bf16 frozen weights' if h.compute == 2 else 'fp32'}, {windows} x {seq_len} = "
+        f"{windows * seq_len:,} tokens per process and step",
+        "",
+        *_table(h, "heal.activation_checkpointing"),
+        "",
+        f"heal tokens: {h.steps * h.step_tokens:,} in {h.steps:,} steps of {h.step_tokens:,} ({h.windows[1]} windows x "
+        f"{seq_len})",
+        f"heal FLOPs per step: {flops:.3e}, {flops * h.steps:.3e} in all ({'8N' if h.checkpointing else '6N'} + "
+        f"2N_k per token, N = {n:,} parameters in the matmuls of "
+        f"{'the whole model' if h.loss == 'kl' else 'the trained blocks'}, N_k = {n_k:,} in the trained blocks')",
+    ]
+    if h.windows[1] % h.hardware.processes:
+        lines.append(f"heal.batch_size {h.windows[1]} is not a multiple of the {h.hardware.processes} processes: "
+                     "train refuses it")
+    if h.hardware.parallelism == "fsdp":
+        lines.append("the heal is not sharded: each process holds its models whole, as under DDP")
+    return lines
+
+
 def report(e: Estimate) -> str:
-    """The estimate as a Markdown table (GB = 10^9 bytes, per process) and a last line that starts
-    with the verdict, "fits" or "does not fit", for the recipe's activation_checkpointing."""
-    s, hw = e.shapes, e.hardware
+    """The estimate as Markdown tables (GB = 10^9 bytes, per process), training's then the heal's,
+    and a last line that starts with the verdict, "fits" or "does not fit" (both must fit), for the
+    recipe's activation_checkpointing (and heal.activation_checkpointing)."""
+    s, hw, h = e.shapes, e.hardware, e.heal
     sequences, seq_len = e.micro_batch
-    ours = {ac: " (the recipe's)" if ac == e.checkpointing else "" for ac in (False, True)}
     lines = [
         f"model: {s.name}, {s.parameters:,} parameters, {s.layers} blocks, hidden {s.hidden}, "
         f"intermediate {s.intermediate}, vocabulary {s.vocab}",
         f"hardware: {hw}; {'bf16 autocast' if e.compute == 2 else 'fp32'}, micro-batch {sequences} x {seq_len} = "
         f"{sequences * seq_len:,} tokens per process",
         "",
-        f"| GB per process | activation_checkpointing: false{ours[False]} | true{ours[True]} |",
-        "|---|---:|---:|",
-        *(f"| {label} | {_gb(size)} | {_gb(size)} |" for label, size in e.state.items()),
-        f"| activations | {_gb(e.activations[False])} | {_gb(e.activations[True])} |",
-        f"| **total** | **{_gb(e.total(False))}** | **{_gb(e.total(True))}** |",
+        *_table(e, "activation_checkpointing"),
         "",
         f"tokens per optimizer step: {e.step_tokens:,} ({e.global_batch} sequences x {seq_len})",
         f"FLOPs per optimizer step: {e.flops:.3e} (6N per token, N = {s.parameters - s.lookup_parameters:,} "
         f"parameters in matmuls); {e.flops + e.attention_flops:.3e} with attention "
         f"(+ 12 x {s.layers} layers x {s.q_dim} x {seq_len} per token)",
+        *(["", *_heal_lines(h, s)] if h else []),
     ]
-    usable = f"{_gb(USABLE * hw.memory)} GB usable ({USABLE:.0%} of {hw.memory / 1e9:g} GB) per {hw.device.upper()}"
-    verdict = (f"{'fits' if e.fits(e.checkpointing) else 'does not fit'}: {_gb(e.total(e.checkpointing))} GB per "
-               f"process of {usable}, activation_checkpointing: {str(e.checkpointing).lower()}")
-    if not e.fits(e.checkpointing) and not e.checkpointing and e.fits(True):
-        verdict += f"; with activation_checkpointing: true it fits ({_gb(e.total(True))} GB)"
+    fits = e.fits(e.checkpointing) and (h is None or h.fits(h.checkpointing))
+    verdict = (f"{'fits' if fits else 'does not fit'}: {_gb(e.total(e.checkpointing))} GB per process of "
+               f"{_usable(hw)}, {_checkpointing(e, 'activation_checkpointing')}")
+    if h:
+        verdict += (f"; the heal {'fits' if h.fits(h.checkpointing) else 'does not fit'}: "
+                    f"{_gb(h.total(h.checkpointing))} GB, {_checkpointing(h, 'heal.activation_checkpointing')}")
     return "\n".join([*lines, verdict])
