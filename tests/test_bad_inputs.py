@@ -827,6 +827,7 @@ ROWS = [
     ("heal-resume-other-settings", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", interrupted(o), "--resume"], "--resume: the heal in"),
     ("heal-resume-damaged-record", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", interrupted(o, None), "--resume"], "run.json: damaged"),
     ("heal-data-tokens-other-tokenizer", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--data", tokens_folder(i, lambda m: {**m, "tokenizer_sha256": "0" * 64})], "tokenized with another tokenizer"),
+    ("train-heal-does-not-fit", lambda i, o: [*recipe(i, "heal.tokens=16777216", "heal.batch_size=65536", "heal.seq_len=256"), "--out", o], "heal: does not fit:"),
     ("heal-fsdp-one-process", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--fsdp"], "--fsdp: shards over several processes, and this heal has one"),
     ("heal-fsdp-residual", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--fsdp", "--loss", "residual"], "--fsdp: shards the whole models the kl loss runs; --loss residual"),
     ("heal-eval-data-tokens-damaged", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--eval-data", tokens_folder(i, lambda m: {**m, "version": 99})], "mixln-tokens.json: damaged"),

@@ -11,7 +11,7 @@ from transformers import LlamaForCausalLM
 
 from mixln_convert.errors import MixLNError
 from mixln_convert.training.memory import (Hardware, check_heal_fits, choose_hardware, estimate, estimate_recipe,
-                                           model_shapes, report, saved_bytes, sized_for)
+                                           heal_activation_bytes, model_shapes, report, saved_bytes, sized_for)
 from mixln_convert.training.recipe import RECIPES, load_recipe, shipped_file, shipped_recipes
 
 # Published shapes for the recipes whose sources are placeholders: LLaMA-1B as GaLore (and the
@@ -281,3 +281,19 @@ def test_a_heal_that_does_not_fit_is_said_before_any_weight_is_loaded(tmp_path):
     with pytest.raises(MixLNError, match="^heal.batch_size 64 is not a multiple of the 3 processes"):
         check_heal_fits(big, 3, memory=10**12)
     assert check_heal_fits(big, 2, memory=10**12).windows == (32, 64)
+
+
+def test_a_sharded_heal_counts_two_models_in_shards(tiny_llama, converted):
+    """fsdp: true (kl): each process holds 1/P of the student and of a whole teacher of its own, and gathers
+    each model's root unit and two blocks; its loss is never chunked (the models are entered at their roots)."""
+    shapes = model_shapes(str(tiny_llama))
+    n_k = 2 * shapes.block_parameters
+    recipe = heal_recipe(tiny_llama, converted, "fsdp=true", "heal.activation_checkpointing=true", "precision=fp32")
+    heals = {p: estimate(recipe, Hardware(p, "fsdp", "gpu", 80 * 10**9), shapes).heal for p in (2, 4)}
+    frozen = "frozen weights (fp32, 1/{}): the student's and the whole teacher's"
+    for p, heal in heals.items():
+        assert heal.state[frozen.format(f"{p} each")] == 4 * (2 * shapes.parameters - n_k) // p
+        assert heal.state[f"AdamW moments (2 x fp32, 1/{p} each)"] == 8 * n_k // p
+    unchunked = heal_activation_bytes(shapes, 2, heals[4].windows[0] * 128, 4, True, True, chunked=False)
+    assert heals[4].activations[True] == unchunked > heal_activation_bytes(shapes, 2, heals[4].windows[0] * 128, 4,
+                                                                          True, True)

@@ -191,7 +191,8 @@ def activation_bytes(s: Shapes, tokens: int, compute: int, checkpointing: bool) 
     return tokens * (blocks + head_bytes_per_token(s, compute) + LOSS_GRADIENTS * s.vocab)
 
 
-def heal_activation_bytes(s: Shapes, trained: int, tokens: int, compute: int, kl: bool, checkpointing: bool) -> int:
+def heal_activation_bytes(s: Shapes, trained: int, tokens: int, compute: int, kl: bool, checkpointing: bool,
+                          chunked: bool = True) -> int:
     """A heal step's activation memory at its peak, ``trained`` the Post-LN blocks it trains.
 
     ``residual`` runs the student's prefix: its blocks, and the loss's few fp32 streams. ``kl`` runs the
@@ -202,7 +203,8 @@ def heal_activation_bytes(s: Shapes, trained: int, tokens: int, compute: int, kl
     With activation checkpointing each block keeps its fp32 input and the backward recomputes one
     block at a time, the last first, while the inputs before it are still held; ``kl``'s loss
     (ChunkedKL) holds the final norm's input, both final hidden states and KL_CHUNK_TOKENS positions'
-    five fp32 tensors, the logits themselves freed as they are used."""
+    five fp32 tensors, the logits themselves freed as they are used; not ``chunked`` (a sharded heal, whose
+    models are entered through their roots only) the whole loss's, as without checkpointing."""
     h, block = s.hidden, block_bytes_per_token(s, compute)
     if not kl:
         blocks = trained * 4 * h + block if checkpointing else trained * block
@@ -211,7 +213,8 @@ def heal_activation_bytes(s: Shapes, trained: int, tokens: int, compute: int, kl
     if not checkpointing:
         return tokens * (trained * block + (s.layers - trained) * frozen + 4 * h + (2 * compute + 20) * s.vocab)
     held = s.layers * 4 * h
-    loss = tokens * (held + 3 * 4 * h) + min(tokens, KL_CHUNK_TOKENS) * 20 * s.vocab
+    loss = (tokens * (held + 3 * 4 * h) + min(tokens, KL_CHUNK_TOKENS) * 20 * s.vocab if chunked
+            else tokens * (held + 4 * h + (2 * compute + 20) * s.vocab))
     # the deepest frozen block, with every input held, or the last trained one, with its own and those
     # before it; beside it, its backward's gradients: the MLP's three intermediates' and the stream's
     recompute = tokens * (max(held + frozen, trained * 4 * h + block) + 3 * compute * s.intermediate + 2 * 4 * h)
@@ -322,8 +325,9 @@ def _compute_bytes(recipe: Recipe, hardware: Hardware) -> int:
 
 def heal_estimate(recipe: Recipe, hardware: Hardware, shapes: Shapes) -> HealEstimate | None:
     """The memory per process and the compute of the heal ``recipe``'s Mix-LN arm runs before training
-    (None: no heal, no Post-LN block, or no Mix-LN arm). The heal is replicated, never sharded: each
-    process runs its share of heal.batch_size windows a step."""
+    (None: no heal, no Post-LN block, or no Mix-LN arm). Each process runs its share of heal.batch_size
+    windows a step over models of its own (the common tail held once), or under ``fsdp: true`` (kl loss)
+    over its shards of two models sharded per block as training's, nothing shared between them."""
     heal, s = recipe.heal, shapes
     k = (read_json(Path(recipe.converted) / "config.json").get("post_ln_layers", 0) if recipe.converted
          else post_ln_count(s.layers, recipe.conversion.alpha))
@@ -332,24 +336,34 @@ def heal_estimate(recipe: Recipe, hardware: Hardware, shapes: Shapes) -> HealEst
     compute, kl = _compute_bytes(recipe, hardware), heal.loss == "kl"
     trained = k * s.block_parameters  # their norms' few weights counted as matmul weights below
     embedding = s.vocab * s.hidden
-    if kl:  # the student's frozen weights and the teacher's own first k blocks (all of it after a
+    dtype, sharded = "bf16" if compute == 2 else "fp32", recipe.fsdp and kl  # the heal refuses fsdp otherwise
+    p = hardware.processes if sharded else 1
+    share = f", 1/{p} each" if sharded else ""
+    if sharded:
+        frozen = {f"frozen weights ({dtype}{share}): the student's and the whole teacher's":
+                  compute * (2 * s.parameters - trained) // p}
+    elif kl:  # the student's frozen weights and the teacher's own first k blocks (all of it after a
         # scratch conversion, which leaves nothing equal): what the two share is held once
-        frozen = compute * (s.parameters - trained + (s.parameters if recipe.conversion.strategy == "scratch"
-                                                      else trained))
+        frozen = {f"frozen weights ({dtype}): teacher and student, whole, their common part once": compute * (
+            s.parameters - trained + (s.parameters if recipe.conversion.strategy == "scratch" else trained))}
     else:  # the teacher's prefix; the student's embeddings stay fp32 (load_prefix's default)
-        frozen = compute * (embedding + trained) + 4 * embedding
-    dtype = "bf16" if compute == 2 else "fp32"
-    state = {f"frozen weights ({dtype}): teacher and student, "
-             + ("whole, their common part once" if kl else "embeddings and first blocks"): frozen,
-             f"trained blocks ({k}): fp32 masters": 4 * trained,
-             "gradients (fp32)": 4 * trained,
-             "AdamW moments (2 x fp32)": 8 * trained}
-    if compute == 2:
+        frozen = {f"frozen weights ({dtype}): teacher and student, embeddings and first blocks":
+                  compute * (embedding + trained) + 4 * embedding}
+    state = {**frozen,
+             f"trained blocks ({k}): fp32 masters{share}": 4 * trained // p,
+             f"gradients (fp32{share})": 4 * trained // p,
+             f"AdamW moments (2 x fp32{share})": 8 * trained // p}
+    if sharded:
+        gathered = s.parameters - s.layers * s.block_parameters + 2 * s.block_parameters
+        state["FSDP gathered: each model's root unit and 2 blocks, the student's with fp32 gradients"] = (
+            (2 * compute + 4) * gathered)
+    elif compute == 2:
         state["bf16 copies of the trained blocks (autocast)"] = 2 * trained
     windows = -(-heal.batch_size // hardware.processes)  # a multiple of the processes, else train refuses it
     tokens = windows * heal.seq_len
     return HealEstimate(
-        hardware, state, {ac: heal_activation_bytes(s, k, tokens, compute, kl, ac) for ac in (False, True)},
+        hardware, state, {ac: heal_activation_bytes(s, k, tokens, compute, kl, ac, chunked=not sharded)
+                          for ac in (False, True)},
         heal.activation_checkpointing, heal.loss, k, compute, (windows, heal.batch_size), heal.seq_len,
         heal.tokens // (heal.batch_size * heal.seq_len),
         (s.parameters - s.lookup_parameters if kl else trained, trained))
@@ -424,8 +438,6 @@ def _heal_lines(h: HealEstimate, s: Shapes) -> list[str]:
     if h.windows[1] % h.hardware.processes:
         lines.append(f"heal.batch_size {h.windows[1]} is not a multiple of the {h.hardware.processes} processes: "
                      "train refuses it")
-    if h.hardware.parallelism == "fsdp":
-        lines.append("the heal is not sharded: each process holds its models whole, as under DDP")
     return lines
 
 

@@ -34,6 +34,7 @@ def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool =
     from accelerate.utils import parse_flag_from_env
 
     from ..data import data_fingerprint, load_splits
+    from ..training.memory import check_heal_fits
     from ..training.trainer import split_windows, train_arm
 
     out = Path(out).absolute()
@@ -42,17 +43,16 @@ def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool =
     # Accelerator reads `accelerate launch --cpu` (ACCELERATE_USE_CPU) itself; PartialState does not.
     state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
     accumulation = _accumulation(recipe, state.num_processes)
-    if recipe.heal.tokens and recipe.heal.batch_size % state.num_processes:  # heal shares each step like training
-        raise MixLNError(f"heal.batch_size {recipe.heal.batch_size} is not a multiple of the {state.num_processes} "
-                         "processes, which share each heal step equally")
     if recipe.fsdp and state.num_processes < 2:
         raise MixLNError("fsdp: true shards over several processes, and this run has one; launch it with "
                          "accelerate launch --config_file \"$(mixln-convert recipes --path fsdp)\" (or torchrun)")
     source = open_checkpoint(recipe.source)
     check_seq_len("seq_len", recipe.seq_len, source.config, "allow_longer_seq: true", recipe.allow_longer_seq)
-    if recipe.heal.tokens:
+    if recipe.heal.tokens and "mixln" in arms:
         check_seq_len("heal.seq_len", recipe.heal.seq_len, source.config, "allow_longer_seq: true",
                       recipe.allow_longer_seq)
+        # a heal every process shares (its batch in equal parts) and that fits them, before any weight is loaded
+        check_heal_fits(recipe.replace({"arms": list(arms)}), state.num_processes)
     warmup = recipe.schedule.warmup_steps
     if warmup > recipe.steps and state.is_main_process:  # legal, but a huge one trains at lr ~0 and changes nothing
         warn(f"schedule.warmup_steps {warmup} is more than the run's {recipe.steps} steps: the learning rate "
