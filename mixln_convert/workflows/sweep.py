@@ -256,7 +256,7 @@ def _alpha(src, tmp: Path, post_ln_layers: int, given: list[float], stats, optio
         stage = tmp / "healed"
         with timed(times, "heal_s"):
             heal(tmp / "converted", src, stage, data=options.data, tokens=heal_tokens, perplexity=False,
-                 progress=progress, seq_len_flag=None)
+                 progress=progress, seq_len_flag=None, checkpoint_interval=0)  # a killed stage starts over
             row["healed"] = _scores(stage, eval_tokens, progress)
     final = stage
     if train_tokens:

@@ -169,8 +169,9 @@ def convert_and_heal(src, dst, options: ConvertOptions | None = None, healing: C
             HEAL_SEQ_LEN, what, flag=None)
     with scratch_dir(target) as work:  # a kill leaves it to the next run to DST, like any temporary
         converted = convert(src, work / "converted", options, progress=progress)
+        # no heal checkpoints: a rerun converts again, so there is nothing a resume could continue
         return heal(converted, src, dst, data=heal_data, tokens=heal_tokens, force=force, progress=progress,
-                    seq_len_flag=None)
+                    seq_len_flag=None, checkpoint_interval=0)
 
 
 def _accumulation(recipe: Recipe, processes: int) -> int:
