@@ -177,6 +177,18 @@ def test_a_sharded_heal_killed_resumes_to_the_uninterrupted_result(moved, tiny_l
         torch.testing.assert_close(tensor, reference[name], atol=1e-6, rtol=1e-6, msg=name)
 
 
+def test_a_damaged_last_checkpoint_is_skipped_for_the_one_before(whole, moved, tiny_llama, tmp_path, cli):
+    out = tmp_path / "healed"
+    work = _killed_at(moved, tiny_llama, out, 8)
+    saved = sorted(work.glob("step-*.pt"), key=lambda f: int(f.stem[5:]))
+    assert len(saved) == 2, saved  # the last two are kept
+    saved[-1].write_bytes(saved[-1].read_bytes()[:100])  # cut short, as a full disk might have left it
+    resumed = cli("heal", moved, "--teacher", tiny_llama, "--out", out, *ARGS, "--checkpoint-interval", 3, "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    assert f"{saved[-1]} is damaged" in resumed.stderr
+    assert _records(out) == _records(whole)
+
+
 CHANGES = {  # what a resumed heal must find as it was, and how each is changed
     "teacher": (lambda i: ["--teacher", i["other_teacher"]], "teacher"),
     "tokens": (lambda i: ["--tokens", STEPS * BATCH * SEQ_LEN * 2], "tokens"),

@@ -287,7 +287,7 @@ class HealRun(HealOptions):
         guard = StepGuard(self.spike_factor)
         start, spent = 0, 0.0
         if self.resumed:
-            saved = self.state.load()
+            saved = self.state.load(self.process.is_main_process)
             self.load_trained_state(optimizer, saved["blocks"], saved["optimizer"])
             scheduler.load_state_dict(saved["scheduler"])
             guard.load_state_dict(saved["guard"])

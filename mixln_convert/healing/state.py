@@ -78,8 +78,9 @@ class HealState:
         for _, old in self.checkpoints()[:-KEEP]:
             old.unlink()
 
-    def load(self) -> dict:
-        """The last checkpoint that loads (a damaged one is skipped with a warning), its metrics kept up to it."""
+    def load(self, main: bool = True) -> dict:
+        """The last checkpoint that loads (a damaged one is skipped with a warning); the ``main`` process keeps
+        the metrics up to it."""
         for step, file in reversed(self.checkpoints()):
             try:
                 state = torch.load(file, map_location="cpu", weights_only=True)
@@ -88,7 +89,8 @@ class HealState:
             except Exception as e:  # torch and pickle each fail their own way on a damaged file
                 warn(f"{file} is damaged ({first_line(e)[:200]}); trying the checkpoint before it")
                 continue
-            cut_metrics(self.folder / METRICS, step)
+            if main:
+                cut_metrics(self.folder / METRICS, step)
             return state
         raise MixLNError(f"{self.folder}: no checkpoint loads; --force starts the heal afresh")
 
