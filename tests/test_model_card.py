@@ -3,8 +3,12 @@ final/. Its front matter is read as the Hub reads it (huggingface_hub's ModelCar
 done and the figures measured; a source's own card text never appears in it."""
 
 import json
+import os
 import random
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,7 +113,8 @@ def test_a_hub_source_is_the_base_model_through_convert_and_prune(tiny_llama, tm
     assert "base_model" not in data  # a fresh model holds none of the source's weights
 
 
-def test_a_trained_arm_final_card_has_its_training_and_validation_figures(tiny_llama_tied, tmp_path):
+def train_tiny(source: Path, tmp_path: Path, arms=("mixln",)):
+    """The CPU recipe's train on ``source``, one step of 4 x 32 tokens per arm, into ``tmp_path``/run: (summaries, corpus)."""
     from mixln_convert.workflows.train import train
     from mixln_convert.training import load_recipe
 
@@ -117,13 +122,18 @@ def test_a_trained_arm_final_card_has_its_training_and_validation_figures(tiny_l
     words = "the of model layer norm residual stream token block attention gradient data step".split()
     corpus.write_text("".join(json.dumps({"text": " ".join(rng.choices(words, k=60)) + "."}) + "\n"
                               for _ in range(120)))
-    source = with_card(tiny_llama_tied, tmp_path / "source")
     sets = {"source": source, "data.train": corpus, "data.validation": "null", "seq_len": 32, "micro_batch_size": 2,
             "global_batch_size": 4, "max_tokens": 128, "data.eval_tokens": 128, "precision": "fp32",
             "schedule.warmup_steps": 1, "eval_interval": 1, "checkpoint_interval": 1, "grad_norm_interval": 1,
             "conversion.strategy": "move", "heal.tokens": 0}
     recipe = load_recipe("smollm2-135m-cpu", [f"{k}={v}" for k, v in sets.items()])
-    summary = train(recipe, tmp_path / "run", arms=["mixln"], progress=False)["mixln"]
+    return train(recipe, tmp_path / "run", arms=list(arms), progress=False), corpus
+
+
+def test_a_trained_arm_final_card_has_its_training_and_validation_figures(tiny_llama_tied, tmp_path):
+    source = with_card(tiny_llama_tied, tmp_path / "source")
+    summaries, corpus = train_tiny(source, tmp_path)
+    summary = summaries["mixln"]
     data, body = card(tmp_path / "run" / "mixln" / "final")
     assert data["tags"] == ["mixln-convert", "mix-ln", "llama"] and data["library_name"] == "transformers"
     assert data["license"] == "apache-2.0" and "base_model" not in data  # carried through the converted folder
@@ -148,3 +158,39 @@ def test_an_exported_plain_model_card_tells_its_sources_history(converted_lns, t
     assert f"Exported with `mixln-convert export --to llama` from `{converted_lns}`" in body
     assert "1/sqrt(l) folded into each block's norm gains" in body and "trust_remote_code" not in body
     assert "mixln-convert downstream" not in body and "`mixln-convert eval --tasks`" in body
+
+
+SNIPPET = re.compile(r"```python\n(.*?)```", re.S)
+
+
+def run_snippet(folder: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    """The card's loading code, exactly as the card prints it, in a fresh process with no stdin and without this
+    package on its path, where the card's placeholder path names ``folder``."""
+    from mixln_convert.io.model_card import PLACEHOLDER
+
+    code = SNIPPET.findall((folder / "README.md").read_text())
+    assert len(code) == 1, code
+    where = tmp_path / f"run-{folder.parent.name}-{folder.name}"
+    (where / PLACEHOLDER).parent.mkdir(parents=True)
+    (where / PLACEHOLDER).symlink_to(folder)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1")
+    return subprocess.run([sys.executable, "-c", code[0]], cwd=where, env=env, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=300)
+
+
+def test_every_card_loading_code_runs_as_written(converted, tiny_llama, tiny_llama_tied, tmp_path):
+    """Issue 56: the loading code of each kind of folder the tool writes (convert, heal, prune, a trained arm's
+    final/, export --to llama) runs as written in a fresh process whose stdin is closed: no y/N prompt."""
+    from mixln_convert.export import export
+
+    heal(converted, tiny_llama, tmp_path / "healed", tokens=4 * 32, lr=0.01, loss="residual", **HEAL)
+    folders = {"convert": converted, "heal": tmp_path / "healed",
+               "prune": prune(converted, tmp_path / "pruned", layers="7", progress=False)}
+    summaries, _ = train_tiny(tiny_llama_tied, tmp_path, arms=("mixln", "preln"))
+    folders["train"] = tmp_path / "run" / "mixln" / "final"
+    folders["export"] = export(tmp_path / "run" / "preln" / "final", tmp_path / "exported", to="llama", progress=False)
+    for kind, folder in folders.items():
+        run = run_snippet(Path(folder), tmp_path)
+        assert run.returncode == 0, (kind, run.stderr[-2000:])
+        assert "[y/N]" not in run.stdout + run.stderr and run.stdout.strip(), (kind, run.stdout, run.stderr[-2000:])

@@ -278,9 +278,13 @@ def _measured(heal: dict | None, trained: dict | None) -> list:
 def _loading(config: dict, layout: str) -> list:
     remote = "auto_map" in config  # the Mix-LN classes, saved beside the weights
     trust = ", trust_remote_code=True" if remote else ""
+    # the tokenizer too: AutoTokenizer reads config.json, whose model type is the remote code's (without the
+    # flag transformers asks "run the custom code? [y/N]" and waits)
     code = ("```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
             f"model = AutoModelForCausalLM.from_pretrained(\"{PLACEHOLDER}\"{trust})\n"
-            f"tokenizer = AutoTokenizer.from_pretrained(\"{PLACEHOLDER}\")\n```")
+            f"tokenizer = AutoTokenizer.from_pretrained(\"{PLACEHOLDER}\"{trust})\n"
+            "inputs = tokenizer(\"The quick brown fox\", return_tensors=\"pt\")\n"
+            "print(tokenizer.decode(model.generate(**inputs, max_new_tokens=20, do_sample=False)[0]))\n```")
     if remote:
         note = (f"`trust_remote_code=True` runs the {LAYOUTS[layout] if layout != 'pre-ln' else 'Mix-LN'} model code "
                 "saved beside the weights (configuration_mixln.py, modeling_mixln.py). With mixln-convert installed, "
