@@ -159,6 +159,11 @@ def setup(recipe: Recipe, folder: Path, source: str, splits: Splits, accumulatio
     scheduler = warmup_cosine(optimizer, recipe.schedule.warmup_steps, recipe.steps, recipe.schedule.min_lr_ratio)
     train_windows, validation = split_windows(recipe, splits)
     data = PackedWindows(train_windows, recipe.steps * recipe.global_batch_size, recipe.seed)
+    passes = len(data) / max(len(train_windows), 1)
+    if passes > 1 and accelerator.is_main_process:  # said once per arm, before the first step
+        warn(f"data.train: {len(train_windows):,} windows of {recipe.seq_len} tokens for {len(data):,} "
+             f"(max_tokens {recipe.max_tokens:,}): the run repeats the training text {passes:.1f} times; more text or "
+             "a smaller max_tokens trains on each token once")
     loader = DataLoader(data, batch_size=recipe.micro_batch_size, **loader_options(accelerator.device))
     if recipe.fsdp:
         loader = accelerator.prepare(loader)
