@@ -266,3 +266,12 @@ def test_a_gguf_source_licence_and_its_dequantized_tensors_are_carried(tmp_path,
     assert data["license"] == "apache-2.0"
     assert ('the local checkpoint `model.gguf`, a GGUF file ("Tiny Qwen" by Org, license `apache-2.0`); its Q8_0 '
             "tensors were dequantized to float32") in body
+
+
+def test_a_conversion_to_no_post_ln_block_warns_and_its_card_says_so(tiny_llama, tiny_convert):
+    """Issue 56, item 7: alpha 0.1 of 8 blocks rounds to 0 Post-LN blocks: convert warns, the card says it."""
+    from mixln_convert.errors import MixLNWarning
+
+    with pytest.warns(MixLNWarning, match=r"floor\(0.1 x 8\) = 0 Post-LN blocks"):
+        out = tiny_convert(tiny_llama, alpha=0.1)
+    assert "floor(alpha x 8) = 0: no block was made Post-LN" in card(out)[1]
