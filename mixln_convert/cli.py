@@ -89,7 +89,7 @@ def main():
       mixln-convert convert MODEL CONV          # calibrated, alpha 0.25 (1.2-1.9x the perplexity at once)
       mixln-convert heal CONV --teacher MODEL --out HEALED   # distil the Post-LN blocks: heal before use
       mixln-convert eval HEALED                 # perplexity on held-out text
-      mixln-convert train smollm2-135m --set source=MODEL --out RUN   # Mix-LN and Pre-LN arms, same tokens
+      mixln-convert train smollm2-135m-cpu --set source=MODEL --out RUN   # Mix-LN and Pre-LN arms, same tokens
       mixln-convert analyze RUN/mixln/final --out A1   (and RUN/preln/final --out A2)
       mixln-convert compare A1 A2 RUN --out REPORT       # the before/after report
       mixln-convert inspect HEALED              # layer table and provenance

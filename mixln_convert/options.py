@@ -90,7 +90,7 @@ DEMO_LR = HEAL_LR
 DATA_FORMATS = (".txt, .jsonl/.json/.json.gz (field 'text'), .parquet, a folder, a glob, or a Hugging Face Hub "
                 "dataset ORG/NAME[:CONFIG[:SPLIT]][@REVISION] (column 'text', split train unless named). Default: "
                 "the embedded corpus (general English and Python's standard-library docstrings).")
-TASKS_HELP = ("lm-evaluation-harness tasks (`pip install 'mixln-convert[eval]'`): the shipped offline "
+TASKS_HELP = ("lm-evaluation-harness tasks (`pip install 'lm_eval>=0.4.13'`): the shipped offline "
               "mixln_langref_ppl and mixln_langref_next (they ship with the package), lm-eval's own "
               "(e.g. hellaswag,arc_easy, from your datasets cache) or yours in --include-path.")
 METHOD_HELP = ("How --remove/--prune-curve choose N blocks: angular (the N consecutive blocks whose input and "

@@ -171,8 +171,8 @@ def test_without_lm_eval_the_error_says_how_to_install_it(cli, converted, monkey
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "lm_eval" else find_spec(name, *a))
     result = cli("eval", converted, "--tasks", SHIPPED_TASKS[0])
     assert result.exit_code == 1
-    assert result.stderr.strip() == ("Error: --tasks: lm-evaluation-harness is not installed; "
-                                     "pip install 'mixln-convert[eval]'")
+    assert result.stderr.strip() == ("Error: --tasks: lm-evaluation-harness is not installed; pip install "
+                                     "'lm_eval>=0.4.13' (or, in a mixln-convert checkout, pip install -e '.[eval]')")
 
 
 def test_eval_tasks_with_per_document_loads_the_model_once_and_scores_as_eval_does(cli, converted, half_right_task,

@@ -3,15 +3,19 @@ final/. Its front matter is read as the Hub reads it (huggingface_hub's ModelCar
 done and the figures measured; a source's own card text never appears in it."""
 
 import json
+import os
 import random
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from huggingface_hub import ModelCard
 
 from hub_cache import MODEL_COMMIT, offline_hub, place_model
-from tiny import make_tiny_llama
+from tiny import make_tiny_llama, write_tiny_gguf
 from mixln_convert.healing import heal
 from mixln_convert.surgery.prune import prune
 
@@ -44,8 +48,11 @@ def test_convert_card_states_layout_strategy_and_the_source_license(tiny_llama, 
     assert data["library_name"] == "transformers" and data["license"] == "apache-2.0"
     assert data["tags"] == ["mixln-convert", "mix-ln", "llama"]
     assert "base_model" not in data  # a local path is no Hub id: the body names it
-    assert f"`{source}`" in body and "first 2 of 8 decoder blocks Post-LN" in body and "alpha 0.25" in body
-    assert "strategy `calibrated`" in body and "1,024 tokens of `embedded:calibration`" in body
+    assert f"the local checkpoint `{source.name}`" in body and str(tmp_path) not in body  # no local path
+    assert "first 2 of 8 decoder blocks Post-LN" in body and "alpha 0.25" in body
+    assert "strategy `calibrated`" in body and "1,024 tokens of the tool's embedded corpus (calibration split" in body
+    assert ("mixln-convert convert source converted/ --alpha 0.25 --strategy calibrated --calibration-tokens 1024 "
+            "--calibration-seq-len 64") in body and "(https://arxiv.org/abs/2412.13795)" in body
     assert "trust_remote_code=True" in body and "No quality figure was measured" in body
     assert SENTINEL not in (out / "README.md").read_text() and "# The source" not in body
 
@@ -70,11 +77,15 @@ def test_heal_card_has_the_figures_before_and_after_with_their_text(converted, t
     result = heal(converted, tiny_llama, tmp_path / "healed", tokens=4 * 32, lr=0.01, loss="residual", **HEAL)
     data, body = card(tmp_path / "healed")
     assert data["tags"] == ["mixln-convert", "mix-ln", "llama"] and "base_model" not in data
-    assert f"`{tiny_llama}`" in body and "first 2 of 8 decoder blocks Post-LN" in body
+    assert f"`{tiny_llama.name}`" in body and "first 2 of 8 decoder blocks Post-LN" in body
     assert "strategy `calibrated`" in body and "Healed with `mixln-convert heal`" in body
-    assert f"{result.tokens:,} tokens of `embedded:train`" in body
+    assert f"the 2 Post-LN blocks distilled against `{tiny_llama.name}`" in body
+    assert f"{result.tokens:,} tokens of the tool's embedded corpus (train split" in body
+    assert "embedded:" not in body and str(tiny_llama.parent) not in body
+    assert "mixln-convert heal converted/ --teacher untied --out healed/ --tokens 128 --loss residual" in body
     evaluation = result.evaluation
-    assert f"`{evaluation['data']}`, {evaluation['tokens']:,} tokens in windows of 32" in body
+    assert (f"(validation split: general English and Python docstrings), {evaluation['tokens']:,} tokens in windows "
+            "of 32") in body
     ppl = result.perplexity
     assert f"| perplexity (packed windows) | {ppl['before']:.2f} | {ppl['after']:.2f} | {ppl['teacher']:.2f} |" in body
     error = result.relative_error
@@ -109,7 +120,8 @@ def test_a_hub_source_is_the_base_model_through_convert_and_prune(tiny_llama, tm
     assert "base_model" not in data  # a fresh model holds none of the source's weights
 
 
-def test_a_trained_arm_final_card_has_its_training_and_validation_figures(tiny_llama_tied, tmp_path):
+def train_tiny(source: Path, tmp_path: Path, arms=("mixln",)):
+    """The CPU recipe's train on ``source``, one step of 4 x 32 tokens per arm, into ``tmp_path``/run: (summaries, corpus)."""
     from mixln_convert.workflows.train import train
     from mixln_convert.training import load_recipe
 
@@ -117,21 +129,27 @@ def test_a_trained_arm_final_card_has_its_training_and_validation_figures(tiny_l
     words = "the of model layer norm residual stream token block attention gradient data step".split()
     corpus.write_text("".join(json.dumps({"text": " ".join(rng.choices(words, k=60)) + "."}) + "\n"
                               for _ in range(120)))
-    source = with_card(tiny_llama_tied, tmp_path / "source")
     sets = {"source": source, "data.train": corpus, "data.validation": "null", "seq_len": 32, "micro_batch_size": 2,
             "global_batch_size": 4, "max_tokens": 128, "data.eval_tokens": 128, "precision": "fp32",
             "schedule.warmup_steps": 1, "eval_interval": 1, "checkpoint_interval": 1, "grad_norm_interval": 1,
             "conversion.strategy": "move", "heal.tokens": 0}
     recipe = load_recipe("smollm2-135m-cpu", [f"{k}={v}" for k, v in sets.items()])
-    summary = train(recipe, tmp_path / "run", arms=["mixln"], progress=False)["mixln"]
+    return train(recipe, tmp_path / "run", arms=list(arms), progress=False), corpus
+
+
+def test_a_trained_arm_final_card_has_its_training_and_validation_figures(tiny_llama_tied, tmp_path):
+    source = with_card(tiny_llama_tied, tmp_path / "source")
+    summaries, corpus = train_tiny(source, tmp_path)
+    summary = summaries["mixln"]
     data, body = card(tmp_path / "run" / "mixln" / "final")
     assert data["tags"] == ["mixln-convert", "mix-ln", "llama"] and data["library_name"] == "transformers"
     assert data["license"] == "apache-2.0" and "base_model" not in data  # carried through the converted folder
-    assert f"`{source}`" in body and "first 2 of 8 decoder blocks Post-LN" in body and "strategy `move`" in body
-    assert f"(arm `mixln`): 1 step, 128 tokens of `{corpus}`" in body
+    assert f"`{source.name}`" in body and "first 2 of 8 decoder blocks Post-LN" in body and "strategy `move`" in body
+    assert f"(arm `mixln`): 1 step, 128 tokens of `{corpus.name}`" in body and str(tmp_path) not in body
+    assert "mixln-convert train recipe.yaml --arm mixln --out run/" in body and "max_tokens: 128" in body
     validation = summary.validation
     assert (f"validation perplexity {summary.initial_val_ppl:.2f} before the first step and "
-            f"{summary.final_val_ppl:.2f} after the last, on `{validation['data']}` "
+            f"{summary.final_val_ppl:.2f} after the last, on `{Path(validation['data']).name}` "
             f"({validation['tokens']:,} tokens in windows of 32)") in body
     assert "trust_remote_code=True" in body and SENTINEL not in body
 
@@ -145,6 +163,115 @@ def test_an_exported_plain_model_card_tells_its_sources_history(converted_lns, t
     data, body = card(tmp_path / "plain")
     assert data["tags"] == ["mixln-convert", "pre-ln", "llama"] and data["library_name"] == "transformers"
     assert "to LayerNorm Scaling, strategy `exact`" in body
-    assert f"Exported with `mixln-convert export --to llama` from `{converted_lns}`" in body
+    assert f"Exported with `mixln-convert export --to llama` from `{converted_lns.name}`" in body
     assert "1/sqrt(l) folded into each block's norm gains" in body and "trust_remote_code" not in body
     assert "mixln-convert downstream" not in body and "`mixln-convert eval --tasks`" in body
+
+
+SNIPPET = re.compile(r"```python\n(.*?)```", re.S)
+
+
+def run_snippet(folder: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    """The card's loading code, exactly as the card prints it, in a fresh process with no stdin and without this
+    package on its path, where the card's placeholder path names ``folder``."""
+    from mixln_convert.io.model_card import PLACEHOLDER
+
+    code = SNIPPET.findall((folder / "README.md").read_text())
+    assert len(code) == 1, code
+    where = tmp_path / f"run-{folder.parent.name}-{folder.name}"
+    (where / PLACEHOLDER).parent.mkdir(parents=True)
+    (where / PLACEHOLDER).symlink_to(folder)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1")
+    return subprocess.run([sys.executable, "-c", code[0]], cwd=where, env=env, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=300)
+
+
+def test_every_card_loading_code_runs_as_written(converted, tiny_llama, tiny_llama_tied, tmp_path):
+    """Issue 56: the loading code of each kind of folder the tool writes (convert, heal, prune, a trained arm's
+    final/, export --to llama) runs as written in a fresh process whose stdin is closed: no y/N prompt."""
+    from mixln_convert.export import export
+
+    heal(converted, tiny_llama, tmp_path / "healed", tokens=4 * 32, lr=0.01, loss="residual", **HEAL)
+    folders = {"convert": converted, "heal": tmp_path / "healed",
+               "prune": prune(converted, tmp_path / "pruned", layers="7", progress=False)}
+    summaries, _ = train_tiny(tiny_llama_tied, tmp_path, arms=("mixln", "preln"))
+    folders["train"] = tmp_path / "run" / "mixln" / "final"
+    folders["export"] = export(tmp_path / "run" / "preln" / "final", tmp_path / "exported", to="llama", progress=False)
+    for kind, folder in folders.items():
+        run = run_snippet(Path(folder), tmp_path)
+        assert run.returncode == 0, (kind, run.stderr[-2000:])
+        assert "[y/N]" not in run.stdout + run.stderr and run.stdout.strip(), (kind, run.stdout, run.stderr[-2000:])
+
+
+def gguf_strings(path: Path) -> dict:
+    from gguf import GGUFReader, GGUFValueType
+
+    return {key: field.contents() for key, field in GGUFReader(path).fields.items()
+            if field.types and field.types[0] in (GGUFValueType.STRING, GGUFValueType.UINT32)}
+
+
+def test_provenance_through_prune_and_export_to_a_folder_and_to_gguf(tiny_llama, tmp_path, monkeypatch):
+    """Issue 56, item 2: a Hub source stays the base model, with its licence, through prune, export --to llama and
+    export --to gguf (general.name, general.license, general.base_model.0.*), and the steps are told in each."""
+    from mixln_convert.export import export
+
+    hub = tmp_path / "hf" / "hub"
+    offline_hub(monkeypatch, hub, tmp_path / "hf" / "datasets")
+    place_model(with_card(tiny_llama, tmp_path / "files"), hub, "org/tiny-llama")
+    pruned = prune("org/tiny-llama", tmp_path / "pruned", layers="6", progress=False)
+    exported = export(pruned, tmp_path / "exported", to="llama", progress=False)
+    for folder in (pruned, exported):
+        data, body = card(folder)
+        assert data["base_model"] == "org/tiny-llama" and data["license"] == "apache-2.0", folder
+        assert "decoder block 6 of 8 removed" in body and str(tmp_path) not in body
+    assert "mixln-convert prune org/tiny-llama pruned/ --layers 6\nmixln-convert export pruned/ exported/ --to llama" \
+        in card(exported)[1]
+    for source in (pruned, exported):  # the GGUF tells the same, from the folder or from the exported folder
+        file = export(source, tmp_path / f"{source.name}.gguf", to="gguf", type="f32", progress=False)
+        meta = gguf_strings(file)
+        assert meta["general.name"] == "org/tiny-llama, Pre-LN (llama)" and meta["general.license"] == "apache-2.0"
+        assert meta["general.base_model.count"] == 1 and meta["general.base_model.0.name"] == "tiny-llama"
+        assert meta["general.base_model.0.organization"] == "org"
+        assert meta["general.base_model.0.repo_url"] == "https://huggingface.co/org/tiny-llama"
+        assert "decoder block 6 of 8 removed" in meta["general.description"] and str(tmp_path) not in str(meta)
+    meta = gguf_strings(export("org/tiny-llama", tmp_path / "as-is.gguf", to="gguf", type="f32", progress=False))
+    assert meta["general.source.url"] == "https://huggingface.co/org/tiny-llama"
+
+
+def test_an_exported_trained_arm_keeps_its_training_record_and_figures(tiny_llama_tied, tmp_path):
+    from mixln_convert.export import export
+
+    summaries, corpus = train_tiny(with_card(tiny_llama_tied, tmp_path / "source"), tmp_path, arms=("preln",))
+    out = export(tmp_path / "run" / "preln" / "final", tmp_path / "exported", to="llama", progress=False)
+    data, body = card(out)
+    assert data["license"] == "apache-2.0" and "No quality figure was measured" not in body
+    summary = summaries["preln"]
+    assert f"(arm `preln`): 1 step, 128 tokens of `{corpus.name}`" in body
+    assert f"validation perplexity {summary.initial_val_ppl:.2f} before the first step" in body
+    assert "mixln-convert train recipe.yaml --arm preln --out run/" in body
+    assert "mixln-convert export run/preln/final exported/ --to llama" in body
+
+
+def test_a_gguf_source_licence_and_its_dequantized_tensors_are_carried(tmp_path, tiny_convert):
+    """Issue 56, item 3: a GGUF source's general.license is the card's licence, and the card says its quantized
+    tensors were dequantized."""
+    from mixln_convert.io.loader import open_checkpoint
+
+    folder = make_tiny_llama(tmp_path / "qwen2", family="qwen2")
+    source = write_tiny_gguf(folder, open_checkpoint(folder).arch, tmp_path / "model.gguf", q8_0=True,
+                             general={"general.name": "Tiny Qwen", "general.license": "apache-2.0",
+                                      "general.organization": "Org"})
+    data, body = card(tiny_convert(source, strategy="move"))
+    assert data["license"] == "apache-2.0"
+    assert ('the local checkpoint `model.gguf`, a GGUF file ("Tiny Qwen" by Org, license `apache-2.0`); its Q8_0 '
+            "tensors were dequantized to float32") in body
+
+
+def test_a_conversion_to_no_post_ln_block_warns_and_its_card_says_so(tiny_llama, tiny_convert):
+    """Issue 56, item 7: alpha 0.1 of 8 blocks rounds to 0 Post-LN blocks: convert warns, the card says it."""
+    from mixln_convert.errors import MixLNWarning
+
+    with pytest.warns(MixLNWarning, match=r"floor\(0.1 x 8\) = 0 Post-LN blocks"):
+        out = tiny_convert(tiny_llama, alpha=0.1)
+    assert "floor(alpha x 8) = 0: no block was made Post-LN" in card(out)[1]

@@ -73,11 +73,14 @@ def make_tiny_llama(folder: Path, seed: int = 0, norm_noise: float = 0.5, max_sh
     return Path(folder)
 
 
-def write_tiny_gguf(folder: Path, arch, path: Path, head_dim: int | None = None) -> Path:
+def write_tiny_gguf(folder: Path, arch, path: Path, head_dim: int | None = None, pre: str = "qwen2",
+                    general: dict | None = None, q8_0: bool = False) -> Path:
     """The float32 single-shard checkpoint at ``folder`` (of :func:`make_tiny_llama`) as llama.cpp
     writes a Qwen GGUF: tensors by the GGUF names of ``arch`` (an architectures/*.json description),
     q/k rows in HF's order (Qwen's rope is llama.cpp's "neox"; LLaMA's would need permuting), the
-    byte-level BPE tokenizer as a "gpt2" vocabulary; ``head_dim`` overrides attention.key_length."""
+    byte-level BPE tokenizer as a "gpt2" vocabulary; ``head_dim`` overrides attention.key_length, ``pre`` is its
+    tokenizer.ggml.pre, ``general`` more general.* strings ({"general.license": "apache-2.0"}), ``q8_0`` stores
+    the matrices quantized to Q8_0."""
     from gguf import GGUFWriter, TokenType
 
     config = json.loads((Path(folder) / "config.json").read_text())
@@ -96,7 +99,9 @@ def write_tiny_gguf(folder: Path, arch, path: Path, head_dim: int | None = None)
     vocabulary = json.loads(tiny_tokenizer().backend_tokenizer.to_str())["model"]
     tokens = sorted(vocabulary["vocab"], key=vocabulary["vocab"].get)
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("qwen2")
+    writer.add_tokenizer_pre(pre)
+    for key, value in (general or {}).items():
+        writer.add_string(key, value)
     writer.add_token_list(tokens)
     writer.add_token_types([TokenType.CONTROL if t.startswith("<") and t.endswith(">") else TokenType.NORMAL
                             for t in tokens])
@@ -105,7 +110,14 @@ def write_tiny_gguf(folder: Path, arch, path: Path, head_dim: int | None = None)
     writer.add_eos_token_id(config["eos_token_id"])
     for gguf_name, name in arch.gguf_names(config["num_hidden_layers"]).items():
         if name in state:
-            writer.add_tensor(gguf_name, state[name].numpy())
+            tensor = state[name].numpy()
+            if q8_0 and tensor.ndim == 2:
+                from gguf import GGMLQuantizationType, quantize
+
+                writer.add_tensor(gguf_name, quantize(tensor, GGMLQuantizationType.Q8_0),
+                                  raw_dtype=GGMLQuantizationType.Q8_0)
+            else:
+                writer.add_tensor(gguf_name, tensor)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 
 from ..architectures import architecture_for
-from ..errors import MixLNError
+from ..errors import MixLNError, warn
 from ..io.atomic import atomic_output_dir
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable, checkpoint_path
@@ -51,6 +51,10 @@ def convert(src, dst, options: ConvertOptions | None = None, *, force: bool = Fa
     config = dict(source.config)
     post_ln_layers = 0 if options.lns else post_ln_count(config["num_hidden_layers"], options.resolved_alpha,
                                                          options.post_ln_layers)
+    if not options.lns and post_ln_layers == 0 and options.post_ln_layers is None:
+        warn(f"--alpha {options.resolved_alpha:g}: floor({options.resolved_alpha:g} x {config['num_hidden_layers']}) "
+             "= 0 Post-LN blocks: DST is the source's Pre-LN model in the Mix-LN format (its card says so); a larger "
+             "--alpha or --post-ln-layers makes Post-LN blocks")
     if strategy == "calibrated" and post_ln_layers > 0:
         check_seq_len("--calibration-seq-len", options.calibration_seq_len, config)
     if max_shard_bytes is None:  # the writer buffers one output shard of computed tensors

@@ -17,7 +17,9 @@ from ..errors import MixLNError
 from ..options import LIMIT
 from ..schema import BATCH
 
-INSTALL = "pip install 'mixln-convert[eval]'"
+# what installs it: lm-eval from PyPI (mixln-convert itself is not on PyPI, so its [eval] extra installs only from a
+# checkout: pip install -e '.[eval]'); the bound is pyproject.toml's
+INSTALL = "pip install 'lm_eval>=0.4.13' (or, in a mixln-convert checkout, pip install -e '.[eval]')"
 
 
 def known_tasks(options):

@@ -116,7 +116,8 @@ def model_fields(source, arch, hf_config, tensor_type: str) -> list[Field]:
     fields = [Field("general.type", "model", GGUFValueType.STRING),
               Field("general.file_type", int(LlamaFileType[TENSOR_TYPES[tensor_type][1]]), u32),
               Field("general.quantization_version", GGML_QUANT_VERSION, u32),
-              Field("general.description", description(source), GGUFValueType.STRING)]
+              Field("general.description", description(source, arch), GGUFValueType.STRING),
+              *provenance_fields(source, arch)]
     fields += [Field(f"{prefix}.{gguf_key}", int(sizes[key]), u32) for key, gguf_key in arch.gguf["config"].items()
                if sizes[key] is not None]
     fields += [Field(f"{prefix}.attention.value_length", sizes["head_dim"], u32),
@@ -126,10 +127,57 @@ def model_fields(source, arch, hf_config, tensor_type: str) -> list[Field]:
     return fields
 
 
-def description(source) -> str:
-    """general.description: what the file was made from (no path: a file travels)."""
+def source_history(source) -> dict:
+    """The records of ``source`` (an exported folder's, from its mixln_export.json, as a card reads them)."""
+    from ..io.lineage import read_export, recorded
+
+    return recorded(source.config, read_export(source.path) if source.path.is_dir() else {})
+
+
+def description(source, arch) -> str:
+    """general.description: what the file was made from, step by step as the model card says it (no local path:
+    a file travels)."""
+    from ..io.model_card import history_text
+
     folded = ", its LayerNorm Scaling folded into the norm gains" if folds_lns(source) else ""
-    return f"Exported by mixln-convert {__version__} from a {source.config.get('model_type')} checkpoint{folded}."
+    steps = history_text(source_history(source), source.path, plain_config(source.config, arch))
+    return (f"Exported by mixln-convert {__version__} from a {source.config.get('model_type')} checkpoint{folded}. "
+            f"{steps}")
+
+
+HUB = "https://huggingface.co/"
+
+
+def provenance_fields(source, arch) -> list[Field]:
+    """general.name, the carried licence, the base model (general.base_model.*: the chain's first Hub model, or
+    a GGUF's own name) and, for a Hub model exported as it is, general.source.*, as llama.cpp's converter names them."""
+    from gguf import GGUFValueType, Keys
+
+    from ..io.hub import snapshot_model
+    from ..io.lineage import origin_gguf
+    from ..io.model_card import base_model, carried_license, title
+
+    G, S, U32 = Keys.General, GGUFValueType.STRING, GGUFValueType.UINT32
+    history = source_history(source)
+    fields = [Field(G.NAME, title(history, source.path, plain_config(source.config, arch)), S)]
+    license = carried_license(history, source.path)
+    fields += [Field(key, license[name], S) for key, name in ((G.LICENSE, "license"), (G.LICENSE_NAME, "license_name"),
+                                                             (G.LICENSE_LINK, "license_link")) if license.get(name)]
+    parent = {}
+    hub = base_model(history, source.path)
+    if hub:
+        organization, _, name = hub.rpartition("/")
+        parent = {G.BASE_MODEL_NAME: name, G.BASE_MODEL_ORGANIZATION: organization, G.BASE_MODEL_REPO_URL: HUB + hub}
+    elif gguf := origin_gguf(history, source.path):  # a GGUF's own words of itself
+        parent = {G.BASE_MODEL_NAME: gguf.get("name"), G.BASE_MODEL_ORGANIZATION: gguf.get("organization"),
+                  G.BASE_MODEL_REPO_URL: gguf.get("repo_url") or gguf.get("source_repo_url")}
+    if any(parent.values()):
+        fields.append(Field(G.BASE_MODEL_COUNT, 1, U32))
+        fields += [Field(key.format(id=0), value, S) for key, value in parent.items() if value]
+    direct = snapshot_model(source.path)
+    if direct:  # the Hub model itself, exported
+        fields += [Field(G.SOURCE_URL, HUB + direct[0], S), Field(G.SOURCE_REPO_URL, HUB + direct[0], S)]
+    return fields
 
 
 def stored_type(shape: tuple[int, ...], tensor_type: str):

@@ -14,15 +14,16 @@ from pathlib import Path
 from ..architectures import LNS_NORM_ROLES, lns_gain
 from ..errors import MixLNError
 from ..io.atomic import atomic_output_dir
+from ..io.lineage import EXPORT_FILE, RECORD_KEYS, read_export, recorded
 from ..io.validate import IGNORED_SUFFIXES
 from ..io.writer import tool_stamp, write_checkpoint
 from ..limits import parse_size
 from ..options import MAX_SHARD_SIZE
 
 # config.json keys of this package's layouts and records, which a plain model's config never holds
-MIXLN_CONFIG_KEYS = ("post_ln_layers", "layernorm_scaling", "alpha", "mixln_provenance", "auto_map", "pruned")
+MIXLN_CONFIG_KEYS = (*RECORD_KEYS, "auto_map")
 # where an exported folder keeps what its source's config recorded (a file transformers never reads)
-PROVENANCE_FILE = "mixln_export.json"
+PROVENANCE_FILE = EXPORT_FILE
 
 
 def plain_architecture(source):
@@ -80,7 +81,9 @@ def plain_config(config: dict, arch) -> dict:
 def export_record(source, to: str, **details) -> dict:
     """What an export keeps of its source: the tool, the source, what was folded, and the records the
     source's config held (its Mix-LN provenance, a plain model's pruning)."""
-    kept = {key: source.config[key] for key in MIXLN_CONFIG_KEYS if key in source.config and key != "auto_map"}
+    earlier = read_export(source.path) if source.path.is_dir() else {}  # an exported folder exported again
+    history = recorded(source.config, earlier)
+    kept = {key: history[key] for key in RECORD_KEYS if key in history}
     return tool_stamp(exported_to=to, source=str(Path(source.path).absolute()),
                       source_model_type=source.config.get("model_type"), folded_layernorm_scaling=folds_lns(source),
                       **details, source_config=kept)

@@ -1,14 +1,16 @@
 """The model card (README.md, in the Hugging Face Hub's format) of every checkpoint folder a command keeps:
-convert, heal and prune (through :func:`~mixln_convert.io.writer.write_checkpoint`) and each trained arm's
-``final/``.
+convert, heal and prune (through :func:`~mixln_convert.io.writer.write_checkpoint`), each trained arm's
+``final/`` and an ``export --to llama`` folder.
 
-Its facts come from the folder's config.json (the ``mixln_provenance`` the commands record, or a plain
-model's ``pruned`` list) and the figures the command measured (a heal's are in its provenance, a training
-run's in the arm's summary), each with the text and token count it was measured on. Nothing of a
-source's own card is copied: only its license, read from its front matter (or a ``license`` key in its
-config), is carried. A Hub model is recognized by its snapshot's path in the Hugging Face cache
-(:func:`.hub.snapshot_model`): a local folder is named in the body only. Here, not in ``report``: the
-writer of every checkpoint calls it, and needs nothing of the reports (their plots, their inputs).
+Its facts come from the records the commands leave (:mod:`.lineage`: config.json's ``mixln_provenance``, a
+plain model's ``pruned`` and ``trained`` lists, an export's source records) and the figures they measured (a
+heal's in its record, a training's in its own), each with the text and token count it was measured on; the
+commands that made the folder are restated from those records. Nothing of a source's own card is copied:
+only its license, read from its front matter (or a ``license`` key in its config, or a GGUF's
+general.license), is carried. A Hub model is recognized by its snapshot's path in the Hugging Face cache
+(:func:`.hub.snapshot_model`) and is the ``base_model``; a local checkpoint is named by its file or folder
+name only (a path is the writer's machine's). Here, not in ``report``: the writer of every checkpoint calls
+it, and needs nothing of the reports (their plots, their inputs).
 """
 
 from pathlib import Path
@@ -18,6 +20,7 @@ from ..architectures import architecture_of_any
 from .atomic import write_atomic
 from .checkpoint_files import CARD_FILE
 from .hub import snapshot_model
+from .lineage import gguf_facts, origin_gguf, provenance as provenance_of, recorded, records
 
 TOOL_TAG = "mixln-convert"
 LAYOUTS = {"mix-ln": "Mix-LN", "layernorm-scaling": "LayerNorm Scaling", "pre-ln": "Pre-LN"}  # tag -> name
@@ -31,7 +34,8 @@ STRATEGIES = {  # what each conversion strategy (conversion/plan.py) made of the
     "exact": "every block's norm gains multiplied by sqrt(l), which the layout's 1/sqrt(l) cancels: the "
              "source's function",
 }
-PLACEHOLDER = "path/to/this/folder"  # where the load instructions name the folder: it moves, or goes to the Hub
+PLACEHOLDER = "path/to/this/folder"
+METHOD_URL = "https://arxiv.org/abs/2412.13795"  # Mix-LN (Li et al.)  # where the load instructions name the folder: it moves, or goes to the Hub
 
 
 def write_card(folder: Path, config: dict | None = None, source=None, trained: dict | None = None,
@@ -48,33 +52,65 @@ def write_card(folder: Path, config: dict | None = None, source=None, trained: d
 def model_card(config: dict, source=None, trained: dict | None = None, exported: dict | None = None):
     """The card (a ``huggingface_hub.ModelCard``) of a checkpoint whose config.json is ``config``.
     ``source``: the checkpoint the command read (a folder or a file), for its license and name;
-    ``trained``: an arm's summary (:func:`~mixln_convert.training.trainer.train_arm`), with ``data`` the
-    training text, when the folder is a trained arm's ``final/``; ``exported``: for a plain model
-    ``mixln-convert export`` wrote, its record (the source's config among it), whose history the card tells."""
+    ``trained``: an arm's training record (default: the last one ``config`` records); ``exported``: for a
+    plain model ``mixln-convert export`` wrote, its record (the source's records among it), whose history the
+    card tells."""
     from huggingface_hub import ModelCard, ModelCardData
 
-    history = (exported or {}).get("source_config") or {}
-    provenance = config.get("mixln_provenance") or history.get("mixln_provenance") or {}
+    history = recorded(config, exported)  # an export's history is its source's
+    provenance = provenance_of(history)
+    trained = trained or next(reversed(records(history, "trained")), None)
     layout = layout_tag(config)
     family = architecture_of_any(config, "config.json").model_type
-    sources = _sources(config, source)
-    hub = next(filter(None, map(snapshot_model, sources)), None)
-    scratch = provenance.get("strategy") == "scratch"  # a fresh model: the source gave no weights
-    data = ModelCardData(base_model=hub[0] if hub and not scratch else None, library_name="transformers",
-                         tags=[TOOL_TAG, layout, family], pipeline_tag="text-generation",
-                         **_license(config, sources))
+    sources = _sources(history, source)
+    hub = base_model(history, source)
+    data = ModelCardData(base_model=hub, library_name="transformers", tags=[TOOL_TAG, layout, family],
+                         pipeline_tag="text-generation", **_license(history, sources))
     origin = provenance.get("source") or (sources[-1] if sources else None)  # what the first command read
-    origin_hub = snapshot_model(origin) if origin else None
-    title = f"{origin_hub[0] if origin_hub else Path(origin).name}, " if origin else ""
-    blocks = [("h1", f"{title}{LAYOUTS[layout]} ({family})"),
-              ("p", f"Written by mixln-convert {__version__} from what its commands recorded in config.json and "
-                    "the figures they measured, each with the text it was measured on. This card is the tool's: "
-                    "nothing of the source's own card is copied."),
-              ("h2", "What was done"), ("ul", _done(config, provenance, origin, hub, trained, exported)),
+    blocks = [("h1", title(history, source, config)),
+              ("p", f"Written by {_tool()} {__version__}, which converts a pretrained Pre-LN model "
+                    f"to [Mix-LN]({METHOD_URL}) (Post-LN in the first blocks, Pre-LN in the rest), heals and trains "
+                    "it, and exports what is a plain model again. Its facts are what the tool's commands recorded in "
+                    "config.json and the figures they measured, each with the text it was measured on; nothing of "
+                    "the source's own card is copied."),
+              ("h2", "What was done"), ("ul", _done(config, history, origin, trained, exported)),
+              ("h2", "How it was made"), *_commands(history, origin, trained, exported),
               ("h2", "Measured"), *_measured(provenance.get("heal"), trained),
               ("h2", "How to load"), *_loading(config, layout),
               ("h2", "License"), ("p", _license_text(data.license))]
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{_markdown(blocks)}")
+
+
+def base_model(history: dict, source=None) -> str | None:
+    """The Hub model the chain starts from (its snapshot in the Hugging Face cache), None for a local one or a
+    model initialized from scratch (which holds none of the source's weights)."""
+    if provenance_of(history).get("strategy") == "scratch":
+        return None
+    hub = next(filter(None, map(snapshot_model, _sources(history, source))), None)
+    return hub[0] if hub else None
+
+
+def carried_license(history: dict, source=None) -> dict:
+    """The license fields a model made from ``source`` (the records ``history``) carries, as its card states them."""
+    return _license(history, _sources(history, source))
+
+
+def history_text(history: dict, source, config: dict, exported: dict | None = None) -> str:
+    """The card's "What was done" as one line of plain text (a GGUF's general.description)."""
+    trained = next(reversed(records(history, "trained")), None)
+    origin = provenance_of(history).get("source") or next(reversed(_sources(history, source)), None)
+    return " ".join(item.replace("`", "") for item in _done(config, history, origin, trained, exported))
+
+
+def title(history: dict, source, config: dict) -> str:
+    """The model's name: its first source's (a Hub repo, a GGUF's own name, a folder's), its layout and family."""
+    origin = provenance_of(history).get("source") or next(reversed(_sources(history, source)), None)
+    named = ""
+    if origin:
+        hub = snapshot_model(origin)
+        named = f"{hub[0] if hub else Path(origin).name}, "
+    family = architecture_of_any(config, "config.json").model_type
+    return f"{named}{LAYOUTS[layout_tag(config)]} ({family})"
 
 
 def _markdown(blocks: list) -> str:
@@ -106,10 +142,8 @@ def layout_tag(config: dict) -> str:
 def _sources(config: dict, source) -> list[str]:
     """The checkpoints this one comes from, nearest first: the one the command read, then those its
     records name (prunings, newest first, then the conversion's source)."""
-    provenance = config.get("mixln_provenance") or {}
-    pruned = provenance.get("pruned") or config.get("pruned") or []
-    named = [source, *(record.get("source") for record in reversed(pruned) if isinstance(record, dict)),
-             provenance.get("source")]
+    later = [*records(config, "pruned"), *records(config, "trained")]  # newest last within each kind
+    named = [source, *(record.get("source") for record in reversed(later)), provenance_of(config).get("source")]
     found = []
     for path in named:
         if isinstance(path, (str, Path)) and str(path) and str(path) not in found:
@@ -117,23 +151,72 @@ def _sources(config: dict, source) -> list[str]:
     return found
 
 
+def _tool() -> str:
+    """The tool, linked where the installed package names its source (pyproject.toml's [project.urls])."""
+    from importlib import metadata
+
+    try:
+        urls = dict(item.split(", ", 1) for item in metadata.metadata("mixln-convert").get_all("Project-URL") or [])
+    except (metadata.PackageNotFoundError, ValueError):
+        urls = {}
+    url = urls.get("Source") or urls.get("Homepage")
+    return f"[mixln-convert]({url})" if url else "mixln-convert"
+
+
 def _name(path: str) -> str:
-    """A checkpoint as the card names it: a Hub model's repo, else its path."""
+    """A checkpoint as the card names it: a Hub model's repo, else its file or folder name (a local path is
+    the writer's machine's, not the reader's)."""
     hub = snapshot_model(path)
-    return f"`{hub[0]}`" if hub else f"`{path}`"
+    return f"`{hub[0]}`" if hub else f"`{Path(path).name}`"
 
 
-def _described(path: str) -> str:
-    """A source as the card states it: a Hub model's repo and commit, else the local path (never a base_model)."""
+def _described(path: str, gguf: dict | None = None) -> str:
+    """A source as the card states it: a Hub model's repo and commit, else the local checkpoint by name; a GGUF
+    with its own name and licence and what was done to its quantized tensors."""
     hub = snapshot_model(path)
-    return f"`{hub[0]}` (Hugging Face Hub, commit `{hub[1]}`)" if hub else f"the local checkpoint `{path}`"
+    text = f"`{hub[0]}` (Hugging Face Hub, commit `{hub[1]}`)" if hub else f"the local checkpoint `{Path(path).name}`"
+    if gguf:
+        named = f"\"{gguf['name']}\"" if gguf.get("name") else "unnamed"
+        by = f" by {gguf['organization']}" if gguf.get("organization") else ""
+        text += f", a GGUF file ({named}{by}"
+        text += f", license `{gguf['license']}`)" if gguf.get("license") else ")"
+        stored = [kind for kind in gguf.get("stored_types", []) if kind not in ("F32", "F64")]
+        quantized = [kind for kind in stored if kind not in ("F16", "BF16")]
+        if quantized:
+            text += (f"; its {', '.join(stored)} tensors were dequantized to float32, so the weights are the "
+                     "quantized model's, not the unquantized original's")
+        elif stored:
+            text += f"; its {', '.join(stored)} tensors were read as float32"
+    return text
+
+
+def _text(data, trained: dict | None = None) -> str:
+    """Text a step read, as a reader can follow it: the embedded corpus by its split, a token stream by what it
+    was, a local path by name, a Hub dataset by its name."""
+    data = str(data) if data is not None else "embedded:train"
+    if data.startswith("embedded:"):
+        split = data.removeprefix("embedded:")
+        return f"the tool's embedded corpus ({split} split: general English and Python docstrings)"
+    if data.startswith("a stream of "):  # a heal given tokens: inside `train`, the training text's
+        count = data.removeprefix("a stream of ").removesuffix(" tokens given")
+        where = f" {_text(trained['data'])}" if trained and trained.get("data") else ""
+        return f"the training text{where} (a stream of {int(count):,} tokens)" if count.isdigit() else data
+    return f"`{_text_name(data)}`"
+
+
+def _text_name(data: str) -> str:
+    """A text path by its last part (a glob keeps its pattern), a Hub dataset or the embedded corpus by name."""
+    if data.startswith("embedded:") or not Path(data).is_absolute():
+        return data
+    return Path(data).name
 
 
 def _license(config: dict, sources: list[str]) -> dict:
     """The license fields to carry: the front matter of the nearest source folder's card, else the
     config's ``license``, else the card of a source further back; {} when none says (never an error)."""
     first, *rest = sources or [None]
-    for found in (_card_license(first), _config_license(config), *map(_card_license, rest)):
+    for found in (_card_license(first), _config_license(config), *map(_card_license, rest),
+                  _gguf_license(sources, config)):
         if found:
             return found
     return {}
@@ -159,18 +242,41 @@ def _card_license(path) -> dict:
     return fields
 
 
+def _gguf_license(sources: list[str], config: dict) -> dict:
+    """A GGUF source's general.license (with its name and link for ``other``): read from the file, else as
+    the chain's records kept it."""
+    for path in sources:
+        if Path(path).suffix.lower() == ".gguf" and Path(path).is_file():
+            facts = gguf_facts(path)
+            break
+    else:
+        facts = origin_gguf(config)
+    license = facts.get("license")
+    if not license:
+        return {}
+    fields = {"license": license}
+    for key in ("license_name", "license_link"):
+        if license == "other" and facts.get(key):
+            fields[key] = facts[key]
+    return fields
+
+
 def _config_license(config: dict) -> dict:
     license = config.get("license")
     return {"license": license.strip()} if isinstance(license, str) and license.strip() else {}
 
 
-def _done(config: dict, provenance: dict, origin: str | None, hub, trained: dict | None,
+def _plural(count, noun: str) -> str:
+    return f"{count} {noun}{'s' * (count != 1)}"
+
+
+def _done(config: dict, history: dict, origin: str | None, trained: dict | None,
           exported: dict | None = None) -> list[str]:
-    """What was done, each step as its record says: source, layout, conversion, heal, prunings, training, export."""
-    recorded = {**config, **((exported or {}).get("source_config") or {})}  # an export's history is its source's
+    """What was done, each step as its record says: source, layout, conversion, heal, training, prunings, export."""
+    provenance = provenance_of(history)
     layers, post_ln_layers = config.get("num_hidden_layers"), config.get("post_ln_layers") or 0
-    items = [f"Source: {_described(origin)}." if origin else "Source: not recorded."]
-    if hub and provenance.get("strategy") == "scratch":
+    items = [f"Source: {_described(origin, origin_gguf(history, origin))}." if origin else "Source: not recorded."]
+    if provenance.get("strategy") == "scratch" and any(map(snapshot_model, _sources(history, origin))):
         items.append("`base_model` is left out: a model initialized from scratch holds none of the source's weights.")
     layout = layout_tag(config)
     if layout == "mix-ln":
@@ -182,49 +288,129 @@ def _done(config: dict, provenance: dict, origin: str | None, hub, trained: dict
     else:
         items.append(f"Layout: Pre-LN, {layers} decoder blocks" + (" (a Mix-LN checkpoint with no Post-LN block)"
                                                                     if "post_ln_layers" in config else "") + ".")
-    if "strategy" in provenance:
-        items.append(_conversion(recorded, provenance))
+    if "strategy" in provenance:  # the mixln arm: train converted (and healed) its source itself
+        inside_train = trained and provenance.get("source") == trained.get("source")
+        items.append(_conversion(history, provenance, "train" if inside_train else "convert"))
     if provenance.get("heal"):
-        items.append(_heal(provenance["heal"]))
-    for record in provenance.get("pruned") or recorded.get("pruned") or []:
-        items.append(_pruning(record))
+        items.append(_heal(provenance["heal"], trained))
     if trained:
         steps, precision = trained.get("steps"), trained.get("precision")
-        items.append(f"Trained with `mixln-convert train` (arm `{trained.get('arm')}`): {steps} step"
-                     f"{'s' * (steps != 1)}, {trained.get('tokens'):,} tokens of `{trained.get('data')}`, precision "
+        items.append(f"Trained with `mixln-convert train` (arm `{trained.get('arm')}`): {_plural(steps, 'step')}, "
+                     f"{trained.get('tokens'):,} tokens of {_text(trained.get('data'))}, precision "
                      f"`{'fp32' if precision == 'no' else precision}`.")  # accelerate's "no": no mixed precision
+    for record in records(history, "pruned"):
+        items.append(_pruning(record))
     if exported:
         folded = (" LayerNorm Scaling's 1/sqrt(l) folded into each block's norm gains;"
                   if exported.get("folded_layernorm_scaling") else "")
-        items.append(f"Exported with `mixln-convert export --to llama` from `{exported.get('source')}` "
+        items.append(f"Exported with `mixln-convert export --to llama` from {_name(exported.get('source', ''))} "
                      f"(model type `{exported.get('source_model_type')}`) as a plain `{exported.get('architecture')}`:"
                      f"{folded} the same logits, no remote code.")
     return items
 
 
-def _conversion(config: dict, provenance: dict) -> str:
+def _commands(history: dict, origin: str | None, trained: dict | None, exported: dict | None) -> list:
+    """The commands that made this folder, as blocks: each step's options as its record states them (inputs by
+    name, outputs by step), and a training's resolved recipe (as a merge's card carries its config)."""
+    provenance = provenance_of(history)
+    source = _name(origin).strip("`") if origin else "SOURCE"
+    lines, last = [], source
+    inside_train = trained and provenance.get("source") == trained.get("source")  # train converted and healed it
+    if "strategy" in provenance and not inside_train:
+        lines.append(_convert_command(history, provenance, source))
+        last = "converted/"
+        if provenance.get("heal"):
+            heal = provenance["heal"]
+            teacher = _name(heal["teacher"]).strip("`") if heal.get("teacher") else source
+            data = ("" if str(heal.get("data", "")).startswith(("embedded:", "a stream of"))
+                    else f" --data {_text_name(str(heal['data']))}")
+            lines.append(f"mixln-convert heal {last} --teacher {teacher} --out healed/ --tokens {heal.get('tokens')} "
+                         f"--loss {heal.get('loss')} --lr {heal.get('lr')} --seq-len {heal.get('seq_len')} "
+                         f"--batch-size {heal.get('batch_size')}{data}")
+            last = "healed/"
+    if trained:
+        lines.append(f"mixln-convert train recipe.yaml --arm {trained.get('arm')} --out run/   # the recipe below")
+        last = f"run/{trained.get('arm')}/final"
+    for record in records(history, "pruned"):
+        removed = record.get("removed_layers") or []
+        how = (f"--layers {','.join(map(str, removed))}" if record.get("method") == "explicit"
+               else f"--remove {len(removed)} --method {record.get('method')}")
+        lines.append(f"mixln-convert prune {last} pruned/ {how}")
+        last = "pruned/"
+    if exported:
+        lines.append(f"mixln-convert export {last} exported/ --to {exported.get('exported_to', 'llama')}")
+    if not lines:
+        return [("p", "No command of mixln-convert is recorded for this folder.")]
+    blocks = [("p", "As recorded (inputs by name, each output named by its step; the last is this folder):"),
+              ("p", "```bash\n" + "\n".join(lines) + "\n```")]
+    if trained and isinstance(trained.get("recipe"), dict):
+        import yaml
+
+        blocks += [("p", "The training recipe, resolved (`train` writes it to OUT/recipe.yaml; paths by name):"),
+                   ("p", "```yaml\n" + yaml.safe_dump(_named_paths(trained["recipe"]), sort_keys=False).rstrip()
+                    + "\n```")]
+    return blocks
+
+
+def _named_paths(value):
+    """A recipe with each absolute path by its last part (a Hub snapshot by its repo)."""
+    if isinstance(value, dict):
+        return {key: _named_paths(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_named_paths(item) for item in value]
+    if isinstance(value, str) and Path(value).is_absolute():
+        return _name(value).strip("`")
+    return value
+
+
+def _convert_command(config: dict, provenance: dict, source: str) -> str:
+    strategy = provenance["strategy"]
+    if config.get("layernorm_scaling"):
+        options = "--layout lns" + (" --strategy scratch" if strategy == "scratch" else "")
+    else:
+        alpha = config.get("alpha")
+        options = (f"--alpha {alpha:g}" if isinstance(alpha, (int, float))
+                   else f"--post-ln-layers {config.get('post_ln_layers')}") + f" --strategy {strategy}"
+    calibration = provenance.get("calibration")
+    if isinstance(calibration, dict) and calibration.get("tokens"):
+        if not str(calibration.get("data", "")).startswith("embedded:"):
+            options += f" --calibration-data {_text_name(str(calibration.get('data')))}"
+        options += f" --calibration-tokens {calibration['tokens']} --calibration-seq-len {calibration.get('seq_len')}"
+    if "seed" in provenance and strategy in ("reinit-post", "scratch"):
+        options += f" --seed {provenance['seed']}"
+    if provenance.get("scaled_init") is False:
+        options += " --no-scaled-init"
+    return f"mixln-convert convert {source} converted/ {options}"
+
+
+def _conversion(config: dict, provenance: dict, command: str = "convert") -> str:
     strategy = provenance["strategy"]
     if config.get("layernorm_scaling"):
         what = "to LayerNorm Scaling"
     else:
         alpha = config.get("alpha")
         what = "to Mix-LN, " + (f"alpha {alpha:g}" if isinstance(alpha, (int, float)) else "the Post-LN count given")
-    text = f"Converted with `mixln-convert convert` {what}, strategy `{strategy}`: {STRATEGIES.get(strategy, strategy)}"
+        if not config.get("post_ln_layers") and not config.get("pruned") and not provenance.get("pruned"):
+            what += (f" (floor(alpha x {config.get('num_hidden_layers')}) = 0: no block was made Post-LN, so the model "
+                     "computes the source's Pre-LN function in the Mix-LN format)")
+    text = (f"Converted with `mixln-convert {command}` {what}, strategy `{strategy}`: "
+            f"{STRATEGIES.get(strategy, strategy)}")
     calibration = provenance.get("calibration")
     if isinstance(calibration, dict) and calibration.get("tokens"):
-        text += (f" (calibrated on {calibration['tokens']:,} tokens of `{calibration.get('data')}`, windows of "
+        text += (f" (calibrated on {calibration['tokens']:,} tokens of {_text(calibration.get('data'))}, windows of "
                  f"{calibration.get('seq_len')})")
     if "seed" in provenance and strategy in ("reinit-post", "scratch"):
         text += f"; seed {provenance['seed']}"
     return text + "."
 
 
-def _heal(record: dict) -> str:
-    return (f"Healed with `mixln-convert heal`: the {record.get('post_ln_layers')} Post-LN blocks distilled "
+def _heal(record: dict, trained: dict | None = None) -> str:
+    blocks = record.get("post_ln_layers")
+    which = "Post-LN block" if blocks == 1 else f"{blocks} Post-LN blocks"
+    return (f"Healed with `mixln-convert heal`: the {which} distilled "
             f"against {_name(record['teacher']) if record.get('teacher') else 'the source'} on "
-            f"{record.get('tokens', 0):,} tokens of `{record.get('data')}` "
-            f"({record.get('steps')} step{'s' * (record.get('steps') != 1)}, `{record.get('loss')}` loss, "
-            f"lr {record.get('lr')}).")
+            f"{record.get('tokens', 0):,} tokens of {_text(record.get('data'), trained)} "
+            f"({_plural(record.get('steps'), 'step')}, `{record.get('loss')}` loss, lr {record.get('lr')}).")
 
 
 def _pruning(record: dict) -> str:
@@ -235,7 +421,7 @@ def _pruning(record: dict) -> str:
             f"{', '.join(map(str, removed))} of {record.get('num_layers_before')} removed (method "
             f"`{record.get('method')}`")
     if record.get("tokens"):
-        text += f", scored on {record['tokens']:,} tokens of `{record.get('data')}`"
+        text += f", scored on {record['tokens']:,} tokens of {_text(record.get('data'))}"
     return text + ")."
 
 
@@ -248,7 +434,7 @@ def _measured(heal: dict | None, trained: dict | None) -> list:
     blocks = []
     if heal:
         evaluation = heal.get("evaluation") or {}
-        on = (f"`{evaluation.get('data')}`, {evaluation.get('tokens', 0):,} tokens in windows of "
+        on = (f"{_text(evaluation.get('data'))}, {evaluation.get('tokens', 0):,} tokens in windows of "
               f"{evaluation.get('seq_len')}")
         rows = []
         if heal.get("perplexity"):
@@ -267,7 +453,7 @@ def _measured(heal: dict | None, trained: dict | None) -> list:
         validation = trained.get("validation") or {}
         blocks.append(("p", f"Training: validation perplexity {_ppl(trained.get('initial_val_ppl'))} before the "
                             f"first step and {_ppl(trained.get('final_val_ppl'))} after the last, on "
-                            f"`{validation.get('data')}` ({validation.get('tokens', 0):,} tokens in windows of "
+                            f"{_text(validation.get('data'))} ({validation.get('tokens', 0):,} tokens in windows of "
                             f"{validation.get('seq_len')})."))
     if not blocks:
         blocks.append(("p", "No quality figure was measured on the way to this model. `mixln-convert eval` "
@@ -278,9 +464,13 @@ def _measured(heal: dict | None, trained: dict | None) -> list:
 def _loading(config: dict, layout: str) -> list:
     remote = "auto_map" in config  # the Mix-LN classes, saved beside the weights
     trust = ", trust_remote_code=True" if remote else ""
+    # the tokenizer too: AutoTokenizer reads config.json, whose model type is the remote code's (without the
+    # flag transformers asks "run the custom code? [y/N]" and waits)
     code = ("```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
             f"model = AutoModelForCausalLM.from_pretrained(\"{PLACEHOLDER}\"{trust})\n"
-            f"tokenizer = AutoTokenizer.from_pretrained(\"{PLACEHOLDER}\")\n```")
+            f"tokenizer = AutoTokenizer.from_pretrained(\"{PLACEHOLDER}\"{trust})\n"
+            "inputs = tokenizer(\"The quick brown fox\", return_tensors=\"pt\")\n"
+            "print(tokenizer.decode(model.generate(**inputs, max_new_tokens=20, do_sample=False)[0]))\n```")
     if remote:
         note = (f"`trust_remote_code=True` runs the {LAYOUTS[layout] if layout != 'pre-ln' else 'Mix-LN'} model code "
                 "saved beside the weights (configuration_mixln.py, modeling_mixln.py). With mixln-convert installed, "

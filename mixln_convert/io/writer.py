@@ -21,10 +21,12 @@ _SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16
 
 
 def tool_stamp(**record) -> dict:
-    """A provenance record of this tool: what config.json's ``mixln_provenance`` entries start with."""
+    """A provenance record of this tool: what config.json's ``mixln_provenance`` entries start with; a GGUF
+    ``source``'s own facts (name, licence, stored types, pre-tokenizer) beside it, as the file says them now."""
     from .. import __version__
+    from .lineage import source_facts
 
-    return {"tool": f"mixln-convert {__version__}", **record}
+    return {"tool": f"mixln-convert {__version__}", **record, **source_facts(record.get("source"))}
 
 
 # config keys an output never carries over: a dequantized GGUF has no quantizer, the source's

@@ -290,7 +290,7 @@ def estimate_recipe(recipe_file, overrides=(), options: EstimateOptions | None =
     """``mixln-convert estimate``: what the recipe (a file, or a shipped recipe's name) with its
     ``overrides`` ('key=value') costs on the hardware :func:`choose_hardware` picks from ``options``
     (an EstimateOptions, or its fields as ``settings``)."""
-    recipe = load_recipe(recipe_file, overrides)
+    recipe = load_recipe(recipe_file, overrides, reads_data=False)  # the model's shapes, no data
     hardware = choose_hardware(sized_for(recipe_path(recipe_file)), options, **settings)
     return estimate(recipe, hardware, model_shapes(recipe.source))
 

@@ -269,7 +269,9 @@ def _resolve_path(key: str, value: str | None, where: str) -> str | None:
         return value  # datasets reads it by name
     path = os.path.abspath(os.path.expanduser(value))
     if not (os.path.exists(path) or (is_pattern(path) and glob.glob(path, recursive=True))):
-        raise MixLNError(f"{where}: {key}: {value} does not exist")
+        shipped = Path(where).parent == Path(str(RECIPES))  # a shipped recipe's path is a placeholder
+        hint = f" (the shipped recipe's placeholder: --set {key}=PATH)" if shipped else ""
+        raise MixLNError(f"{where}: {key}: {value} does not exist{hint}")
     return path
 
 
@@ -280,7 +282,8 @@ def _check(r: dict, where: str, origin: dict) -> None:
         if not ok:
             raise MixLNError(f"{origin.get(key, where)}: {message}")
 
-    need(r["source"] is not None, "source is required (a Pre-LN checkpoint folder, a .gguf, or smollm2)")
+    need(r["source"] is not None, "source is required: --set source=PATH (a Pre-LN checkpoint folder, a .gguf, a Hub "
+                                  "model ORG/NAME, or smollm2)")
     for key, (kind, default) in FIELDS.items():
         if not (r[key] is None and default is None):
             try:
@@ -327,13 +330,14 @@ def _build(cls, values: dict, prefix: str = ""):
                   for f in dataclasses.fields(cls)})
 
 
-def _complete(values: dict, origin: dict, where: str) -> Recipe:
-    """The Recipe of the flat ``values`` (every key), typed, its paths resolved, checked."""
+def _complete(values: dict, origin: dict, where: str, reads_data: bool = True) -> Recipe:
+    """The Recipe of the flat ``values`` (every key), typed, its paths resolved, checked (the text paths only
+    where the caller ``reads_data``)."""
     typed = {}
     for key, value in values.items():
         at = origin.get(key, where)
         typed[key] = _typed(key, value, at)
-        if key in PATH_KEYS:
+        if key in PATH_KEYS and (reads_data or key in CHECKPOINT_KEYS):
             typed[key] = _resolve_path(key, typed[key], at)
     _check(typed, where, origin)
     typed["trackers"] = _resolve_trackers(typed["trackers"])
@@ -379,13 +383,14 @@ def recipe_path(name_or_path) -> Path:
     return Path(str(RECIPES / f"{name_or_path}.yaml"))
 
 
-def load_recipe(path, overrides=(), changes: dict | None = None, changed_by: str = "the caller") -> Recipe:
+def load_recipe(path, overrides=(), changes: dict | None = None, changed_by: str = "the caller",
+                reads_data: bool = True) -> Recipe:
     """The fully resolved recipe of the YAML file ``path`` with ``overrides`` (the user's
     "dotted.key=value" items), then ``changes`` ({"dotted.key": value}, typed and checked alike;
     ``changed_by`` names them in an error). Paths become absolute (``source: smollm2``: the cached
     SmolLM2 GGUF, fetched if missing; a Hub model name: its snapshot folder; a Hub dataset name stays
     a name, checked); any unknown key, wrong type, missing file or impossible budget raises a one-line
-    MixLNError."""
+    MixLNError. ``reads_data`` False (``estimate``): data.train and data.validation are left as given, unchecked."""
     path = recipe_path(path)
     try:
         loaded = yaml.load(path.read_text(), Loader=_RecipeLoader) or {}
@@ -416,4 +421,4 @@ def load_recipe(path, overrides=(), changes: dict | None = None, changed_by: str
         _assign(values, origin, key.strip(), value, f"--set {item}")
     for key, value in (changes or {}).items():
         _assign(values, origin, key, value, changed_by)
-    return _complete(values, origin, str(path))
+    return _complete(values, origin, str(path), reads_data)

@@ -30,9 +30,10 @@ from ..data.shards import file_sha256
 from ..errors import MixLNError, first_line, warn
 from ..evaluation.perplexity import evaluate_perplexity
 from ..io.atomic import atomic_output_dir, write_atomic
+from ..io.lineage import add_record
 from ..io.model_card import write_card
 from ..io.records import METRICS, append_metrics, cut_metrics
-from ..io.writer import copy_model_code
+from ..io.writer import copy_model_code, tool_stamp
 from ..options import EVAL_DATA
 from ..model.modeling_mixln import enable_checkpointing
 from ..surgery.loading import load_model
@@ -88,15 +89,20 @@ def train_arm(recipe: Recipe, arm: str, folder: Path, source: str, splits: Split
     initial = validate(run, recipe.micro_batch_size)
     start = _restore(run, folder) if resume else 0
     record, train_time = fit(run, recipe, arm, folder, start, progress)
-    save(run, tokenizer, folder)
+    validation = {"data": validation_source(recipe.data),
+                  "tokens": len(initial["val_window_losses"]) * (recipe.seq_len - 1), "seq_len": recipe.seq_len}
+    # final/config.json records the training (as prune records a pruning), so an export of it keeps it
+    trained = tool_stamp(source=str(source), arm=arm, steps=run.steps, tokens=run.steps * run.step_tokens,
+                         data=str(recipe.data.train or "embedded:train"), precision=run.accelerator.mixed_precision,
+                         initial_val_ppl=initial["val_ppl"], final_val_ppl=record["val_ppl"], validation=validation,
+                         recipe=recipe.to_dict())
+    save(run, tokenizer, folder, trained)
     summary = TrainSummary(
         arm=arm, source=source, steps=run.steps, tokens=run.steps * run.step_tokens,
         wall_time_s=round(time.time() - started, 2), resumed_from_step=start,
         final_val_loss=record["val_loss"], final_val_ppl=record["val_ppl"],
         initial_val_loss=initial["val_loss"], initial_val_ppl=initial["val_ppl"],
-        validation={"data": validation_source(recipe.data),
-                    "tokens": len(initial["val_window_losses"]) * (recipe.seq_len - 1),
-                    "seq_len": recipe.seq_len},
+        validation=validation,
         initial_val_window_losses=initial["val_window_losses"],
         final_val_window_losses=record["val_window_losses"],
         tokens_per_s=(run.steps - start) * run.step_tokens / train_time, parameters=run.parameters,
@@ -108,8 +114,7 @@ def train_arm(recipe: Recipe, arm: str, folder: Path, source: str, splits: Split
         peak_gpu_memory_bytes=torch.cuda.max_memory_allocated() if run.accelerator.device.type == "cuda" else None,
     )
     if run.accelerator.is_main_process:  # the card before the summary, which says the arm is done
-        write_card(folder / "final", source=source,
-                   trained={**summary.to_dict(), "data": recipe.data.train or "embedded:train"})
+        write_card(folder / "final", source=source)  # its training as final/config.json records it
         summary.write(folder)
     # not end_training(): it would destroy the process group the next arm needs
     for tracker in run.accelerator.trackers:
@@ -154,6 +159,11 @@ def setup(recipe: Recipe, folder: Path, source: str, splits: Splits, accumulatio
     scheduler = warmup_cosine(optimizer, recipe.schedule.warmup_steps, recipe.steps, recipe.schedule.min_lr_ratio)
     train_windows, validation = split_windows(recipe, splits)
     data = PackedWindows(train_windows, recipe.steps * recipe.global_batch_size, recipe.seed)
+    passes = len(data) / max(len(train_windows), 1)
+    if passes > 1 and accelerator.is_main_process:  # said once per arm, before the first step
+        warn(f"data.train: {len(train_windows):,} windows of {recipe.seq_len} tokens for {len(data):,} "
+             f"(max_tokens {recipe.max_tokens:,}): the run repeats the training text {passes:.1f} times; more text or "
+             "a smaller max_tokens trains on each token once")
     loader = DataLoader(data, batch_size=recipe.micro_batch_size, **loader_options(accelerator.device))
     if recipe.fsdp:
         loader = accelerator.prepare(loader)
@@ -273,8 +283,9 @@ def validation_source(data) -> str:
     return EVAL_DATA if data.train is None else f"{data.train} (held-out documents)"
 
 
-def save(run: Run, tokenizer, folder: Path) -> None:
-    """``folder/final``: a from_pretrained folder of the trained model, with its tokenizer."""
+def save(run: Run, tokenizer, folder: Path, trained: dict) -> None:
+    """``folder/final``: a from_pretrained folder of the trained model, with its tokenizer; its config.json
+    records the training ``trained`` (:func:`~mixln_convert.io.lineage.add_record`)."""
     accelerator = run.accelerator
     # gathers the shards onto the main process
     state_dict = sharded_state_dict(run.model) if run.sharded else accelerator.get_state_dict(run.model)
@@ -282,6 +293,7 @@ def save(run: Run, tokenizer, folder: Path) -> None:
         with atomic_output_dir(folder / "final", force=True) as tmp:
             accelerator.unwrap_model(run.model).save_pretrained(tmp, state_dict=state_dict)
             tokenizer.save_pretrained(tmp)
+            add_record(tmp / "config.json", "trained", trained)
             if getattr(run.config, "post_ln_layers", None) is not None:  # Mix-LN: trust_remote_code loading
                 copy_model_code(tmp)
     accelerator.wait_for_everyone()
