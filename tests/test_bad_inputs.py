@@ -78,6 +78,7 @@ class Inputs:
 
     def file(self, name: str, content: bytes | str) -> Path:
         path = self.root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(content.encode() if isinstance(content, str) else content)
         return path
 
@@ -292,12 +293,21 @@ def validation(inputs) -> str:
     return f"data.validation={inputs.file('validation.txt', ' '.join(f'Another line, number {i}.' for i in range(200)))}"
 
 
-def interrupted(out: Path, record: str | None = '{"lr": 1.0}') -> Path:
-    """The work folder a killed heal into ``out`` leaves beside it: its record (None: damaged) and a checkpoint."""
+def interrupted(out: Path, settings='{"lr": 1.0}') -> Path:
+    """The work folder a killed heal into ``out`` leaves beside it: its record (``settings`` as written) and a
+    checkpoint."""
     work = out.with_name(f".{out.name}.heal")
     work.mkdir()
-    (work / "run.json").write_text(record if record is not None else "{not json")
+    (work / "run.json").write_text(f'{{"kind": "mixln-convert heal", "settings": {settings}}}')
     (work / "step-3.pt").write_bytes(b"checkpoint")
+    return out
+
+
+def users_folder(out: Path) -> Path:
+    """A folder of the user's named as ``out``'s heal work folder would be."""
+    work = out.with_name(f".{out.name}.heal")
+    work.mkdir()
+    (work / "notes.txt").write_text("mine")
     return out
 
 
@@ -825,7 +835,9 @@ ROWS = [
     ("train-heal-checkpoint-interval-negative", lambda i, o: [*recipe(i, "heal.checkpoint_interval=-1"), "--out", o], "heal.checkpoint_interval: must be an integer in [0, 10^13]"),
     ("heal-interrupted-without-resume", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", interrupted(o)], "a heal of it was interrupted at step 3"),
     ("heal-resume-other-settings", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", interrupted(o), "--resume"], "--resume: the heal in"),
-    ("heal-resume-damaged-record", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", interrupted(o, None), "--resume"], "run.json: damaged"),
+    ("heal-resume-damaged-record", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", interrupted(o, "3"), "--resume"], "run.json: damaged"),
+    ("heal-work-folder-holds-the-data", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", i.root / "healed", "--data", i.file(".healed.heal/text.txt", i.text.read_text())], "the heal's work folder"),
+    ("heal-work-folder-is-the-users", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", users_folder(o), "--force"], "is not a heal's work folder"),
     ("heal-data-tokens-other-tokenizer", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--data", tokens_folder(i, lambda m: {**m, "tokenizer_sha256": "0" * 64})], "tokenized with another tokenizer"),
     ("train-heal-does-not-fit", lambda i, o: [*recipe(i, "heal.tokens=16777216", "heal.batch_size=65536", "heal.seq_len=256"), "--out", o], "heal: does not fit:"),
     ("heal-fsdp-one-process", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--fsdp"], "--fsdp: shards over several processes, and this heal has one"),

@@ -76,17 +76,18 @@ class HealRun(HealOptions):
                     as tmp:
                 self.read_data()
                 self.record = self.settings() if main else None
-                self.resumed = _agreed(lambda: self.state.check(self.record, self.resume, self.force, self.out))
+                self.resumed = _agreed(lambda: self.state.check(self.record, self.resume, self.force, self.out,
+                                                                inputs))
                 self.setup()
                 after = self.fit()
                 result = self.summary(self.before, after)
                 self.save(tmp, result)
         except BaseException:
-            if main and not self.state.checkpoints():  # nothing to resume: a refusal leaves nothing behind
-                self.state.remove()
+            if main:  # before its first checkpoint there is nothing to resume: a refusal leaves nothing behind
+                self.state.remove(finished=False)
             raise
         if main:
-            self.state.remove()  # the healed checkpoint is in place: nothing is left to resume
+            self.state.remove(finished=True)  # the healed checkpoint is in place: nothing is left to resume
         self.process.wait_for_everyone()  # every process finds the output once heal() returns
         if self.owns_group:
             self.process.destroy_process_group()

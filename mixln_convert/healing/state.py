@@ -18,9 +18,11 @@ import torch
 
 from ..errors import MixLNError, first_line, warn
 from ..io.atomic import write_atomic
+from ..io.paths import check_not_input
 from ..io.records import cut_metrics
 
 RECORD = "run.json"
+KIND = "mixln-convert heal"  # the record's "kind": a folder without it is not a heal's to remove
 METRICS = "heal_metrics.jsonl"
 KEEP = 2  # checkpoints kept: the last, and the one before it should the last be damaged
 
@@ -29,41 +31,57 @@ class HealState:
     def __init__(self, out: Path):
         out = Path(out).absolute()
         self.folder = out.with_name(f".{out.name}.heal")
+        self.owned = False  # made or continued by this run: the only folder it may remove
 
     def checkpoints(self) -> list[tuple[int, Path]]:
         """(step, file) of every complete checkpoint, by step."""
         found = self.folder.glob("step-*.pt") if self.folder.is_dir() else ()
         return sorted((int(f.stem[5:]), f) for f in found if f.stem[5:].isdigit())
 
-    def check(self, settings: dict, resume: bool, force: bool, out) -> bool:
+    def check(self, settings: dict, resume: bool, force: bool, out, inputs: dict) -> bool:
         """Whether this heal continues the one in the folder: only with ``resume``, only one begun with
-        ``settings``. ``force`` discards it; a folder without a checkpoint holds nothing to continue."""
+        ``settings``. ``force`` discards it; a folder without a checkpoint holds nothing to continue. A folder
+        of that name that is no heal's (or an input, ``inputs``: {what: path}) is refused, never removed."""
+        if not (self.folder.exists() or self.folder.is_symlink()):
+            return False
+        check_not_input(self.folder, inputs, f"--out {out}: the heal's work folder")
+        started = self._record()
+        if self.folder.is_symlink() or not self.folder.is_dir() or (started is None and any(self.folder.iterdir())):
+            raise MixLNError(f"--out {out}: {self.folder} exists and is not a heal's work folder; remove it or "
+                             "choose another --out")
         if not self.checkpoints() or force:
-            shutil.rmtree(self.folder, ignore_errors=True)
+            shutil.rmtree(self.folder)
             return False
         step = self.checkpoints()[-1][0]
         if not resume:
             raise MixLNError(f"--out {out}: a heal of it was interrupted at step {step} ({self.folder}); --resume "
                              "continues it, --force starts afresh")
-        try:
-            started = json.loads((self.folder / RECORD).read_text())
-            if not isinstance(started, dict):
-                raise ValueError
-        except (OSError, ValueError):
+        if not isinstance(started.get("settings"), dict):
             raise MixLNError(f"{self.folder / RECORD}: damaged; it holds the settings --resume must match: "
-                             "--force starts afresh") from None
+                             "--force starts afresh")
+        started = started["settings"]
         now = json.loads(json.dumps(settings))  # as the record reads back
         for key in sorted(set(now) | set(started)):
             if now.get(key) != started.get(key):
                 raise MixLNError(f"--resume: the heal in {self.folder} started with {key} "
                                  f"{json.dumps(started.get(key))}, not {json.dumps(now.get(key))}; give the same, or "
                                  "--force to start afresh")  # a long value is cut by MixLNError
+        self.owned = True
         return True
+
+    def _record(self) -> dict | None:
+        """The folder's record, None if it holds none of a heal's (absent, damaged or another kind)."""
+        try:
+            record = json.loads((self.folder / RECORD).read_text())
+        except (OSError, ValueError):
+            return None
+        return record if isinstance(record, dict) and record.get("kind") == KIND else None
 
     def start(self, settings: dict, before: dict) -> None:
         """A fresh folder: the record, and the metrics' first line (the figures ``before`` any step)."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.folder / RECORD, json.dumps(settings, indent=1) + "\n")
+        self.folder.mkdir()
+        self.owned = True
+        write_atomic(self.folder / RECORD, json.dumps({"kind": KIND, "settings": settings}, indent=1) + "\n")
         write_atomic(self.folder / METRICS, json.dumps({"step": 0, "tokens": 0, **before}) + "\n")
 
     def save(self, step: int, state: dict) -> None:
@@ -101,6 +119,9 @@ class HealState:
         with open(self.folder / METRICS, "a") as f:
             f.write(json.dumps(record) + "\n")
 
-    def remove(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
+    def remove(self, finished: bool) -> None:
+        """The folder, once the heal is ``finished``, or when it failed before its first checkpoint (nothing to
+        resume); only one this run made or continued."""
+        if self.owned and (finished or not self.checkpoints()):
+            shutil.rmtree(self.folder, ignore_errors=True)
 

@@ -410,7 +410,9 @@ def _heal(record: dict, trained: dict | None = None) -> str:
     return (f"Healed with `mixln-convert heal`: the {which} distilled "
             f"against {_name(record['teacher']) if record.get('teacher') else 'the source'} on "
             f"{record.get('tokens', 0):,} tokens of {_text(record.get('data'), trained)} "
-            f"({_plural(record.get('steps'), 'step')}, `{record.get('loss')}` loss, lr {record.get('lr')}).")
+            f"({_plural(record.get('steps'), 'step')}, `{record.get('loss')}` loss, lr {record.get('lr')})"
+            + (f", {record['data_passes']:.3g} passes over that text: it repeated" if (record.get("data_passes") or 0) > 1
+               else "") + ".")
 
 
 def _pruning(record: dict) -> str:
