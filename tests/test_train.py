@@ -114,7 +114,7 @@ def test_shipped_recipe_dry_run(recipe, tiny_llama_tied, corpus, tmp_path):
 
 def test_set_overrides_and_types(tiny_llama_tied, corpus):
     recipe = load_recipe(REPO / "mixln_convert" / "recipes" / "llama-1b.yaml",
-                         tiny(tiny_llama_tied, corpus) + ["optim.lr=3e-4", "max_tokens=2e3", "optim.betas=[0.8, 0.9]"])
+                         tiny(tiny_llama_tied, corpus, max_tokens="2e3") + ["optim.lr=3e-4", "optim.betas=[0.8, 0.9]"])
     assert recipe.optim.lr == 3e-4 and recipe.max_tokens == 2000 and recipe.optim.betas == (0.8, 0.9)
     assert recipe.source == str(tiny_llama_tied.absolute()) and recipe.conversion.alpha == 0.25
 
