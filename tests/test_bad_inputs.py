@@ -5,6 +5,7 @@ folder, and every input file byte for byte as it was (sha256 over the whole inpu
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -899,6 +900,36 @@ def test_disk_full_is_one_line_naming_dst_and_leaves_nothing(tiny_llama, tmp_pat
     assert len(errors) == 1 and f"{tmp_path / 'dst'}: writing the output failed: No space left on device" in errors[0]
     assert "were written before the disk filled" in errors[0]
     assert list(tmp_path.iterdir()) == [] and digests(tiny_llama) == before
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a file size limit (RLIMIT_FSIZE) stands in for a full disk")
+def test_a_short_gguf_write_is_named_and_leaves_nothing(tiny_llama, tmp_path):
+    """gguf-py writes tensors with numpy's tofile, whose failure says only "N requested and M written" (once the
+    whole message): past a file size limit here, as on a full disk, one line naming the file and a short write."""
+    import resource
+
+    out = tmp_path / "new" / "model.gguf"
+    done = subprocess.run([sys.executable, "-m", "mixln_convert.cli", "export", str(tiny_llama), str(out), "--to", "gguf"],
+                          capture_output=True, text=True, timeout=600,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000)))
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert done.returncode == 1 and len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert re.fullmatch(rf"Error: {re.escape(str(out))}: writing the output failed: a short write \([\d,]+ of [\d,]+ "
+                        r"bytes written\)", errors[0]), errors[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_short_write_on_a_full_disk_says_so(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from mixln_convert.io import atomic
+
+    monkeypatch.setattr(atomic.shutil, "disk_usage", lambda path: SimpleNamespace(free=0))
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "tmp" / "model.gguf").write_bytes(b"x" * 2**20)
+    message = atomic.write_failure(tmp_path / "model.gguf", OSError("2048 requested and 1784 written"), tmp_path / "tmp")
+    assert message == (f"{tmp_path / 'model.gguf'}: writing the output failed: a short write (1,784 of 2,048 bytes "
+                       "written); 1.0 MiB were written before the disk filled, free space and run again")
 
 
 def test_a_small_file_written_on_a_full_disk_names_itself_and_leaves_no_temporary(tmp_path, monkeypatch):

@@ -6,7 +6,7 @@ Its facts come from the folder's config.json (the ``mixln_provenance`` the comma
 model's ``pruned`` list) and the figures the command measured (a heal's are in its provenance, a training
 run's in the arm's summary), each with the text and token count it was measured on. Nothing of a
 source's own card is copied: only its license, read from its front matter (or a ``license`` key in its
-config), is carried. A Hub model is recognized by its snapshot's path in the Hugging Face cache
+config), is carried, if it is an identifier (:func:`_checked_license`). A Hub model is recognized by its snapshot's path in the Hugging Face cache
 (:func:`.hub.snapshot_model`): a local folder is named in the body only. Here, not in ``report``: the
 writer of every checkpoint calls it, and needs nothing of the reports (their plots, their inputs).
 """
