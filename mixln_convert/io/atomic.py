@@ -88,8 +88,11 @@ def hold(dst: Path, what: str, kind: str, protect=None):
             os.write(fd, f"{HOLDER} (pid {os.getpid()} on {os.uname().nodename}: {kind})".encode())
             yield
         finally:
-            if _same_file(fd, lock_file):  # while still held: a process that opened it meanwhile sees it gone
-                os.unlink(lock_file)
+            try:
+                if _same_file(fd, lock_file):  # while still held: a process that opened it meanwhile sees it
+                    os.unlink(lock_file)  # gone and retries
+            except OSError:
+                pass
             os.close(fd)
 
 
@@ -206,7 +209,8 @@ def atomic_output_dir(dst, force: bool = False, protect=None):
 def atomic_output_file(dst: Path, what: str, check, protect=None):
     """Yield a temporary path (in a ``.NAME.tmp-*`` folder beside the file ``dst``) that replaces ``dst`` in one
     step when the block succeeds, as :func:`atomic_output_dir` does a folder: ``dst`` held meanwhile (``what``
-    names it in a refusal), ``check()`` (its destination checks) run again once held, an OSError one line."""
+    names it in a refusal), ``check()`` (its destination checks) run again once held, an OSError one line;
+    ``protect``: the inputs, as :func:`hold` takes them."""
     with hold(dst, what, f"writing {dst.name}", protect), scratch_dir(dst) as tmp:
         check()
         try:
