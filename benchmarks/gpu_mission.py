@@ -101,6 +101,12 @@ def write_text(work: Path, text_chars: int) -> int:
     return files
 
 
+def merged(*overrides: str) -> list[str]:
+    """KEY=VALUE recipe overrides, a later one replacing an earlier of the same key: load_recipe refuses a
+    key given twice."""
+    return [f"{key}={value}" for key, value in dict(item.split("=", 1) for item in overrides).items()]
+
+
 def child_train(recipe: str, arm: str, out: str, overrides: list, resume: bool) -> dict:
     from mixln_convert.workflows.train import train
     from mixln_convert.training import load_recipe
@@ -274,7 +280,7 @@ class Mission:
         """One arm; on a non-finite value, the same arm again in fp32 and with eager attention,
         each to a few steps past the failing one: which of them gets past it names the cause.
         ``needed`` and ``cap_s``: as :meth:`phase` takes them (the reruns are never needed)."""
-        kwargs = {"recipe": recipe, "arm": arm, "out": str(out), "overrides": [*self.overrides, *overrides],
+        kwargs = {"recipe": recipe, "arm": arm, "out": str(out), "overrides": merged(*self.overrides, *overrides),
                   "resume": resume}
         result = self.phase(name, "train", kwargs, estimate_s, needed, cap_s)
         if result["ok"]:
@@ -287,7 +293,7 @@ class Mission:
             for variant, setting in (("fp32", "precision=fp32"), ("eager", "attention=eager")):
                 rerun = self.work / f"{name}-{variant}"
                 kwargs = {**kwargs, "out": str(rerun), "resume": False,
-                          "overrides": [*self.overrides, *overrides, *cut, setting]}
+                          "overrides": merged(*self.overrides, *overrides, *cut, setting)}
                 again = self.phase(f"{name}-{variant}", "train", kwargs, estimate_s, needed=False, cap_s=cap_s)
                 self.bisect[name][variant] = "passed" if again["ok"] else again["error"]
                 if again["ok"]:

@@ -81,7 +81,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_mission  # noqa: E402
-from gpu_mission import EVALUATIONS, Mission, finish, run_child, text_summary  # noqa: E402
+from gpu_mission import EVALUATIONS, Mission, finish, merged, run_child, text_summary  # noqa: E402
 
 from mixln_convert.data.shards import file_sha256  # noqa: E402
 
@@ -391,15 +391,15 @@ class RealMission(Mission):
         s = self.s
         steps = self.arm_tokens // (s["batch"] * s["seq_len"])
         every = max(1, steps // EVALUATIONS)
-        return [f"source={self.setup['source']}", f"data.train={self.setup['tokens']}", "data.validation=null",
-                f"data.eval_tokens={s['eval_tokens']}", "arms=[mixln, preln, lns]",
-                f"heal.tokens={s['heal_tokens']}", f"heal.seq_len={s['heal_seq_len']}",
-                f"heal.batch_size={s['heal_batch']}", f"seq_len={s['seq_len']}",
-                f"micro_batch_size={s['micro_batch']}", f"global_batch_size={s['batch']}",
-                f"max_tokens={self.arm_tokens}", f"schedule.warmup_steps={max(1, steps // 10)}", "log_interval=1",
-                f"eval_interval={every}", f"grad_norm_interval={every}",
-                f"checkpoint_interval={steps + 1}",  # no checkpoints: resume is not what this call shows
-                f"seed={seed}", *s["recipe_overrides"], *self.user_overrides]
+        return merged(f"source={self.setup['source']}", f"data.train={self.setup['tokens']}", "data.validation=null",
+              f"data.eval_tokens={s['eval_tokens']}", "arms=[mixln, preln, lns]",
+              f"heal.tokens={s['heal_tokens']}", f"heal.seq_len={s['heal_seq_len']}",
+              f"heal.batch_size={s['heal_batch']}", f"seq_len={s['seq_len']}",
+              f"micro_batch_size={s['micro_batch']}", f"global_batch_size={s['batch']}",
+              f"max_tokens={self.arm_tokens}", f"schedule.warmup_steps={max(1, steps // 10)}", "log_interval=1",
+              f"eval_interval={every}", f"grad_norm_interval={every}",
+              f"checkpoint_interval={steps + 1}",  # no checkpoints: resume is not what this call shows
+              f"seed={seed}", *s["recipe_overrides"], *self.user_overrides)
 
     def estimate(self, arm: str) -> float:
         """Seconds an arm takes: seed 0's, once measured; else the plan's."""

@@ -234,9 +234,11 @@ def scratch_tokens(source: Path, minutes: float, runs: int) -> tuple[int, float]
     from mixln_convert.workflows.train import train
 
     with tempfile.TemporaryDirectory() as tmp:
-        recipe = load_recipe(StudyOptions().recipe, [  # the recipe a study trains with
-            *scratch_overrides(8 * STEP_TOKENS, source), f"source={source}", "conversion.strategy=scratch",
-            "eval_interval=8", "grad_norm_interval=8", "checkpoint_interval=8", "data.eval_tokens=2048"])
+        trial = {"source": source, "conversion.strategy": "scratch", "eval_interval": 8, "grad_norm_interval": 8,
+                 "checkpoint_interval": 8, "data.eval_tokens": 2048}
+        recipe = load_recipe(StudyOptions().recipe, [  # the recipe a study trains with; a key once (twice is refused)
+            *(item for item in scratch_overrides(8 * STEP_TOKENS, source) if item.split("=")[0] not in trial),
+            *(f"{key}={value}" for key, value in trial.items())])
         rate = train(recipe, Path(tmp) / "trial", arms=("preln",), progress=False)["preln"].tokens_per_s
     # about a third of each run's time goes to evaluations, initialization and the analysis
     tokens = int(rate * minutes * 60 / runs * 0.65) // STEP_TOKENS * STEP_TOKENS

@@ -5,6 +5,7 @@ folder, and every input file byte for byte as it was (sha256 over the whole inpu
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -324,11 +325,13 @@ def tokens_folder(inputs, manifest=None) -> Path:
 
 
 def recipe(inputs, *sets):
-    """`train` with a tiny recipe on the row's source and text."""
+    """`train` with a tiny recipe on the row's source and text; ``sets`` replace its items of the same key
+    (a key given twice is refused)."""
     base = [f"source={inputs.src}", f"data.train={inputs.text}", f"data.validation={inputs.text}",
             "seq_len=32", "micro_batch_size=2", "global_batch_size=2", "max_tokens=128", "data.eval_tokens=64",
             "heal.seq_len=32", "heal.batch_size=2", "heal.tokens=0"]
-    return ["train", "smollm2-135m-cpu", *(f"--set={s}" for s in base + list(sets))]
+    items = dict(item.split("=", 1) for item in base + list(sets))
+    return ["train", "smollm2-135m-cpu", *(f"--set={key}={value}" for key, value in items.items())]
 
 
 def corpus(inputs) -> Path:
@@ -472,6 +475,22 @@ def hub_dataset(inputs) -> str:
     """The row's text, a sentence a row, as the train split of a Hub dataset in the row's cache."""
     place_dataset(inputs.text.read_text().split(". "), hub_caches(inputs)[1], "org/text")
     return "org/text"
+
+
+def lock_link(inputs, name: str, target: Path) -> Path:
+    """``inputs.root / name``, an output whose lock file (``.NAME.lock`` beside it) is a symlink to ``target``."""
+    (inputs.root / f".{name}.lock").symlink_to(target)
+    return inputs.root / name
+
+
+def users_lock(inputs, name: str) -> Path:
+    """``inputs.root / name``, an output beside which the user keeps a file of notes named as its lock file."""
+    inputs.file(f".{name}.lock", "my notes\n")
+    return inputs.root / name
+
+
+def nan_model(inputs) -> Path:
+    return inputs.variant("nan", tensors=_poison(layer(7, "mlp.down_proj.weight"), float("nan")))
 
 
 def rope(**parameters):
@@ -843,6 +862,28 @@ ROWS = [
     ("heal-fsdp-one-process", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--fsdp"], "--fsdp: shards over several processes, and this heal has one"),
     ("heal-fsdp-residual", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--fsdp", "--loss", "residual"], "--fsdp: shards the whole models the kl loss runs; --loss residual"),
     ("heal-eval-data-tokens-damaged", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o, "--eval-data", tokens_folder(i, lambda m: {**m, "version": 99})], "mixln-tokens.json: damaged"),
+    # ---- the lock file beside an output (.OUT.lock): a new file the run makes, or a lock a killed run left;
+    # never followed through a link, never an input or a file of the user's ----
+    ("export-lock-is-a-symlink", lambda i, o: ["export", i.src, lock_link(i, "plain", i.text), "--to", "llama"], "/.plain.lock is a symlink; remove it or choose another folder"),
+    ("export-gguf-lock-is-a-symlink", lambda i, o: ["export", i.src, lock_link(i, "plain.gguf", i.text), "--to", "gguf"], "/.plain.gguf.lock is a symlink"),
+    ("convert-lock-is-a-dangling-symlink", lambda i, o: ["convert", i.src, lock_link(i, "conv", i.root / "absent"), "--strategy", "move"], "/.conv.lock is a symlink"),
+    ("convert-lock-is-calibration-data", lambda i, o: ["convert", i.src, i.root / "conv", "--calibration-data", i.file(".conv.lock", i.text.read_text())], "/.conv.lock: is the input --calibration-data"),
+    ("convert-lock-is-a-users-file", lambda i, o: ["convert", i.src, users_lock(i, "conv"), "--strategy", "move"], "/.conv.lock exists and is not a mixln-convert lock; remove it or choose another folder"),
+    ("train-lock-is-the-recipe", lambda i, o: ["train", i.file(".run.lock", "seed: 1\n"), *recipe(i)[2:], "--out", i.root / "run"], "/.run.lock exists and is not a mixln-convert lock"),
+    ("sweep-lock-is-a-users-file", lambda i, o: ["sweep", i.src, "--out", users_lock(i, "sweep")], "/.sweep.lock exists and is not a mixln-convert lock"),
+    # ---- a refusal once the output is held leaves no folder it made above it (OUT here) ----
+    ("convert-nan-into-new-folders", lambda i, o: ["convert", nan_model(i), o / "a" / "b", "--strategy", "move"], "mlp.down_proj.weight holds NaN or inf"),
+    ("export-nan-into-new-folders", lambda i, o: ["export", nan_model(i), o / "a" / "b", "--to", "llama"], "mlp.down_proj.weight holds NaN or inf"),
+    ("export-gguf-nan-into-new-folders", lambda i, o: ["export", nan_model(i), o / "a" / "b.gguf", "--to", "gguf"], "mlp.down_proj.weight holds NaN or inf"),
+    ("prune-nan-into-new-folders", lambda i, o: ["prune", nan_model(i), o / "a" / "b", "--layers", "1"], "mlp.down_proj.weight holds NaN or inf"),
+    ("heal-diverges-into-new-folders", lambda i, o: ["heal", i.converted, "--teacher", i.src, "--out", o / "a" / "b", "--data", i.text, "--eval-data", i.text,
+                                                     "--tokens", "64", "--seq-len", "16", "--batch-size", "4", "--eval-tokens", "32",
+                                                     "--loss", "residual", "--no-perplexity", "--lr", "1e30"], "the heal diverged at lr 1e+30"),
+    ("analyze-nan-into-new-folders", lambda i, o: ["analyze", nan_model(i), "--out", o / "a" / "b", "--max-tokens", "256", "--seq-len", "32"], "holds NaN or inf"),
+    ("train-data-short-into-new-folders", lambda i, o: [*recipe(i, f"data.train={i.file('short.txt', 'Hi.')}", validation(i)), "--out", o / "a" / "run"], "less than one window of seq_len 32"),
+    # ---- a --set key given twice is refused, as a recipe's key given twice is ----
+    ("train-set-key-twice", lambda i, o: ["train", "smollm2-135m-cpu", "--set", "optim.lr=1e-4", "--set", "optim.lr=1e-3", "--out", o], "--set optim.lr is given twice (1e-4 and 1e-3): give it once"),
+    ("study-set-key-twice", lambda i, o: ["study", i.src, "--out", o, "--set", "seed=1", "--set", " seed=2"], "--set seed is given twice (1 and 2)"),
 ]
 
 
@@ -904,6 +945,36 @@ def test_disk_full_is_one_line_naming_dst_and_leaves_nothing(tiny_llama, tmp_pat
     assert len(errors) == 1 and f"{tmp_path / 'dst'}: writing the output failed: No space left on device" in errors[0]
     assert "were written before the disk filled" in errors[0]
     assert list(tmp_path.iterdir()) == [] and digests(tiny_llama) == before
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a file size limit (RLIMIT_FSIZE) stands in for a full disk")
+def test_a_short_gguf_write_is_named_and_leaves_nothing(tiny_llama, tmp_path):
+    """gguf-py writes tensors with numpy's tofile, whose failure says only "N requested and M written" (once the
+    whole message): past a file size limit here, as on a full disk, one line naming the file and a short write."""
+    import resource
+
+    out = tmp_path / "new" / "model.gguf"
+    done = subprocess.run([sys.executable, "-m", "mixln_convert.cli", "export", str(tiny_llama), str(out), "--to", "gguf"],
+                          capture_output=True, text=True, timeout=600,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000)))
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert done.returncode == 1 and len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert re.fullmatch(rf"Error: {re.escape(str(out))}: writing the output failed: a short write \([\d,]+ of [\d,]+ "
+                        r"bytes written\)", errors[0]), errors[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_short_write_on_a_full_disk_says_so(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from mixln_convert.io import atomic
+
+    monkeypatch.setattr(atomic.shutil, "disk_usage", lambda path: SimpleNamespace(free=0))
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "tmp" / "model.gguf").write_bytes(b"x" * 2**20)
+    message = atomic.write_failure(tmp_path / "model.gguf", OSError("2048 requested and 1784 written"), tmp_path / "tmp")
+    assert message == (f"{tmp_path / 'model.gguf'}: writing the output failed: a short write (1,784 of 2,048 bytes "
+                       "written); 1.0 MiB were written before the disk filled, free space and run again")
 
 
 def test_a_small_file_written_on_a_full_disk_names_itself_and_leaves_no_temporary(tmp_path, monkeypatch):

@@ -73,6 +73,26 @@ def test_the_family_is_a_tag(family, tiny_convert, tmp_path):
     assert data["tags"] == ["mixln-convert", "mix-ln", family] and f"Mix-LN ({family})" in body
 
 
+def test_a_license_that_is_no_identifier_is_left_out_with_a_warning(tiny_llama, tiny_convert, tmp_path):
+    """A license is an identifier (the Hub's, or `other` with a license_name): a source card's license of
+    1 MB was once copied twice into the output's card (its front matter and its License section)."""
+    from mixln_convert.errors import MixLNWarning
+
+    huge = "x" * 2**20
+    source = with_card(tiny_llama, tmp_path / "huge", f"---\nlicense: {huge}\n---\n", license="see the paper, p. 3")
+    with pytest.warns(MixLNWarning) as warned:
+        out = tiny_convert(source, layout="lns")
+    data, body = card(out)
+    assert "license" not in data and "No license was found" in body
+    assert (out / "README.md").stat().st_size < 10_000
+    messages = [str(w.message) for w in warned]
+    assert any(m.startswith(f"{source / 'README.md'}: license 'xxx") and "(1,048,578 characters)" in m for m in messages)
+    assert any(m.startswith("config.json: license 'see the paper, p. 3' is not a license identifier") for m in messages)
+    named = "---\nlicense: other\nlicense_name: my-license-1.0\nlicense_link: https://example.com/LICENSE\n---\n"
+    data, body = card(tiny_convert(with_card(tiny_llama, tmp_path / "other", named), "other-out", layout="lns"))
+    assert (data["license"], data["license_name"], data["license_link"]) == ("other", "my-license-1.0",
+                                                                             "https://example.com/LICENSE")
+
 def test_heal_card_has_the_figures_before_and_after_with_their_text(converted, tiny_llama, tmp_path):
     result = heal(converted, tiny_llama, tmp_path / "healed", tokens=4 * 32, lr=0.01, loss="residual", **HEAL)
     data, body = card(tmp_path / "healed")

@@ -134,6 +134,7 @@ def test_killed_conversion_leaves_no_output_and_the_next_run_cleans_up(tiny_llam
     # its temporary folder, and the lock file it held (the kernel dropped the lock with the process)
     lock, tmp = sorted(tmp_path.iterdir())
     assert not dst.exists() and lock.name == ".dst.lock" and tmp.name.startswith(".dst.tmp-")
+    assert lock.read_text().startswith("another mixln-convert run (pid ")  # a lock, not locked: the next run takes it
     assert (tmp / "shard-00000.partial").is_file()  # it was killed midway, after one shard
     convert(tiny_llama_sharded, dst, strategy="move", progress=False)
     assert [p.name for p in tmp_path.iterdir()] == ["dst"]
@@ -209,3 +210,72 @@ time.sleep(30)
     finally:
         holder.kill()
         holder.wait()
+
+
+def run_cli(*args) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "mixln_convert.cli", *map(str, args)], env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def refused(done: subprocess.CompletedProcess, fragment: str) -> bool:
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    return done.returncode == 1 and len(errors) == 1 and fragment in errors[0] and "Traceback" not in done.stderr
+
+
+def test_a_lock_file_that_is_a_symlink_is_refused_and_what_it_points_to_is_kept(tiny_llama, tmp_path):
+    """With .OUT.lock a symlink to a user's file, export truncated that file, wrote its holder line into it
+    and unlinked the link."""
+    pytest.importorskip("fcntl")
+    mine, link = tmp_path / "mine.txt", tmp_path / ".plain.lock"
+    mine.write_text("my notes\n")
+    link.symlink_to(mine)
+    done = run_cli("export", tiny_llama, tmp_path / "plain", "--to", "llama")
+    assert refused(done, f"{tmp_path / 'plain'}: its lock file {link} is a symlink"), done.stderr
+    assert mine.read_text() == "my notes\n" and link.is_symlink() and link.resolve() == mine
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".plain.lock", "mine.txt"]
+
+
+def test_an_input_named_as_the_lock_file_is_refused_and_kept(tiny_llama, tmp_path):
+    """Calibration text named .conv.lock for `convert SRC conv`, a recipe named .run.lock for `train --out run`:
+    the run locked, emptied and, at its end, deleted that input."""
+    pytest.importorskip("fcntl")
+    text = " ".join(f"A short sentence about item number {i}." for i in range(400))
+    calibration = tmp_path / ".conv.lock"
+    calibration.write_text(text)
+    done = run_cli("convert", tiny_llama, tmp_path / "conv", "--calibration-data", calibration)
+    assert refused(done, f"its lock file {calibration}: is the input --calibration-data"), done.stderr
+    recipe, data = tmp_path / ".run.lock", tmp_path / "data.txt"
+    recipe.write_text(f"source: {tiny_llama}\nseq_len: 32\nmicro_batch_size: 2\nglobal_batch_size: 2\n"
+                      "max_tokens: 128\nheal:\n  tokens: 0\n")
+    data.write_text(text)
+    done = run_cli("train", recipe, f"--set=data.train={data}", "--set=data.validation=null", "--out", tmp_path / "run")
+    assert refused(done, f"--out {tmp_path / 'run'}: its lock file {recipe} exists and is not a mixln-convert lock"), \
+        done.stderr
+    assert calibration.read_text() == text and recipe.read_text().startswith(f"source: {tiny_llama}\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".conv.lock", ".run.lock", "data.txt"]
+
+
+def test_a_lock_left_by_a_killed_holder_is_taken_over(tiny_llama, tmp_path):
+    """The kernel drops a SIGKILLed holder's lock: its .OUT.lock (its holder line in it) is taken over by the
+    next run to OUT, and removed when that run ends."""
+    pytest.importorskip("fcntl")
+    holding = subprocess.Popen([sys.executable, "-c", f"""
+import sys, time
+from pathlib import Path
+from mixln_convert.io.atomic import hold
+with hold(Path({str(tmp_path / "dst")!r}), "dst", "holding"):
+    print("held", flush=True)
+    time.sleep(600)
+"""], env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holding.stdout.readline() == "held\n"
+        busy = run_cli("convert", tiny_llama, tmp_path / "dst", "--strategy", "move")
+        assert refused(busy, f"in use by another mixln-convert run (pid {holding.pid} on "), busy.stderr
+    finally:
+        holding.kill()
+        holding.wait()
+    assert (tmp_path / ".dst.lock").read_text().startswith("another mixln-convert run")
+    done = run_cli("convert", tiny_llama, tmp_path / "dst", "--strategy", "move")
+    assert done.returncode == 0, done.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["dst"]

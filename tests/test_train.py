@@ -114,7 +114,7 @@ def test_shipped_recipe_dry_run(recipe, tiny_llama_tied, corpus, tmp_path):
 
 def test_set_overrides_and_types(tiny_llama_tied, corpus):
     recipe = load_recipe(REPO / "mixln_convert" / "recipes" / "llama-1b.yaml",
-                         tiny(tiny_llama_tied, corpus) + ["optim.lr=3e-4", "max_tokens=2e3", "optim.betas=[0.8, 0.9]"])
+                         tiny(tiny_llama_tied, corpus, max_tokens="2e3") + ["optim.lr=3e-4", "optim.betas=[0.8, 0.9]"])
     assert recipe.optim.lr == 3e-4 and recipe.max_tokens == 2000 and recipe.optim.betas == (0.8, 0.9)
     assert recipe.source == str(tiny_llama_tied.absolute()) and recipe.conversion.alpha == 0.25
 
@@ -164,8 +164,9 @@ def test_a_recipe_may_alias_single_values(tiny_llama_tied, corpus, tmp_path):
 def test_bad_recipe_fails_before_any_work(content, extra, message, cli, tiny_llama_tied, corpus, tmp_path):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(content))
-    result = cli("train", recipe, *(f"--set={s}" for s in tiny(tiny_llama_tied, corpus)), *extra,
-                 "--out", tmp_path / "out")
+    given = {item.removeprefix("--set=").split("=")[0] for item in extra}  # a key is set once (twice is refused)
+    sets = [item for item in tiny(tiny_llama_tied, corpus) if item.split("=")[0] not in given]
+    result = cli("train", recipe, *(f"--set={s}" for s in sets), *extra, "--out", tmp_path / "out")
     assert result.exit_code == 1
     assert message in result.output and len(result.output.strip().splitlines()) == 1, result.output
     assert not (tmp_path / "out").exists()

@@ -55,7 +55,7 @@ def write_gguf(source, arch, out, tensor_type: str, inputs: dict, *, force: bool
     gguf_names = gguf_tensor_names(source, arch, names)
     metadata = model_fields(source, arch, hf_config, tensor_type) + tokenizer_fields(source, hf_config.vocab_size)
     dst = check_gguf_destination(out, inputs, force)
-    with atomic_output_file(dst, str(out), lambda: check_gguf_destination(out, inputs, force)) as path:
+    with atomic_output_file(dst, str(out), lambda: check_gguf_destination(out, inputs, force), inputs) as path:
         write_file(path, source, arch, hf_config, names, gguf_names, metadata, tensor_type, progress)
         check_read_back(path, out, source)
 

@@ -6,14 +6,16 @@ left is removed by the next run to DST. Imports neither torch nor transformers (
 
 import errno
 import os
+import re
 import shutil
+import stat
 import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import MixLNError
-from .paths import check_destination
+from .paths import check_destination, check_not_input
 
 try:
     import fcntl
@@ -54,37 +56,60 @@ def wait_for_lock(folder: Path) -> None:
 
 
 LOCK_SUFFIX = ".lock"
+HOLDER = "another mixln-convert run"  # how a lock file's content starts: the refusal of a second run quotes it
+LOCK_MAX = 4096  # bytes: a holder line is ~100; a larger file is no lock
 
 
 @contextmanager
-def hold(dst: Path, what: str, kind: str):
-    """``dst`` (an output folder, existing or not) held by this process for the block: an exclusive OS
-    lock on ``.NAME.lock`` beside it, which the kernel drops when the process dies, however it dies.
+def hold(dst: Path, what: str, kind: str, protect=None):
+    """``dst`` (an output folder or file, existing or not) held by this process for the block: an exclusive
+    OS lock on ``.NAME.lock`` beside it, which the kernel drops when the process dies, however it dies.
     While another process holds it, an error at once naming ``what`` (the flag and folder) and that
-    process. Without OS locks (Windows) the block runs unguarded."""
+    process. The lock file is one this run makes, or a lock a killed run left: never an input (``protect``,
+    {what: path}), a symlink or another file, which are refused. Without OS locks (Windows) the block runs
+    unguarded. Parent folders made for ``dst`` go again if the block fails."""
     if fcntl is None:
         yield
         return
     lock_file = dst.with_name(f".{dst.name}{LOCK_SUFFIX}")
-    try:
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        fd = _locked(lock_file)
-    except OSError as e:
-        raise MixLNError(f"{what}: cannot lock it ({lock_file}: {e.strerror})") from None
-    if fd is None:
-        holder = _holder(lock_file)
-        raise MixLNError(f"{what}: in use by {holder[:200]}; one run writes a folder at a time: wait for it to "
-                         "end, or choose another folder")
-    try:
-        os.ftruncate(fd, 0)
-        os.write(fd, f"another mixln-convert run (pid {os.getpid()} on {os.uname().nodename}: {kind})".encode())
-        yield
-    finally:
+    check_not_input(lock_file, protect or {}, f"{what}: its lock file")
+    with parents_made(dst):
         try:
-            os.unlink(lock_file)  # while still held: a process that opened it meanwhile sees it gone and retries
-        except OSError:
-            pass
-        os.close(fd)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            fd = _locked(lock_file, what)
+        except OSError as e:
+            raise MixLNError(f"{what}: cannot lock it ({lock_file}: {e.strerror})") from None
+        if fd is None:
+            holder = _holder(lock_file)
+            raise MixLNError(f"{what}: in use by {holder[:200]}; one run writes a folder at a time: wait for it "
+                             "to end, or choose another folder")
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{HOLDER} (pid {os.getpid()} on {os.uname().nodename}: {kind})".encode())
+            yield
+        finally:
+            try:
+                if _same_file(fd, lock_file):  # while still held: a process that opened it meanwhile sees it
+                    os.unlink(lock_file)  # gone and retries
+            except OSError:
+                pass
+            os.close(fd)
+
+
+@contextmanager
+def parents_made(dst: Path):
+    """For the block: the folders above ``dst`` that do not exist yet (the block makes them) are removed
+    again if it fails, deepest first, each while empty (a run beside this one may have written there)."""
+    missing = [folder for folder in dst.parents if not folder.exists()]
+    try:
+        yield
+    except BaseException:
+        for folder in missing:
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise
 
 
 def _holder(lock_file: Path) -> str:
@@ -92,7 +117,11 @@ def _holder(lock_file: Path) -> str:
     again for up to a second before the answer is "another process"."""
     for _ in range(20):
         try:
-            holder = lock_file.read_text().strip()
+            fd = os.open(lock_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            try:
+                holder = os.read(fd, LOCK_MAX).decode(errors="replace").strip()
+            finally:
+                os.close(fd)
         except OSError:
             holder = ""
         if holder:
@@ -101,11 +130,27 @@ def _holder(lock_file: Path) -> str:
     return "another process"
 
 
-def _locked(lock_file: Path) -> int | None:
-    """A descriptor of ``lock_file`` (made if absent) holding its exclusive lock, or None while another
-    process holds it. A file unlinked by its last holder between our open and our lock is opened anew."""
+def _locked(lock_file: Path, what: str) -> int | None:
+    """A descriptor of ``lock_file`` holding its exclusive lock, or None while another process holds it: a new
+    file made here (never through a symlink), else an existing lock (empty, or a holder's line: one a killed
+    run left is taken over). A file unlinked by its last holder between our open and our lock is opened anew."""
     while True:
-        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
+        try:
+            fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666 & ~_umask())
+        except FileExistsError:
+            try:  # non-blocking: a FIFO opens at once, to be refused below
+                fd = os.open(lock_file, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise MixLNError(f"{what}: its lock file {lock_file} is a symlink; remove it or choose another "
+                                     "folder") from None
+                raise
+            if not _is_lock(fd):
+                os.close(fd)
+                raise MixLNError(f"{what}: its lock file {lock_file} exists and is not a mixln-convert lock; remove "
+                                 "it or choose another folder")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -114,13 +159,26 @@ def _locked(lock_file: Path) -> int | None:
         except BaseException:
             os.close(fd)
             raise
-        try:
-            same = os.fstat(fd).st_ino == os.stat(lock_file).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
+        if _same_file(fd, lock_file):
             return fd
         os.close(fd)
+
+
+def _is_lock(fd: int) -> bool:
+    """Whether the open file ``fd`` is a lock file: regular, and empty (its maker has not written yet) or a
+    holder's line."""
+    info = os.fstat(fd)
+    return stat.S_ISREG(info.st_mode) and info.st_size <= LOCK_MAX and (
+        info.st_size == 0 or os.pread(fd, len(HOLDER), 0) == HOLDER.encode())
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` (not followed) is still the file open as ``fd``."""
+    try:
+        found, held = os.lstat(path), os.fstat(fd)
+    except FileNotFoundError:
+        return False
+    return (found.st_dev, found.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _umask() -> int:
@@ -138,7 +196,7 @@ def atomic_output_dir(dst, force: bool = False, protect=None):
     An OSError while writing (a full disk) becomes a one-line error naming ``dst``; the temporary folder goes."""
     given = dst
     dst = check_destination(dst, protect or {}, force)
-    with hold(dst, str(given), f"writing {dst.name}"), scratch_dir(dst) as tmp:
+    with hold(dst, str(given), f"writing {dst.name}", protect), scratch_dir(dst) as tmp:
         check_destination(dst, protect or {}, force)  # again, held: a run that ended meanwhile may have filled it
         try:
             yield tmp
@@ -148,11 +206,12 @@ def atomic_output_dir(dst, force: bool = False, protect=None):
 
 
 @contextmanager
-def atomic_output_file(dst: Path, what: str, check):
+def atomic_output_file(dst: Path, what: str, check, protect=None):
     """Yield a temporary path (in a ``.NAME.tmp-*`` folder beside the file ``dst``) that replaces ``dst`` in one
     step when the block succeeds, as :func:`atomic_output_dir` does a folder: ``dst`` held meanwhile (``what``
-    names it in a refusal), ``check()`` (its destination checks) run again once held, an OSError one line."""
-    with hold(dst, what, f"writing {dst.name}"), scratch_dir(dst) as tmp:
+    names it in a refusal), ``check()`` (its destination checks) run again once held, an OSError one line;
+    ``protect``: the inputs, as :func:`hold` takes them."""
+    with hold(dst, what, f"writing {dst.name}", protect), scratch_dir(dst) as tmp:
         check()
         try:
             yield tmp / dst.name
@@ -175,26 +234,28 @@ def replace_dir(tmp: Path, dst: Path) -> None:
 @contextmanager
 def scratch_dir(dst: Path):
     """A temporary folder beside ``dst`` (``.DST.tmp-*``, the user's umask: mkdtemp alone gives 0700), locked
-    while this process lives and removed when the block ends, however it ends. Those of killed runs (their
-    lock died with them) are removed first: a half-written model may fill the disk."""
-    try:
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
-        os.chmod(tmp, 0o777 & ~_umask())
-    except OSError as e:
-        raise MixLNError(f"{dst}: cannot write the output folder ({e.strerror})") from None
-    lock = try_lock(tmp)  # marks tmp as alive before looking for dead ones
-    try:
-        if lock is not None:  # a run to the same DST that is still going holds its lock: left alone
-            for folder in dst.parent.iterdir():
-                if folder.name.startswith(f".{dst.name}.tmp-") and (fd := try_lock(folder)) is not None:
-                    shutil.rmtree(folder, ignore_errors=True)
-                    os.close(fd)
-        yield tmp
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # nothing left to remove once renamed into place
-        if lock is not None:
-            os.close(lock)
+    while this process lives and removed when the block ends, however it ends, with the parent folders
+    made for it if the block fails. Those of killed runs (their lock died with them) are removed first: a
+    half-written model may fill the disk."""
+    with parents_made(dst):
+        try:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
+            os.chmod(tmp, 0o777 & ~_umask())
+        except OSError as e:
+            raise MixLNError(f"{dst}: cannot write the output folder ({e.strerror})") from None
+        lock = try_lock(tmp)  # marks tmp as alive before looking for dead ones
+        try:
+            if lock is not None:  # a run to the same DST that is still going holds its lock: left alone
+                for folder in dst.parent.iterdir():
+                    if folder.name.startswith(f".{dst.name}.tmp-") and (fd := try_lock(folder)) is not None:
+                        shutil.rmtree(folder, ignore_errors=True)
+                        os.close(fd)
+            yield tmp
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)  # nothing left to remove once renamed into place
+            if lock is not None:
+                os.close(lock)
 
 
 def write_failure(dst: Path, error: OSError, tmp: Path | None = None, kept: bool = False) -> str:
@@ -202,7 +263,14 @@ def write_failure(dst: Path, error: OSError, tmp: Path | None = None, kept: bool
     disk, how much the output had taken when it stopped; ``kept``: ``tmp`` stays for a rerun to resume."""
     where = f" ({error.filename})" if error.filename else ""
     message = f"{dst}: writing the output failed: {error.strerror or error}{where}"
-    if error.errno in (errno.ENOSPC, errno.EDQUOT) and tmp is not None and tmp.is_dir():
+    full = error.errno in (errno.ENOSPC, errno.EDQUOT)
+    # numpy's tofile (gguf-py's writer) reports a short write with no errno: named, and a full disk if it is one
+    short = re.fullmatch(r"(\d+) requested and (\d+) written", str(error)) if error.errno is None else None
+    if short:
+        requested, done = int(short[1]), int(short[2])
+        message = f"{dst}: writing the output failed: a short write ({done:,} of {requested:,} bytes written)"
+        full = shutil.disk_usage(dst.parent).free < requested - done
+    if full and tmp is not None and tmp.is_dir():
         written = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file())
         if kept:
             message += (f"; the {written / 2**20:,.1f} MiB written are kept in {tmp}: free space and run again to "

@@ -7,16 +7,18 @@ plain model's ``pruned`` and ``trained`` lists, an export's source records) and 
 heal's in its record, a training's in its own), each with the text and token count it was measured on; the
 commands that made the folder are restated from those records. Nothing of a source's own card is copied:
 only its license, read from its front matter (or a ``license`` key in its config, or a GGUF's
-general.license), is carried. A Hub model is recognized by its snapshot's path in the Hugging Face cache
+general.license), is carried, if it is an identifier (:func:`_checked_license`). A Hub model is recognized by its snapshot's path in the Hugging Face cache
 (:func:`.hub.snapshot_model`) and is the ``base_model``; a local checkpoint is named by its file or folder
 name only (a path is the writer's machine's). Here, not in ``report``: the writer of every checkpoint calls
 it, and needs nothing of the reports (their plots, their inputs).
 """
 
+import re
 from pathlib import Path
 
 from .. import __version__
 from ..architectures import architecture_of_any
+from ..errors import shown, warn
 from .atomic import write_atomic
 from .checkpoint_files import CARD_FILE
 from .hub import snapshot_model
@@ -213,13 +215,13 @@ def _text_name(data: str) -> str:
 
 def _license(config: dict, sources: list[str]) -> dict:
     """The license fields to carry: the front matter of the nearest source folder's card, else the
-    config's ``license``, else the card of a source further back; {} when none says (never an error)."""
+    config's ``license``, else the card of a source further back; {} when none says (never an error: a
+    license that is no identifier is left out with a warning, :func:`_checked_license`)."""
     first, *rest = sources or [None]
-    for found in (_card_license(first), _config_license(config), *map(_card_license, rest),
-                  _gguf_license(sources, config)):
-        if found:
-            return found
-    return {}
+    found = _card_license(first) or _config_license(config)
+    for path in rest:
+        found = found or _card_license(path)  # read only while none is found: no warning of a card not used
+    return found or _gguf_license(sources, config)
 
 
 def _card_license(path) -> dict:
@@ -231,15 +233,8 @@ def _card_license(path) -> dict:
         data = ModelCard.load(Path(path, CARD_FILE), ignore_metadata_errors=True).data
     except Exception:  # a damaged card (its YAML, its encoding): no license known, the command goes on
         return {}
-    license = getattr(data, "license", None)
-    if not isinstance(license, str) or not license.strip():
-        return {}
-    fields = {"license": license.strip()}
-    for key in ("license_name", "license_link"):  # what `license: other` is, per the Hub
-        value = getattr(data, key, None)
-        if license.strip() == "other" and isinstance(value, str) and value.strip():
-            fields[key] = value.strip()
-    return fields
+    fields = {key: getattr(data, key, None) for key in ("license", "license_name", "license_link")}
+    return _checked_license(fields, Path(path, CARD_FILE))
 
 
 def _gguf_license(sources: list[str], config: dict) -> dict:
@@ -251,19 +246,34 @@ def _gguf_license(sources: list[str], config: dict) -> dict:
             break
     else:
         facts = origin_gguf(config)
-    license = facts.get("license")
-    if not license:
-        return {}
-    fields = {"license": license}
-    for key in ("license_name", "license_link"):
-        if license == "other" and facts.get(key):
-            fields[key] = facts[key]
-    return fields
+    return _checked_license({key: facts.get(key) for key in LICENSE_FIELDS}, "the GGUF source's general.license")
 
 
 def _config_license(config: dict) -> dict:
-    license = config.get("license")
-    return {"license": license.strip()} if isinstance(license, str) and license.strip() else {}
+    return _checked_license({"license": config.get("license")}, "config.json")
+
+
+# A license is an identifier (the Hub's list: apache-2.0, llama3.2, ...; or `other`, named by license_name and
+# license_link): bounded, so that a card's license of a megabyte or a paragraph is not copied into every output's card
+LICENSE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+_-]{0,63}")
+LICENSE_FIELDS = {"license": LICENSE_ID, "license_name": LICENSE_ID, "license_link": re.compile(r"\S{1,512}")}
+
+
+def _checked_license(fields: dict, where) -> dict:
+    """The license fields to carry of ``fields`` (license; license_name and license_link where it is
+    ``other``, per the Hub); a value that is no identifier (a link) is left out with a warning naming ``where``."""
+    keys = list(LICENSE_FIELDS) if str(fields.get("license")).strip() == "other" else ["license"]
+    found = {}
+    for key in keys:
+        value = fields.get(key)
+        if not isinstance(value, str) or not value.strip():
+            continue
+        if LICENSE_FIELDS[key].fullmatch(value.strip()):
+            found[key] = value.strip()
+        else:
+            warn(f"{where}: {key} {shown(repr(value.strip()))} is not a license identifier (the Hugging Face Hub's, "
+                 "such as apache-2.0, or other with a license_name) or link; left out of the card")
+    return found if "license" in found else {}
 
 
 def _plural(count, noun: str) -> str:

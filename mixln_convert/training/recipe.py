@@ -408,17 +408,22 @@ def load_recipe(path, overrides=(), changes: dict | None = None, changed_by: str
     origin = {}  # dotted key -> what set it (the file, or the --set item), for messages
     for key, value in _flatten(loaded).items():
         _assign(values, origin, str(key), value, str(path))
+    given = {}  # key -> its --set value: a key set twice is refused, as in a recipe file
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep:
             raise MixLNError(f"--set {item}: expected KEY=VALUE, e.g. --set optim.lr=3e-4")
+        key = key.strip()
+        if key in given:
+            raise MixLNError(f"--set {shown(key)} is given twice ({shown(given[key])} and {shown(text)}): give it once")
+        given[key] = text
         try:
             value = yaml.load(text, Loader=_RecipeLoader)
         except yaml.YAMLError:
             raise MixLNError(f"--set {item}: the value is not valid YAML") from None
         except DuplicateKey as e:
             raise MixLNError(f"--set {item}: {e}") from None
-        _assign(values, origin, key.strip(), value, f"--set {item}")
+        _assign(values, origin, key, value, f"--set {item}")
     for key, value in (changes or {}).items():
         _assign(values, origin, key, value, changed_by)
     return _complete(values, origin, str(path), reads_data)

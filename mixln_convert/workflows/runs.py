@@ -23,9 +23,9 @@ class Claim:
     """A run folder this process holds (:func:`claim_run`): :meth:`start` makes it ready; a refusal
     (a MixLNError) before :meth:`working` undoes the claim, so the corrected rerun finds the folder as it was."""
 
-    def __init__(self, path: Path, kind: str, settings: dict, force: bool, fresh: bool, made: Path | None):
+    def __init__(self, path: Path, kind: str, settings: dict, force: bool, fresh: bool, made: bool):
         self.path, self.kind, self.settings, self.force, self.fresh = path, kind, settings, force, fresh
-        self.made = made  # the outermost folder of ``path`` that did not exist before this claim, if any
+        self.made = made  # ``path`` did not exist before this claim (its parents are the hold's: atomic.hold)
         self.started = self.is_working = False
 
     def start(self) -> None:
@@ -44,9 +44,9 @@ class Claim:
 
     def undo(self) -> None:
         """What this run wrote into a folder that held nothing of value (absent, empty or emptied by
-        ``force``), removed, with the folders the claim made."""
-        if self.made is not None:
-            shutil.rmtree(self.made, ignore_errors=True)
+        ``force``), removed, with the folder if the claim made it."""
+        if self.made:
+            shutil.rmtree(self.path, ignore_errors=True)
         elif self.started and self.fresh and self.path.is_dir():
             for made in self.path.iterdir():
                 shutil.rmtree(made, ignore_errors=True) if made.is_dir() and not made.is_symlink() else made.unlink()
@@ -71,8 +71,8 @@ def claim_run(out, kind: str, settings: dict, inputs: dict, resume: bool, force:
     ``inputs`` ({what: path}) are never written. Yields the :class:`Claim`; nothing is written before
     :meth:`Claim.start`, and a refusal before :meth:`Claim.working` undoes what was."""
     target = check_destination(out, inputs, force=True, flag="--out")
-    made = next((folder for folder in reversed([target, *target.parents]) if not folder.exists()), None)
-    with hold(target, f"--out {out}", kind) if held else nullcontext():
+    made = not target.exists()
+    with hold(target, f"--out {out}", kind, inputs) if held else nullcontext():
         fresh = force or not (target.is_dir() and any(target.iterdir()))
         if not fresh:
             _check_resume(out, target, kind, settings, resume, force_hint)
