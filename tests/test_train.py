@@ -671,7 +671,8 @@ def test_fsdp_on_two_cpu_processes_trains_both_arms_like_one_process(tiny_llama_
     launch (an accelerate FSDP plugin kept from the Mix-LN arm failed the Pre-LN one), the same
     losses as one unsharded process, sharded checkpoints, a final folder that loads."""
     recipe = "smollm2-135m-cpu"
-    sets = tiny(tiny_llama_tied, corpus, steps=6, global_batch_size=8, max_tokens=6 * 8 * 32, checkpoint_interval=3)
+    sets = tiny(tiny_llama_tied, corpus, steps=6, global_batch_size=8, max_tokens=6 * 8 * 32, checkpoint_interval=3,
+                **{"heal.tokens": 6 * 2 * 32, "heal.seq_len": 32, "heal.batch_size": 2})
     train(load_recipe(recipe, sets), tmp_path / "one", progress=False)
     done = subprocess.run(_launch_two(recipe, [*sets, "fsdp=true"], tmp_path / "two"),
                           env={**_env(), "ACCELERATE_USE_CPU": "1"}, capture_output=True, text=True, timeout=300)
@@ -686,6 +687,11 @@ def test_fsdp_on_two_cpu_processes_trains_both_arms_like_one_process(tiny_llama_
         trained, reference = load_model(tmp_path / "two" / arm / "final"), load_model(tmp_path / "one" / arm / "final")
         for (name, a), (_, b) in zip(trained.state_dict().items(), reference.state_dict().items()):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3, msg=name)
+    # the Mix-LN arm's heal, sharded as the run trains (the one-process run's is not)
+    healed = [json.loads((tmp_path / run / "mixln" / "healed" / "config.json").read_text())["mixln_provenance"]["heal"]
+              for run in ("two", "one")]
+    assert [h["processes"] for h in healed] == [2, 1]
+    assert healed[0]["relative_error"] == pytest.approx(healed[1]["relative_error"], rel=1e-4)
 
 
 def _kill_every_process_of(marker: str) -> None:

@@ -30,13 +30,7 @@ PRUNE_VERDICT = "L/4"  # the pruning sentence compares models at this many remov
 RATIO, POINTS, RELATIVE = "ratio", "points", "relative"
 OF = {RATIO: "of perplexity", POINTS: "of perplexity", RELATIVE: "of the larger value"}
 NO_VALUES = "no per-window values to bootstrap an interval from"
-VERDICT_NOTE = (f"The summary calls a difference (a model wins, a figure is highest or lowest) only where it is "
-                f"larger than {PRACTICAL:.0%} (the report's practical threshold: {PRACTICAL:.0%} of perplexity for "
-                f"perplexities and the figures relative to a model's perplexity, {PRACTICAL:.0%} of the larger value "
-                f"for angular distances and gradient-norm variation) and its {LEVEL:.0%} bootstrap interval excludes "
-                f"0; models whose difference is within {PRACTICAL:.0%}, its interval too, are the same within "
-                f"{PRACTICAL:.0%}; anything else is too close to call. Each interval says how many evaluation "
-                f"windows (or gradient batches) n it resamples; one on fewer than {MIN_ROWS} decides nothing.")
+
 
 
 SENTENCES = Shaped(lambda v: isinstance(v, list) and all(isinstance(line, str) for line in v), "a list of strings")

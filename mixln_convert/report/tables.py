@@ -1,11 +1,11 @@
 """The compare report's tables and the order of its blocks (rendered by :mod:`.render`)."""
 
 from ..analysis.plots import checkpoint_name
-from .compare import VERDICT_NOTE
 from .downstream import downstream_blocks
 from ..options import measured_on
 from .inputs import PRUNE_FRACTIONS, Model
 from .render import MISSING
+from .uncertainty import VERDICT_NOTE
 
 PPL_NOTE = ("Validation perplexity is measured by the training run (summary.json, metrics.jsonl), analysis "
             "perplexity by `mixln-convert analyze` (analysis.json), each on the text, token count and window "

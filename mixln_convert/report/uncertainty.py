@@ -22,6 +22,14 @@ MIN_ROWS = 5
 # measured relative to a model's perplexity), or 1% of the larger value (angular distance, gradient-norm
 # variation). Below it two models are "the same within 1%" however sure the interval is of the sign.
 PRACTICAL = 0.01
+# what the summary calls and why, as the report states it (once, beside the thresholds it quotes)
+VERDICT_NOTE = (f"The summary calls a difference (a model wins, a figure is highest or lowest) only where it is "
+                f"larger than {PRACTICAL:.0%} (the report's practical threshold: {PRACTICAL:.0%} of perplexity for "
+                f"perplexities and the figures relative to a model's perplexity, {PRACTICAL:.0%} of the larger value "
+                f"for angular distances and gradient-norm variation) and its {LEVEL:.0%} bootstrap interval excludes "
+                f"0; models whose difference is within {PRACTICAL:.0%}, its interval too, are the same within "
+                f"{PRACTICAL:.0%}; anything else is too close to call. Each interval says how many evaluation "
+                f"windows (or gradient batches) n it resamples; one on fewer than {MIN_ROWS} decides nothing.")
 
 
 @dataclass
