@@ -317,7 +317,9 @@ def tokens_folder(inputs, manifest=None) -> Path:
     from mixln_convert.data import tokenize
 
     folder = inputs.root / "tokens"
-    tokenize(inputs.text, inputs.src, folder, validation_fraction=0.5, progress=False)
+    documents = inputs.file("documents.jsonl", "".join(json.dumps({"text": f"Document {i}: a short sentence about "
+                                                                          f"item number {i}."}) + "\n" for i in range(200)))
+    tokenize(documents, inputs.src, folder, validation_fraction=0.5, progress=False)
     if manifest is not None:
         path = folder / "mixln-tokens.json"
         path.write_text(json.dumps(manifest(json.loads(path.read_text()))))
@@ -1039,9 +1041,8 @@ def test_a_signal_during_heal_leaves_no_temporary_folder(converted, tiny_llama, 
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 600  # a loaded machine: wait for training to start, not a fixed time
     while time.time() < deadline and proc.poll() is None:
-        temporaries = list(tmp_path.glob(".healed.tmp-*"))
-        if temporaries and (temporaries[0] / "heal_metrics.jsonl").is_file():
-            break  # training has started
+        if (tmp_path / ".healed.heal" / "heal_metrics.jsonl").is_file():
+            break  # training has started (the heal's work folder holds its metrics as it goes)
         time.sleep(0.05)
     proc.send_signal(sig)
     code = proc.wait(timeout=180)

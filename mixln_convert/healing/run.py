@@ -71,9 +71,8 @@ class HealRun(HealOptions):
         map_large_allocations()
         inputs = self.check()
         main = self.process.is_main_process
-        try:
-            with atomic_output_dir(self.out, force=self.force, protect=inputs) if main else contextlib.nullcontext() \
-                    as tmp:
+        with atomic_output_dir(self.out, force=self.force, protect=inputs) if main else contextlib.nullcontext() as tmp:
+            try:
                 self.read_data()
                 self.record = self.settings() if main else None
                 self.resumed = _agreed(lambda: self.state.check(self.record, self.resume, self.force, self.out,
@@ -82,10 +81,12 @@ class HealRun(HealOptions):
                 after = self.fit()
                 result = self.summary(self.before, after)
                 self.save(tmp, result)
-        except BaseException:
-            if main:  # before its first checkpoint there is nothing to resume: a refusal leaves nothing behind
-                self.state.remove(finished=False)
-            raise
+            except BaseException:
+                # before its first checkpoint there is nothing to resume: a refusal leaves nothing behind (removed
+                # here, while the output is held, so that the folders made above it can go too)
+                if main:
+                    self.state.remove(finished=False)
+                raise
         if main:
             self.state.remove(finished=True)  # the healed checkpoint is in place: nothing is left to resume
         self.process.wait_for_everyone()  # every process finds the output once heal() returns
