@@ -82,6 +82,8 @@ def run(command: str, names: dict) -> tuple[int, str]:
         return 0, "not run (see the module's docstring)"
     if args[0] == "eval" and "--tasks" in args:
         budget = ["--limit", "4"]
+    elif args[0] == "convert" and "lns" in args:
+        budget = []  # LNS is exact: nothing calibrated, and --calibration-tokens would be refused
     else:
         budget = BUDGETS.get(args[0], [])
     result = CliRunner().invoke(main, args + budget)
@@ -147,3 +149,8 @@ def test_every_path_and_benchmark_the_docs_name_exists():
             assert suite == "gpu" or case in cases.get(suite, ()), (file.name, suite, case)
         assert not re.search(r"\bsession 1?\d\b|\bthis session|\bissue \d|device tool|run\(command=", text,
                              re.I), file.name
+        for target, anchor in re.findall(r"\]\(((?:docs/)?[\w.]+\.md)#([\w-]+)\)", text):
+            linked = (root / target) if (root / target).is_file() else (root / "docs" / target)
+            headings = re.findall(r"^#+ (.+)$", linked.read_text(), re.M)
+            slugs = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+            assert anchor in slugs, (file.name, target, anchor)
