@@ -286,3 +286,24 @@ def test_a_conversion_to_no_post_ln_block_warns_and_its_card_says_so(tiny_llama,
     for shard in out.glob("*.safetensors"):
         converted.update(load_file(shard))
     assert source.keys() == converted.keys() and all(source[k].equal(converted[k]) for k in source)
+
+
+def test_a_pruned_export_keeps_the_history_from_before_the_export(tiny_llama, tiny_convert, tmp_path):
+    """An exported folder's history is in its mixln_export.json, which prune used to leave behind: the pruned
+    folder's card, and an export of it, tell source, conversion, export and pruning, in that order, once each."""
+    from mixln_convert.export import export
+
+    lns = tiny_convert(with_card(tiny_llama, tmp_path / "source"), layout="lns")
+    exported = export(lns, tmp_path / "exported", to="llama", progress=False)
+    pruned = prune(exported, tmp_path / "pruned", layers="6", progress=False)
+    again = export(pruned, tmp_path / "again", to="llama", progress=False)
+    for folder, last in ((pruned, ""), (again, "\nmixln-convert export pruned/ exported/ --to llama")):
+        data, body = card(folder)
+        assert data["license"] == "apache-2.0" and "Source: the local checkpoint `source`" in body, folder
+        done = body.split("## What was done")[1].split("## How it was made")[0]
+        assert [done.count(step) for step in ("Converted with", "Exported with", "Pruned with")] == \
+            [1, 1 + bool(last), 1], folder
+        assert done.index("Converted with") < done.index("Exported with") < done.index("Pruned with"), folder
+        assert ("mixln-convert export converted/ exported/ --to llama\nmixln-convert prune exported/ pruned/ --layers 6"
+                + last + "\n```") in body, folder
+        assert "decoder block 6 of 8 removed" in body and str(tmp_path) not in body

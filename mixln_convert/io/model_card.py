@@ -303,14 +303,20 @@ def _done(config: dict, history: dict, origin: str | None, trained: dict | None,
                      f"{trained.get('tokens'):,} tokens of {_text(trained.get('data'))}, precision "
                      f"`{'fp32' if precision == 'no' else precision}`.")  # accelerate's "no": no mixed precision
     for record in records(history, "pruned"):
+        if isinstance(record.get("exported"), dict):  # pruned after an export: the export came first
+            items.append(_export(record["exported"]))
         items.append(_pruning(record))
     if exported:
-        folded = (" LayerNorm Scaling's 1/sqrt(l) folded into each block's norm gains;"
-                  if exported.get("folded_layernorm_scaling") else "")
-        items.append(f"Exported with `mixln-convert export --to llama` from {_name(exported.get('source', ''))} "
-                     f"(model type `{exported.get('source_model_type')}`) as a plain `{exported.get('architecture')}`:"
-                     f"{folded} the same logits, no remote code.")
+        items.append(_export(exported))
     return items
+
+
+def _export(exported: dict) -> str:
+    folded = (" LayerNorm Scaling's 1/sqrt(l) folded into each block's norm gains;"
+              if exported.get("folded_layernorm_scaling") else "")
+    return (f"Exported with `mixln-convert export --to llama` from {_name(exported.get('source', ''))} "
+            f"(model type `{exported.get('source_model_type')}`) as a plain `{exported.get('architecture')}`:"
+            f"{folded} the same logits, no remote code.")
 
 
 def _commands(history: dict, origin: str | None, trained: dict | None, exported: dict | None) -> list:
@@ -336,6 +342,9 @@ def _commands(history: dict, origin: str | None, trained: dict | None, exported:
         lines.append(f"mixln-convert train recipe.yaml --arm {trained.get('arm')} --out run/   # the recipe below")
         last = f"run/{trained.get('arm')}/final"
     for record in records(history, "pruned"):
+        if isinstance(record.get("exported"), dict):  # pruned after an export: the export came first
+            lines.append(f"mixln-convert export {last} exported/ --to {record['exported'].get('exported_to', 'llama')}")
+            last = "exported/"
         removed = record.get("removed_layers") or []
         how = (f"--layers {','.join(map(str, removed))}" if record.get("method") == "explicit"
                else f"--remove {len(removed)} --method {record.get('method')}")
