@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITES = ("conversion", "heal", "training", "analysis", "studies", "maintenance")
-GPU = """The GPU mission in one device call, `bash benchmarks/gpu.sh [options]` (its header: how to call
+GPU = """The GPU mission in one run, `bash benchmarks/gpu.sh [options]` (its header: how to call
 it, what it records): pre-train a Pre-LN LLaMA from random weights, convert, heal, train both arms,
 analyze and compare (~6.5 min on an H200); --throughput: the trainer at the 1B class (~3 min);
 --real: SmolLM2-135M itself (benchmarks/gpu_real.py: two calls, ~9 min). `python -m benchmarks gpu

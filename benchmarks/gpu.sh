@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The whole mission at small scale in one device call on one H200 (benchmarks/gpu_mission.py does it):
+# The whole mission at small scale in one run on one H200 (benchmarks/gpu_mission.py does it):
 #   here, once:  bash benchmarks/gpu.sh --save-tokenizer .gpu/tokenizer   (.gpu/ is git-ignored, ~3.5 MB)
-#   there:       run(command="bash benchmarks/gpu.sh", carry=[".gpu"], timeout_s=560)
+#   there:       bash benchmarks/gpu.sh   (with .gpu/ copied into the checkout; within 560 s)
 #   CPU smoke:   bash benchmarks/gpu.sh --smoke [--tokenizer DIR]   (tiny scale; tests/test_gpu_script.py;
 #                python -m benchmarks gpu --quick)
 #   --real:      instead, SmolLM2-135M itself (benchmarks/gpu_real.py: its header has the plan, the budgets and
-#                the two device calls, after `bash benchmarks/gpu.sh --real --prepare .gpu-real` here)
+#                the two steps on the GPU machine, after `bash benchmarks/gpu.sh --real --prepare .gpu-real` here)
 #   --throughput: instead, the trainer's speed at the 1B class (TinyLlama-1.1B's shape, random weights,
 #                20 steps eager, 20 compiled) and a torch.profiler breakdown of an eager step (~3 min)
 # Measured 2026-12-04: docs/training.md ("On one H200"), benchmarks/results/gpu*_2026-12-04/.

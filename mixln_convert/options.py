@@ -93,9 +93,8 @@ DATA_FORMATS = (".txt, .jsonl/.json/.json.gz (field 'text'), .parquet, a folder,
 TASKS_HELP = ("lm-evaluation-harness tasks (`pip install 'lm_eval>=0.4.13'`): the shipped offline "
               "mixln_langref_ppl and mixln_langref_next (they ship with the package), lm-eval's own "
               "(e.g. hellaswag,arc_easy, from your datasets cache) or yours in --include-path.")
-METHOD_HELP = ("How --remove/--prune-curve choose N blocks: angular (the N consecutive blocks whose input and "
-               "output are closest in angle, Gromov et al.), drop (the N whose single removal costs least), "
-               "last (the N deepest).")
+METHODS_HELP = ("angular (the N consecutive blocks whose input and output are closest in angle, Gromov et al.), "
+                "drop (the N whose single removal costs least), last (the N deepest).")
 
 
 def text(help_text: str, default=None, **declared):
@@ -299,7 +298,7 @@ class Measurement(Options):
     seq_len: int = setting(EVAL_SEQ_LEN, Count(1), "Tokens per evaluated window (at most the model's "
                            "max_position_embeddings).")
     max_tokens: int = setting(EVAL_TOKENS, TOKENS, "Held-out tokens scored (whole windows of --seq-len).")
-    batch_size: int = setting(BATCH_SIZE, BATCH, "Windows (with tasks: lm-eval requests) per forward pass.")
+    batch_size: int = setting(BATCH_SIZE, BATCH, "Windows per forward pass.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -316,6 +315,7 @@ class EvalOptions(Measurement):
                              "perplexity hides.")
     tasks: tuple[str, ...] = setting((), Names(low=0, high=MAX_TASKS), TASKS_HELP + " Instead of the packed "
                                      "perplexity.", metavar="T1,T2")
+    batch_size: int = setting(BATCH_SIZE, BATCH, "Windows (with tasks: lm-eval requests) per forward pass.")
     include_path: str | None = setting(None, Folder(), "A folder of your own lm-eval task YAML files.", metavar="DIR")
     limit: int | None = setting(None, LIMIT, "At most N examples of each task (lm-eval's --limit).",
                                 metavar="N", default_help="all")
@@ -344,7 +344,8 @@ class AnalyzeOptions(EvalOptions):
                                 "gradient norms: L forwards and a backward pass); without it, perplexity and what "
                                 "--generate and --per-document add.", flag="--layer-sweep/--no-layer-sweep")
     prune_curve: bool = setting(False, Flag(), "Also the perplexity with N = 1..L/2 blocks removed by --method.")
-    method: str = setting("angular", Choice(METHODS), METHOD_HELP)
+    method: str = setting("angular", Choice(METHODS), "How --prune-curve chooses the N blocks it removes: "
+                          + METHODS_HELP)
 
     def check_combination(self):
         super().check_combination()
@@ -363,7 +364,7 @@ class PruneOptions(Measurement, ShardSized):
     max_tokens: int = setting(PRUNE_TOKENS, TOKENS, "Tokens measured for --method angular/drop.")
     layers: str | None = setting(None, Text(), "Blocks to remove (0-based), e.g. 20-23,27.", metavar="LIST")
     remove: int | None = setting(None, Count(1), "Number of blocks to remove, chosen by --method.", metavar="N")
-    method: str = setting("angular", Choice(METHODS), METHOD_HELP)
+    method: str = setting("angular", Choice(METHODS), "How --remove chooses its N blocks: " + METHODS_HELP)
     max_shard_size: str | int = setting(MAX_SHARD_SIZE, Size(), "Largest output shard, e.g. 5GB, 500MB.")
 
     def check_combination(self):
@@ -497,7 +498,7 @@ class DemoOptions(Options):
                                "validation and analysis alike.", metavar="N")
     prune_curve: bool = setting(True, Flag(), "Also the perplexity with 1..L/2 blocks removed, for the original and "
                                 "both trained arms.", flag="--prune-curve/--no-prune-curve")
-    source: str | None = setting(None, Text(), "Your own Pre-LN checkpoint (HF folder or .gguf) instead of "
+    source: str | None = setting(None, Text(), "Your own Pre-LN checkpoint (HF folder, .gguf or Hub id) instead of "
                                  "SmolLM2-135M.", metavar="MODEL")
 
     def check_combination(self):

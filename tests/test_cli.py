@@ -211,3 +211,43 @@ def test_a_reader_that_stops_early_gets_no_error_line():
                           stderr=subprocess.PIPE, text=True, timeout=120)
     os.close(writer)
     assert done.stderr == "" and done.returncode == 1
+
+
+# The commands whose function has another name; fetch and recipes have none (docs/development.md says so).
+API_NAMES = {"eval": "score_checkpoint", "demo": "run_demo"}
+
+
+def test_every_command_but_fetch_and_recipes_is_a_function_of_the_package(tmp_path):
+    """What README.md and docs/development.md say: ``from mixln_convert import NAME`` gives each command's function,
+    export too, though Python binds the ``mixln_convert.export`` subpackage to that name once it is imported."""
+    import inspect
+
+    import mixln_convert
+    import mixln_convert.export.plain  # noqa: F401  (the subpackage imported: the name is the package now)
+    from mixln_convert.errors import MixLNError
+
+    for command in sorted(set(main.commands) - {"fetch", "recipes"}):
+        name = API_NAMES.get(command, command)
+        assert name in mixln_convert.__all__, command
+        function = getattr(mixln_convert, name)
+        assert callable(function), command
+        if command != "export":
+            assert inspect.isfunction(function), command
+    from mixln_convert import export
+
+    with pytest.raises(MixLNError, match="--to"):
+        export(tmp_path / "none", tmp_path / "out", to="onnx")
+
+
+def test_an_options_help_names_only_its_own_commands_flags():
+    """prune's --method once cited --prune-curve (analyze's) and analyze's --remove (prune's); prune's --batch-size
+    spoke of lm-eval requests, which prune never makes."""
+    import re
+
+    for name, command in main.commands.items():
+        flags = {flag for p in command.params for flag in [*getattr(p, "opts", []), *getattr(p, "secondary_opts", [])]}
+        for param in command.params:
+            named = set(re.findall(r"(?<![\w-])--[a-z][\w-]*", getattr(param, "help", None) or ""))
+            assert named <= flags, (name, param.name, named - flags)
+    prune_help = {p.name: p.help for p in main.commands["prune"].params}
+    assert "lm-eval" not in prune_help["batch_size"]

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGUFReader
-from tiny import TRAINING_TEXT, make_tiny_llama, run_without_package, write_tiny_gguf
+from tiny import TRAINING_TEXT, make_tiny_llama, run_without_package, tiny_tokenizer, write_tiny_gguf
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mixln_convert.errors import MixLNError, MixLNWarning
@@ -190,6 +190,40 @@ def test_a_gguf_source_exports_both_ways(sources, tmp_path):
     for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.pre", "tokenizer.ggml.eos_token_id"):
         assert written[key].contents() == original[key].contents(), key
     assert (logits_of(again) - logits_of(src)).abs().max() <= 1e-5
+
+
+DIGITS = "x\u00b2+y\u00b2=z\u00b2, \u00bd of \u00be; in 2024, 1,999 and 12345 steps of 3.14159"
+
+
+def test_a_smollm_gguf_keeps_its_digit_split_through_convert_and_export(tiny_llama, tmp_path):
+    """A GGUF whose tokenizer.ggml.pre is smollm splits every number character on its own before GPT-2's regex
+    (llama.cpp); transformers' reader keeps only the byte-level part. The source as read, a conversion, a plain
+    export (read by plain transformers too) and a GGUF export of that encode text with digits as that split does,
+    and the GGUF export names smollm again. A vocabulary with merges across digits, or the split would not show."""
+    from tokenizers import pre_tokenizers
+
+    from mixln_convert.conversion.converter import convert
+
+    numbers = [f"In {1990 + i} we counted {i * 37} of {i * 1234}, x\u00b2 \u00bd \u00be." for i in range(40)]
+    vocabulary = tiny_tokenizer(TRAINING_TEXT + numbers)
+    smollm = tiny_tokenizer(TRAINING_TEXT + numbers)
+    smollm.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    expected = smollm(DIGITS)["input_ids"]
+    assert vocabulary(DIGITS)["input_ids"] != expected  # the split changes this text's ids
+    arch = open_checkpoint(tiny_llama).arch
+    gpt2 = write_tiny_gguf(tiny_llama, arch, tmp_path / "gpt2.gguf", pre="gpt-2", tokenizer=vocabulary)
+    assert open_checkpoint(gpt2).tokenizer(DIGITS)["input_ids"] == vocabulary(DIGITS)["input_ids"]  # gpt-2: no split
+    source = write_tiny_gguf(tiny_llama, arch, tmp_path / "smollm.gguf", pre="smollm", tokenizer=vocabulary)
+    assert open_checkpoint(source).tokenizer(DIGITS)["input_ids"] == expected
+    plain = export(source, tmp_path / "plain", to="llama", progress=False)
+    converted = convert(source, tmp_path / "mixln", alpha=0.25, progress=False)
+    with pytest.warns(MixLNWarning, match="transformers' own GGUF reader .* drops that split"):
+        again = export(plain, tmp_path / "again.gguf", to="gguf", type="f32", progress=False)
+    for out in (plain, converted, again):
+        assert open_checkpoint(out).tokenizer(DIGITS)["input_ids"] == expected, out
+    assert AutoTokenizer.from_pretrained(plain)(DIGITS)["input_ids"] == expected
+    assert GGUFReader(again).fields["tokenizer.ggml.pre"].contents() == "smollm"
 
 
 def without_tokenizer(path: Path, bare: Path) -> Path:

@@ -258,7 +258,7 @@ def test_a_tokenized_folder_heals_as_its_text_does(moved, tiny_llama, tmp_path):
     assert result.data_passes > 2
     provenance = json.loads((tmp_path / "healed" / "config.json").read_text())["mixln_provenance"]["heal"]
     assert provenance["data_passes"] == result.data_passes
-    assert f"{result.data_passes:.3g} passes over that text: it repeated" in (tmp_path / "healed" / "README.md").read_text()
+    assert f"; {result.data_passes:.3g} passes over that text: it repeated." in (tmp_path / "healed" / "README.md").read_text()
     from mixln_convert.data import open_tokens
     from mixln_convert.io.loader import open_checkpoint
 

@@ -50,7 +50,7 @@ def test_convert_card_states_layout_strategy_and_the_source_license(tiny_llama, 
     assert "base_model" not in data  # a local path is no Hub id: the body names it
     assert f"the local checkpoint `{source.name}`" in body and str(tmp_path) not in body  # no local path
     assert "first 2 of 8 decoder blocks Post-LN" in body and "alpha 0.25" in body
-    assert "strategy `calibrated`" in body and "1,024 tokens of the tool's embedded corpus (calibration split" in body
+    assert "strategy `calibrated`" in body and "1,024 tokens of mixln-convert's embedded corpus (calibration split" in body
     assert ("mixln-convert convert source converted/ --alpha 0.25 --strategy calibrated --calibration-tokens 1024 "
             "--calibration-seq-len 64") in body and "(https://arxiv.org/abs/2412.13795)" in body
     assert "trust_remote_code=True" in body and "No quality figure was measured" in body
@@ -61,6 +61,7 @@ def test_lns_card_and_a_license_from_the_config_past_a_damaged_card(tiny_llama, 
     data, body = card(converted_lns)  # its source has no card and no license: none is claimed
     assert data["tags"] == ["mixln-convert", "layernorm-scaling", "llama"] and "license" not in data
     assert "strategy `exact`" in body and "No license was found" in body and "trust_remote_code=True" in body
+    assert "[LayerNorm Scaling](https://arxiv.org/abs/2502.05795)" in body
     damaged = "---\nlicense: [unclosed\n---\n" + SENTINEL  # a card whose YAML breaks: the command goes on
     out = tiny_convert(with_card(tiny_llama, tmp_path / "source", damaged, license="mit"), layout="lns")
     data, body = card(out)
@@ -100,7 +101,8 @@ def test_heal_card_has_the_figures_before_and_after_with_their_text(converted, t
     assert f"`{tiny_llama.name}`" in body and "first 2 of 8 decoder blocks Post-LN" in body
     assert "strategy `calibrated`" in body and "Healed with `mixln-convert heal`" in body
     assert f"the 2 Post-LN blocks distilled against `{tiny_llama.name}`" in body
-    assert f"{result.tokens:,} tokens of the tool's embedded corpus (train split" in body
+    assert f"{result.tokens:,} tokens of mixln-convert's embedded corpus (train split" in body
+    assert "loss `residual`: the relative error of the residual stream entering the first Pre-LN block" in body
     assert "embedded:" not in body and str(tiny_llama.parent) not in body
     assert "mixln-convert heal converted/ --teacher untied --out healed/ --tokens 128 --loss residual" in body
     evaluation = result.evaluation
@@ -289,9 +291,39 @@ def test_a_gguf_source_licence_and_its_dequantized_tensors_are_carried(tmp_path,
 
 
 def test_a_conversion_to_no_post_ln_block_warns_and_its_card_says_so(tiny_llama, tiny_convert):
-    """Issue 56, item 7: alpha 0.1 of 8 blocks rounds to 0 Post-LN blocks: convert warns, the card says it."""
+    """alpha 0.1 of 8 blocks rounds to 0 Post-LN blocks: convert warns, the card says it."""
     from mixln_convert.errors import MixLNWarning
 
     with pytest.warns(MixLNWarning, match=r"floor\(0.1 x 8\) = 0 Post-LN blocks"):
         out = tiny_convert(tiny_llama, alpha=0.1)
-    assert "floor(alpha x 8) = 0: no block was made Post-LN" in card(out)[1]
+    body = card(out)[1]
+    assert "floor(alpha x 8) = 0: no block was made Post-LN" in body
+    # no Post-LN block: the strategy's description of what it did to them is not the card's; every weight is kept
+    assert "strategy `calibrated`: with no Post-LN block it changed no weight" in body and "Post-LN blocks'" not in body
+    from safetensors.torch import load_file
+
+    source, converted = load_file(tiny_llama / "model.safetensors"), {}
+    for shard in out.glob("*.safetensors"):
+        converted.update(load_file(shard))
+    assert source.keys() == converted.keys() and all(source[k].equal(converted[k]) for k in source)
+
+
+def test_a_pruned_export_keeps_the_history_from_before_the_export(tiny_llama, tiny_convert, tmp_path):
+    """An exported folder's history is in its mixln_export.json, which prune used to leave behind: the pruned
+    folder's card, and an export of it, tell source, conversion, export and pruning, in that order, once each."""
+    from mixln_convert.export import export
+
+    lns = tiny_convert(with_card(tiny_llama, tmp_path / "source"), layout="lns")
+    exported = export(lns, tmp_path / "exported", to="llama", progress=False)
+    pruned = prune(exported, tmp_path / "pruned", layers="6", progress=False)
+    again = export(pruned, tmp_path / "again", to="llama", progress=False)
+    for folder, last in ((pruned, ""), (again, "\nmixln-convert export pruned/ exported/ --to llama")):
+        data, body = card(folder)
+        assert data["license"] == "apache-2.0" and "Source: the local checkpoint `source`" in body, folder
+        done = body.split("## What was done")[1].split("## How it was made")[0]
+        assert [done.count(step) for step in ("Converted with", "Exported with", "Pruned with")] == \
+            [1, 1 + bool(last), 1], folder
+        assert done.index("Converted with") < done.index("Exported with") < done.index("Pruned with"), folder
+        assert ("mixln-convert export converted/ exported/ --to llama\nmixln-convert prune exported/ pruned/ --layers 6"
+                + last + "\n```") in body, folder
+        assert "decoder block 6 of 8 removed" in body and str(tmp_path) not in body

@@ -85,3 +85,23 @@ def test_smollm2_downstream_tasks_and_their_layer_drop(cli):
                            task_manager(["mixln_langref_ppl"]), limit=2, batch_size=2, progress=False)
     assert len(drop["layer_drop"]) == 30 and drop["value"] > 1
     assert drop["layer_drop"][0] == max(drop["layer_drop"]) > 0 and sum(drop["layer_drop"]) > 0
+
+
+@pytest.mark.real_model
+def test_smollm2_gguf_splits_every_digit_as_llama_cpp_does():
+    """SmolLM2's GGUF says tokenizer.ggml.pre smollm: llama.cpp splits each number character (\\p{N}) on its own
+    before GPT-2's regex. transformers' own reader keeps only the byte-level part (" \u00bd" then splits
+    otherwise); this package's reader, and so every output made from the file, splits them."""
+    from transformers import AutoTokenizer
+
+    from mixln_convert.io.loader import open_checkpoint
+
+    gguf = smollm2_gguf()
+    text = "x\u00b2+y\u00b2=z\u00b2, \u00bd of \u00be; in 2024, 1,999 and 12345 steps"
+    ours = open_checkpoint(gguf).tokenizer
+    pieces = [ours.decode([i]) for i in ours(text)["input_ids"]]
+    assert "".join(pieces) == text
+    assert all(len(p) == 1 for p in pieces if any(c.isdigit() or c in "\u00b2\u00bd\u00be" for c in p)), pieces
+    theirs = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # what the fix is for: without the split, " \u00bd" is the space and the two bytes of "\u00bd" merged otherwise
+    assert theirs(text)["input_ids"] != ours(text)["input_ids"]

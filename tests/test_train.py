@@ -23,7 +23,7 @@ from mixln_convert.errors import MixLNError
 from mixln_convert.fetch import cache_dir
 from mixln_convert.workflows.train import train
 from mixln_convert.training import load_recipe
-from mixln_convert.training.recipe import FIELDS, _flatten
+from mixln_convert.training.recipe import FIELDS, RECIPES as RECIPES_DIR, _flatten, shipped_recipes
 
 REPO = Path(__file__).parent.parent
 RECIPES = sorted((REPO / "mixln_convert" / "recipes").glob("*.yaml"))
@@ -94,6 +94,9 @@ def test_recipes_by_name_and_listed(cli):
     listed = cli("train", "--list")
     assert listed.exit_code == 0 and all(p.stem in listed.stdout for p in RECIPES)
     assert "fsdp" in listed.stdout and "multi_gpu_ddp" in listed.stdout
+    for description in [*shipped_recipes().values(), *shipped_recipes(RECIPES_DIR / "accelerate").values()]:
+        assert description.endswith(".") and "Sized for" not in description, description  # a sentence, whole
+    assert "both arms 30 steps on the embedded corpus" in listed.stdout
     path = cli("recipes", "--path", "fsdp").stdout.strip()
     assert Path(path).is_file() and Path(path).name == "fsdp.yaml"
     cpu = load_recipe("smollm2-135m-cpu", [f"source={RECIPES[0]}"])

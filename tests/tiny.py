@@ -22,13 +22,14 @@ TRAINING_TEXT = [
 ]
 
 
-def tiny_tokenizer() -> PreTrainedTokenizerFast:
+def tiny_tokenizer(text: list[str] | None = None) -> PreTrainedTokenizerFast:
+    """A byte-level BPE of VOCAB tokens learned from ``text`` (TRAINING_TEXT by default), GPT-2's split."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<unk>", "<s>", "</s>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(TRAINING_TEXT, trainer)
+    tok.train_from_iterator(text or TRAINING_TEXT, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
 
 
@@ -74,13 +75,13 @@ def make_tiny_llama(folder: Path, seed: int = 0, norm_noise: float = 0.5, max_sh
 
 
 def write_tiny_gguf(folder: Path, arch, path: Path, head_dim: int | None = None, pre: str = "qwen2",
-                    general: dict | None = None, q8_0: bool = False) -> Path:
+                    general: dict | None = None, q8_0: bool = False, tokenizer=None) -> Path:
     """The float32 single-shard checkpoint at ``folder`` (of :func:`make_tiny_llama`) as llama.cpp
     writes a Qwen GGUF: tensors by the GGUF names of ``arch`` (an architectures/*.json description),
     q/k rows in HF's order (Qwen's rope is llama.cpp's "neox"; LLaMA's would need permuting), the
     byte-level BPE tokenizer as a "gpt2" vocabulary; ``head_dim`` overrides attention.key_length, ``pre`` is its
     tokenizer.ggml.pre, ``general`` more general.* strings ({"general.license": "apache-2.0"}), ``q8_0`` stores
-    the matrices quantized to Q8_0."""
+    the matrices quantized to Q8_0, ``tokenizer`` the vocabulary written (tiny_tokenizer()'s by default)."""
     from gguf import GGUFWriter, TokenType
 
     config = json.loads((Path(folder) / "config.json").read_text())
@@ -96,7 +97,7 @@ def write_tiny_gguf(folder: Path, arch, path: Path, head_dim: int | None = None,
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
     writer.add_vocab_size(config["vocab_size"])
-    vocabulary = json.loads(tiny_tokenizer().backend_tokenizer.to_str())["model"]
+    vocabulary = json.loads((tokenizer or tiny_tokenizer()).backend_tokenizer.to_str())["model"]
     tokens = sorted(vocabulary["vocab"], key=vocabulary["vocab"].get)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(pre)

@@ -10,6 +10,8 @@ plain architecture computes Norm(x + F(x)).
 This module imports neither torch nor transformers: the CLI's --help and bad options answer at once.
 """
 
+import sys
+import types
 from pathlib import Path
 
 from ..errors import MixLNError
@@ -69,5 +71,15 @@ def _checked_type(to: str, tensor_type: str | None) -> str | None:
         raise MixLNError(f"--type {tensor_type!r}: expected one of {', '.join(GGUF_TYPES)}")
     return tensor_type
 
+
+class _CallableModule(types.ModuleType):
+    """This package, callable as :func:`export`: once any of its modules is imported, Python binds the package to
+    ``mixln_convert.export``, so ``from mixln_convert import export`` gives the package, not the function."""
+
+    def __call__(self, *args, **kwargs) -> Path:
+        return export(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
 
 __all__ = ["DEFAULT_GGUF_TYPE", "GGUF_TYPES", "TARGETS", "export"]

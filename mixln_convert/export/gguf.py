@@ -254,10 +254,11 @@ def check_read_back(path: Path, out, source) -> None:
     kept, but transformers would not reproduce the source."""
     from transformers import AutoTokenizer
 
-    from ..io.gguf import GGUFCheckpoint
+    from ..io.gguf import DIGIT_SPLIT_PRES, GGUFCheckpoint
 
+    written = GGUFCheckpoint(path)
     try:
-        GGUFCheckpoint(path).config  # noqa: B018  (transformers' reading, checked against the header)
+        written.config  # noqa: B018  (transformers' reading, checked against the header)
         ids = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)(SAMPLE_TEXT)["input_ids"]
     except MixLNError as e:
         warn(f"{out}: written, but transformers cannot read it back: {str(e).replace(f'{path}: ', '')}")
@@ -265,7 +266,12 @@ def check_read_back(path: Path, out, source) -> None:
     except Exception as e:  # noqa: BLE001  (transformers' tokenizer builders raise many types)
         warn(f"{out}: written, but transformers cannot read its tokenizer back ({first_line(e)})")
         return
-    if ids != source.tokenizer(SAMPLE_TEXT)["input_ids"]:
+    expected = source.tokenizer(SAMPLE_TEXT)["input_ids"]
+    if ids != expected and written._pre in DIGIT_SPLIT_PRES and written.tokenizer(SAMPLE_TEXT)["input_ids"] == expected:
+        warn(f"{out}: written with tokenizer.ggml.pre {written._pre!r}, which llama.cpp reads as the source's split "
+             "(every digit on its own); transformers' own GGUF reader (gguf_file=) drops that split and encodes "
+             "numbers otherwise, mixln-convert's reader keeps it")
+    elif ids != expected:
         warn(f"{out}: written, but the tokenizer transformers reads from it encodes text otherwise than the source's "
              f"(on {SAMPLE_TEXT!r}); llama.cpp may too")
 

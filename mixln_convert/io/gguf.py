@@ -45,6 +45,7 @@ class GGUFCheckpoint(Checkpoint):
         self._layout = layout
         self.stored_types = sorted({t.tensor_type.name for t in stored.values()})  # Q4_1, Q8_0, F32, ...
         self._token_count = meta.get("tokenizer.ggml.tokens")  # how many tokens the file's vocabulary lists
+        self._pre = meta.get("tokenizer.ggml.pre")  # llama.cpp's pre-tokenizer name: how the file splits text
 
     @cached_property
     def _hf_config(self):
@@ -142,12 +143,38 @@ class GGUFCheckpoint(Checkpoint):
             super()._read_tokenizer().save_pretrained(folder)
             if isinstance(self._token_count, int):
                 _drop_tokens_past(Path(folder), self._token_count)
+            if self._pre in DIGIT_SPLIT_PRES:
+                _split_digits(Path(folder))
             tokenizer = AutoTokenizer.from_pretrained(folder)
         tokenizer.name_or_path = str(self.path)
         return tokenizer
 
     def _tokenizer_sources(self) -> str:
         return f"the tokenizer.ggml.* metadata of {self.path}"
+
+
+# llama.cpp's pre-tokenizers that split every number character (\p{N}) on its own before GPT-2's regex
+# (llama-vocab.cpp, LLAMA_VOCAB_PRE_TYPE_SMOLLM: "\p{N}", then GPT-2's): transformers' GGUF reader keeps only
+# the byte-level part, so "x²+y²=z², ½ of ¾" or "2026" would split otherwise than the file does
+DIGIT_SPLIT_PRES = ("smollm",)
+
+
+def _split_digits(folder: Path) -> None:
+    """The saved tokenizer in ``folder`` with tokenizers' Digits(individual_digits=True) before its byte-level
+    pre-tokenizer: the split of a GGUF whose tokenizer.ggml.pre is in DIGIT_SPLIT_PRES (SmolLM's own
+    tokenizer.json has the same two steps; Digits splits every Unicode number character, as \\p{N} does)."""
+    import json
+
+    file = folder / "tokenizer.json"
+    if not file.is_file():
+        return
+    saved = json.loads(file.read_text())
+    pre = saved.get("pre_tokenizer") or {}
+    if pre.get("type") != "ByteLevel" or not pre.get("use_regex", True):
+        return  # not the byte-level split transformers reads a "gpt2" vocabulary with: left as read
+    saved["pre_tokenizer"] = {"type": "Sequence",
+                              "pretokenizers": [{"type": "Digits", "individual_digits": True}, pre]}
+    file.write_text(json.dumps(saved))
 
 
 def _drop_tokens_past(folder: Path, count: int) -> None:

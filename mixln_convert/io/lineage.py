@@ -66,9 +66,29 @@ def read_export(folder) -> dict:
 
 def recorded(config: dict, exported: dict | None = None) -> dict:
     """``config`` with the records of the checkpoint an export was made from (``exported``'s
-    ``source_config``) where the config holds none of its own."""
+    ``source_config``) where the config holds none of its own; for a plain folder pruned after an export (its
+    pruning record holds that export's record, ``exported``), that export's history first."""
     past = (exported or {}).get("source_config") or {}
-    return {**config, **{key: value for key, value in past.items() if key not in config}}
+    merged = {**config, **{key: value for key, value in past.items() if key not in config}}
+    before = next((r["exported"] for r in _listed(merged.get("pruned")) if isinstance(r.get("exported"), dict)), None)
+    if before:
+        history = recorded(before.get("source_config") or {})
+        merged = {**history, **merged,
+                  "pruned": _unique([*_listed(history.get("pruned")), *_listed(merged.get("pruned"))])}
+    return merged
+
+
+def _listed(value) -> list[dict]:
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
+def _unique(items: list[dict]) -> list[dict]:
+    """``items`` without repeats, in order (a record an export kept and the pruned folder's own history both list)."""
+    kept = []
+    for item in items:
+        if item not in kept:
+            kept.append(item)
+    return kept
 
 
 def provenance(config: dict) -> dict:
@@ -76,9 +96,9 @@ def provenance(config: dict) -> dict:
 
 
 def records(config: dict, kind: str) -> list[dict]:
-    """The ``pruned`` or ``trained`` records of ``config`` (a Mix-LN config's provenance, else its top level)."""
-    found = provenance(config).get(kind) or config.get(kind) or []
-    return [record for record in found if isinstance(record, dict)] if isinstance(found, list) else []
+    """The ``pruned`` or ``trained`` records of ``config``: a Mix-LN config's provenance's, then its top level's
+    (a plain model's; both where a plain folder exported from a Mix-LN or LNS one was pruned)."""
+    return _unique([*_listed(provenance(config).get(kind)), *_listed(config.get(kind))])
 
 
 def add_record(config_file: Path, kind: str, record: dict) -> None:
@@ -98,7 +118,8 @@ def origin(config: dict, nearest=None) -> str | None:
     """The first checkpoint of the chain: the conversion's source, else the first recorded pruning's or
     training's, else ``nearest`` (the one the command read)."""
     firsts = [provenance(config).get("source"), *(r.get("source") for r in records(config, "trained")[:1]),
-              *(r.get("source") for r in records(config, "pruned")[:1]), nearest]
+              *((r.get("exported") or {}).get("source") or r.get("source") for r in records(config, "pruned")[:1]),
+              nearest]
     return next((str(path) for path in firsts if isinstance(path, (str, Path)) and str(path)), None)
 
 

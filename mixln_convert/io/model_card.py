@@ -37,7 +37,11 @@ STRATEGIES = {  # what each conversion strategy (conversion/plan.py) made of the
              "source's function",
 }
 PLACEHOLDER = "path/to/this/folder"
-METHOD_URL = "https://arxiv.org/abs/2412.13795"  # Mix-LN (Li et al.)  # where the load instructions name the folder: it moves, or goes to the Hub
+METHOD_URL = "https://arxiv.org/abs/2412.13795"  # Mix-LN (Li et al.)
+LNS_URL = "https://arxiv.org/abs/2502.05795"  # LayerNorm Scaling (Sun et al.)
+LOSSES = {"kl": "the KL divergence between the teacher's and the student's next-token distributions",
+          "residual": "the relative error of the residual stream entering the first Pre-LN block"}
+UNCHANGED = "with no Post-LN block it changed no weight: every tensor is the source's"
 
 
 def write_card(folder: Path, config: dict | None = None, source=None, trained: dict | None = None,
@@ -71,10 +75,10 @@ def model_card(config: dict, source=None, trained: dict | None = None, exported:
     origin = provenance.get("source") or (sources[-1] if sources else None)  # what the first command read
     blocks = [("h1", title(history, source, config)),
               ("p", f"Written by {_tool()} {__version__}, which converts a pretrained Pre-LN model "
-                    f"to [Mix-LN]({METHOD_URL}) (Post-LN in the first blocks, Pre-LN in the rest), heals and trains "
-                    "it, and exports what is a plain model again. Its facts are what the tool's commands recorded in "
-                    "config.json and the figures they measured, each with the text it was measured on; nothing of "
-                    "the source's own card is copied."),
+                    f"to [Mix-LN]({METHOD_URL}) (Post-LN in the first blocks, Pre-LN in the rest) or to "
+                    f"[LayerNorm Scaling]({LNS_URL}), heals and trains it, and exports what is a plain model again. "
+                    "What follows is what its commands recorded in config.json and the figures they measured, each "
+                    "with the text it was measured on; nothing of the source's own card is copied."),
               ("h2", "What was done"), ("ul", _done(config, history, origin, trained, exported)),
               ("h2", "How it was made"), *_commands(history, origin, trained, exported),
               ("h2", "Measured"), *_measured(provenance.get("heal"), trained),
@@ -198,7 +202,7 @@ def _text(data, trained: dict | None = None) -> str:
     data = str(data) if data is not None else "embedded:train"
     if data.startswith("embedded:"):
         split = data.removeprefix("embedded:")
-        return f"the tool's embedded corpus ({split} split: general English and Python docstrings)"
+        return f"mixln-convert's embedded corpus ({split} split: general English and Python docstrings)"
     if data.startswith("a stream of "):  # a heal given tokens: inside `train`, the training text's
         count = data.removeprefix("a stream of ").removesuffix(" tokens given")
         where = f" {_text(trained['data'])}" if trained and trained.get("data") else ""
@@ -309,14 +313,20 @@ def _done(config: dict, history: dict, origin: str | None, trained: dict | None,
                      f"{trained.get('tokens'):,} tokens of {_text(trained.get('data'))}, precision "
                      f"`{'fp32' if precision == 'no' else precision}`.")  # accelerate's "no": no mixed precision
     for record in records(history, "pruned"):
+        if isinstance(record.get("exported"), dict):  # pruned after an export: the export came first
+            items.append(_export(record["exported"]))
         items.append(_pruning(record))
     if exported:
-        folded = (" LayerNorm Scaling's 1/sqrt(l) folded into each block's norm gains;"
-                  if exported.get("folded_layernorm_scaling") else "")
-        items.append(f"Exported with `mixln-convert export --to llama` from {_name(exported.get('source', ''))} "
-                     f"(model type `{exported.get('source_model_type')}`) as a plain `{exported.get('architecture')}`:"
-                     f"{folded} the same logits, no remote code.")
+        items.append(_export(exported))
     return items
+
+
+def _export(exported: dict) -> str:
+    folded = (" LayerNorm Scaling's 1/sqrt(l) folded into each block's norm gains;"
+              if exported.get("folded_layernorm_scaling") else "")
+    return (f"Exported with `mixln-convert export --to llama` from {_name(exported.get('source', ''))} "
+            f"(model type `{exported.get('source_model_type')}`) as a plain `{exported.get('architecture')}`:"
+            f"{folded} the same logits, no remote code.")
 
 
 def _commands(history: dict, origin: str | None, trained: dict | None, exported: dict | None) -> list:
@@ -342,6 +352,9 @@ def _commands(history: dict, origin: str | None, trained: dict | None, exported:
         lines.append(f"mixln-convert train recipe.yaml --arm {trained.get('arm')} --out run/   # the recipe below")
         last = f"run/{trained.get('arm')}/final"
     for record in records(history, "pruned"):
+        if isinstance(record.get("exported"), dict):  # pruned after an export: the export came first
+            lines.append(f"mixln-convert export {last} exported/ --to {record['exported'].get('exported_to', 'llama')}")
+            last = "exported/"
         removed = record.get("removed_layers") or []
         how = (f"--layers {','.join(map(str, removed))}" if record.get("method") == "explicit"
                else f"--remove {len(removed)} --method {record.get('method')}")
@@ -403,8 +416,10 @@ def _conversion(config: dict, provenance: dict, command: str = "convert") -> str
         if not config.get("post_ln_layers") and not config.get("pruned") and not provenance.get("pruned"):
             what += (f" (floor(alpha x {config.get('num_hidden_layers')}) = 0: no block was made Post-LN, so the model "
                      "computes the source's Pre-LN function in the Mix-LN format)")
+    unchanged = (not config.get("layernorm_scaling") and not config.get("post_ln_layers")
+                 and strategy in ("calibrated", "move", "reinit-post"))  # they change only the Post-LN blocks
     text = (f"Converted with `mixln-convert {command}` {what}, strategy `{strategy}`: "
-            f"{STRATEGIES.get(strategy, strategy)}")
+            f"{UNCHANGED if unchanged else STRATEGIES.get(strategy, strategy)}")
     calibration = provenance.get("calibration")
     if isinstance(calibration, dict) and calibration.get("tokens"):
         text += (f" (calibrated on {calibration['tokens']:,} tokens of {_text(calibration.get('data'))}, windows of "
@@ -420,8 +435,9 @@ def _heal(record: dict, trained: dict | None = None) -> str:
     return (f"Healed with `mixln-convert heal`: the {which} distilled "
             f"against {_name(record['teacher']) if record.get('teacher') else 'the source'} on "
             f"{record.get('tokens', 0):,} tokens of {_text(record.get('data'), trained)} "
-            f"({_plural(record.get('steps'), 'step')}, `{record.get('loss')}` loss, lr {record.get('lr')})"
-            + (f", {record['data_passes']:.3g} passes over that text: it repeated" if (record.get("data_passes") or 0) > 1
+            f"({_plural(record.get('steps'), 'step')}, lr {record.get('lr')}; loss `{record.get('loss')}`: "
+            f"{LOSSES.get(record.get('loss'), 'as recorded')})"
+            + (f"; {record['data_passes']:.3g} passes over that text: it repeated" if (record.get("data_passes") or 0) > 1
                else "") + ".")
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from ..architectures import LNS_NORM_ROLES, lns_gain
 from ..analysis.choice import check_count, choose_layers, layer_scores, span_distances
 from ..errors import MixLNError
+from ..io.lineage import read_export
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable, checkpoint_path
 from ..io.atomic import atomic_output_dir
@@ -70,6 +71,9 @@ def prune(src, dst, options: PruneOptions | None = None, *, force: bool = False,
         removed, reason = select_layers(source, num_layers, options, progress)
         record = tool_stamp(source=str(Path(src).absolute()), num_layers_before=num_layers, removed_layers=removed,
                             **reason, seconds=round(time.time() - started, 2))
+        exported = read_export(src) if Path(src).is_dir() else {}
+        if exported:  # an exported folder: its history is in its mixln_export.json, which the pruned one keeps here
+            record["exported"] = exported
         write_checkpoint(tmp, kept_tensors(source, source.arch, removed),
                          pruned_config(source.config, source.is_mixln, removed, record), source,
                          options.max_shard_bytes, desc="pruning", total=len(source.names()), progress=progress)

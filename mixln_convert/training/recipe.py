@@ -348,12 +348,20 @@ RECIPES = resources.files("mixln_convert") / "recipes"
 
 
 def shipped_recipes(folder=RECIPES) -> dict[str, str]:
-    """{name: first comment line} of the shipped recipes (or, given their folder, accelerate configs)."""
+    """{name: the first sentence of its opening comment} of the shipped recipes (or, given their folder, accelerate
+    configs): comment lines joined up to the one that ends a sentence, never past the "Sized for:" line."""
     found = {}
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".yaml"):
-            first = next((line for line in entry.read_text().splitlines() if line.startswith("#")), "#")
-            found[entry.name.removesuffix(".yaml")] = first.lstrip("# ").strip()
+            description = ""
+            for line in entry.read_text().splitlines():
+                part = line.lstrip("# ").strip()
+                if not line.startswith("#") or not part or part.startswith("Sized for"):
+                    break
+                description = f"{description} {part}".strip()
+                if description.endswith("."):
+                    break
+            found[entry.name.removesuffix(".yaml")] = description
     return found
 
 
