@@ -470,7 +470,8 @@ def step(argv):
         "torch": torch.__version__})
 
 
-def heal_step_seconds(work: Path, converted: Path, stream, steps: int, batch: int, seq_len: int, **settings) -> list[float]:
+def heal_step_seconds(work: Path, converted: Path, stream, steps: int, batch: int, seq_len: int,
+                      **settings) -> list[float]:
     """Seconds of each of ``steps`` steps of ``heal()`` itself (``work / "source"`` the teacher), one step more
     run first to warm up: the differences of consecutive ``seconds`` in its heal_metrics.jsonl (the
     evaluations fall outside them)."""

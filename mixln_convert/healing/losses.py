@@ -75,8 +75,8 @@ def chunked_kl(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, stude
     total = 0.0
     for start in range(0, len(student_hidden), chunk_tokens):
         chunk = slice(start, start + chunk_tokens)
-        total = total + checkpoint(_kl_mean, student_hidden[chunk], teacher_hidden[chunk], student_head, teacher_head,
-                                   1 / len(student_hidden), use_reentrant=False)
+        total = total + checkpoint(_kl_mean, student_hidden[chunk], teacher_hidden[chunk], student_head,
+                                   teacher_head, 1 / len(student_hidden), use_reentrant=False)
     return total
 
 
@@ -89,7 +89,8 @@ def _kl_mean(student_hidden, teacher_hidden, student_head, teacher_head, scale: 
 def distribution_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
     """KL(teacher || student) of the next-token distributions, averaged over tokens (the teacher's
     logits get no gradient)."""
-    return FusedKL.apply(student_logits.flatten(0, -2), teacher_logits.flatten(0, -2), 1 / student_logits[..., 0].numel())
+    tokens = student_logits[..., 0].numel()
+    return FusedKL.apply(student_logits.flatten(0, -2), teacher_logits.flatten(0, -2), 1 / tokens)
 
 
 class FusedKL(torch.autograd.Function):
