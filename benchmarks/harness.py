@@ -89,6 +89,17 @@ def alternate(runs: dict, rounds: int) -> dict[str, list[float]]:
     return times
 
 
+def machine() -> dict:
+    """The CPU (lscpu's model name and which of its bf16 matmul instructions it has) and the load average
+    (1, 5, 15 min): a figure on this shared machine says how loaded it was."""
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model, flags = re.search(r"Model name:\s*(.+)", lscpu), re.search(r"Flags:\s*(.+)", lscpu)
+    flags = set(flags.group(1).split()) if flags else set()
+    bf16 = ", ".join(f"{f} {'yes' if f in flags else 'no'}" for f in ("avx512_bf16", "amx_bf16"))
+    return {"cpu": f"{model.group(1).strip() if model else 'unknown CPU'} ({os.cpu_count()} cores; {bf16})",
+            "load": " / ".join(f"{x:.2f}" for x in os.getloadavg())}
+
+
 def run(command: list, env: dict | None = None, check: bool = True) -> tuple[float, int, str]:
     """Wall seconds, peak RSS (bytes: the OS's figure, wait4's ru_maxrss) and stdout of ``command`` in a
     child process; with ``check``, a failure exits with the end of its stderr."""

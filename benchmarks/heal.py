@@ -410,7 +410,6 @@ def step(argv):
     import torch
 
     from mixln_convert import convert
-    from mixln_convert.healing import heal
     from mixln_convert.healing.losses import distribution_kl
     from mixln_convert.io.loader import open_checkpoint
     from mixln_convert.surgery.shared_tail import load_pair
@@ -422,19 +421,10 @@ def step(argv):
         args.steps, args.batch, args.seq_len)
 
     def heal_steps(loss: str) -> list[float]:
-        out = work / f"healed-{time.monotonic_ns()}"
-        heal(converted, work / "source", out, data=stream, tokens=(args.steps + 1) * args.batch * args.seq_len,
-             loss=loss, seq_len=args.seq_len, batch_size=args.batch, eval_tokens=args.seq_len, perplexity=False,
-             progress=False)
-        seconds = [json.loads(line).get("seconds", 0.0) for line in (out / "heal_metrics.jsonl").read_text().splitlines()]
-        return [b - a for a, b in zip(seconds[1:], seconds[2:])]
+        return heal_step_seconds(work, converted, stream, args.steps, args.batch, args.seq_len, loss=loss)
 
     def train_steps(steps) -> list[float]:
-        def one(batch):
-            model(input_ids=batch, labels=batch).loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-        return [harness.timed(lambda: one(batch))[0] for batch in steps]
+        return train_step_seconds(model, optimizer, steps)
 
     def parts(batch) -> dict:
         """Seconds of the teacher's forward, and of the student's forward + KL + backward (against fixed logits)."""
@@ -480,6 +470,99 @@ def step(argv):
         "torch": torch.__version__})
 
 
+def heal_step_seconds(work: Path, converted: Path, stream, steps: int, batch: int, seq_len: int,
+                      **settings) -> list[float]:
+    """Seconds of each of ``steps`` steps of ``heal()`` itself (``work / "source"`` the teacher), one step more
+    run first to warm up: the differences of consecutive ``seconds`` in its heal_metrics.jsonl (the
+    evaluations fall outside them)."""
+    from mixln_convert.healing import heal
+
+    out = work / f"healed-{time.monotonic_ns()}"
+    heal(converted, work / "source", out, data=stream, tokens=(steps + 1) * batch * seq_len, seq_len=seq_len,
+         batch_size=batch, eval_tokens=seq_len, perplexity=False, progress=False, **settings)
+    seconds = [json.loads(line).get("seconds", 0.0) for line in (out / "heal_metrics.jsonl").read_text().splitlines()]
+    shutil.rmtree(out)
+    return [b - a for a, b in zip(seconds[1:], seconds[2:])]
+
+
+def train_step_seconds(model, optimizer, batches, bf16: bool = False) -> list[float]:
+    """Seconds of a training step (forward, backward, AdamW of every parameter) on each of ``batches``;
+    ``bf16``: the forward under bf16 autocast over the float32 masters, as the trainer's bf16 precision runs it."""
+    import torch
+
+    def one(batch):
+        with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+            loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return [harness.timed(lambda: one(batch))[0] for batch in batches]
+
+
+def speed(argv):
+    """Heal and train tokens/s side by side, in fp32 and bf16.
+
+    A random model of a published shape (default SmolLM2-135M's) is saved and converted with ``move``
+    at alpha 0.25; then, round after round (so that machine load falls on all alike), at the heal's
+    default window (``--batch`` x ``--seq-len``): ``heal()`` itself with the ``kl`` loss in ``--dtype
+    fp32`` and ``bf16`` (``--steps`` steps each, timed as the ``step`` case times them), and a training
+    step of the Pre-LN model (forward, backward and AdamW of every parameter) in fp32 and under bf16
+    autocast over float32 masters (the trainer's ``precision: bf16``). Prints the medians as tokens/s,
+    heal / train per dtype (FLOPs say ~0.75: a teacher forward, 2N a token, on a training step's 6N)
+    and bf16 / fp32 per kind, under a header with the CPU, its bf16 instructions (lscpu) and the load
+    average at the start and the end; ``--json`` keeps every step's time.
+    """
+    from mixln_convert.options import HEAL_BATCH_SIZE, HEAL_SEQ_LEN
+
+    p = harness.parser(speed)
+    p.add_argument("--shape", choices=harness.SHAPES, default="smollm2-135m")
+    p.add_argument("--batch", type=int, default=HEAL_BATCH_SIZE)
+    p.add_argument("--seq-len", type=int, default=HEAL_SEQ_LEN)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--steps", type=int, default=2, help="timed steps per round and kind")
+    p.add_argument("--json", type=Path, help="write the figures here")
+    args = p.parse_args(argv)
+    import numpy as np
+    import torch
+
+    from mixln_convert import convert
+    from mixln_convert.io.loader import open_checkpoint
+    from mixln_convert.training.loop import adamw
+
+    started = harness.machine()
+    tokenizer = harness.docstring_tokenizer(min(1024, harness.SHAPES[args.shape]["vocab_size"]))
+    stream = np.random.default_rng(0).integers(0, len(tokenizer), 1 << 16).astype(np.int64)
+    batches = torch.from_numpy(stream[: args.steps * args.batch * args.seq_len].copy()).view(
+        args.steps, args.batch, args.seq_len)
+    with tempfile.TemporaryDirectory() as work:
+        work = Path(work)
+        harness.random_source(work / "source", args.shape, tokenizer)
+        converted = convert(work / "source", work / "converted", alpha=0.25, strategy="move", progress=False)
+        model = open_checkpoint(work / "source").model(dtype=torch.float32).requires_grad_(True)
+        optimizer = adamw([{"params": list(model.parameters())}], betas=(0.9, 0.95))
+        train_step_seconds(model, optimizer, batches[:1])  # warm-up: allocator, AdamW state
+        kinds = {f"{kind} {dtype}": (kind, dtype) for kind in ("heal", "train") for dtype in ("fp32", "bf16")}
+        times = {name: [] for name in kinds}
+        for _ in range(args.rounds):
+            for name, (kind, dtype) in kinds.items():
+                times[name] += (heal_step_seconds(work, converted, stream, args.steps, args.batch, args.seq_len,
+                                                  loss="kl", dtype=dtype) if kind == "heal" else
+                                train_step_seconds(model, optimizer, batches, bf16=dtype == "bf16"))
+    ended = harness.machine()
+    rate = {name: args.batch * args.seq_len / statistics.median(t) for name, t in times.items()}
+    print(f"\n{args.shape} (move, alpha 0.25), steps of {args.batch} x {args.seq_len} tokens, {args.rounds} rounds of "
+          f"{args.steps} steps per kind, {torch.get_num_threads()} threads; {started['cpu']}; load average "
+          f"{started['load']} at the start, {ended['load']} at the end\n")
+    print(harness.table(["kind", "tokens/s (median)", "step s (each)", "x fp32"], [
+        [name, f"{rate[name]:.1f}", ", ".join(f"{t:.1f}" for t in times[name]),
+         f"{rate[name] / rate[name.replace('bf16', 'fp32')]:.2f}x"] for name in times]))
+    print("\nheal / train tokens/s: " + ", ".join(f"{d} {rate[f'heal {d}'] / rate[f'train {d}']:.3f}"
+                                                 for d in ("fp32", "bf16")) + " (FLOPs: ~0.75)")
+    harness.write_json(args.json, {"args": vars(args), "start": started, "end": ended, "tokens_per_s": rate,
+                                   "step_seconds": times, "threads": torch.get_num_threads(),
+                                   "torch": torch.__version__})
+
+
 CASES = {
     "quality": harness.Case(quality, "~30-60 min (heal ~15 min)", [
         "--paragraphs", "docs/*.md", "--paragraph-count", "20", "--tokens", "1024", "--checkpoints", "512",
@@ -488,4 +571,5 @@ CASES = {
                          needs="prepare here, run on the GPU machine"),
     "memory": harness.Case(memory, "~15 min", ["--shape", "tiny", "--no-bf16"]),
     "step": harness.Case(step, "~5 min", ["--shape", "tiny", "--rounds", "1", "--seq-len", "64"]),
+    "speed": harness.Case(speed, "~20 min", ["--shape", "tiny", "--rounds", "1", "--seq-len", "64", "--steps", "1"]),
 }

@@ -30,6 +30,7 @@ HEAL_SEQ_LEN, HEAL_BATCH_SIZE = 256, 4  # healing/: a step of 4 x 256 tokens
 HEAL_TOKENS = 65_536  # healing/: 64 steps
 HEAL_CHECKPOINT_INTERVAL = 100  # healing/: steps; a checkpoint holds the Post-LN blocks and their AdamW state only
 KL_CHUNK_TOKENS = 128  # healing/losses.py: positions whose logits a checkpointed kl heal holds at once
+KL_BLOCK_ELEMENTS = 2**19  # healing/losses.py: logits the KL goes over at a time (2 MiB in float32: in cache)
 
 ALPHA = 0.25  # conversion/layout.py: the share of leading blocks made Post-LN unless told otherwise
 # conversion/converter.py's calibrated gains. Short windows fit better (docs/measurements.md): each

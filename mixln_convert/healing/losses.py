@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..architectures import architecture_of_model
-from ..options import KL_CHUNK_TOKENS
+from ..options import KL_BLOCK_ELEMENTS, KL_CHUNK_TOKENS
 
 
 class Residual:
@@ -75,18 +75,48 @@ def chunked_kl(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, stude
     total = 0.0
     for start in range(0, len(student_hidden), chunk_tokens):
         chunk = slice(start, start + chunk_tokens)
-        total = total + checkpoint(_kl_sum, student_hidden[chunk], teacher_hidden[chunk], student_head, teacher_head,
-                                   use_reentrant=False)
-    return total / len(student_hidden)
+        total = total + checkpoint(_kl_mean, student_hidden[chunk], teacher_hidden[chunk], student_head,
+                                   teacher_head, 1 / len(student_hidden), use_reentrant=False)
+    return total
 
 
-def _kl_sum(student_hidden, teacher_hidden, student_head, teacher_head) -> torch.Tensor:
+def _kl_mean(student_hidden, teacher_hidden, student_head, teacher_head, scale: float) -> torch.Tensor:
     with torch.no_grad():
-        target = F.log_softmax(teacher_head(teacher_hidden).float(), -1)
-    return F.kl_div(F.log_softmax(student_head(student_hidden).float(), -1), target, log_target=True, reduction="sum")
+        target = teacher_head(teacher_hidden)
+    return FusedKL.apply(student_head(student_hidden), target, scale)
 
 
 def distribution_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
-    """KL(teacher || student) of the next-token distributions, averaged over tokens."""
-    return F.kl_div(F.log_softmax(student_logits.float().flatten(0, -2), -1),
-                    F.log_softmax(teacher_logits.float().flatten(0, -2), -1), log_target=True, reduction="batchmean")
+    """KL(teacher || student) of the next-token distributions, averaged over tokens (the teacher's
+    logits get no gradient)."""
+    tokens = student_logits[..., 0].numel()
+    return FusedKL.apply(student_logits.flatten(0, -2), teacher_logits.flatten(0, -2), 1 / tokens)
+
+
+class FusedKL(torch.autograd.Function):
+    """``scale`` x KL(teacher || student) summed over the rows of [tokens, vocab] logits, in float32 whatever
+    their dtype, a few rows at a time, its gradient (``scale`` x (softmax(student) - softmax(teacher)), in
+    the student's logits' dtype) formed in the same pass. Autograd's log_softmax, kl_div and their
+    backwards go over float32 copies of the whole [tokens, vocab] tensors a dozen times, which under bf16
+    cost more than the heads' matmuls (docs/measurements.md); a block of rows stays in cache, and one
+    saved tensor replaces three."""
+
+    @staticmethod
+    def forward(ctx, student_logits: torch.Tensor, teacher_logits: torch.Tensor, scale: float) -> torch.Tensor:
+        gradient = torch.empty_like(student_logits)
+        total = torch.zeros((), dtype=torch.float32, device=student_logits.device)
+        rows = max(1, KL_BLOCK_ELEMENTS // student_logits.shape[-1])
+        for start in range(0, len(student_logits), rows):
+            block = slice(start, start + rows)
+            student = F.log_softmax(student_logits[block].float(), -1)
+            teacher = F.log_softmax(teacher_logits[block].float(), -1)
+            p = teacher.exp()
+            total += teacher.sub_(student).mul_(p).sum()  # sum of p_t (log p_t - log p_s)
+            gradient[block] = student.exp_().sub_(p).mul_(scale)
+        ctx.save_for_backward(gradient)
+        return total * scale
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        (gradient,) = ctx.saved_tensors
+        return gradient * grad_output, None, None
