@@ -169,8 +169,9 @@ CPU = Hardware(1, "single", "cpu", 8 * 10**9)
 
 def heal_recipe(tiny_llama, converted, *settings):
     """The CPU recipe healing ``converted`` against ``tiny_llama`` (a few steps of 4 x 128), with ``settings``."""
-    return load_recipe(RECIPES / "smollm2-135m-cpu.yaml", [f"source={tiny_llama}", f"converted={converted}",
-                                                           "heal.tokens=4096", "heal.seq_len=128", *settings])
+    items = dict(item.split("=", 1) for item in [f"source={tiny_llama}", f"converted={converted}", "heal.tokens=4096",
+                                                 "heal.seq_len=128", *settings])  # a key given twice is refused
+    return load_recipe(RECIPES / "smollm2-135m-cpu.yaml", [f"{key}={value}" for key, value in items.items()])
 
 
 def heal_step_peak(recipe, profile_file) -> int:
