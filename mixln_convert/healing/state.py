@@ -19,7 +19,7 @@ import torch
 from ..errors import MixLNError, first_line, warn
 from ..io.atomic import write_atomic
 from ..io.paths import check_not_input
-from ..io.records import cut_metrics
+from ..io.records import changed_setting, cut_metrics
 
 RECORD = "run.json"
 KIND = "mixln-convert heal"  # the record's "kind": a folder without it is not a heal's to remove
@@ -59,13 +59,11 @@ class HealState:
         if not isinstance(started.get("settings"), dict):
             raise MixLNError(f"{self.folder / RECORD}: damaged; it holds the settings --resume must match: "
                              "--force starts afresh")
-        started = started["settings"]
-        now = json.loads(json.dumps(settings))  # as the record reads back
-        for key in sorted(set(now) | set(started)):
-            if now.get(key) != started.get(key):
-                raise MixLNError(f"--resume: the heal in {self.folder} started with {key} "
-                                 f"{json.dumps(started.get(key))}, not {json.dumps(now.get(key))}; give the same, or "
-                                 "--force to start afresh")  # a long value is cut by MixLNError
+        changed = changed_setting(settings, started["settings"])
+        if changed:
+            key, was, now = changed
+            raise MixLNError(f"--resume: the heal in {self.folder} started with {key} {json.dumps(was)}, not "
+                             f"{json.dumps(now)}; give the same, or --force to start afresh")  # MixLNError cuts a long value
         self.owned = True
         return True
 

@@ -101,6 +101,16 @@ class Result:
         """What the fields say of each other, checked (a MixLNError naming ``file``)."""
 
 
+def changed_setting(settings: dict, recorded: dict) -> tuple[str, object, object] | None:
+    """The first setting of ``settings`` that differs from ``recorded`` (what a run began with, read back from
+    JSON), as (key, recorded value, value now); a key only one of them has differs too. None: all the same."""
+    now = json.loads(json.dumps(settings))  # as the record reads back (tuples become lists)
+    for key in [*now, *(key for key in recorded if key not in now)]:
+        if now.get(key) != recorded.get(key):
+            return key, recorded.get(key), now.get(key)
+    return None
+
+
 def read_json(file: Path):
     """``file``'s JSON value; one line naming the file if it is missing or no JSON."""
     try:

@@ -13,7 +13,7 @@ from pathlib import Path
 from ..errors import MixLNError
 from ..io.atomic import atomic_output_dir, hold, write_atomic
 from ..io.paths import check_destination
-from ..io.records import write_json
+from ..io.records import changed_setting, write_json
 
 RECORD = "run.json"
 STAGE_RESULT = "result.json"  # in each stage's folder: what a resume reads instead of running it again
@@ -106,11 +106,11 @@ def _check_resume(out, target: Path, kind: str, settings: dict, resume: bool, fo
         raise MixLNError(f"{record}: damaged; it holds the settings --resume must match") from None
     if kind_there != kind:
         raise MixLNError(f"--out {out}: holds a {kind_there}, not a {kind}; choose another --out")
-    now = json.loads(json.dumps(settings))  # as the record reads back (tuples become lists)
-    for key in [*now, *(key for key in settings_there if key not in now)]:
-        if now.get(key) != settings_there.get(key):
-            raise MixLNError(f"--resume: the {kind} in {out} started with {key} {_shown(settings_there.get(key))}, "
-                             f"not {_shown(now.get(key))}; give the same, or another --out")
+    changed = changed_setting(settings, settings_there)
+    if changed:
+        key, was, now = changed
+        raise MixLNError(f"--resume: the {kind} in {out} started with {key} {_shown(was)}, not {_shown(now)}; give "
+                         "the same, or another --out")
 
 
 def _shown(value) -> str:
