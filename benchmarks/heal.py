@@ -81,7 +81,7 @@ def quality(argv):
     Measured with --paragraphs '<python3.11-doc>/usr/share/doc/python3.11/html/_sources/**/*.txt'
     --lines '<gensim-4.4.0 wheel>/gensim/test/test_data/lee_background.cor' (docs/measurements.md).
     """
-    from mixln_convert.options import HEAL_BATCH_SIZE, HEAL_LR, HEAL_SEQ_LEN
+    from mixln_convert.options import HEAL_BATCH_SIZE, HEAL_LR, SEQ_LEN
 
     p = harness.parser(quality)
     p.add_argument("--packed", nargs="+", default=LICENCES,
@@ -93,7 +93,7 @@ def quality(argv):
     p.add_argument("--alpha", type=float, default=0.25)
     p.add_argument("--tokens", type=int, default=65_536, help="heal tokens (heal's default)")
     p.add_argument("--lr", type=float, default=HEAL_LR)
-    p.add_argument("--heal-seq-len", type=int, default=HEAL_SEQ_LEN, help="heal's training window length")
+    p.add_argument("--heal-seq-len", type=int, default=SEQ_LEN, help="heal's training window length")
     p.add_argument("--heal-batch-size", type=int, default=HEAL_BATCH_SIZE, help="heal's windows per step")
     p.add_argument("--loss", default="kl")
     p.add_argument("--heal-data", nargs="+", default=None,
@@ -512,12 +512,12 @@ def speed(argv):
     and bf16 / fp32 per kind, under a header with the CPU, its bf16 instructions (lscpu) and the load
     average at the start and the end; ``--json`` keeps every step's time.
     """
-    from mixln_convert.options import HEAL_BATCH_SIZE, HEAL_SEQ_LEN
+    from mixln_convert.options import HEAL_BATCH_SIZE, SEQ_LEN
 
     p = harness.parser(speed)
     p.add_argument("--shape", choices=harness.SHAPES, default="smollm2-135m")
     p.add_argument("--batch", type=int, default=HEAL_BATCH_SIZE)
-    p.add_argument("--seq-len", type=int, default=HEAL_SEQ_LEN)
+    p.add_argument("--seq-len", type=int, default=SEQ_LEN)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--steps", type=int, default=2, help="timed steps per round and kind")
     p.add_argument("--json", type=Path, help="write the figures here")

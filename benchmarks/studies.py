@@ -89,11 +89,11 @@ def demo_lr(argv):
 
         python -m benchmarks studies demo-lr 1e-4:mixln 3e-5:mixln 1e-5:mixln 1e-4:mixln:0.01 3e-5:preln
     """
-    from mixln_convert.options import DEMO_EVAL_TOKENS, DEMO_HEAL_TOKENS, DEMO_TRAIN_TOKENS
+    from mixln_convert.options import DEMO_EVAL_TOKENS, DEMO_TRAIN_TOKENS, DemoOptions
 
     p = harness.parser(demo_lr)
     p.add_argument("runs", nargs="+", metavar="LR:ARM[:POST_LN_LR_SCALE]")
-    p.add_argument("--heal-tokens", type=int, default=DEMO_HEAL_TOKENS, help="the demo's --heal-tokens")
+    p.add_argument("--heal-tokens", type=int, default=DemoOptions.heal_tokens, help="the demo's --heal-tokens")
     p.add_argument("--train-tokens", type=int, default=DEMO_TRAIN_TOKENS, help="the demo's --train-tokens")
     args = p.parse_args(argv)
     import torch

@@ -32,17 +32,6 @@ def check_force_or_resume(force: bool, resume: bool) -> None:
         raise MixLNError("--force and --resume: give one (--force starts afresh, --resume continues)")
 
 
-def check_seq_len(flag: str, seq_len: int, config: dict, opt_in: str | None = None, allow_longer: bool = False) -> None:
-    """A sequence length the model was trained for: at most its ``max_position_embeddings``
-    (positions beyond it were never seen in pre-training), unless the user opts in with
-    ``opt_in`` (the option's name, for the message; None where the command has none). Its range is
-    checked where it enters (options.py, the recipe)."""
-    limit = config.get("max_position_embeddings")
-    if limit and seq_len > limit and not allow_longer:
-        hint = f" ({opt_in} to use it anyway)" if opt_in else ""
-        raise MixLNError(f"{flag}: {seq_len} exceeds the model's max_position_embeddings {limit}{hint}")
-
-
 # Upper bounds of the counts a user gives, checked where they enter: a count past its bound
 # would run for days, hang building plans, or start processes until the system refuses.
 MAX_SEEDS = 100  # seeds per arm: each trains every arm once more

@@ -5,13 +5,17 @@ evaluation definition."""
 
 import dataclasses
 from dataclasses import dataclass
+from importlib import resources
 from typing import ClassVar
+
+import yaml
 
 from .errors import MixLNError
 from .limits import MAX_ALPHAS, MAX_EXAMPLES, MAX_PROCESSES, MAX_SEEDS, MAX_TASKS, check_processes, parse_size
 from .schema import (BATCH, FRACTION, NONNEGATIVE, OPEN_FRACTION, POSITIVE_NUMBER, SEED, TOKENS, TOKENS_OR_ZERO,
-                     Choice, Count, Flag, Folder, Names, Number, Numbers, Size, SpikeFactor, Text, check_settings,
-                     comma_list, setting)
+                     Choice, Count, Flag, Folder, Names, Number, Numbers, Size, SpikeFactor, Text, Window,
+                     check_settings, check_windows, comma_list, declared, flag, flag_in, key_in,
+                     setting)
 
 STRATEGIES = ("calibrated", "move", "reinit-post", "scratch")  # conversion/plan.py
 # conversion/converter.py: Mix-LN (the first blocks Post-LN) or LayerNorm Scaling (architectures/__init__.py)
@@ -23,10 +27,13 @@ DEFAULT_ARMS = ("mixln", "preln")
 METHODS = ("angular", "drop", "last")  # analysis/choice.py: how N blocks to remove are chosen
 LOSSES = ("kl", "residual")  # healing/losses.py
 HEAL_DTYPES = ("fp32", "bf16")  # healing/: of the frozen weights (the trained blocks stay float32)
+# The window of every command that trains or measures (heal, eval, analyze, prune, a recipe) unless a flag or
+# recipe key says otherwise: the paper's sequence length; short enough for 2 CPU cores
+SEQ_LEN = 256
 # The heal's peak learning rate: 1e-4 diverged on SmolLM2-135M's calibrated conversion (README).
 HEAL_LR = 3e-5
 HEAL_BETAS = (0.9, 0.999)  # healing/: AdamW's (torch's defaults); a training recipe has its own (optim.betas)
-HEAL_SEQ_LEN, HEAL_BATCH_SIZE = 256, 4  # healing/: a step of 4 x 256 tokens
+HEAL_BATCH_SIZE = 4  # healing/: a step of 4 windows of SEQ_LEN
 HEAL_TOKENS = 65_536  # healing/: 64 steps
 HEAL_CHECKPOINT_INTERVAL = 100  # healing/: steps; a checkpoint holds the Post-LN blocks and their AdamW state only
 KL_CHUNK_TOKENS = 128  # healing/losses.py: positions whose logits a checkpointed kl heal holds at once
@@ -36,7 +43,7 @@ ALPHA = 0.25  # conversion/layout.py: the share of leading blocks made Post-LN u
 # conversion/converter.py's calibrated gains. Short windows fit better (docs/measurements.md): each
 # window's first positions carry the massive activations, and short windows give the fit more of them.
 CALIBRATION_TOKENS, CALIBRATION_SEQ_LEN = 8192, 128
-PRUNE_SEQ_LEN, PRUNE_TOKENS = 256, 8 * 256  # surgery/prune.py: the windows --method angular/drop measure
+PRUNE_TOKENS = 8 * SEQ_LEN  # surgery/prune.py: the windows --method angular/drop measure
 BATCH_SIZE = 4  # windows per forward pass of a measurement (eval, analyze, prune)
 MAX_SHARD_SIZE = "5GB"  # the largest output shard a heal or prune writes, and a conversion's cap
 SHARD_TOKENS = 2**25  # data/tokenization.py: 32M tokens, 64 MiB of uint16 a shard
@@ -52,17 +59,16 @@ PARALLELISMS = ("single", "ddp", "fsdp")  # training/memory.py: one process, rep
 DEVICES = ("gpu", "cpu")  # training/memory.py: what a recipe's hardware is
 
 # The one evaluation definition: every perplexity the tool reports is measured on the first EVAL_TOKENS
-# tokens of the held-out text in packed windows of EVAL_SEQ_LEN unless a flag or recipe key says
+# tokens of the held-out text in packed windows of SEQ_LEN unless a flag or recipe key says
 # otherwise, and each result records the data, token count and window length it used.
 EVAL_DATA = "embedded:validation"
-EVAL_SEQ_LEN = 256  # the paper's sequence length; short enough for 2 CPU cores
 EVAL_TOKENS = 8192  # 32 windows: enough for a bootstrap interval, and quick on CPU
-STUDY_EVAL_TOKENS = 8 * EVAL_SEQ_LEN  # study's analyses: one per arm, scheme and seed, so fewer tokens each
+STUDY_EVAL_TOKENS = 8 * SEQ_LEN  # study's analyses: one per arm, scheme and seed, so fewer tokens each
 
 # The CPU recipe that demo, sweep and study train with (shipped; each overrides what it varies): steps of
-# CPU_BATCH windows of EVAL_SEQ_LEN
+# CPU_BATCH windows of SEQ_LEN
 CPU_RECIPE, CPU_BATCH = "smollm2-135m-cpu", 4
-CPU_STEP_TOKENS = CPU_BATCH * EVAL_SEQ_LEN
+CPU_STEP_TOKENS = CPU_BATCH * SEQ_LEN
 
 
 def measured_on(where: dict) -> str:
@@ -79,14 +85,11 @@ def measured_on(where: dict) -> str:
             f"tokens, {tokens:,} scored")
 
 
-# The demo's budget (2 CPU cores, minutes): a heal of 16 steps (most of the gap closes by then; README),
-# 8 optimizer steps of the CPU recipe per arm, every stage measured on the same 8 windows.
-DEMO_HEAL_TOKENS = 16 * HEAL_BATCH_SIZE * HEAL_SEQ_LEN
+# The demo's budget (2 CPU cores, minutes): the CPU recipe's heal and lr (its keys, read once here for the demo's
+# defaults and --help), 8 optimizer steps of it per arm, every stage measured on the same 8 windows.
+CPU_RECIPE_KEYS = yaml.safe_load((resources.files(__package__) / "recipes" / f"{CPU_RECIPE}.yaml").read_text())
 DEMO_TRAIN_TOKENS = 8 * CPU_STEP_TOKENS
-DEMO_EVAL_TOKENS = 8 * EVAL_SEQ_LEN
-# The demo trains at the heal's lr rather than the CPU recipe's: the higher the lr, the more the
-# healed Mix-LN arm learns its way back into loops (python -m benchmarks studies demo-lr, README)
-DEMO_LR = HEAL_LR
+DEMO_EVAL_TOKENS = 8 * SEQ_LEN
 
 DATA_FORMATS = (".txt, .jsonl/.json/.json.gz (field 'text'), .parquet, a folder, a glob, or a Hugging Face Hub "
                 "dataset ORG/NAME[:CONFIG[:SPLIT]][@REVISION] (column 'text', split train unless named). Default: "
@@ -111,7 +114,7 @@ def alpha(default=ALPHA, kind=FRACTION, **declared):
 def heal_budget(default: int = 0):
     """The tokens a conversion is healed on before it is used (convert, demo, sweep; a recipe's heal.tokens)."""
     return setting(default, TOKENS_OR_ZERO, "Heal the conversion on N tokens: distil its Post-LN blocks from the "
-                   f"source, as `mixln-convert heal` (its defaults otherwise: {HEAL_BATCH_SIZE * HEAL_SEQ_LEN:,} "
+                   f"source, as `mixln-convert heal` (its defaults otherwise: {HEAL_BATCH_SIZE * SEQ_LEN:,} "
                    f"tokens a step; {HEAL_TOKENS:,} is heal's own default budget). 0: no heal.", metavar="N")
 
 
@@ -152,7 +155,7 @@ class HealSettings:
     """The settings of a heal's training that a recipe's ``heal`` section holds too: healing/run.py's
     HealRun and training/recipe.py's Heal both extend this (spike_factor: as the recipe's guard)."""
     tokens: int = setting(HEAL_TOKENS, TOKENS, "Training tokens.")
-    seq_len: int = setting(HEAL_SEQ_LEN, Count(1), "Tokens per training window.")
+    seq_len: int = setting(SEQ_LEN, Window(), "Tokens per training window.")
     batch_size: int = setting(HEAL_BATCH_SIZE, BATCH, "Windows per step.")
     lr: float = setting(HEAL_LR, POSITIVE_NUMBER, "Peak learning rate (warmup, then cosine).")
     loss: str = setting("kl", Choice(LOSSES),
@@ -172,12 +175,12 @@ class HealSettings:
         HEAL_CHECKPOINT_INTERVAL, Count(0), "Save what --resume continues from (the Post-LN blocks, AdamW's "
         "state, the schedule) every N steps, beside --out; 0: never.", metavar="N")
 
-    def check_one_step(self, name: str) -> None:
-        """A heal budget (``tokens``, named ``name`` in the error) of at least one step, or 0 (none)."""
+    def check_one_step(self, name=flag) -> None:
+        """A heal budget (``tokens``, named by ``name(field)`` in the error) of at least one step, or 0 (none)."""
         step = self.batch_size * self.seq_len
         if 0 < self.tokens < step:
-            raise MixLNError(f"{name}: {self.tokens} is less than one heal step ({self.batch_size} x {self.seq_len} "
-                             f"= {step} tokens)")
+            raise MixLNError(f"{name(declared(HealSettings)['tokens'][0])}: {self.tokens} is less than one heal "
+                             f"step ({self.batch_size} x {self.seq_len} = {step} tokens)")
 
 
 @dataclass(kw_only=True)
@@ -211,7 +214,7 @@ class HealOptions(Options, HealSettings, ShardSized):
     def check_combination(self):
         for tokens in self.eval_at:
             TOKENS.check("eval_at", tokens)
-        self.check_one_step("--tokens")
+        self.check_one_step()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -236,7 +239,7 @@ class ConvertOptions(Options, ShardSized):
     calibration_data: str | None = setting(None, Text(), "Text for the calibration statistics (default: embedded "
                                            "corpus, calibration split).", metavar="PATH")
     calibration_tokens: int = setting(CALIBRATION_TOKENS, TOKENS, "Tokens the calibrated gains are fitted on.")
-    calibration_seq_len: int = setting(CALIBRATION_SEQ_LEN, Count(1), "Tokens per calibration window (short "
+    calibration_seq_len: int = setting(CALIBRATION_SEQ_LEN, Window(), "Tokens per calibration window (short "
                                        "windows fit better; docs/measurements.md).")
     max_shard_size: str | int | None = setting(  # None: the source's largest shard, at most MAX_SHARD_SIZE
         None, Size(), "Largest output shard, e.g. 5GB, 500MB. Default: the source's largest shard, at most 5GB "
@@ -277,8 +280,27 @@ class ConvertOptions(Options, ShardSized):
         return self.layout == "lns"
 
 
+class HealsConversion:
+    """Options of a command that heals its conversion (convert --heal-tokens, sweep) on ``heal_tokens`` with heal's
+    other settings (:attr:`heal`), checked where the budget enters and, by :meth:`check_model`, once the model is
+    known: the heal itself checks neither again."""
+
+    @property
+    def heal(self) -> HealSettings:
+        # no checkpoints: a killed run converts again, so there is nothing a resume could continue
+        return HealSettings(tokens=self.heal_tokens, checkpoint_interval=0)
+
+    def check_combination(self):
+        self.heal.check_one_step(flag_in("heal"))  # against the step the heal runs
+
+    def check_model(self, config: dict) -> None:
+        """The heal's windows against the model's positions, named as a recipe's heal section names them."""
+        if self.heal_tokens:
+            check_windows(self.heal, config, key_in("heal"))
+
+
 @dataclass(frozen=True, kw_only=True)
-class ConvertHealOptions(Options):
+class ConvertHealOptions(HealsConversion, Options):
     """``convert --heal-tokens``: the conversion healed in the same run (workflows/train.py's convert_and_heal)."""
     heal_tokens: int = heal_budget()
     heal_data: str | None = setting(None, Text(), "Text for --heal-tokens, best of the kind the model will be "
@@ -288,7 +310,7 @@ class ConvertHealOptions(Options):
         if self.heal_data is not None and not self.heal_tokens:
             raise MixLNError("--heal-data: only a heal in the same run reads it (--heal-tokens N); this run would "
                              "ignore it")
-        HealSettings(tokens=self.heal_tokens).check_one_step("--heal-tokens")
+        super().check_combination()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -296,8 +318,8 @@ class Measurement(Options):
     """Text a model is measured on: ``max_tokens`` tokens of ``data`` (a path; None: the command's
     embedded split) in packed windows of ``seq_len``, ``batch_size`` windows a forward pass."""
     data: str | None = text("Held-out text.")
-    seq_len: int = setting(EVAL_SEQ_LEN, Count(1), "Tokens per evaluated window (at most the model's "
-                           "max_position_embeddings).")
+    seq_len: int = setting(SEQ_LEN, Window(opt_in="allow_longer"), "Tokens per evaluated window (at most the "
+                           "model's max_position_embeddings).")
     max_tokens: int = setting(EVAL_TOKENS, TOKENS, "Held-out tokens scored (whole windows of --seq-len).")
     batch_size: int = setting(BATCH_SIZE, BATCH, "Windows per forward pass.")
 
@@ -361,7 +383,7 @@ class PruneOptions(Measurement, ShardSized):
     remove ('20-23,27'), or ``remove`` blocks are chosen by ``method`` (angular and drop measure the
     model on the Measurement's text, default the embedded calibration split)."""
     data: str | None = text("Calibration text for --method angular/drop (default split: calibration).")
-    seq_len: int = setting(PRUNE_SEQ_LEN, Count(1), "Tokens per measured window.")
+    seq_len: int = setting(SEQ_LEN, Window(), "Tokens per measured window.")
     max_tokens: int = setting(PRUNE_TOKENS, TOKENS, "Tokens measured for --method angular/drop.")
     layers: str | None = setting(None, Text(), "Blocks to remove (0-based), e.g. 20-23,27.", metavar="LIST")
     remove: int | None = setting(None, Count(1), "Number of blocks to remove, chosen by --method.", metavar="N")
@@ -431,7 +453,7 @@ SEEDS = Count(1, MAX_SEEDS)  # seeds per arm: each trains every arm once more
 
 
 @dataclass(frozen=True, kw_only=True)
-class SweepOptions(Options):
+class SweepOptions(HealsConversion, Options):
     """What ``mixln-convert sweep`` measures (workflows/sweep.py): per alpha a calibrated conversion, a heal and a
     training (``heal_tokens``, ``train_tokens`` 0: none); ``lns``: the LNS retrofit trained like the control."""
     alphas: tuple[float, ...] = setting(SWEEP_ALPHAS, Numbers(FRACTION, 1, MAX_ALPHAS), "Post-LN ratios to try, "
@@ -457,7 +479,7 @@ class SweepOptions(Options):
         if self.lns and not self.train_tokens:
             raise MixLNError("--lns: the LNS retrofit computes the original's function, so only training tells them "
                              "apart; add --train-tokens N")
-        HealSettings(tokens=self.heal_tokens).check_one_step("--heal-tokens")
+        super().check_combination()
 
 
 STUDY_SCHEMES = {"scaled": True, "plain": False}  # a study's initialization scheme -> conversion.scaled_init
@@ -491,16 +513,13 @@ class DemoOptions(Options):
     """What ``mixln-convert demo`` runs (workflows/demo.py): ``source`` (None: SmolLM2-135M) converted at ``alpha``,
     healed on ``heal_tokens`` (0: no heal), both arms trained on ``train_tokens``."""
     alpha: float = alpha()
-    heal_tokens: int = heal_budget(DEMO_HEAL_TOKENS)
+    heal_tokens: int = heal_budget(CPU_RECIPE_KEYS["heal"]["tokens"])
     train_tokens: int = setting(DEMO_TRAIN_TOKENS, TOKENS, f"Training tokens per arm (the {CPU_RECIPE} recipe, "
-                                f"{CPU_STEP_TOKENS:,} tokens a step, at lr {DEMO_LR:g}); more for a real recovery.",
-                                metavar="N")
+                                f"{CPU_STEP_TOKENS:,} tokens a step, at lr {CPU_RECIPE_KEYS['optim']['lr']:g}); more "
+                                "for a real recovery.", metavar="N")
     eval_tokens: int = setting(DEMO_EVAL_TOKENS, TOKENS, "Held-out tokens every stage is measured on, by training "
                                "validation and analysis alike.", metavar="N")
     prune_curve: bool = setting(True, Flag(), "Also the perplexity with 1..L/2 blocks removed, for the original and "
                                 "both trained arms.", flag="--prune-curve/--no-prune-curve")
     source: str | None = setting(None, Text(), "Your own Pre-LN checkpoint (HF folder, .gguf or Hub id) instead of "
                                  "SmolLM2-135M.", metavar="MODEL")
-
-    def check_combination(self):
-        HealSettings(tokens=self.heal_tokens).check_one_step("--heal-tokens")

@@ -9,7 +9,7 @@ import torch
 
 from mixln_convert.analysis.layers import grad_norm_per_layer
 from mixln_convert.data import read_texts, token_windows
-from mixln_convert.options import EVAL_DATA, EVAL_SEQ_LEN, EVAL_TOKENS
+from mixln_convert.options import EVAL_DATA, SEQ_LEN, EVAL_TOKENS
 from mixln_convert.surgery.loading import load_model, load_tokenizer
 
 
@@ -31,9 +31,9 @@ def default_figures(tiny_llama, converted, tmp_path_factory):
     figures["analyze"] = json.loads((work / "analysis" / "analysis.json").read_text())
     # one optimizer step of 4 default-length sequences on the embedded corpus, Pre-LN arm only
     cli("train", "smollm2-135m-cpu", "--arm", "preln", "--out", work / "run", f"--set=source={tiny_llama}",
-        f"--set=max_tokens={4 * EVAL_SEQ_LEN}", "--set=precision=fp32", "--set=heal.tokens=0")
+        f"--set=max_tokens={4 * SEQ_LEN}", "--set=precision=fp32", "--set=heal.tokens=0")
     figures["train"] = json.loads((work / "run" / "preln" / "summary.json").read_text())
-    cli("heal", converted, "--teacher", tiny_llama, "--tokens", 4 * EVAL_SEQ_LEN, "--out", work / "healed")
+    cli("heal", converted, "--teacher", tiny_llama, "--tokens", 4 * SEQ_LEN, "--out", work / "healed")
     figures["heal"] = json.loads((work / "healed" / "config.json").read_text())["mixln_provenance"]["heal"]
     return figures
 
@@ -48,19 +48,19 @@ def test_every_command_gives_the_original_one_perplexity(default_figures):
 
 def test_every_result_says_what_it_was_measured_on(default_figures):
     f = default_figures
-    scored = EVAL_TOKENS // EVAL_SEQ_LEN * (EVAL_SEQ_LEN - 1)  # every window's first token is not predicted
+    scored = EVAL_TOKENS // SEQ_LEN * (SEQ_LEN - 1)  # every window's first token is not predicted
     described = [(f["eval"]["data"], f["eval"]["tokens"], f["eval"]["seq_len"]),
                  (f["analyze"]["data"], f["analyze"]["tokens"], f["analyze"]["seq_len"]),
                  tuple(f["train"]["validation"][k] for k in ("data", "tokens", "seq_len")),
                  tuple(f["heal"]["evaluation"][k] for k in ("data", "tokens", "seq_len"))]
-    assert described == [(EVAL_DATA, scored, EVAL_SEQ_LEN)] * 4
+    assert described == [(EVAL_DATA, scored, SEQ_LEN)] * 4
 
 
 def test_per_window_values_reproduce_the_figures(default_figures):
     """The per-window values an interval is bootstrapped from give back the figures themselves."""
     analysis, train = default_figures["analyze"], default_figures["train"]
     per_window = analysis["per_window"]
-    windows = EVAL_TOKENS // EVAL_SEQ_LEN
+    windows = EVAL_TOKENS // SEQ_LEN
     assert (len(per_window["loss"]) == len(per_window["loss_without_layer"]) == len(per_window["angular_distance"])
             == windows)
     loss = sum(per_window["loss"]) / windows

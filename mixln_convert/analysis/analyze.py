@@ -12,9 +12,9 @@ from ..evaluation.perplexity import check_finite_score, evaluate_documents, eval
 from ..io.atomic import atomic_output_dir
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable, checkpoint_path
-from ..limits import check_seq_len
 from ..options import EVAL_DATA, AnalyzeOptions
 from ..runtime import map_large_allocations
+from ..schema import check_windows
 from .choice import choose_layers
 from .layers import BlockRunner, RepresentationStatistics, grad_norm_per_layer, removal_sweep
 from .plots import plot_analysis
@@ -48,7 +48,7 @@ def analyze(ckpt, out, options: AnalyzeOptions | None = None, *, force: bool = F
     num_layers = source.config["num_hidden_layers"]
     if options.span > num_layers:
         raise MixLNError(f"--span: {options.span} exceeds the {num_layers} layers of this model")
-    check_seq_len("--seq-len", options.seq_len, source.config, "--allow-longer", options.allow_longer)
+    check_windows(options, source.config)
     with atomic_output_dir(out, force=force, protect=inputs) as tmp:
         result = measure(source, str(ckpt), options, task_manager, progress)
         result.write(tmp)

@@ -11,9 +11,10 @@ from ..io.atomic import atomic_output_dir
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable, checkpoint_path
 from ..io.writer import tool_stamp, write_checkpoint
-from ..limits import check_seq_len, parse_size
+from ..limits import parse_size
 from ..options import MAX_SHARD_SIZE, ConvertOptions
 from ..runtime import map_large_allocations
+from ..schema import check_windows
 from .layout import post_ln_count
 from .plan import ConversionPlan
 
@@ -56,7 +57,7 @@ def convert(src, dst, options: ConvertOptions | None = None, *, force: bool = Fa
              "= 0 Post-LN blocks: DST is the source's Pre-LN model in the Mix-LN format (its card says so); a larger "
              "--alpha or --post-ln-layers makes Post-LN blocks")
     if strategy == "calibrated" and post_ln_layers > 0:
-        check_seq_len("--calibration-seq-len", options.calibration_seq_len, config)
+        check_windows(options, config)
     if max_shard_bytes is None:  # the writer buffers one output shard of computed tensors
         max_shard_bytes = min(parse_size(MAX_SHARD_SIZE), source.largest_shard_bytes())
     out_dtype = TORCH_DTYPES.get(options.dtype) or source.dtype()

@@ -13,9 +13,9 @@ from tqdm.auto import tqdm
 
 from ..errors import MixLNError
 from ..io.paths import check_readable, checkpoint_path
-from ..limits import check_seq_len
 from ..options import EVAL_DATA, EvalOptions
 from ..runtime import map_large_allocations
+from ..schema import check_windows
 from .generation import greedy_continuations
 
 
@@ -121,7 +121,7 @@ def prepare_scoring(ckpt, options: EvalOptions | None = None, **settings) -> Sco
     packed = not options.tasks
     if not (packed or options.per_document):  # tasks without --per-document: no text, no windows
         return Scoring(source, options, None, None)
-    check_seq_len("--seq-len", options.seq_len, source.config, "--allow-longer", options.allow_longer)
+    check_windows(options, source.config)
     texts = read_texts(options.data, split="validation")
     windows = token_windows(source.tokenizer, texts, options.seq_len, options.max_tokens,
                             source=options.data or EVAL_DATA) if packed else None

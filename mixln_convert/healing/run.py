@@ -10,7 +10,8 @@ import contextlib
 import hashlib
 import shutil
 import time
-from dataclasses import KW_ONLY, dataclass, fields
+from collections.abc import Callable
+from dataclasses import KW_ONLY, Field, dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -24,10 +25,10 @@ from ..evaluation.perplexity import evaluate_documents, evaluate_perplexity
 from ..io.atomic import atomic_output_dir
 from ..io.paths import check_destination, check_readable, checkpoint_path
 from ..io.writer import tool_stamp, write_checkpoint
-from ..limits import check_seq_len
 from ..model.modeling_mixln import enable_checkpointing
 from ..options import EVAL_DATA, HEAL_BETAS, HealOptions
 from ..runtime import map_large_allocations
+from ..schema import check_windows, declared, flag
 from ..surgery.prefix import prefix_names
 from ..training.loop import (NonFiniteStep, StepGuard, adamw, block_grad_norms, clip_gradients, parameter_groups,
                              take_step, warmup_cosine)
@@ -54,7 +55,10 @@ class HealRun(HealOptions):
     ``activation_checkpointing``: keep only each block's input through a training step and recompute
     the rest in the backward (one more forward, for activations that no longer grow with the depth: see
     :func:`_recomputing`), and with the ``kl`` loss the logits too (:class:`.losses.ChunkedKL`).
-    ``seq_len_flag``: the option or recipe key that set ``seq_len``, for messages (None: the caller fixes the length).
+    ``named``: how the caller names these settings in errors: by flag (the heal command's), by recipe key
+    (train's ``heal.*``: :func:`~mixln_convert.schema.key_in`); None where the caller fixes them (convert
+    --heal-tokens, sweep). ``checked``: the caller checked the budget against the step and the windows against
+    the model where they entered (train, convert --heal-tokens, sweep), naming its own settings.
     ``resume``: continue the heal a kill interrupted (:mod:`.state`).
     """
 
@@ -65,7 +69,8 @@ class HealRun(HealOptions):
     force: bool = False
     resume: bool = False
     progress: bool = True
-    seq_len_flag: str | None = "--seq-len"
+    named: Callable[[Field], str] | None = flag
+    checked: bool = False
 
     def run(self) -> HealResult:
         map_large_allocations()
@@ -125,18 +130,22 @@ class HealRun(HealOptions):
             check_readable(inputs[flag], flag)
         check_destination(self.out, inputs, self.force, flag="--out")
         self.student_source, self.teacher_source = open_pair(self.converted, self.teacher)
-        check_seq_len(self.seq_len_flag or "seq_len", self.seq_len, self.student_source.config)
+        if not self.checked:
+            check_windows(self, self.student_source.config, self._name)
         self.tokenizer = same_tokenizer(self.student_source, self.teacher_source)
         self.post_ln_layers = self.student_source.config["post_ln_layers"]
         self.device = self.process.device
         self.state = HealState(self.out)
         return inputs
 
-    def _name(self, key: str) -> str:
-        """How the caller named the setting ``key``: a recipe key (``heal.batch_size``) or a flag."""
-        if self.seq_len_flag and not self.seq_len_flag.startswith("--"):
-            return f"{self.seq_len_flag.rsplit('.', 1)[0]}.{key}"
-        return f"--{key.replace('_', '-')}"
+    def check_one_step(self, name=flag) -> None:
+        if not self.checked:  # else checked where the caller's budget entered, against this step
+            super().check_one_step(name)
+
+    def _name(self, f: Field | str) -> str:
+        """The caller's name of the setting ``f`` (a field or its name): a flag, or a recipe key (``heal.lr``)."""
+        f = declared(HealOptions)[f][0] if isinstance(f, str) else f
+        return (self.named or flag)(f)
 
     def read_data(self) -> None:
         """The training windows (text is tokenized into the user cache; a tokenized folder is read as it is,
@@ -149,7 +158,7 @@ class HealRun(HealOptions):
         else:
             texts = self.data if isinstance(self.data, list) else read_texts(self.data, split="train")
             stream = token_stream(self.tokenizer, texts, self.tokens, _describe(self.data))
-        self.train_windows = windows(stream, self.seq_len, _describe(self.data), self.seq_len_flag)
+        self.train_windows = windows(stream, self.seq_len, _describe(self.data), self.named and self._name("seq_len"))
         self.passes = self.steps * self.batch_size / len(self.train_windows)
         if self.passes > 1 and self.process.is_main_process:
             warn(f"{_describe(self.data)}: holds "
@@ -160,7 +169,7 @@ class HealRun(HealOptions):
             held_out = np.asarray(held_out[: max(1, self.eval_tokens // self.seq_len) * self.seq_len])
             self.documents = _documents(held_out, self.tokenizer)
             self.eval_windows = torch.from_numpy(windows(held_out, self.seq_len, str(self.eval_data),
-                                                         self.seq_len_flag).astype(np.int64))
+                                                         self.named and self._name("seq_len")).astype(np.int64))
         else:
             self.documents = read_texts(self.eval_data, split="validation")  # scored packed, and one by one
             self.eval_windows = token_windows(self.tokenizer, self.documents, self.seq_len, self.eval_tokens,

@@ -15,9 +15,9 @@ from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable, checkpoint_path
 from ..io.atomic import atomic_output_dir
 from ..io.writer import tool_stamp, write_checkpoint
-from ..limits import check_seq_len
 from ..options import PruneOptions
 from ..runtime import map_large_allocations
+from ..schema import check_windows
 
 _LAYER_RANGE = re.compile(r"([0-9]+)\s*(?:-\s*([0-9]+))?")  # ASCII digits only: '²'.isdigit() is True
 
@@ -65,7 +65,7 @@ def prune(src, dst, options: PruneOptions | None = None, *, force: bool = False,
     else:
         check_count(remove, num_layers)
         if method != "last":
-            check_seq_len("--seq-len", options.seq_len, source.config)
+            check_windows(options, source.config)
     with atomic_output_dir(dst, force=force, protect=inputs) as tmp:
         started = time.time()
         removed, reason = select_layers(source, num_layers, options, progress)

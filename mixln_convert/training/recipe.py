@@ -18,10 +18,11 @@ import yaml
 from ..errors import MixLNError, shown
 from ..io.hub import hub_name
 from ..io.paths import check_readable, checkpoint_path, is_pattern
-from ..options import (ARM_NAMES, ATTENTIONS, DEFAULT_ARMS, EVAL_SEQ_LEN, EVAL_TOKENS, PRECISIONS, STRATEGIES,
+from ..options import (ARM_NAMES, ATTENTIONS, DEFAULT_ARMS, EVAL_TOKENS, PRECISIONS, SEQ_LEN, STRATEGIES,
                        HealSettings, TokenizeOptions, alpha, heal_budget)
 from ..schema import (BATCH, FRACTION, NONNEGATIVE, POSITIVE_NUMBER, SEED, TOKENS, TOKENS_OR_ZERO, Choice, Count, Flag,
-                      Names, Number, Numbers, SpikeFactor, Text, declared, default_of, same_as, setting)
+                      Names, Number, Numbers, SpikeFactor, Text, Window, declared, default_of, key_in, same_as,
+                      setting)
 
 SMOLLM2 = "smollm2"  # `source: smollm2` names the embedded default model (the cached GGUF)
 # accelerate's trackers a run may log to -> its availability check (accelerate.utils) and the pip package it needs
@@ -104,7 +105,8 @@ class Recipe:
     conversion: Conversion = field(default_factory=Conversion)
     heal: Heal = field(default_factory=Heal)
     data: Data = field(default_factory=Data)
-    seq_len: int = setting(EVAL_SEQ_LEN, Count(1))  # the paper's (LLaMA-71M..1B); validation windows have it too
+    # the paper's (LLaMA-71M..1B); validation windows have it too
+    seq_len: int = setting(SEQ_LEN, Window(opt_in="allow_longer_seq"))
     micro_batch_size: int = setting(4, BATCH)  # sequences per forward pass and process
     # sequences per optimizer step, all processes and accumulation together
     global_batch_size: int = setting(32, Count(1))
@@ -298,7 +300,7 @@ def _check(r: dict, where: str, origin: dict) -> None:
                                          f"(global_batch_size x seq_len = {step_tokens} tokens)", "max_tokens")
     heal = Heal(**{key.removeprefix("heal."): value for key, value in r.items() if key.startswith("heal.")})
     try:
-        heal.check_one_step("heal.tokens")
+        heal.check_one_step(key_in("heal"))
     except MixLNError as e:
         need(False, f"{e}; 0 skips the heal", "heal.tokens")
     trackers = r["trackers"] or ()

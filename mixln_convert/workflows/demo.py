@@ -10,7 +10,7 @@ from ..fetch import cache_dir
 from ..io.loader import open_checkpoint
 from ..io.paths import checkpoint_path
 from ..limits import check_force_or_resume
-from ..options import CPU_RECIPE, CPU_STEP_TOKENS, DEMO_LR, EVAL_DATA, DemoOptions, measured_on
+from ..options import CPU_RECIPE, CPU_STEP_TOKENS, EVAL_DATA, DemoOptions, measured_on
 from ..training.recipe import Recipe, load_recipe
 from .runs import Stages, claim_run
 from .train import check_launch, train
@@ -27,7 +27,7 @@ DEMO_MINUTES = (13, 33)
 def run_demo(out, options: DemoOptions | None = None, *, force: bool = False, resume: bool = False,
              **settings) -> "Comparison":
     """Every stage on ``options.source`` (default: SmolLM2-135M-Instruct) into ``out`` with the CPU
-    recipe at lr ``DEMO_LR``: convert, heal (``heal_tokens``; 0 skips it), train both arms, analyze each
+    recipe (at its lr): convert, heal (``heal_tokens``; 0 skips it), train both arms, analyze each
     stage, compare; returns the comparison. ``options``: a :class:`~mixln_convert.options.DemoOptions`, or
     its fields as ``settings``. ``resume`` keeps what an earlier run with the same settings finished;
     ``force`` starts afresh."""
@@ -92,15 +92,17 @@ def _demo_plan(options: DemoOptions) -> tuple[str | None, Recipe, dict]:
     """Every check of the demo's inputs before any work: (``--source`` resolved, the CPU recipe with the
     demo's settings, the settings a --resume must find unchanged)."""
     source = options.source and str(Path(checkpoint_path(options.source, "--source")).absolute())
-    settings = {"--source": source, "--alpha": options.alpha, "--heal-tokens": options.heal_tokens,
-                "--train-tokens": options.train_tokens, "--eval-tokens": options.eval_tokens,
-                "--prune-curve": options.prune_curve, "optim.lr": DEMO_LR}  # the lr: a demo before it was the recipe's
-    changes = {"conversion.alpha": options.alpha, "heal.tokens": options.heal_tokens,
-               "max_tokens": options.train_tokens, "optim.lr": DEMO_LR,
+    changes = {"conversion.alpha": options.alpha, "max_tokens": options.train_tokens,
                "eval_interval": max(1, options.train_tokens // CPU_STEP_TOKENS),
                "data.eval_tokens": options.eval_tokens,
                **({"source": source} if source else {})}
-    recipe = load_recipe(CPU_RECIPE, changes=changes, changed_by="demo")
+    # the heal budget is checked here, once, against the recipe's heal step, naming the demo's flag
+    recipe = load_recipe(CPU_RECIPE, changes=changes, changed_by="demo").replace(
+        {"heal.tokens": options.heal_tokens}, "--heal-tokens")
+    settings = {"--source": source, "--alpha": options.alpha, "--heal-tokens": options.heal_tokens,
+                "--train-tokens": options.train_tokens, "--eval-tokens": options.eval_tokens,
+                # the lr: a demo before it was the recipe's
+                "--prune-curve": options.prune_curve, "optim.lr": recipe.optim.lr}
     open_checkpoint(recipe.source)  # a bad --source is refused before --force empties out (opened once: cached)
     return source, recipe, settings
 

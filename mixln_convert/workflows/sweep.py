@@ -93,6 +93,7 @@ def _plan(src: str, options: SweepOptions, resume: bool, force: bool):
     data = options.data
     check_readable(data, "--data")
     source = open_checkpoint(src)
+    options.check_model(source.config)
     # what every stage's result depends on, which a resume must find unchanged (not the alphas: each block
     # count is a stage of its own, so a resume may add some; not the rule: it only reads the results)
     settings = {"SRC": str(Path(src).absolute()), "SRC's files": source.fingerprint(),
@@ -255,8 +256,8 @@ def _alpha(src, tmp: Path, post_ln_layers: int, given: list[float], stats, optio
     if heal_tokens:
         stage = tmp / "healed"
         with timed(times, "heal_s"):
-            heal(tmp / "converted", src, stage, data=options.data, tokens=heal_tokens, perplexity=False,
-                 progress=progress, seq_len_flag=None, checkpoint_interval=0)  # a killed stage starts over
+            heal(tmp / "converted", src, stage, data=options.data, perplexity=False, progress=progress, named=None,
+                 checked=True, **asdict(options.heal))
             row["healed"] = _scores(stage, eval_tokens, progress)
     final = stage
     if train_tokens:

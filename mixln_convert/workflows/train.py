@@ -14,9 +14,9 @@ from ..errors import MixLNError, warn
 from ..io.atomic import scratch_dir, write_atomic
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable, checkpoint_path
-from ..limits import check_seq_len
-from ..options import ARM_NAMES, HEAL_SEQ_LEN, ConvertHealOptions, ConvertOptions
+from ..options import ARM_NAMES, ConvertHealOptions, ConvertOptions
 from ..runtime import map_large_allocations
+from ..schema import check_windows, key_in
 from ..training.recipe import Recipe
 from ..training.summary import TrainSummary
 from .runs import Stages, claim_run
@@ -47,10 +47,9 @@ def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool =
         raise MixLNError("fsdp: true shards over several processes, and this run has one; launch it with "
                          "accelerate launch --config_file \"$(mixln-convert recipes --path fsdp)\" (or torchrun)")
     source = open_checkpoint(recipe.source)
-    check_seq_len("seq_len", recipe.seq_len, source.config, "allow_longer_seq: true", recipe.allow_longer_seq)
+    check_windows(recipe, source.config)  # seq_len; the heal's below, which the heal then checks no more
     if recipe.heal.tokens and "mixln" in arms:
-        check_seq_len("heal.seq_len", recipe.heal.seq_len, source.config, "allow_longer_seq: true",
-                      recipe.allow_longer_seq)
+        check_windows(recipe.heal, source.config, key_in("heal"))
         # a heal every process shares (its batch in equal parts) and that fits them, before any weight is loaded
         check_heal_fits(recipe.replace({"arms": list(arms)}), state.num_processes)
     warmup = recipe.schedule.warmup_steps
@@ -130,7 +129,7 @@ def prepare(recipe: Recipe, arm: str, folder: Path, splits, resume: bool, progre
     if not (healed / "config.json").is_file():
         heal(converted, recipe.source, healed, data=splits.train, perplexity=False, seed=recipe.seed, resume=resume,
              fsdp=recipe.fsdp,
-             progress=progress, seq_len_flag="heal.seq_len",
+             progress=progress, named=key_in("heal"), checked=True,
              dtype="bf16" if mixed_precision(recipe.precision) == "bf16" else "fp32", **asdict(recipe.heal))
     return str(healed)
 
@@ -151,10 +150,12 @@ def convert_and_heal(src, dst, options: ConvertOptions | None = None, healing: C
     options = ConvertOptions.given(options, settings)
     if not healing.heal_tokens:
         raise MixLNError("--heal-tokens: a heal in the same run needs a budget of at least one heal step")
-    heal_tokens, heal_data = healing.heal_tokens, healing.heal_data
+    heal_data = healing.heal_data
     src = checkpoint_path(src, "SRC")
     check_readable(heal_data, "--heal-data")
-    layers = open_checkpoint(src).config["num_hidden_layers"]
+    config = open_checkpoint(src).config
+    healing.check_model(config)
+    layers = config["num_hidden_layers"]
     if options.lns or post_ln_count(layers, options.resolved_alpha, options.post_ln_layers) == 0:
         # a heal trains the Post-LN blocks: said before converting
         given = ("--layout lns" if options.lns else f"--post-ln-layers {options.post_ln_layers}"
@@ -165,13 +166,12 @@ def convert_and_heal(src, dst, options: ConvertOptions | None = None, healing: C
     target = check_destination(dst, {"SRC": src, "--heal-data": heal_data}, force)
     # the heal's text is read and tokenized (into the cache heal reads it from) before the long conversion
     what = str(heal_data) if heal_data else "embedded:train"
-    windows(token_stream(open_checkpoint(src).tokenizer, read_texts(heal_data, split="train"), heal_tokens, what),
-            HEAL_SEQ_LEN, what, flag=None)
+    windows(token_stream(open_checkpoint(src).tokenizer, read_texts(heal_data, split="train"), healing.heal_tokens,
+                         what), healing.heal.seq_len, what, flag=None)
     with scratch_dir(target) as work:  # a kill leaves it to the next run to DST, like any temporary
         converted = convert(src, work / "converted", options, progress=progress)
-        # no heal checkpoints: a rerun converts again, so there is nothing a resume could continue
-        return heal(converted, src, dst, data=heal_data, tokens=heal_tokens, force=force, progress=progress,
-                    seq_len_flag=None, checkpoint_interval=0)
+        return heal(converted, src, dst, data=heal_data, force=force, progress=progress, named=None, checked=True,
+                    **asdict(healing.heal))
 
 
 def _accumulation(recipe: Recipe, processes: int) -> int:
