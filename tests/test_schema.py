@@ -83,6 +83,48 @@ def test_the_cpu_recipes_step_is_the_one_demo_and_sweep_count_in(tiny_llama):
     recipe = load_recipe(options.CPU_RECIPE, [f"source={tiny_llama}"])
     assert recipe.global_batch_size * recipe.seq_len == options.CPU_STEP_TOKENS
     assert options.DEMO_TRAIN_TOKENS % options.CPU_STEP_TOKENS == 0
+    # the demo's heal budget and lr are the recipe's, written there once
+    assert (options.DemoOptions.heal_tokens, recipe.optim.lr) == (recipe.heal.tokens, options.HEAL_LR)
+
+
+def test_a_window_past_the_models_positions_is_refused_naming_its_setting():
+    """One kind (schema.Window) for every seq_len a model must fit: the error names the flag, or the recipe key."""
+    from mixln_convert.training.recipe import Heal, Recipe
+
+    config = {"max_position_embeddings": 256}
+    refusals = [(options.PruneOptions(remove=1, seq_len=512), schema.flag, "--seq-len"),
+                (options.ConvertOptions(calibration_seq_len=512), schema.flag, "--calibration-seq-len"),
+                (options.EvalOptions(seq_len=512), schema.flag, "--seq-len"),
+                (Heal(seq_len=512), schema.key_in("heal"), "heal.seq_len"),
+                (Recipe(seq_len=512), schema.flag, "seq_len")]
+    for settings, name, named in refusals:
+        with pytest.raises(MixLNError, match=f"^{named}: 512 exceeds the model's max_position_embeddings 256"):
+            schema.check_windows(settings, config, name)
+    with pytest.raises(MixLNError, match=re.escape("(--allow-longer to use it anyway)")):
+        schema.check_windows(options.EvalOptions(seq_len=512), config)
+    with pytest.raises(MixLNError, match=re.escape("(allow_longer_seq: true to use it anyway)")):
+        schema.check_windows(Recipe(seq_len=512), config)
+    schema.check_windows(options.EvalOptions(seq_len=512, allow_longer=True), config)
+    schema.check_windows(Recipe(seq_len=512, allow_longer_seq=True), config)
+    schema.check_windows(options.EvalOptions(seq_len=256), config)
+
+
+def test_a_heal_budget_under_one_step_is_refused_once_against_the_real_step(tiny_llama):
+    """Where the budget enters, against the step the heal will run: a heal that a command makes checks it no more."""
+    from mixln_convert.healing.run import HealRun
+    from mixln_convert.training import load_recipe
+    from mixln_convert.workflows.demo import _demo_plan
+
+    with pytest.raises(MixLNError, match=re.escape("heal.tokens: 600 is less than one heal step (4 x 192 = 768")):
+        load_recipe(options.CPU_RECIPE, [f"source={tiny_llama}", "heal.seq_len=192", "heal.tokens=600"])
+    for cls in (options.ConvertHealOptions, options.SweepOptions):
+        with pytest.raises(MixLNError, match=re.escape("--heal-tokens: 10 is less than one heal step (4 x 256")):
+            cls(heal_tokens=10)
+    with pytest.raises(MixLNError, match="^" + re.escape("--heal-tokens: heal.tokens: 10 is less than one heal step")):
+        _demo_plan(options.DemoOptions(source=str(tiny_llama), heal_tokens=10))
+    with pytest.raises(MixLNError, match="^--tokens: 10 is less than one heal step"):
+        HealRun("converted", "teacher", "out", tokens=10)
+    HealRun("converted", "teacher", "out", tokens=10, checked=True)  # train, convert and sweep checked it
 
 
 @pytest.mark.parametrize("kind, value", [
