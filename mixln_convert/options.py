@@ -14,8 +14,7 @@ from .errors import MixLNError
 from .limits import MAX_ALPHAS, MAX_EXAMPLES, MAX_PROCESSES, MAX_SEEDS, MAX_TASKS, check_processes, parse_size
 from .schema import (BATCH, FRACTION, NONNEGATIVE, OPEN_FRACTION, POSITIVE_NUMBER, SEED, TOKENS, TOKENS_OR_ZERO,
                      Choice, Count, Flag, Folder, Names, Number, Numbers, Size, SpikeFactor, Text, Window,
-                     check_settings, check_windows, comma_list, declared, flag, flag_in, key_in,
-                     setting)
+                     check_settings, check_windows, comma_list, declared, flag, flag_in, key_in, setting)
 
 STRATEGIES = ("calibrated", "move", "reinit-post", "scratch")  # conversion/plan.py
 # conversion/converter.py: Mix-LN (the first blocks Post-LN) or LayerNorm Scaling (architectures/__init__.py)
@@ -281,21 +280,18 @@ class ConvertOptions(Options, ShardSized):
 
 
 class HealsConversion:
-    """Options of a command that heals its conversion (convert --heal-tokens, sweep) on ``heal_tokens`` with heal's
-    other settings (:attr:`heal`), checked where the budget enters and, by :meth:`check_model`, once the model is
-    known: the heal itself checks neither again."""
+    """A command healing its conversion on ``heal_tokens`` (convert, sweep): its :attr:`heal`, checked where the budget
+    enters and by :meth:`check_model` once the model is known; the heal itself checks neither again."""
 
     @property
-    def heal(self) -> HealSettings:
-        # no checkpoints: a killed run converts again, so there is nothing a resume could continue
+    def heal(self) -> HealSettings:  # no checkpoints: a killed run converts again, so no resume could continue one
         return HealSettings(tokens=self.heal_tokens, checkpoint_interval=0)
 
     def check_combination(self):
-        self.heal.check_one_step(flag_in("heal"))  # against the step the heal runs
+        self.heal.check_one_step(flag_in("heal"))
 
     def check_model(self, config: dict) -> None:
-        """The heal's windows against the model's positions, named as a recipe's heal section names them."""
-        if self.heal_tokens:
+        if self.heal_tokens:  # windows the command fixes: named as a recipe's heal section names them
             check_windows(self.heal, config, key_in("heal"))
 
 

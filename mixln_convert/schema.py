@@ -71,21 +71,16 @@ class Count(Kind):
 TOKENS, TOKENS_OR_ZERO = Count(1), Count(0)
 
 
-@dataclass(frozen=True)
-class Window(Count):
-    """A window length in tokens the model was trained for: at most its config's ``max_position_embeddings``
-    (positions past it were never seen in pre-training), checked by :func:`check_windows` once the model is
-    known. ``opt_in``: the field of a :class:`Flag` setting beside it that allows a longer one."""
-    opt_in: str | None = None
-
-    def fits(self, name: str, value: int, config: dict, opt_in: str | None = None) -> None:
-        """Refused, naming ``name``, past the model's positions; ``opt_in`` names the setting allowing it."""
-        limit = config.get("max_position_embeddings")
-        if limit and value > limit:
-            hint = f" ({opt_in if opt_in.startswith('--') else f'{opt_in}: true'} to use it anyway)" if opt_in else ""
-            raise MixLNError(f"{name}: {value} exceeds the model's max_position_embeddings {limit}{hint}")
 BATCH = Count(1, MAX_BATCH)  # sequences in one forward pass: past any accelerator's memory
 SEED = Count(0, SEED_LIMIT - 1)  # numpy's and torch's seeds are 32-bit
+
+
+@dataclass(frozen=True)
+class Window(Count):
+    """A window of tokens, at most the model's ``max_position_embeddings`` (positions past it were never seen in
+    pre-training) unless the :class:`Flag` setting ``opt_in`` beside it is on: :func:`check_windows`, once the
+    model is known."""
+    opt_in: str | None = None
 
 
 @dataclass(frozen=True)
@@ -415,24 +410,25 @@ def read_record(cls, record, where: str, what: str = "a record"):
 
 
 def key_in(section: str):
-    """How a recipe section's settings are named: ``heal.seq_len`` (:func:`flag` names a top-level key itself)."""
+    """Names of a recipe section's settings in errors: ``heal.seq_len`` (a top-level key's is :func:`flag`'s)."""
     return lambda f: f"{section}.{f.name}"
 
 
 def flag_in(section: str):
-    """How a command names a section's settings beside its own: heal's --tokens is convert's --heal-tokens."""
+    """Names of a section's settings as another command's flags: heal's --tokens is convert's --heal-tokens."""
     return lambda f: f"--{section}-{flag(f)[2:]}"
 
 
 def check_windows(obj, config: dict, name=flag) -> None:
-    """Each :class:`Window` setting of the dataclass ``obj`` against the model's ``config``, an error naming it
-    by ``name(field)``, unless its ``opt_in`` setting is on."""
-    settings = declared(type(obj))
+    """Each :class:`Window` setting of the dataclass ``obj`` against the model's ``config``, named ``name(field)``."""
+    settings, limit = declared(type(obj)), config.get("max_position_embeddings")
     for f, found in settings.values():
-        if isinstance(found.kind, Window):
-            opt_in = found.kind.opt_in and settings[found.kind.opt_in][0]
-            if not (opt_in and getattr(obj, opt_in.name)):
-                found.kind.fits(name(f), getattr(obj, f.name), config, opt_in and name(opt_in))
+        opt_in = isinstance(found.kind, Window) and found.kind.opt_in and settings[found.kind.opt_in][0]
+        if isinstance(found.kind, Window) and limit and getattr(obj, f.name) > limit and not (
+                opt_in and getattr(obj, opt_in.name)):
+            hint = opt_in and f" ({name(opt_in)}{'' if name(opt_in).startswith('--') else ': true'} to use it anyway)"
+            raise MixLNError(f"{name(f)}: {getattr(obj, f.name)} exceeds the model's max_position_embeddings "
+                             f"{limit}{hint or ''}")
 
 
 def click_options(cls, *names: str):

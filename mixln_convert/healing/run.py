@@ -55,10 +55,8 @@ class HealRun(HealOptions):
     ``activation_checkpointing``: keep only each block's input through a training step and recompute
     the rest in the backward (one more forward, for activations that no longer grow with the depth: see
     :func:`_recomputing`), and with the ``kl`` loss the logits too (:class:`.losses.ChunkedKL`).
-    ``named``: how the caller names these settings in errors: by flag (the heal command's), by recipe key
-    (train's ``heal.*``: :func:`~mixln_convert.schema.key_in`); None where the caller fixes them (convert
-    --heal-tokens, sweep). ``checked``: the caller checked the budget against the step and the windows against
-    the model where they entered (train, convert --heal-tokens, sweep), naming its own settings.
+    ``named``: how errors name the settings (a flag; train's recipe keys, ``heal.lr``; None: the caller fixed them);
+    ``checked``: the caller checked the budget and the windows where they entered (train, convert, sweep).
     ``resume``: continue the heal a kill interrupted (:mod:`.state`).
     """
 
@@ -131,7 +129,7 @@ class HealRun(HealOptions):
         check_destination(self.out, inputs, self.force, flag="--out")
         self.student_source, self.teacher_source = open_pair(self.converted, self.teacher)
         if not self.checked:
-            check_windows(self, self.student_source.config, self._name)
+            check_windows(self, self.student_source.config, self.named)
         self.tokenizer = same_tokenizer(self.student_source, self.teacher_source)
         self.post_ln_layers = self.student_source.config["post_ln_layers"]
         self.device = self.process.device
@@ -142,10 +140,8 @@ class HealRun(HealOptions):
         if not self.checked:  # else checked where the caller's budget entered, against this step
             super().check_one_step(name)
 
-    def _name(self, f: Field | str) -> str:
-        """The caller's name of the setting ``f`` (a field or its name): a flag, or a recipe key (``heal.lr``)."""
-        f = declared(HealOptions)[f][0] if isinstance(f, str) else f
-        return (self.named or flag)(f)
+    def _name(self, key: str) -> str:
+        return (self.named or flag)(declared(HealOptions)[key][0])
 
     def read_data(self) -> None:
         """The training windows (text is tokenized into the user cache; a tokenized folder is read as it is,
