@@ -89,12 +89,12 @@ def demo_lr(argv):
 
         python -m benchmarks studies demo-lr 1e-4:mixln 3e-5:mixln 1e-5:mixln 1e-4:mixln:0.01 3e-5:preln
     """
-    from mixln_convert.options import DEMO_EVAL_TOKENS, DEMO_TRAIN_TOKENS, DemoOptions
+    from mixln_convert.options import DemoOptions
 
     p = harness.parser(demo_lr)
     p.add_argument("runs", nargs="+", metavar="LR:ARM[:POST_LN_LR_SCALE]")
     p.add_argument("--heal-tokens", type=int, default=DemoOptions.heal_tokens, help="the demo's --heal-tokens")
-    p.add_argument("--train-tokens", type=int, default=DEMO_TRAIN_TOKENS, help="the demo's --train-tokens")
+    p.add_argument("--train-tokens", type=int, default=DemoOptions.train_tokens, help="the demo's --train-tokens")
     args = p.parse_args(argv)
     import torch
 
@@ -108,7 +108,7 @@ def demo_lr(argv):
         lr, arm, *scale = run.split(":")
         lr, scale = float(lr), float(scale[0]) if scale else 0.25
         changes = {"heal.tokens": args.heal_tokens, "max_tokens": args.train_tokens,
-                   "eval_interval": max(1, args.train_tokens // 1024), "data.eval_tokens": DEMO_EVAL_TOKENS,
+                   "eval_interval": max(1, args.train_tokens // 1024), "data.eval_tokens": DemoOptions.eval_tokens,
                    "optim.lr": lr, "optim.post_ln_lr_scale": scale}
         recipe = load_recipe("smollm2-135m-cpu", changes=changes,  # the demo's recipe (workflows/demo.py)
                              changed_by="python -m benchmarks studies demo-lr")

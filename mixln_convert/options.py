@@ -64,10 +64,11 @@ EVAL_DATA = "embedded:validation"
 EVAL_TOKENS = 8192  # 32 windows: enough for a bootstrap interval, and quick on CPU
 STUDY_EVAL_TOKENS = 8 * SEQ_LEN  # study's analyses: one per arm, scheme and seed, so fewer tokens each
 
-# The CPU recipe that demo, sweep and study train with (shipped; each overrides what it varies): steps of
-# CPU_BATCH windows of SEQ_LEN
-CPU_RECIPE, CPU_BATCH = "smollm2-135m-cpu", 4
-CPU_STEP_TOKENS = CPU_BATCH * SEQ_LEN
+# The CPU recipe that demo, sweep and study train with (shipped; each overrides what it varies), its keys read
+# once here for the demo's defaults and --help: the demo heals as it does, at its lr, counting in its steps
+CPU_RECIPE = "smollm2-135m-cpu"
+CPU_RECIPE_KEYS = yaml.safe_load((resources.files(__package__) / "recipes" / f"{CPU_RECIPE}.yaml").read_text())
+CPU_STEP_TOKENS = CPU_RECIPE_KEYS["global_batch_size"] * SEQ_LEN
 
 
 def measured_on(where: dict) -> str:
@@ -83,12 +84,6 @@ def measured_on(where: dict) -> str:
     return (f"{where['data']}, {windows:,} window{'s' if windows > 1 else ''} of {seq_len} = {windows * seq_len:,} "
             f"tokens, {tokens:,} scored")
 
-
-# The demo's budget (2 CPU cores, minutes): the CPU recipe's heal and lr (its keys, read once here for the demo's
-# defaults and --help), 8 optimizer steps of it per arm, every stage measured on the same 8 windows.
-CPU_RECIPE_KEYS = yaml.safe_load((resources.files(__package__) / "recipes" / f"{CPU_RECIPE}.yaml").read_text())
-DEMO_TRAIN_TOKENS = 8 * CPU_STEP_TOKENS
-DEMO_EVAL_TOKENS = 8 * SEQ_LEN
 
 DATA_FORMATS = (".txt, .jsonl/.json/.json.gz (field 'text'), .parquet, a folder, a glob, or a Hugging Face Hub "
                 "dataset ORG/NAME[:CONFIG[:SPLIT]][@REVISION] (column 'text', split train unless named). Default: "
@@ -510,10 +505,11 @@ class DemoOptions(Options):
     healed on ``heal_tokens`` (0: no heal), both arms trained on ``train_tokens``."""
     alpha: float = alpha()
     heal_tokens: int = heal_budget(CPU_RECIPE_KEYS["heal"]["tokens"])
-    train_tokens: int = setting(DEMO_TRAIN_TOKENS, TOKENS, f"Training tokens per arm (the {CPU_RECIPE} recipe, "
+    # the demo's budget (2 CPU cores, minutes): 8 steps per arm, every stage measured on the same 8 windows
+    train_tokens: int = setting(8 * CPU_STEP_TOKENS, TOKENS, f"Training tokens per arm (the {CPU_RECIPE} recipe, "
                                 f"{CPU_STEP_TOKENS:,} tokens a step, at lr {CPU_RECIPE_KEYS['optim']['lr']:g}); more "
                                 "for a real recovery.", metavar="N")
-    eval_tokens: int = setting(DEMO_EVAL_TOKENS, TOKENS, "Held-out tokens every stage is measured on, by training "
+    eval_tokens: int = setting(8 * SEQ_LEN, TOKENS, "Held-out tokens every stage is measured on, by training "
                                "validation and analysis alike.", metavar="N")
     prune_curve: bool = setting(True, Flag(), "Also the perplexity with 1..L/2 blocks removed, for the original and "
                                 "both trained arms.", flag="--prune-curve/--no-prune-curve")

@@ -82,7 +82,7 @@ def test_the_cpu_recipes_step_is_the_one_demo_and_sweep_count_in(tiny_llama):
 
     recipe = load_recipe(options.CPU_RECIPE, [f"source={tiny_llama}"])
     assert recipe.global_batch_size * recipe.seq_len == options.CPU_STEP_TOKENS
-    assert options.DEMO_TRAIN_TOKENS % options.CPU_STEP_TOKENS == 0
+    assert options.DemoOptions.train_tokens % options.CPU_STEP_TOKENS == 0
     # the demo's heal budget and lr are the recipe's, written there once
     assert (options.DemoOptions.heal_tokens, recipe.optim.lr) == (recipe.heal.tokens, options.HEAL_LR)
 

@@ -57,12 +57,13 @@ def test_a_demo_begun_at_another_training_lr_is_not_resumed(tiny_llama, tmp_path
     import json
     from pathlib import Path
 
-    from mixln_convert.options import ALPHA, DEMO_EVAL_TOKENS, DEMO_TRAIN_TOKENS, DemoOptions
+    from mixln_convert.options import ALPHA, DemoOptions
 
     out = tmp_path / "demo"
     out.mkdir()
     earlier = {"--source": str(Path(tiny_llama).absolute()), "--alpha": ALPHA, "--heal-tokens": DemoOptions.heal_tokens,
-               "--train-tokens": DEMO_TRAIN_TOKENS, "--eval-tokens": DEMO_EVAL_TOKENS, "--prune-curve": True}
+               "--train-tokens": DemoOptions.train_tokens, "--eval-tokens": DemoOptions.eval_tokens,
+               "--prune-curve": True}
     (out / "run.json").write_text(json.dumps({"kind": "demo", "settings": earlier}))
     result = cli("demo", "--source", tiny_llama, "--out", out, "--resume")
     assert result.exit_code != 0 and len(result.output.strip().splitlines()) == 1
