@@ -124,8 +124,8 @@ class HealRun(HealOptions):
         in_hand = isinstance(self.data, (list, np.ndarray, TokenShards))  # documents or a token stream, not a path
         inputs = {"CONVERTED": self.converted, "--teacher": self.teacher, "--data": None if in_hand else self.data,
                   "--eval-data": self.eval_data}
-        for flag in ("--data", "--eval-data"):
-            check_readable(inputs[flag], flag)
+        for name in ("--data", "--eval-data"):
+            check_readable(inputs[name], name)
         check_destination(self.out, inputs, self.force, flag="--out")
         self.student_source, self.teacher_source = open_pair(self.converted, self.teacher)
         if not self.checked:
