@@ -423,12 +423,14 @@ def check_windows(obj, config: dict, name=flag) -> None:
     """Each :class:`Window` setting of the dataclass ``obj`` against the model's ``config``, named ``name(field)``."""
     settings, limit = declared(type(obj)), config.get("max_position_embeddings")
     for f, found in settings.values():
-        opt_in = isinstance(found.kind, Window) and found.kind.opt_in and settings[found.kind.opt_in][0]
-        if isinstance(found.kind, Window) and limit and getattr(obj, f.name) > limit and not (
-                opt_in and getattr(obj, opt_in.name)):
-            hint = opt_in and f" ({name(opt_in)}{'' if name(opt_in).startswith('--') else ': true'} to use it anyway)"
-            raise MixLNError(f"{name(f)}: {getattr(obj, f.name)} exceeds the model's max_position_embeddings "
-                             f"{limit}{hint or ''}")
+        if not (isinstance(found.kind, Window) and limit and getattr(obj, f.name) > limit):
+            continue
+        opt_in = found.kind.opt_in and settings[found.kind.opt_in][0]
+        if opt_in and getattr(obj, opt_in.name):
+            continue
+        hint = opt_in and f" ({name(opt_in)}{'' if name(opt_in).startswith('--') else ': true'} to use it anyway)"
+        raise MixLNError(f"{name(f)}: {getattr(obj, f.name)} exceeds the model's max_position_embeddings {limit}"
+                         f"{hint or ''}")
 
 
 def click_options(cls, *names: str):
