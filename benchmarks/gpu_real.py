@@ -322,9 +322,9 @@ def child_tasks(stages: dict, limit: int | None, batch: int, deadline: float) ->
             scored[name] = "skipped: out of time"
             continue
         result = score_checkpoint(checkpoint, tasks=SHIPPED_TASKS, limit=limit, batch_size=batch, progress=False)
-        version = result["lm_eval_version"]
-        scored[name] = {task: {k: found[k] for k in ("metrics", "stderr", "samples")}
-                        for task, found in result["tasks"].items()}
+        version = result.lm_eval_version
+        scored[name] = {task: {"metrics": found.metrics, "stderr": found.stderr, "samples": found.samples}
+                        for task, found in result.tasks.items()}
     return {"tasks": scored, "limit": limit, "lm_eval_version": version}
 
 

@@ -37,10 +37,10 @@ def score(ckpt, texts: dict, seq_len: int, eval_tokens: int, generate: bool) -> 
     for i, (name, path) in enumerate(texts.items()):
         scored = score_checkpoint(ckpt, data=path, seq_len=seq_len, max_tokens=eval_tokens, per_document=True,
                                   generate=generate and i == 0, progress=False)
-        result[name] = {"packed": scored["perplexity"], "per_document": scored["per_document"]["token_perplexity"],
-                        "tokens": scored["tokens"], "documents": scored["per_document"]["documents"]}
-        if "generation" in scored:
-            result["generation"] = scored["generation"]
+        result[name] = {"packed": scored.perplexity, "per_document": scored.per_document.token_perplexity,
+                        "tokens": scored.tokens, "documents": scored.per_document.documents}
+        if scored.generation:
+            result["generation"] = scored.to_dict()["generation"]
     return result
 
 

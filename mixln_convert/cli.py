@@ -163,28 +163,28 @@ def eval_(ckpt, as_json, **settings):
 
     result = score_checkpoint(ckpt, options, task_manager=manager)
     if as_json:
-        click.echo(json.dumps(result))
+        click.echo(json.dumps(result.to_dict()))
         return
     if options.tasks:
         from .evaluation.downstream import format_task_table
 
         limited = f", at most {options.limit} examples each" if options.limit else ""
-        click.echo(f"{ckpt}: lm-evaluation-harness {result['lm_eval_version']}{limited}")
-        for line in format_task_table(result["tasks"]):
+        click.echo(f"{ckpt}: lm-evaluation-harness {result.lm_eval_version}{limited}")
+        for line in format_task_table(result.tasks):
             click.echo(f"  {line}")
     else:
-        click.echo(f"{ckpt}: perplexity {result['perplexity']:.3f} on {measured_on(result)} (packed)")
+        click.echo(f"{ckpt}: perplexity {result.perplexity:.3f} on {measured_on(result.to_dict())} (packed)")
     if options.per_document:
-        d = result["per_document"]
-        click.echo(f"{ckpt}: per document ({d['documents']} documents, {d['tokens']} tokens, each from its first "
-                   f"token): token perplexity {d['token_perplexity']:.3f}, word perplexity "
-                   f"{d['word_perplexity']:.3f}, bits per byte {d['bits_per_byte']:.4f}")
+        d = result.per_document
+        click.echo(f"{ckpt}: per document ({d.documents} documents, {d.tokens} tokens, each from its first "
+                   f"token): token perplexity {d.token_perplexity:.3f}, word perplexity "
+                   f"{d.word_perplexity:.3f}, bits per byte {d.bits_per_byte:.4f}")
     if options.generate:
-        g = result["generation"]
-        click.echo(f"{ckpt}: greedy continuations of {len(g['continuations'])} prompts ({g['new_tokens']} tokens): "
-                   f"{g['repeated_4gram_share']:.1%} of their 4-grams repeat an earlier one")
-        for item in g["continuations"][:3]:
-            click.echo(f"  {item['prompt']!r} -> {item['text'].strip()[:160]!r}")
+        g = result.generation
+        click.echo(f"{ckpt}: greedy continuations of {len(g.continuations)} prompts ({g.new_tokens} tokens): "
+                   f"{g.repeated_4gram_share:.1%} of their 4-grams repeat an earlier one")
+        for item in g.continuations[:3]:
+            click.echo(f"  {item.prompt!r} -> {item.text.strip()[:160]!r}")
 
 
 @main.command()
