@@ -228,10 +228,9 @@ def tokenize(data, tokenizer_ckpt, out, force, **settings):
     from .data.tokenization import tokenize as run
 
     manifest = run(data, tokenizer_ckpt, out, options, force=force)
-    splits = manifest["splits"]
-    click.echo(f"{out}: {splits['train']['tokens']:,} training tokens ({splits['train']['documents']:,} documents, "
-               f"{len(splits['train']['shards'])} shards), {splits['validation']['tokens']:,} validation tokens "
-               f"({splits['validation']['documents']:,} documents), {manifest['dtype']}")
+    train, validation = manifest.splits["train"], manifest.splits["validation"]
+    click.echo(f"{out}: {train.tokens:,} training tokens ({train.documents:,} documents, {len(train.shards)} shards), "
+               f"{validation.tokens:,} validation tokens ({validation.documents:,} documents), {manifest.dtype}")
 
 
 @main.command()

@@ -414,15 +414,14 @@ class Nested(Checked):
 
     def built(self, name: str, value):
         """``value`` as records of ``of``: a MixLNError naming ``name`` and the key if it is not."""
-        what = f"a record of {self.of.__name__}"
         if self.many is None:
-            return read_record(self.of, value, name, what)
+            return read_record(self.of, value, name)
         shape = list if self.many == "list" else dict
         if not isinstance(value, shape):
             raise MixLNError(f"{name}: must be {self.describe()}, got {shown(repr(value))}")
         if shape is list:
-            return [read_record(self.of, item, f"{name}: {n}", what) for n, item in enumerate(value)]
-        return {key: read_record(self.of, item, f"{name}: {key}", what) for key, item in value.items()}
+            return [read_record(self.of, item, f"{name}: {n}") for n, item in enumerate(value)]
+        return {key: read_record(self.of, item, f"{name}: {key}") for key, item in value.items()}
 
     def describe(self) -> str:
         return {None: "an object", "list": "a list of objects", "names": "an object of objects by name"}[self.many]

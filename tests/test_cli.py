@@ -139,8 +139,7 @@ def test_a_saved_eval_result_reads_back_and_a_damaged_one_is_refused_naming_file
     assert json.dumps(scores.to_dict()) == saved.read_text()  # the same object, key for key
     assert scores.per_document.tokens == 64 and scores.generation.continuations[0].prompt
     record = json.loads(saved.read_text())
-    for damage, message in [(lambda r: r["per_document"].pop("tokens"), "per_document: not a record of DocumentScores "
-                             "(missing tokens)"),
+    for damage, message in [(lambda r: r["per_document"].pop("tokens"), "per_document: not a record (missing tokens)"),
                             (lambda r: r["generation"]["continuations"][1].update(text=3),
                              "generation: continuations: 1: text: must be a string"),
                             (lambda r: r.update(perplexity="high"), "perplexity: must be a number > 0")]:
