@@ -141,7 +141,7 @@ def quality(argv):
     print("held out: " + ", ".join(f"{name} {shared[name]} of {len(documents[name])} documents" for name in texts)
           + f" share a sentence of {harness.SENTENCE_CHARS}+ characters with the embedded corpus\n")
     print(score_table(models, texts))
-    teacher = heal_result.perplexity["teacher"], heal_result.per_document_perplexity["teacher"]
+    teacher = heal_result.perplexity.teacher, heal_result.per_document_perplexity.teacher
     on = args.curve_on
     print(f"\nHeal curve on {on} (windows of heal's {args.heal_seq_len} tokens; mid-run points at a learning rate "
           "not yet annealed):\n")

@@ -2,6 +2,7 @@
 typed options (:mod:`.options`), hands them to the API function and prints its result. Torch and
 transformers are imported inside the commands that need them, so ``--help`` and bad options answer at once."""
 
+import dataclasses
 import json
 import logging
 import os
@@ -124,9 +125,9 @@ def convert(src, dst, heal_tokens, heal_data, force, **settings):
         result = convert_and_heal(src, dst, options, healing, force=force)
         ppl, doc = result.perplexity, result.per_document_perplexity
         click.echo(f"converted and healed {result.post_ln_layers} Post-LN blocks on {result.tokens} tokens: "
-                   f"held-out perplexity {ppl['before'] / ppl['teacher']:.3f}x -> {ppl['after'] / ppl['teacher']:.3f}x "
-                   f"the original's (packed), {doc['before'] / doc['teacher']:.3f}x -> "
-                   f"{doc['after'] / doc['teacher']:.3f}x (each document from its first token)")
+                   f"held-out perplexity {ppl.before / ppl.teacher:.3f}x -> {ppl.after / ppl.teacher:.3f}x "
+                   f"the original's (packed), {doc.before / doc.teacher:.3f}x -> "
+                   f"{doc.after / doc.teacher:.3f}x (each document from its first token)")
         click.echo(f"wrote {dst}")
         return
     from .conversion.converter import convert as run
@@ -499,14 +500,13 @@ def heal(converted, teacher, out, force, resume, **settings):
         return
     error = result.relative_error
     click.echo(f"healed {result.post_ln_layers} Post-LN blocks on {result.tokens} tokens ({result.steps} "
-               f"steps, {result.seconds:.0f} s): residual relative error {error['before']:.4f} -> "
-               f"{error['after']:.4f}")
+               f"steps, {result.seconds:.0f} s): residual relative error {error.before:.4f} -> {error.after:.4f}")
     if result.perplexity:
-        for what, p in ((f" ({measured_on(result.evaluation)})", result.perplexity),
+        for what, p in ((f" ({measured_on(dataclasses.asdict(result.evaluation))})", result.perplexity),
                         (", each document from its first token", result.per_document_perplexity)):
-            click.echo(f"held-out perplexity{what}: teacher {p['teacher']:.3f}, "
-                       f"converted {p['before']:.3f} ({p['before'] / p['teacher']:.3f}x) -> healed "
-                       f"{p['after']:.3f} ({p['after'] / p['teacher']:.3f}x)")
+            click.echo(f"held-out perplexity{what}: teacher {p.teacher:.3f}, "
+                       f"converted {p.before:.3f} ({p.before / p.teacher:.3f}x) -> healed "
+                       f"{p.after:.3f} ({p.after / p.teacher:.3f}x)")
     click.echo(f"wrote {out}")
 
 
