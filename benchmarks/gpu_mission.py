@@ -76,7 +76,7 @@ def child_prepare(shape: str, tokenizer: str, work: str, text_chars: int, seq_le
     files = write_text(Path(work), text_chars)
     manifest = tokenize(f"{work}/train.jsonl", open_checkpoint(f"{work}/sources/{shape}").tokenizer, f"{work}/tokens",
                         validation=f"{work}/validation.jsonl", seq_len=seq_len, progress=False)
-    return {"files": files, **{f"{split}_tokens": manifest["splits"][split]["tokens"] for split in ("train", "validation")}}
+    return {"files": files, **{f"{split}_tokens": manifest.splits[split].tokens for split in ("train", "validation")}}
 
 
 def write_text(work: Path, text_chars: int) -> int:

@@ -188,10 +188,10 @@ def prepare(folder: Path, model: str | None, scale: dict) -> dict:
     manifest = {
         "gguf": {"name": gguf.name, "bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest(), "parts": parts},
         "data": {split: {"documents": len(docs), "characters": sum(map(len, docs)),
-                         "tokens": tokens["splits"][split]["tokens"]} for split, docs in texts.items()},
+                         "tokens": tokens.splits[split].tokens} for split, docs in texts.items()},
         "data_sources": {"train": "the embedded corpus's English (Austen, Wikipedia) train and calibration splits",
                          "validation": "its English validation split (other chapters and articles than train's)"},
-        "tokenizer_sha256": tokens["tokenizer_sha256"],
+        "tokenizer_sha256": tokens.tokenizer_sha256,
         "prepared_with": {"python": sys.version.split()[0], "transformers": transformers.__version__,
                           "tokenizers": tokenizers.__version__, "gguf": _version("gguf")},
     }
@@ -265,26 +265,26 @@ def child_setup(parts: str, work: str, num_proc: int) -> dict:
     tokenizer = open_checkpoint(source).tokenizer
     data = parts / "part1" / "data"
     carried = read_manifest(data / "tokens")
-    if carried["tokenizer_sha256"] == tokenizer_fingerprint(tokenizer):
+    if carried.tokenizer_sha256 == tokenizer_fingerprint(tokenizer):
         tokens, how = data / "tokens", "carried: tokenized where prepared, by a tokenizer of the same fingerprint"
     else:
         tokens = work / "tokens"
         made = tokenize(str(data / "train.jsonl.gz"), tokenizer, tokens, validation=str(data / "validation.jsonl.gz"),
                         num_proc=num_proc, progress=False)
 
-        def first_ids(folder: Path, m: dict) -> np.ndarray:
-            shard = m["splits"]["validation"]["shards"][0]
-            return np.fromfile(folder / shard["file"], dtype=DTYPES[m["dtype"]], count=4096)
+        def first_ids(folder: Path, m) -> np.ndarray:
+            shard = m.splits["validation"].shards[0]
+            return np.fromfile(folder / shard.file, dtype=DTYPES[m.dtype], count=4096)
 
         same = np.array_equal(first_ids(data / "tokens", carried), first_ids(tokens, made))
         how = ("made again here: this machine's transformers gives the GGUF's tokenizer another fingerprint "
-               f"({tokenizer_fingerprint(tokenizer)[:12]} against {carried['tokenizer_sha256'][:12]}); the first 4,096 "
+               f"({tokenizer_fingerprint(tokenizer)[:12]} against {carried.tokenizer_sha256[:12]}); the first 4,096 "
                f"validation ids {'agree' if same else 'DIFFER'}")
-    splits = read_manifest(tokens)["splits"]
+    train, validation = (read_manifest(tokens).splits[split] for split in ("train", "validation"))
     return {"source": str(source), "tokens": str(tokens), "tokens_how": how,
             "validation_text": str(data / "validation.jsonl.gz"),
-            "train_tokens": splits["train"]["tokens"], "validation_tokens": splits["validation"]["tokens"],
-            "train_documents": splits["train"]["documents"], "validation_documents": splits["validation"]["documents"],
+            "train_tokens": train.tokens, "validation_tokens": validation.tokens,
+            "train_documents": train.documents, "validation_documents": validation.documents,
             "parameters": sum(p.numel() for p in model.parameters()), "layers": model.config.num_hidden_layers,
             "gguf": {k: manifest["gguf"][k] for k in ("name", "bytes", "sha256")}, "gguf_py": gguf_py.__file__,
             "prepared_with": manifest["prepared_with"], "carry": manifest.get("carry"),
@@ -322,9 +322,9 @@ def child_tasks(stages: dict, limit: int | None, batch: int, deadline: float) ->
             scored[name] = "skipped: out of time"
             continue
         result = score_checkpoint(checkpoint, tasks=SHIPPED_TASKS, limit=limit, batch_size=batch, progress=False)
-        version = result["lm_eval_version"]
-        scored[name] = {task: {k: found[k] for k in ("metrics", "stderr", "samples")}
-                        for task, found in result["tasks"].items()}
+        version = result.lm_eval_version
+        scored[name] = {task: {"metrics": found.metrics, "stderr": found.stderr, "samples": found.samples}
+                        for task, found in result.tasks.items()}
     return {"tasks": scored, "limit": limit, "lm_eval_version": version}
 
 

@@ -37,10 +37,10 @@ def score(ckpt, texts: dict, seq_len: int, eval_tokens: int, generate: bool) -> 
     for i, (name, path) in enumerate(texts.items()):
         scored = score_checkpoint(ckpt, data=path, seq_len=seq_len, max_tokens=eval_tokens, per_document=True,
                                   generate=generate and i == 0, progress=False)
-        result[name] = {"packed": scored["perplexity"], "per_document": scored["per_document"]["token_perplexity"],
-                        "tokens": scored["tokens"], "documents": scored["per_document"]["documents"]}
-        if "generation" in scored:
-            result["generation"] = scored["generation"]
+        result[name] = {"packed": scored.perplexity, "per_document": scored.per_document.token_perplexity,
+                        "tokens": scored.tokens, "documents": scored.per_document.documents}
+        if scored.generation:
+            result["generation"] = scored.to_dict()["generation"]
     return result
 
 
@@ -141,7 +141,7 @@ def quality(argv):
     print("held out: " + ", ".join(f"{name} {shared[name]} of {len(documents[name])} documents" for name in texts)
           + f" share a sentence of {harness.SENTENCE_CHARS}+ characters with the embedded corpus\n")
     print(score_table(models, texts))
-    teacher = heal_result.perplexity["teacher"], heal_result.per_document_perplexity["teacher"]
+    teacher = heal_result.perplexity.teacher, heal_result.per_document_perplexity.teacher
     on = args.curve_on
     print(f"\nHeal curve on {on} (windows of heal's {args.heal_seq_len} tokens; mid-run points at a learning rate "
           "not yet annealed):\n")

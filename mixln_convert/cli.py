@@ -2,6 +2,7 @@
 typed options (:mod:`.options`), hands them to the API function and prints its result. Torch and
 transformers are imported inside the commands that need them, so ``--help`` and bad options answer at once."""
 
+import dataclasses
 import json
 import logging
 import os
@@ -124,9 +125,9 @@ def convert(src, dst, heal_tokens, heal_data, force, **settings):
         result = convert_and_heal(src, dst, options, healing, force=force)
         ppl, doc = result.perplexity, result.per_document_perplexity
         click.echo(f"converted and healed {result.post_ln_layers} Post-LN blocks on {result.tokens} tokens: "
-                   f"held-out perplexity {ppl['before'] / ppl['teacher']:.3f}x -> {ppl['after'] / ppl['teacher']:.3f}x "
-                   f"the original's (packed), {doc['before'] / doc['teacher']:.3f}x -> "
-                   f"{doc['after'] / doc['teacher']:.3f}x (each document from its first token)")
+                   f"held-out perplexity {ppl.before / ppl.teacher:.3f}x -> {ppl.after / ppl.teacher:.3f}x "
+                   f"the original's (packed), {doc.before / doc.teacher:.3f}x -> "
+                   f"{doc.after / doc.teacher:.3f}x (each document from its first token)")
         click.echo(f"wrote {dst}")
         return
     from .conversion.converter import convert as run
@@ -163,28 +164,28 @@ def eval_(ckpt, as_json, **settings):
 
     result = score_checkpoint(ckpt, options, task_manager=manager)
     if as_json:
-        click.echo(json.dumps(result))
+        click.echo(json.dumps(result.to_dict()))
         return
     if options.tasks:
         from .evaluation.downstream import format_task_table
 
         limited = f", at most {options.limit} examples each" if options.limit else ""
-        click.echo(f"{ckpt}: lm-evaluation-harness {result['lm_eval_version']}{limited}")
-        for line in format_task_table(result["tasks"]):
+        click.echo(f"{ckpt}: lm-evaluation-harness {result.lm_eval_version}{limited}")
+        for line in format_task_table(result.tasks):
             click.echo(f"  {line}")
     else:
-        click.echo(f"{ckpt}: perplexity {result['perplexity']:.3f} on {measured_on(result)} (packed)")
+        click.echo(f"{ckpt}: perplexity {result.perplexity:.3f} on {measured_on(result.to_dict())} (packed)")
     if options.per_document:
-        d = result["per_document"]
-        click.echo(f"{ckpt}: per document ({d['documents']} documents, {d['tokens']} tokens, each from its first "
-                   f"token): token perplexity {d['token_perplexity']:.3f}, word perplexity "
-                   f"{d['word_perplexity']:.3f}, bits per byte {d['bits_per_byte']:.4f}")
+        d = result.per_document
+        click.echo(f"{ckpt}: per document ({d.documents} documents, {d.tokens} tokens, each from its first "
+                   f"token): token perplexity {d.token_perplexity:.3f}, word perplexity "
+                   f"{d.word_perplexity:.3f}, bits per byte {d.bits_per_byte:.4f}")
     if options.generate:
-        g = result["generation"]
-        click.echo(f"{ckpt}: greedy continuations of {len(g['continuations'])} prompts ({g['new_tokens']} tokens): "
-                   f"{g['repeated_4gram_share']:.1%} of their 4-grams repeat an earlier one")
-        for item in g["continuations"][:3]:
-            click.echo(f"  {item['prompt']!r} -> {item['text'].strip()[:160]!r}")
+        g = result.generation
+        click.echo(f"{ckpt}: greedy continuations of {len(g.continuations)} prompts ({g.new_tokens} tokens): "
+                   f"{g.repeated_4gram_share:.1%} of their 4-grams repeat an earlier one")
+        for item in g.continuations[:3]:
+            click.echo(f"  {item.prompt!r} -> {item.text.strip()[:160]!r}")
 
 
 @main.command()
@@ -228,10 +229,9 @@ def tokenize(data, tokenizer_ckpt, out, force, **settings):
     from .data.tokenization import tokenize as run
 
     manifest = run(data, tokenizer_ckpt, out, options, force=force)
-    splits = manifest["splits"]
-    click.echo(f"{out}: {splits['train']['tokens']:,} training tokens ({splits['train']['documents']:,} documents, "
-               f"{len(splits['train']['shards'])} shards), {splits['validation']['tokens']:,} validation tokens "
-               f"({splits['validation']['documents']:,} documents), {manifest['dtype']}")
+    train, validation = manifest.splits["train"], manifest.splits["validation"]
+    click.echo(f"{out}: {train.tokens:,} training tokens ({train.documents:,} documents, {len(train.shards)} shards), "
+               f"{validation.tokens:,} validation tokens ({validation.documents:,} documents), {manifest.dtype}")
 
 
 @main.command()
@@ -500,14 +500,13 @@ def heal(converted, teacher, out, force, resume, **settings):
         return
     error = result.relative_error
     click.echo(f"healed {result.post_ln_layers} Post-LN blocks on {result.tokens} tokens ({result.steps} "
-               f"steps, {result.seconds:.0f} s): residual relative error {error['before']:.4f} -> "
-               f"{error['after']:.4f}")
+               f"steps, {result.seconds:.0f} s): residual relative error {error.before:.4f} -> {error.after:.4f}")
     if result.perplexity:
-        for what, p in ((f" ({measured_on(result.evaluation)})", result.perplexity),
+        for what, p in ((f" ({measured_on(dataclasses.asdict(result.evaluation))})", result.perplexity),
                         (", each document from its first token", result.per_document_perplexity)):
-            click.echo(f"held-out perplexity{what}: teacher {p['teacher']:.3f}, "
-                       f"converted {p['before']:.3f} ({p['before'] / p['teacher']:.3f}x) -> healed "
-                       f"{p['after']:.3f} ({p['after'] / p['teacher']:.3f}x)")
+            click.echo(f"held-out perplexity{what}: teacher {p.teacher:.3f}, "
+                       f"converted {p.before:.3f} ({p.before / p.teacher:.3f}x) -> healed "
+                       f"{p.after:.3f} ({p.after / p.teacher:.3f}x)")
     click.echo(f"wrote {out}")
 
 

@@ -406,7 +406,35 @@ def read_record(cls, record, where: str, what: str = "a record"):
         raise MixLNError(f"{where}: not {what} (missing {', '.join(missing)})")
     values = {name: record[name] for name in fields if name in record}
     check_values(cls, values, lambda f: f"{where}: {f.name}")
-    return cls(**values)
+    return cls(**{name: fields[name][1].kind.built(f"{where}: {name}", value)
+                  if isinstance(fields[name][1].kind, Nested) and value is not None else value
+                  for name, value in values.items()})
+
+
+@dataclass(frozen=True)
+class Nested(Checked):
+    """Records of the dataclass ``of`` inside a result file, each read with :func:`read_record` (so an error
+    names the key's path: 'file: per_document: tokens'): one (``many`` None), a list of them ("list") or an
+    object of them by name ("names"). Written back by ``dataclasses.asdict``, which keeps their field order."""
+    of: type
+    many: str | None = None
+
+    def check(self, name: str, value) -> None:
+        self.built(name, value)
+
+    def built(self, name: str, value):
+        """``value`` as records of ``of``: a MixLNError naming ``name`` and the key if it is not."""
+        if self.many is None:
+            return read_record(self.of, value, name)
+        shape = list if self.many == "list" else dict
+        if not isinstance(value, shape):
+            raise MixLNError(f"{name}: must be {self.describe()}, got {shown(repr(value))}")
+        if shape is list:
+            return [read_record(self.of, item, f"{name}: {n}") for n, item in enumerate(value)]
+        return {key: read_record(self.of, item, f"{name}: {key}") for key, item in value.items()}
+
+    def describe(self) -> str:
+        return {None: "an object", "list": "a list of objects", "names": "an object of objects by name"}[self.many]
 
 
 def key_in(section: str):

@@ -128,6 +128,29 @@ def test_per_document_scoring_equals_a_plain_reference_loop(cli, converted):
     assert per_document["tokens"] == 128 and per_document["token_perplexity"] > 1
 
 
+def test_a_saved_eval_result_reads_back_and_a_damaged_one_is_refused_naming_file_and_key(cli, converted, tmp_path):
+    from mixln_convert.errors import MixLNError
+    from mixln_convert.evaluation.result import PerplexityScores
+
+    shown = cli("eval", converted, "--seq-len", "32", "--max-tokens", "64", "--per-document", "--generate", "--json")
+    saved = tmp_path / "eval.json"
+    saved.write_text(shown.stdout.strip().splitlines()[-1])
+    scores = PerplexityScores.read(saved)
+    assert json.dumps(scores.to_dict()) == saved.read_text()  # the same object, key for key
+    assert scores.per_document.tokens == 64 and scores.generation.continuations[0].prompt
+    record = json.loads(saved.read_text())
+    for damage, message in [(lambda r: r["per_document"].pop("tokens"), "per_document: not a record (missing tokens)"),
+                            (lambda r: r["generation"]["continuations"][1].update(text=3),
+                             "generation: continuations: 1: text: must be a string"),
+                            (lambda r: r.update(perplexity="high"), "perplexity: must be a number > 0")]:
+        damaged = json.loads(json.dumps(record))
+        damage(damaged)
+        saved.write_text(json.dumps(damaged))
+        with pytest.raises(MixLNError) as refused:
+            PerplexityScores.read(saved)
+        assert str(refused.value).startswith(f"{saved}: {message}") and "\n" not in str(refused.value)
+
+
 def test_per_document_scoring_stops_at_its_budget_inside_one_huge_document(converted):
     """A document past the budget is cut there, and scored as the same text cut beforehand."""
     from mixln_convert.evaluation.perplexity import evaluate_documents

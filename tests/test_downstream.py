@@ -130,12 +130,12 @@ def test_task_layer_drop_equals_lm_eval_on_the_model_without_that_block(converte
     model, tokenizer = load_model(converted), load_tokenizer(converted)
     drop = task_layer_drop(model, tokenizer, task, manager, limit=4, batch_size=3, progress=False)
     assert drop["task"] == task and drop["samples"] == 4 and len(drop["layer_drop"]) == L
-    full = evaluate_tasks(model, tokenizer, [task], manager, limit=4)["tasks"][task]["metrics"][drop["metric"]]
+    full = evaluate_tasks(model, tokenizer, [task], manager, limit=4)["tasks"][task].metrics[drop["metric"]]
     assert drop["value"] == pytest.approx(full, rel=1e-5)
     for block in (0, 5):  # a Post-LN and a Pre-LN block
         shallower = copy.deepcopy(model)
         del shallower.model.layers[block]
-        without = evaluate_tasks(shallower, tokenizer, [task], manager, limit=4)["tasks"][task]["metrics"]
+        without = evaluate_tasks(shallower, tokenizer, [task], manager, limit=4)["tasks"][task].metrics
         assert drop["value"] + drop["layer_drop"][block] == pytest.approx(without[drop["metric"]], rel=1e-5)
     if task == "mixln_langref_ppl":
         assert len(set(drop["layer_drop"])) == L  # every skipped block changes the perplexity differently

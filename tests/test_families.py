@@ -226,7 +226,7 @@ def test_heal_changes_only_the_post_ln_blocks(family, source, converted, tmp_pat
     out = tmp_path / "healed"
     result = heal(converted, source, out, tokens=4 * 2 * 32, seq_len=32, batch_size=2, eval_tokens=128,
                   lr=0.05, loss="residual", perplexity=False, progress=False)
-    assert result.steps == 4 and math.isfinite(result.relative_error["after"])
+    assert result.steps == 4 and math.isfinite(result.relative_error.after)
     before, after = tensors(converted), tensors(out)
     assert before.keys() == after.keys()
     changed = {n for n in before if not torch.equal(before[n], after[n])}

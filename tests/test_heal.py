@@ -47,12 +47,12 @@ def healed(moved, tiny_llama, tmp_path_factory):
 def test_healing_reduces_residual_error_and_held_out_loss(healed):
     out, result = healed
     assert result.steps == STEPS and result.tokens == STEPS * BATCH * SEQ_LEN
-    assert result.relative_error["after"] < 0.5 * result.relative_error["before"]
-    assert result.perplexity["after"] < result.perplexity["before"]
+    assert result.relative_error.after < 0.5 * result.relative_error.before
+    assert result.perplexity.after < result.perplexity.before
     rows = [json.loads(line) for line in (out / "heal_metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(STEPS + 1))
     assert all({"step", "tokens", "loss", "lr"} <= set(r) for r in rows[1:])
-    assert rows[-1]["val_ppl"] == result.perplexity["after"]
+    assert rows[-1]["val_ppl"] == result.perplexity.after
 
 
 def test_only_the_post_ln_blocks_change(healed, moved):
@@ -75,16 +75,16 @@ def test_output_reloads_and_measures_what_heal_reported(healed, tiny_llama):
     assert {"configuration_mixln.py", "modeling_mixln.py", "tokenizer.json"} <= {p.name for p in out.iterdir()}
     record = model.config.mixln_provenance["heal"]
     assert record["steps"] == STEPS and record["loss"] == "residual"
-    assert record["relative_error"] == result.relative_error
+    assert record["relative_error"] == result.record()["relative_error"]
     assert model.config.mixln_provenance["strategy"] == "move"  # the conversion's provenance is kept
     windows = token_windows(load_tokenizer(out), read_texts(None, split="validation"), SEQ_LEN, EVAL_TOKENS)
     measured = evaluate_perplexity(model.eval(), windows, BATCH, progress=False)["perplexity"]
-    assert measured == pytest.approx(result.perplexity["after"], rel=1e-4)
+    assert measured == pytest.approx(result.perplexity.after, rel=1e-4)
 
 
 def test_kl_loss_heals_through_the_whole_model(moved, tiny_llama, tmp_path):
     result = heal(moved, tiny_llama, tmp_path / "out", tokens=10 * BATCH * SEQ_LEN, lr=LR, loss="kl", **FAST)
-    assert result.perplexity["after"] < result.perplexity["before"]
+    assert result.perplexity.after < result.perplexity.before
     assert json.loads((tmp_path / "out" / "config.json").read_text())["mixln_provenance"]["heal"]["loss"] == "kl"
 
 
@@ -99,7 +99,7 @@ def test_a_teacher_with_a_tied_head_saved_anyway_heals(tiny_llama_tied, tmp_path
     save_file({**state, "lm_head.weight": state["model.embed_tokens.weight"].clone()}, teacher / "model.safetensors")
     converted = convert(teacher, tmp_path / "mixln", alpha=0.25, strategy="move", progress=False)
     result = heal(converted, teacher, tmp_path / "healed", tokens=STEPS * BATCH * SEQ_LEN, lr=LR, loss="kl", **FAST)
-    assert result.perplexity["after"] < result.perplexity["before"]
+    assert result.perplexity.after < result.perplexity.before
     assert (tmp_path / "healed" / "config.json").is_file()
 
 
@@ -109,13 +109,13 @@ def test_eval_data_is_what_heal_scores_packed_and_per_document(moved, tiny_llama
     held_out.write_text("".join(json.dumps({"text": d}) + "\n" for d in documents))
     result = heal(moved, tiny_llama, tmp_path / "out", tokens=BATCH * SEQ_LEN, lr=LR, loss="residual",
                   eval_data=held_out, **{**FAST, "eval_tokens": 64})
-    assert result.evaluation["data"] == str(held_out)
+    assert result.evaluation.data == str(held_out)
     teacher = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
     tokenizer = load_tokenizer(tiny_llama)
     packed = evaluate_perplexity(teacher, token_windows(tokenizer, documents, SEQ_LEN, 64), BATCH, progress=False)
-    assert result.perplexity["teacher"] == pytest.approx(packed["perplexity"], rel=1e-4)
+    assert result.perplexity.teacher == pytest.approx(packed["perplexity"], rel=1e-4)
     per_document = evaluate_documents(teacher, tokenizer, documents, SEQ_LEN, BATCH, 64, progress=False)
-    assert result.per_document_perplexity["teacher"] == pytest.approx(per_document["token_perplexity"], rel=1e-4)
+    assert result.per_document_perplexity.teacher == pytest.approx(per_document["token_perplexity"], rel=1e-4)
     default = token_windows(tokenizer, read_texts(None, split="validation"), SEQ_LEN, 64)
     assert evaluate_perplexity(teacher, default, BATCH, progress=False)["perplexity"] != pytest.approx(
         packed["perplexity"], rel=1e-3)  # the default text would have given another figure
@@ -133,13 +133,13 @@ def test_teacher_figures_are_measured_once_across_runs(moved, tiny_llama, tmp_pa
     first = run("first")
     assert len(scored) == 3
     second = run("second")
-    assert len(scored) == 5 and second.perplexity["teacher"] == first.perplexity["teacher"]
-    assert second.per_document_perplexity["teacher"] == first.per_document_perplexity["teacher"]
+    assert len(scored) == 5 and second.perplexity.teacher == first.perplexity.teacher
+    assert second.per_document_perplexity.teacher == first.per_document_perplexity.teacher
     run("other-teacher", shutil.copytree(tiny_llama, tmp_path / "teacher-copy"))  # other files: measured again
     assert len(scored) == 8
     for entry in (cache_dir() / "teacher-metrics").iterdir():
         entry.write_text("{damaged")
-    assert run("damaged").perplexity["teacher"] == first.perplexity["teacher"] and len(scored) == 11
+    assert run("damaged").perplexity.teacher == first.perplexity.teacher and len(scored) == 11
 
 
 def _other_tokenizer(tiny_llama, tmp_path):

@@ -106,12 +106,12 @@ def test_heal_card_has_the_figures_before_and_after_with_their_text(converted, t
     assert "embedded:" not in body and str(tiny_llama.parent) not in body
     assert "mixln-convert heal converted/ --teacher untied --out healed/ --tokens 128 --loss residual" in body
     evaluation = result.evaluation
-    assert (f"(validation split: general English and Python docstrings), {evaluation['tokens']:,} tokens in windows "
+    assert (f"(validation split: general English and Python docstrings), {evaluation.tokens:,} tokens in windows "
             "of 32") in body
     ppl = result.perplexity
-    assert f"| perplexity (packed windows) | {ppl['before']:.2f} | {ppl['after']:.2f} | {ppl['teacher']:.2f} |" in body
+    assert f"| perplexity (packed windows) | {ppl.before:.2f} | {ppl.after:.2f} | {ppl.teacher:.2f} |" in body
     error = result.relative_error
-    assert f"{error['before']:.4g} | {error['after']:.4g}" in body
+    assert f"{error.before:.4g} | {error.after:.4g}" in body
 
 
 def test_prune_card_of_a_mixln_and_of_a_plain_model(converted, tiny_llama_tied, tmp_path):

@@ -51,6 +51,24 @@ def test_an_edited_result_is_refused_in_one_line(tmp_path):
         Stages(resume=True).run("a", tmp_path / "a", lambda folder: {"figure": 0})
 
 
+def test_a_damaged_result_or_run_record_is_refused_in_one_line_naming_file_and_key(tmp_path):
+    from mixln_convert.workflows.runs import RECORD, claim_run
+
+    Stages(resume=False).run("a", tmp_path / "a", lambda folder: {"figure": 1.5})
+    result = tmp_path / "a" / STAGE_RESULT
+    result.write_text('{"result": {"figure": 1.5}}')
+    with pytest.raises(MixLNError, match=f"^{result}: damaged \\(not a stage's result \\(missing sha256\\)\\); remove "):
+        Stages(resume=True).run("a", tmp_path / "a", lambda folder: {"figure": 0})
+    out = tmp_path / "run"
+    with claim_run(out, "train", {"lr": 1}, {}, resume=False) as claim:
+        claim.start()
+    assert (out / RECORD).read_text() == '{\n "kind": "train",\n "settings": {\n  "lr": 1\n }\n}\n'
+    (out / RECORD).write_text('{"kind": "train", "settings": [1]}')
+    with pytest.raises(MixLNError, match=f"^{out / RECORD}: damaged \\(settings: must be an object, got \\[1\\]\\); it holds"):
+        with claim_run(out, "train", {"lr": 1}, {}, resume=True):
+            pass
+
+
 def test_a_demo_begun_at_another_training_lr_is_not_resumed(tiny_llama, tmp_path, cli):
     """A demo folder from before the demo trained at its own lr holds arms trained at the recipe's:
     --resume refuses it in one line rather than reporting them as this demo's."""

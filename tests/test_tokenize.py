@@ -86,6 +86,28 @@ def test_shards_are_a_plain_tokenization_split_by_document(tokenized, corpus, to
     assert sorted(p.name for p in tokenized.parent.iterdir()) == ["tokens"]  # no partial folder left
 
 
+def test_the_manifest_reads_back_as_written_and_a_damaged_one_is_refused_naming_file_and_key(tokenized, tmp_path):
+    import shutil
+
+    from mixln_convert.data.shards import read_manifest
+    from mixln_convert.errors import MixLNError
+
+    written = (tokenized / MANIFEST).read_text()
+    assert json.dumps(read_manifest(tokenized).to_dict(), indent=1) + "\n" == written  # key for key
+    copy = tmp_path / "copy"
+    shutil.copytree(tokenized, copy)
+    for damage, key in [(lambda m: m["splits"]["train"]["shards"][1].update(sha256=7),
+                         "splits: train: shards: 1: sha256: must be a string"),
+                        (lambda m: m.update(dtype="int8"), "dtype: unknown dtype 'int8'"),
+                        (lambda m: m["splits"].pop("validation"), "splits: validation is missing")]:
+        manifest = json.loads(written)
+        damage(manifest)
+        (copy / MANIFEST).write_text(json.dumps(manifest))
+        with pytest.raises(MixLNError) as refused:
+            read_manifest(copy)
+        assert str(refused.value).startswith(f"{copy / MANIFEST}: damaged ({key}") and "\n" not in str(refused.value)
+
+
 def test_two_processes_write_the_same_shards(tokenized, corpus, tokenizer, tmp_path):
     out = tmp_path / "two"
     tokenize(corpus, tokenizer, out, validation_fraction=0.1, num_proc=2, shard_tokens=SHARD, progress=False)
@@ -110,9 +132,9 @@ def test_explicit_validation_documents_never_train(corpus, tokenizer, tmp_path):
     out = tmp_path / "tokens"
     manifest = tokenize(corpus, tokenizer, out, validation=given, shard_tokens=SHARD, progress=False)
     rest = [d for d in docs if d not in set(docs[:5])]
-    assert manifest["splits"]["validation"]["documents"] == 5 and manifest["splits"]["train"]["documents"] == len(rest)
-    assert manifest["sources"][0] == {"role": "validation", "path": str(given), "bytes": given.stat().st_size,
-                                      "sha256": file_sha256(given)}
+    assert manifest.splits["validation"].documents == 5 and manifest.splits["train"].documents == len(rest)
+    assert manifest.sources[0] == {"role": "validation", "path": str(given), "bytes": given.stat().st_size,
+                                   "sha256": file_sha256(given)}
     assert np.array_equal(stream(out, tokenizer, "train"), token_ids(tokenizer, rest))
     assert np.array_equal(stream(out, tokenizer, "validation"), token_ids(tokenizer, docs[:5]))
 
@@ -127,7 +149,7 @@ def test_the_api_takes_a_checkpoint_for_its_tokenizer_and_never_writes_an_input(
                        progress=False)
     in_hand = tokenize(corpus, open_checkpoint(tiny_llama).tokenizer, tmp_path / "b", validation_fraction=0.1,
                        shard_tokens=SHARD, progress=False)
-    assert by_path["tokenizer_sha256"] == in_hand["tokenizer_sha256"] and by_path["splits"] == in_hand["splits"]
+    assert by_path.tokenizer_sha256 == in_hand.tokenizer_sha256 and by_path.splits == in_hand.splits
     before = files(corpus)
     for out, named in ((corpus, "DATA"), (tiny_llama, "--tokenizer")):
         with pytest.raises(MixLNError, match=f"^--out {out}: is the input {named} "):
@@ -143,9 +165,9 @@ def test_the_api_takes_a_checkpoint_for_its_tokenizer_and_never_writes_an_input(
 def test_limits_and_seq_len(corpus, tokenizer, tmp_path):
     manifest = tokenize(corpus, tokenizer, tmp_path / "t", seq_len=100, shard_tokens=SHARD, max_tokens=10_000,
                         max_validation_tokens=500, progress=False)
-    assert manifest["shard_tokens"] == 4000  # whole windows of 100
-    assert [s["tokens"] for s in manifest["splits"]["train"]["shards"]] == [4000, 4000, 2000]
-    assert manifest["splits"]["validation"]["tokens"] == 500
+    assert manifest.shard_tokens == 4000  # whole windows of 100
+    assert [s.tokens for s in manifest.splits["train"].shards] == [4000, 4000, 2000]
+    assert manifest.splits["validation"].tokens == 500
     full = token_ids(tokenizer, [d for d in read_texts(corpus) if not held_out(_digest(d), 0.01)])
     assert np.array_equal(stream(tmp_path / "t", tokenizer, "train"), full[:10_000])  # a prefix, cut exactly
 
@@ -170,7 +192,7 @@ def test_a_vocabulary_beyond_uint16_gets_int32_shards(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"text": f"{70000 + i} 3 99999"}) + "\n" for i in range(50)))
     manifest = tokenize(data, WideTokenizer(), tmp_path / "t", validation_fraction=0.5, progress=False)
-    assert manifest["dtype"] == "int32"
+    assert manifest.dtype == "int32"
     train = stream(tmp_path / "t", WideTokenizer(), "train")
     assert train.dtype == np.int32 and train.max() == 99999 and 70000 <= train[0] < 70050
 

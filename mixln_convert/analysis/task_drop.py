@@ -91,8 +91,8 @@ def task_layer_drop(model, tokenizer, task: str, manager, *, limit: int | None =
         for variant in range(len(variants)):  # the first run scores, the others look the scores up
             lm.variant = variant
             result = run_tasks(lm, [task], manager, limit, bootstrap_iters=0)[task]
-            values.append(result["metrics"][primary_metric(result)])
+            values.append(result.metrics[primary_metric(result)])
     metric = primary_metric(result)
-    return {"task": task, "metric": metric, "higher_is_better": result["higher_is_better"][metric],
-            "value": values[0], "layer_drop": [v - values[0] for v in values[1:]], "samples": result["samples"],
+    return {"task": task, "metric": metric, "higher_is_better": result.higher_is_better[metric],
+            "value": values[0], "layer_drop": [v - values[0] for v in values[1:]], "samples": result.samples,
             "limit": limit}

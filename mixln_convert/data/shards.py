@@ -8,13 +8,16 @@ layout of Megatron's and nanoGPT's ``.bin`` token files: ``np.memmap`` reads a w
 reading anything else, so a training process touches only the windows it trains on.
 """
 
+import dataclasses
 import hashlib
-import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import MixLNError
+from ..io.records import Result
+from ..schema import TOKENS, TOKENS_OR_ZERO, Choice, Count, Nested, Shaped, String, setting
 
 MANIFEST = "mixln-tokens.json"
 FORMAT = "mixln-convert tokens"
@@ -41,29 +44,88 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+@dataclass(kw_only=True)
+class ShardRecord:
+    """One shard file of a split: its tokens and sha256 (None while the writer fills it)."""
+    file: str = setting(kind=String())
+    tokens: int = setting(kind=TOKENS)
+    sha256: str | None = setting(kind=String())
+
+
+@dataclass(frozen=True, kw_only=True)
+class SplitRecord:
+    documents: int = setting(kind=TOKENS_OR_ZERO)
+    tokens: int = setting(kind=TOKENS_OR_ZERO)
+    shards: list[ShardRecord] = setting(kind=Nested(ShardRecord, "list"))
+
+
+# the hold-out rule ({rule, fraction}) and each source's record (a file's or a Hub dataset's): compared whole
+# with what a rerun would record, never read field by field
+HOLD_OUT = Shaped(lambda v: isinstance(v, dict) and isinstance(v.get("rule"), str), "an object with a rule")
+SOURCES = Shaped(lambda v: isinstance(v, list) and all(isinstance(s, dict) for s in v), "a list of objects")
+
+
+# kw_only: the fields keep the file's order, the settings (tokenization.settings) first, then the splits
+@dataclass(frozen=True, kw_only=True)
+class TokenManifest(Result):
+    """``mixln-tokens.json``: the settings the shards were made with and each split's shards."""
+    FILE = MANIFEST
+    WHAT = "a tokenized folder's manifest"
+
+    format: str = setting(kind=Choice((FORMAT,), "format"))
+    version: int = setting(kind=Count(VERSION, VERSION))
+    tokenizer_sha256: str = setting(kind=String())
+    eos_token_id: int = setting(kind=TOKENS_OR_ZERO)
+    dtype: str = setting(kind=Choice(tuple(DTYPES), "dtype"))
+    shard_tokens: int = setting(kind=TOKENS)
+    seq_len: int | None = setting(None, TOKENS)
+    max_tokens: int | None = setting(None, TOKENS)
+    max_validation_tokens: int | None = setting(None, TOKENS)
+    validation: dict = setting(kind=HOLD_OUT)
+    sources: list[dict] = setting(kind=SOURCES)
+    splits: dict[str, SplitRecord] = setting(kind=Nested(SplitRecord, "names"))
+
+    def check(self, file: Path) -> None:
+        for split in TOKEN_SPLITS:
+            if split not in self.splits:
+                raise MixLNError(f"{file}: splits: {split} is missing")
+            record = self.splits[split]
+            for i, shard in enumerate(record.shards):
+                if shard.file != shard_name(split, i) or shard.tokens > self.shard_tokens or shard.sha256 is None:
+                    raise MixLNError(f"{file}: splits: {split}: shards: {i}: not {shard_name(split, i)} of at most "
+                                     f"{self.shard_tokens} tokens with its sha256")
+            if record.tokens != sum(s.tokens for s in record.shards):
+                raise MixLNError(f"{file}: splits: {split}: tokens {record.tokens} is not the sum over its shards")
+
+    def settings(self) -> dict:
+        """What the shards were made with: :func:`~.tokenization.settings` of the run that made them."""
+        return {key: value for key, value in self.to_dict().items() if key != "splits"}
+
+
 class TokenShardWriter:
     """Appends one split's token ids to fixed-size shard files, at most ``limit`` tokens in all."""
 
     def __init__(self, folder: Path, split: str, dtype: str, shard_tokens: int, limit: int | None = None):
         self.folder, self.split, self.dtype = folder, split, DTYPES[dtype]
         self.shard_tokens, self.limit = shard_tokens, limit
-        self.shards: list[dict] = []  # {"file", "tokens", "sha256"}; the last one may be filling
+        self.shards: list[ShardRecord] = []  # the last one may be filling
         self.tokens = 0
         self._digest = None  # sha256 of the shard being filled
 
     def resume(self, shards: list[dict]) -> None:
         """Continue after ``shards`` (a :meth:`state` of a killed run): the full shards checked, the last
-        cut back to its recorded length (the run may have written past it); ValueError if the files disagree."""
-        for shard in shards[:-1]:
-            path = self.folder / shard["file"]
-            if shard["tokens"] != self.shard_tokens or path.stat().st_size != shard["tokens"] * self.dtype.itemsize \
-                    or file_sha256(path) != shard["sha256"]:
+        cut back to its recorded length (the run may have written past it); ValueError (TypeError: not shard
+        records) if the files disagree."""
+        self.shards = [ShardRecord(**shard) for shard in shards]
+        for shard in self.shards[:-1]:
+            path = self.folder / shard.file
+            if shard.tokens != self.shard_tokens or path.stat().st_size != shard.tokens * self.dtype.itemsize \
+                    or file_sha256(path) != shard.sha256:
                 raise ValueError(f"{path} is not the shard recorded")
-        self.shards = [dict(s) for s in shards]
-        self.tokens = sum(s["tokens"] for s in shards)
+        self.tokens = sum(s.tokens for s in self.shards)
         if shards:
-            last = self.folder / shards[-1]["file"]
-            size = shards[-1]["tokens"] * self.dtype.itemsize
+            last = self.folder / self.shards[-1].file
+            size = self.shards[-1].tokens * self.dtype.itemsize
             if last.stat().st_size < size:
                 raise ValueError(f"{last} is shorter than recorded")
             self._digest = hashlib.sha256()
@@ -86,85 +148,61 @@ class TokenShardWriter:
         if len(ids) and int(ids.max()) > np.iinfo(self.dtype).max:
             raise MixLNError(f"token id {int(ids.max())} does not fit the {self.dtype.name} shards")
         while len(ids):
-            if not self.shards or self.shards[-1]["tokens"] == self.shard_tokens:
-                self.shards.append({"file": shard_name(self.split, len(self.shards)), "tokens": 0, "sha256": None})
+            if not self.shards or self.shards[-1].tokens == self.shard_tokens:
+                self.shards.append(ShardRecord(file=shard_name(self.split, len(self.shards)), tokens=0, sha256=None))
                 self._digest = hashlib.sha256()
-                (self.folder / self.shards[-1]["file"]).write_bytes(b"")
+                (self.folder / self.shards[-1].file).write_bytes(b"")
             shard = self.shards[-1]
-            piece = ids[: self.shard_tokens - shard["tokens"]].astype(self.dtype).tobytes()
-            with open(self.folder / shard["file"], "ab") as f:
+            piece = ids[: self.shard_tokens - shard.tokens].astype(self.dtype).tobytes()
+            with open(self.folder / shard.file, "ab") as f:
                 f.write(piece)
             self._digest.update(piece)
             taken = len(piece) // self.dtype.itemsize
-            shard["tokens"] += taken
+            shard.tokens += taken
             self.tokens += taken
             ids = ids[taken:]
-            if shard["tokens"] == self.shard_tokens:
-                shard["sha256"] = self._digest.hexdigest()
+            if shard.tokens == self.shard_tokens:
+                shard.sha256 = self._digest.hexdigest()
 
     def state(self) -> list[dict]:
-        return [dict(s) for s in self.shards]
+        """The shards so far, as a killed run's progress records them for :meth:`resume`."""
+        return [dataclasses.asdict(s) for s in self.shards]
 
-    def close(self) -> list[dict]:
+    def close(self) -> list[ShardRecord]:
         """The finished split's shards, the last one's sha256 included."""
-        if self.shards and self.shards[-1]["sha256"] is None:
-            self.shards[-1]["sha256"] = self._digest.hexdigest()
-        return self.state()
+        if self.shards and self.shards[-1].sha256 is None:
+            self.shards[-1].sha256 = self._digest.hexdigest()
+        return self.shards
 
 
 def is_tokens_folder(path) -> bool:
     return path is not None and (Path(path) / MANIFEST).is_file()
 
 
-def read_manifest(folder: Path) -> dict:
-    """The manifest of a tokenized folder, its fields checked; a one-line error naming the file if
+def read_manifest(folder: Path) -> TokenManifest:
+    """The manifest of a tokenized folder, its fields checked; a one-line error naming the file and key if
     it is damaged."""
     path = Path(folder) / MANIFEST
     try:
-        manifest = json.loads(path.read_text())
-        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-            raise ValueError("not a tokenized-folder manifest")
-        if manifest.get("version") != VERSION:
-            raise ValueError(f"version {manifest.get('version')!r}, this mixln-convert reads {VERSION}")
-        if manifest.get("dtype") not in DTYPES:
-            raise ValueError(f"dtype {manifest.get('dtype')!r}")
-        if not isinstance(manifest.get("shard_tokens"), int) or manifest["shard_tokens"] < 1:
-            raise ValueError("shard_tokens must be a positive integer")
-        if not isinstance(manifest.get("tokenizer_sha256"), str):
-            raise ValueError("tokenizer_sha256 must be a string")
-        for split in TOKEN_SPLITS:
-            record = manifest["splits"][split]
-            shards = record["shards"]
-            if not isinstance(shards, list) or any(
-                    not isinstance(s.get("file"), str) or s["file"] != shard_name(split, i)
-                    or not isinstance(s.get("tokens"), int) or not 0 < s["tokens"] <= manifest["shard_tokens"]
-                    or not isinstance(s.get("sha256"), str) for i, s in enumerate(shards)):
-                raise ValueError(f"{split} shards: each needs its file name in order, tokens and sha256")
-            if not isinstance(record.get("documents"), int):
-                raise ValueError(f"{split} documents must be an integer")
-            if record.get("tokens") != sum(s["tokens"] for s in shards):
-                raise ValueError(f"{split} tokens {record.get('tokens')!r} is not the sum over its shards")
-    except (OSError, UnicodeDecodeError) as e:
-        raise MixLNError(f"{path}: cannot read: {e}") from None
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise MixLNError(f"{path}: damaged ({str(e).strip() or type(e).__name__}); run mixln-convert tokenize "
-                         "again with --force") from None
-    return manifest
+        return TokenManifest.read(path)
+    except MixLNError as e:
+        raise MixLNError(f"{path}: damaged ({str(e).removeprefix(f'{path}: ')}); run mixln-convert tokenize again "
+                         "with --force") from None
 
 
-def check_shards(folder: Path, manifest: dict, hashes: bool = False) -> None:
+def check_shards(folder: Path, manifest: TokenManifest, hashes: bool = False) -> None:
     """Every shard of the manifest is there with its recorded size (and, with ``hashes``, its
     sha256: that reads every shard, so only `tokenize` does it)."""
-    itemsize = DTYPES[manifest["dtype"]].itemsize
+    itemsize = DTYPES[manifest.dtype].itemsize
     for split in TOKEN_SPLITS:
-        for shard in manifest["splits"][split]["shards"]:
-            path = Path(folder) / shard["file"]
+        for shard in manifest.splits[split].shards:
+            path = Path(folder) / shard.file
             size = path.stat().st_size if path.is_file() else None
-            if size != shard["tokens"] * itemsize:
+            if size != shard.tokens * itemsize:
                 found = "missing" if size is None else f"{size} bytes"
-                raise MixLNError(f"{path}: {found}, the manifest says {shard['tokens'] * itemsize}; the tokenized "
+                raise MixLNError(f"{path}: {found}, the manifest says {shard.tokens * itemsize}; the tokenized "
                                  "folder is damaged (run mixln-convert tokenize again with --force)")
-            if hashes and file_sha256(path) != shard["sha256"]:
+            if hashes and file_sha256(path) != shard.sha256:
                 raise MixLNError(f"{path}: its sha256 is not the manifest's; the tokenized folder is damaged "
                                  "(run mixln-convert tokenize again with --force)")
 
@@ -178,11 +216,11 @@ class TokenShards:
     one-line error naming the shard. That catches random damage, not a valid id changed to another.
     """
 
-    def __init__(self, folder: Path, manifest: dict, split: str, id_limit: int | None = None):
+    def __init__(self, folder: Path, manifest: TokenManifest, split: str, id_limit: int | None = None):
         self.folder, self.split, self.id_limit = Path(folder), split, id_limit
-        self.dtype = DTYPES[manifest["dtype"]]
-        self.shards = manifest["splits"][split]["shards"]
-        self.starts = np.cumsum([0] + [s["tokens"] for s in self.shards])  # stream offset of each shard
+        self.dtype = DTYPES[manifest.dtype]
+        self.shards = manifest.splits[split].shards
+        self.starts = np.cumsum([0] + [s.tokens for s in self.shards])  # stream offset of each shard
         self.maps: dict[int, np.memmap] = {}  # shard index -> its memory map, once used
 
     def __len__(self) -> int:
@@ -196,11 +234,11 @@ class TokenShards:
         while start < stop:
             offset = start - int(self.starts[k])
             if k not in self.maps:
-                self.maps[k] = np.memmap(self.folder / self.shards[k]["file"], dtype=self.dtype, mode="r")
+                self.maps[k] = np.memmap(self.folder / self.shards[k].file, dtype=self.dtype, mode="r")
             piece = self.maps[k][offset: offset + stop - start]
             if self.id_limit is not None and len(piece) and int(piece.max()) >= self.id_limit:
                 at = int(np.argmax(piece >= self.id_limit))
-                raise MixLNError(f"{self.folder / self.shards[k]['file']}: token {offset + at} is id {int(piece[at])}, "
+                raise MixLNError(f"{self.folder / self.shards[k].file}: token {offset + at} is id {int(piece[at])}, "
                                  f"past the tokenizer's {self.id_limit} ids; the tokenized folder is damaged "
                                  "(mixln-convert tokenize on the same files checks every shard; --force rebuilds it)")
             pieces.append(piece)

@@ -69,8 +69,8 @@ def open_tokens(folder, tokenizer) -> tuple[TokenShards, TokenShards]:
     (shard sizes; a shard's content is hashed by `tokenize` only, and its ids range-checked as
     they are read) and ``tokenizer``."""
     manifest = read_manifest(folder)
-    if manifest["tokenizer_sha256"] != tokenizer_fingerprint(tokenizer):
-        raise MixLNError(f"{folder}: tokenized with another tokenizer (sha256 {manifest['tokenizer_sha256'][:12]}, "
+    if manifest.tokenizer_sha256 != tokenizer_fingerprint(tokenizer):
+        raise MixLNError(f"{folder}: tokenized with another tokenizer (sha256 {manifest.tokenizer_sha256[:12]}, "
                          f"the source's is {tokenizer_fingerprint(tokenizer)[:12]}); tokenize the text again with "
                          "--tokenizer set to the source")
     check_shards(folder, manifest)

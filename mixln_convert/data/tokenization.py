@@ -33,8 +33,8 @@ from ..io.hub import HubDataset
 from ..schema import TOKENS
 from ..options import TokenizeOptions
 from .corpus import embedded_corpus, file_documents, source_files
-from .shards import (FORMAT, MANIFEST, TOKEN_SPLITS, VERSION, TokenShardWriter, check_shards, file_sha256,
-                     read_manifest, token_dtype)
+from .shards import (FORMAT, MANIFEST, TOKEN_SPLITS, VERSION, SplitRecord, TokenManifest, TokenShardWriter,
+                     check_shards, file_sha256, read_manifest, token_dtype)
 
 CHUNK_CHARS = 2**20  # text per worker task: small enough to bound memory, large enough to amortize a task
 PARALLEL_BYTES = 2**24  # below 16 MiB of input, starting worker processes costs more than it saves
@@ -223,7 +223,7 @@ def up_to_date(out: Path, wanted: dict) -> bool:
     if not (out / MANIFEST).is_file():
         return False
     manifest = read_manifest(out)
-    if {k: manifest.get(k) for k in wanted} != wanted:
+    if manifest.settings() != wanted:
         return False
     check_shards(out, manifest, hashes=True)
     return True
@@ -272,7 +272,7 @@ def _check_paths(train, tokenizer, out, validation, named: str, force: bool):
 
 def tokenize(train, tokenizer, out, options: TokenizeOptions | None = None, *, max_tokens: int | None = None,
              max_validation_tokens: int | None = None, force: bool = False, progress: bool = True,
-             wait: bool = False, named: str | None = None, **fields) -> dict:
+             wait: bool = False, named: str | None = None, **fields) -> TokenManifest:
     """Tokenize the documents of ``train`` (a file, folder or glob; None: the embedded corpus) with
     ``tokenizer`` (one in hand, or a checkpoint's: a folder, .gguf or Hub model name) into the
     tokenized folder ``out``; returns its manifest. ``options``: a
@@ -333,7 +333,7 @@ def _same_folder(fd: int, path: Path) -> bool:
 
 
 def _build(wanted, out: Path, partial: Path, encoder: Encoder, train, validation, num_proc: int,
-           progress: bool) -> dict:
+           progress: bool) -> TokenManifest:
     inputs = _inputs(train, validation)
     limits = {"train": wanted["max_tokens"], "validation": wanted["max_validation_tokens"]}
     writers = {s: TokenShardWriter(partial, s, wanted["dtype"], wanted["shard_tokens"], limits[s])
@@ -369,9 +369,9 @@ def _build(wanted, out: Path, partial: Path, encoder: Encoder, train, validation
         if not shards:
             raise MixLNError(f"{train or 'embedded:train'}: gives no {split} tokens"
                              + ("; give a validation source or a larger fraction" if split == "validation" else ""))
-        splits[split] = {"documents": documents[split], "tokens": writer.tokens, "shards": shards}
-    manifest = {**wanted, "splits": splits}
+        splits[split] = SplitRecord(documents=documents[split], tokens=writer.tokens, shards=shards)
+    manifest = TokenManifest(**wanted, splits=splits)
     (partial / PROGRESS).unlink()
-    write_atomic(partial / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+    write_atomic(partial / MANIFEST, json.dumps(manifest.to_dict(), indent=1) + "\n")
     replace_dir(partial, out)
     return manifest

@@ -16,6 +16,7 @@ import yaml
 from ..errors import MixLNError
 from ..options import LIMIT
 from ..schema import BATCH
+from .result import TaskScore
 
 # what installs it: lm-eval from PyPI (mixln-convert itself is not on PyPI, so its [eval] extra installs only from a
 # checkout: pip install -e '.[eval]'); the bound is pyproject.toml's
@@ -93,10 +94,10 @@ def hf_lm(model, tokenizer, batch_size: int, lm_class=None):
         return (lm_class or HFLM)(pretrained=model, tokenizer=copy.deepcopy(tokenizer), batch_size=batch_size)
 
 
-def run_tasks(lm, names: list[str], manager, limit: int | None = None, bootstrap_iters: int = 100_000) -> dict:
-    """lm-eval's ``simple_evaluate`` of ``lm`` on ``names``, reshaped: {task: {"metrics": {name:
-    value}, "stderr": {name: value or None}, "higher_is_better": {name: bool}, "samples": n,
-    "output_type": ...}}. ``bootstrap_iters`` as lm-eval's (0: no standard errors)."""
+def run_tasks(lm, names: list[str], manager, limit: int | None = None,
+              bootstrap_iters: int = 100_000) -> dict[str, TaskScore]:
+    """lm-eval's ``simple_evaluate`` of ``lm`` on ``names``, reshaped: {task: its :class:`TaskScore`}.
+    ``bootstrap_iters`` as lm-eval's (0: no standard errors)."""
     from unittest import mock
 
     from lm_eval import evaluator
@@ -113,13 +114,13 @@ def run_tasks(lm, names: list[str], manager, limit: int | None = None, bootstrap
         metrics = {key.split(",")[0]: value for key, value in values.items()
                    if "," in key and "_stderr," not in key and isinstance(value, (int, float))}
         stderr = {name: values.get(f"{name}_stderr,none") for name in metrics}
-        results[task] = {
-            "metrics": metrics,
-            "stderr": {name: value if isinstance(value, (int, float)) else None for name, value in stderr.items()},
-            "higher_is_better": {name: bool(raw["higher_is_better"][task].get(name, True)) for name in metrics},
-            "samples": raw["n-samples"][task]["effective"],
-            "output_type": raw["configs"][task]["output_type"],
-        }
+        results[task] = TaskScore(
+            metrics=metrics,
+            stderr={name: value if isinstance(value, (int, float)) else None for name, value in stderr.items()},
+            higher_is_better={name: bool(raw["higher_is_better"][task].get(name, True)) for name in metrics},
+            samples=raw["n-samples"][task]["effective"],
+            output_type=raw["configs"][task]["output_type"],
+        )
     return results
 
 
@@ -136,20 +137,20 @@ def evaluate_tasks(model, tokenizer, names: list[str], manager, *, limit: int | 
             "lm_eval_version": version("lm_eval")}
 
 
-def primary_metric(task_result: dict) -> str:
+def primary_metric(task_result: TaskScore) -> str:
     """The metric a task is judged by: the first its YAML lists (acc, word_perplexity, ...)."""
-    return next(iter(task_result["metrics"]))
+    return next(iter(task_result.metrics))
 
 
-def format_task_table(tasks: dict) -> list[str]:
+def format_task_table(tasks: dict[str, TaskScore]) -> list[str]:
     """Lines of a task x metric table, standard errors where lm-eval gives them."""
     rows = [("task", "metric", "value", "stderr", "n")]
     for task, result in tasks.items():
-        for name, value in result["metrics"].items():
-            stderr = result["stderr"][name]
-            arrow = "↑" if result["higher_is_better"][name] else "↓"
+        for name, value in result.metrics.items():
+            stderr = result.stderr[name]
+            arrow = "↑" if result.higher_is_better[name] else "↓"
             shown = f"{value:.4f}" if abs(value) < 1e5 else f"{value:.4e}"
             rows.append((task, f"{name} {arrow}", shown, "—" if stderr is None else f"±{stderr:.4f}",
-                         str(result["samples"])))
+                         str(result.samples)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]

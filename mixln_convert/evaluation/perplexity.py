@@ -17,6 +17,7 @@ from ..options import EVAL_DATA, EvalOptions
 from ..runtime import map_large_allocations
 from ..schema import check_windows
 from .generation import greedy_continuations
+from .result import Continuation, DocumentScores, Generation, PerplexityScores, TaskScores
 
 
 def window_nll(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -128,28 +129,35 @@ def prepare_scoring(ckpt, options: EvalOptions | None = None, **settings) -> Sco
     return Scoring(source, options, texts, windows)
 
 
-def run_scoring(scoring: Scoring, model=None, *, progress: bool = True) -> dict:
-    """The prepared text scored: packed windows when prepared so, with ``per_document`` each
-    document on its own (``per_document`` key), with ``generate`` greedy continuations of fixed
-    prompts (``generation`` key). ``model``: the checkpoint's model when the caller has it loaded."""
+def run_scoring(scoring: Scoring, model=None, *, progress: bool = True) -> PerplexityScores:
+    """The prepared text scored in packed windows, with ``per_document`` each document on its own as well,
+    with ``generate`` greedy continuations of fixed prompts. ``model``: the checkpoint's model when the caller
+    has it loaded."""
     source, options = scoring.source, scoring.options
     model = model if model is not None else source.model()
-    result = {"checkpoint": str(source.path), "data": str(options.data) if options.data else EVAL_DATA,
-              "seq_len": options.seq_len}
-    if scoring.windows is not None:
-        result.update(evaluate_perplexity(model, scoring.windows, options.batch_size, progress))
-        check_finite_score(result["perplexity"], source.path, "perplexity")
+    packed = evaluate_perplexity(model, scoring.windows, options.batch_size, progress)
+    check_finite_score(packed["perplexity"], source.path, "perplexity")
+    return PerplexityScores(checkpoint=str(source.path), data=str(options.data) if options.data else EVAL_DATA,
+                            seq_len=options.seq_len, **packed, **scored_extras(scoring, model, progress))
+
+
+def scored_extras(scoring: Scoring, model, progress: bool) -> dict:
+    """The parts of eval's result ``scoring``'s options ask for beside its figures: per_document, generation."""
+    source, options = scoring.source, scoring.options
+    extras = {}
     if options.per_document:
-        result["per_document"] = evaluate_documents(model, source.tokenizer, scoring.texts, options.seq_len,
-                                                    options.batch_size, options.max_tokens, progress)
-        check_finite_score(result["per_document"]["token_perplexity"], source.path, "per-document perplexity")
+        extras["per_document"] = DocumentScores(**evaluate_documents(
+            model, source.tokenizer, scoring.texts, options.seq_len, options.batch_size, options.max_tokens, progress))
+        check_finite_score(extras["per_document"].token_perplexity, source.path, "per-document perplexity")
     if options.generate:
-        result["generation"] = greedy_continuations(model, source.tokenizer, progress=progress)
-    return result
+        generated = greedy_continuations(model, source.tokenizer, progress=progress)
+        extras["generation"] = Generation(**{**generated, "continuations": [
+            Continuation(**item) for item in generated["continuations"]]})
+    return extras
 
 
 def score_checkpoint(ckpt, options: EvalOptions | None = None, *, task_manager=None, progress: bool = True,
-                     **settings) -> dict:
+                     **settings) -> PerplexityScores | TaskScores:
     """What ``mixln-convert eval`` prints (see :func:`run_scoring`); with ``tasks``, lm-evaluation-harness
     tasks on the model loaded once (the tasks known, and the text read, before it loads) instead of the
     packed perplexity. ``task_manager``, if given, is the :func:`~.downstream.known_tasks` of the options'."""
@@ -162,10 +170,7 @@ def score_checkpoint(ckpt, options: EvalOptions | None = None, *, task_manager=N
     manager = task_manager or known_tasks(options)
     scoring = prepare_scoring(ckpt, options)
     model = scoring.source.model()  # one load for the tasks and the scoring both
-    result = {"checkpoint": str(scoring.source.path), "batch_size": options.batch_size,
-              **evaluate_tasks(model, scoring.source.tokenizer, list(options.tasks), manager, limit=options.limit,
-                               batch_size=options.batch_size)}
-    if options.per_document or options.generate:
-        extra = run_scoring(scoring, model, progress=progress)
-        result.update({key: extra[key] for key in ("per_document", "generation") if key in extra})
-    return result
+    return TaskScores(checkpoint=str(scoring.source.path), batch_size=options.batch_size,
+                      **evaluate_tasks(model, scoring.source.tokenizer, list(options.tasks), manager,
+                                       limit=options.limit, batch_size=options.batch_size),
+                      **scored_extras(scoring, model, progress))

@@ -1,8 +1,35 @@
 """What :func:`~mixln_convert.healing.heal` returns; less ``out``, the record it leaves in the healed
-checkpoint's ``mixln_provenance["heal"]`` (config.json), which its model card reads."""
+checkpoint's ``mixln_provenance["heal"]`` (config.json), which its model card reads. Its figures are records
+whose fields are declared with their kinds, in the order the provenance holds them."""
 
 import dataclasses
 from dataclasses import dataclass
+
+from ..io.records import NUMBER
+from ..schema import POSITIVE_NUMBER, TOKENS, TOKENS_OR_ZERO, String, setting
+
+
+@dataclass(frozen=True, kw_only=True)
+class ErrorChange:
+    """The relative error of the Post-LN blocks' output to the teacher's, before and after the heal."""
+    before: float = setting(kind=NUMBER)
+    after: float = setting(kind=NUMBER)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Perplexities:
+    """A held-out perplexity: the teacher's, and the student's before and after the heal."""
+    teacher: float = setting(kind=POSITIVE_NUMBER)
+    before: float = setting(kind=POSITIVE_NUMBER)
+    after: float = setting(kind=POSITIVE_NUMBER)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeldOut:
+    """The held-out text the figures were measured on: its name, the tokens scored and the window length."""
+    data: str = setting(kind=String())
+    tokens: int = setting(kind=TOKENS_OR_ZERO)
+    seq_len: int = setting(kind=TOKENS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -15,10 +42,10 @@ class HealResult:
     lr: float
     dtype: str  # of the frozen weights
     activation_checkpointing: bool
-    relative_error: dict  # the Post-LN blocks' output against the teacher's, {"before", "after"} the heal
-    perplexity: dict | None  # packed windows: {"teacher", "before", "after"}; None without the evaluation
-    per_document_perplexity: dict | None  # each document from its first token, likewise
-    evaluation: dict  # the held-out text: {"data", "tokens" (scored), "seq_len"}
+    relative_error: ErrorChange
+    perplexity: Perplexities | None  # packed windows; None without the evaluation
+    per_document_perplexity: Perplexities | None  # each document from its first token, likewise
+    evaluation: HeldOut
     data_passes: float  # how many times the heal went over its training windows (over 1: it repeated them)
     processes: int  # that shared each step
     seconds: float

@@ -36,7 +36,7 @@ from ..training.sharding import shard, sharded_state_dict
 from .losses import KL, distillation_loss, relative_error
 from .metrics import cached_teacher_metrics, check_record_finite, digest, warn_if_worse
 from .pair import load_models, open_pair, same_tokenizer
-from .result import HealResult
+from .result import ErrorChange, HealResult, HeldOut, Perplexities
 from .state import METRICS, HealState
 
 
@@ -349,16 +349,16 @@ class HealRun(HealOptions):
     def summary(self, before: dict, after: dict) -> HealResult:
         """:func:`heal`'s result (and the provenance's record), from the figures ``before`` and ``after``."""
         def compared(key: str, teacher: str):
-            return {"teacher": self.teacher_figures[teacher], "before": before[key], "after": after[key]}
+            return Perplexities(teacher=self.teacher_figures[teacher], before=before[key], after=after[key])
 
         return HealResult(
             out=str(self.out), post_ln_layers=self.post_ln_layers, steps=self.steps, tokens=after["tokens"],
             loss=self.loss, lr=self.lr, dtype=self.dtype, activation_checkpointing=self.activation_checkpointing,
-            relative_error={"before": before["val_relative_error"], "after": after["val_relative_error"]},
+            relative_error=ErrorChange(before=before["val_relative_error"], after=after["val_relative_error"]),
             perplexity=compared("val_ppl", "packed") if self.perplexity else None,
             per_document_perplexity=compared("val_doc_ppl", "per_document") if self.perplexity else None,
-            evaluation={"data": str(self.eval_data) if self.eval_data else EVAL_DATA,
-                        "tokens": self.eval_windows[:, 1:].numel(), "seq_len": self.seq_len},
+            evaluation=HeldOut(data=str(self.eval_data) if self.eval_data else EVAL_DATA,
+                               tokens=self.eval_windows[:, 1:].numel(), seq_len=self.seq_len),
             data_passes=round(self.passes, 4), processes=self.process.num_processes,
             seconds=round(time.time() - self.started, 2),
         )

@@ -3,20 +3,45 @@
 reads instead of running it again (:class:`Stages`).
 """
 
+import dataclasses
 import hashlib
 import json
 import shutil
 import time
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import MixLNError
-from ..io.atomic import atomic_output_dir, hold, write_atomic
+from ..io.atomic import atomic_output_dir, hold
 from ..io.paths import check_destination
-from ..io.records import changed_setting, write_json
+from ..io.records import changed_setting, read_json, write_json
+from ..schema import Kind, Shaped, String, read_record, setting
 
 RECORD = "run.json"
 STAGE_RESULT = "result.json"  # in each stage's folder: what a resume reads instead of running it again
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """``run.json``: the kind of run begun in a folder and its settings ({flag: JSON value}), what --resume matches."""
+    kind: str = setting(kind=String())
+    settings: dict = setting(kind=Shaped(lambda v: isinstance(v, dict), "an object"))
+
+
+@dataclass(frozen=True)
+class StoredStage:
+    """A stage's ``result.json``: its result (whatever the stage returns, as JSON) and that result's sha256."""
+    sha256: str = setting(kind=String())
+    result: object = setting(kind=Kind())
+
+
+def _read(cls, file: Path, what: str, redo: str):
+    """``file`` read as a record of ``cls``: one line naming it, the key, and ``redo`` if it is damaged."""
+    try:
+        return read_record(cls, read_json(file), str(file), what)
+    except MixLNError as e:
+        raise MixLNError(f"{file}: damaged ({str(e).removeprefix(f'{file}: ')}); {redo}") from None
 
 
 class Claim:
@@ -36,7 +61,7 @@ class Claim:
             shutil.rmtree(out)
         out.mkdir(parents=True, exist_ok=True)
         if not (out / RECORD).is_file():
-            write_json(out / RECORD, {"kind": self.kind, "settings": self.settings}, indent=1)
+            write_json(out / RECORD, dataclasses.asdict(RunRecord(self.kind, self.settings)), indent=1)
 
     def working(self) -> None:
         """From here on a failure keeps what the run wrote, for --resume to continue."""
@@ -94,19 +119,13 @@ def _check_resume(out, target: Path, kind: str, settings: dict, resume: bool, fo
         raise MixLNError(f"--out {out}: exists and is not empty; --resume continues the {kind} it holds"
                          + (", --force starts afresh" if force_hint else ""))
     record = target / RECORD
-    try:
-        started = json.loads(record.read_text())
-        kind_there, settings_there = started["kind"], started["settings"]
-        if not isinstance(settings_there, dict):
-            raise TypeError
-    except FileNotFoundError:
+    if not record.exists():
         raise MixLNError(f"--out {out}: holds no {kind} (no {RECORD}); --resume continues only a {kind} begun "
-                         "there: choose another --out") from None
-    except (OSError, ValueError, KeyError, TypeError):
-        raise MixLNError(f"{record}: damaged; it holds the settings --resume must match") from None
-    if kind_there != kind:
-        raise MixLNError(f"--out {out}: holds a {kind_there}, not a {kind}; choose another --out")
-    changed = changed_setting(settings, settings_there)
+                         "there: choose another --out")
+    started = _read(RunRecord, record, "a run's record", "it holds the settings --resume must match")
+    if started.kind != kind:
+        raise MixLNError(f"--out {out}: holds a {started.kind}, not a {kind}; choose another --out")
+    changed = changed_setting(settings, started.settings)
     if changed:
         key, was, now = changed
         raise MixLNError(f"--resume: the {kind} in {out} started with {key} {_shown(was)}, not {_shown(now)}; give "
@@ -161,18 +180,16 @@ class Stages:
 
 def write_checked(file: Path, result) -> None:
     """``result`` as JSON with its sha256, so :func:`read_checked` refuses an edited or damaged file."""
-    write_atomic(file, json.dumps({"sha256": _digest(result), "result": result}, indent=2) + "\n")
+    write_json(file, dataclasses.asdict(StoredStage(_digest(result), result)))
 
 
 def read_checked(file: Path, redo: str):
-    """The result :func:`write_checked` wrote into ``file``; if its sha256 does not match, an error saying ``redo``."""
-    try:
-        stored = json.loads(file.read_text())
-        if stored["sha256"] != _digest(stored["result"]):
-            raise ValueError("sha256 mismatch")
-        return stored["result"]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise MixLNError(f"{file}: damaged; {redo}") from None
+    """The result :func:`write_checked` wrote into ``file``; if it is damaged or its sha256 does not match, an
+    error saying ``redo``."""
+    stored = _read(StoredStage, file, "a stage's result", redo)
+    if stored.sha256 != _digest(stored.result):
+        raise MixLNError(f"{file}: damaged; {redo}")  # edited: its sha256 is not its result's
+    return stored.result
 
 
 def _digest(result) -> str:

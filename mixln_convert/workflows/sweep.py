@@ -209,8 +209,8 @@ def _scores(ckpt, eval_tokens: int, progress: bool) -> dict:
     from ..evaluation.perplexity import score_checkpoint
 
     scored = score_checkpoint(ckpt, max_tokens=eval_tokens, per_document=True, progress=progress)
-    return {"perplexity": scored["perplexity"], "per_document_perplexity": scored["per_document"]["token_perplexity"],
-            "tokens": scored["tokens"], "seq_len": scored["seq_len"], "data": scored["data"]}
+    return {"perplexity": scored.perplexity, "per_document_perplexity": scored.per_document.token_perplexity,
+            "tokens": scored.tokens, "seq_len": scored.seq_len, "data": scored.data}
 
 
 def _analysis(ckpt, tmp: Path, eval_tokens: int, progress: bool) -> dict:

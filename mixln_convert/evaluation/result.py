@@ -1,0 +1,90 @@
+"""What ``mixln-convert eval`` prints (``--json``: one object): :class:`PerplexityScores` (packed windows) or
+:class:`TaskScores` (``--tasks``), each with the per-document scores and greedy continuations asked for, every
+field declared with its kind so a saved one reads back checked (``PerplexityScores.read(file)``). Torch-free."""
+
+from dataclasses import dataclass
+
+from ..io.records import NUMBER, NUMBER_LIST, Result
+from ..limits import is_finite_number
+from ..schema import POSITIVE_NUMBER, TOKENS, TOKENS_OR_ZERO, Nested, Shaped, String, setting
+
+
+def _by_name(test, what: str) -> Shaped:
+    return Shaped(lambda v: isinstance(v, dict) and all(test(x) for x in v.values()), f"an object of {what} by name")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DocumentScores:
+    """Each document scored on its own from its first token (``evaluate_documents``); loss in nats per token."""
+    documents: int = setting(kind=TOKENS)
+    tokens: int = setting(kind=TOKENS)
+    words: int = setting(kind=TOKENS_OR_ZERO)
+    bytes: int = setting(kind=TOKENS_OR_ZERO)
+    loss: float = setting(kind=NUMBER)
+    token_perplexity: float = setting(kind=POSITIVE_NUMBER)
+    word_perplexity: float = setting(kind=POSITIVE_NUMBER)
+    byte_perplexity: float = setting(kind=POSITIVE_NUMBER)
+    bits_per_byte: float = setting(kind=NUMBER)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Continuation:
+    prompt: str = setting(kind=String())
+    text: str = setting(kind=String())
+    repeated_4gram_share: float = setting(kind=NUMBER)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Generation:
+    """Greedy continuations of fixed prompts (``greedy_continuations``) and their mean repeated-4-gram share."""
+    continuations: list[Continuation] = setting(kind=Nested(Continuation, "list"))
+    new_tokens: int = setting(kind=TOKENS)
+    repeated_4gram_share: float = setting(kind=NUMBER)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskScore:
+    """One lm-evaluation-harness task's figures (``run_tasks``): a standard error is None where lm-eval gives none."""
+    metrics: dict[str, float] = setting(kind=_by_name(is_finite_number, "numbers"))
+    stderr: dict[str, float | None] = setting(kind=_by_name(lambda x: x is None or is_finite_number(x),
+                                                            "numbers or nulls"))
+    higher_is_better: dict[str, bool] = setting(kind=_by_name(lambda x: isinstance(x, bool), "true or false"))
+    samples: int = setting(kind=TOKENS_OR_ZERO)
+    output_type: str = setting(kind=String())
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalResult(Result):
+    """What both kinds of eval print: the checkpoint first, then the kind's figures, then the parts asked for
+    (absent, not null, when not asked for)."""
+    WHAT = "a result of `mixln-convert eval`"
+    EXTRAS = ("per_document", "generation")
+
+    checkpoint: str = setting(kind=String())
+    per_document: DocumentScores | None = setting(None, Nested(DocumentScores))
+    generation: Generation | None = setting(None, Nested(Generation))
+
+    def to_dict(self) -> dict:
+        record = super().to_dict()
+        extras = {key: record.pop(key) for key in self.EXTRAS}
+        return {**record, **{key: value for key, value in extras.items() if value is not None}}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PerplexityScores(EvalResult):
+    """Packed windows of ``seq_len`` tokens (``evaluate_perplexity``): loss in nats, one loss per window."""
+    data: str = setting(kind=String())
+    seq_len: int = setting(kind=TOKENS)
+    perplexity: float = setting(kind=POSITIVE_NUMBER)
+    loss: float = setting(kind=NUMBER)
+    tokens: int = setting(kind=TOKENS)
+    window_losses: list[float] = setting(kind=NUMBER_LIST)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskScores(EvalResult):
+    """lm-evaluation-harness tasks (``evaluate_tasks``) run with ``limit`` examples each (None: all)."""
+    batch_size: int = setting(kind=TOKENS)
+    tasks: dict[str, TaskScore] = setting(kind=Nested(TaskScore, "names"))
+    limit: int | None = setting(None, TOKENS)
+    lm_eval_version: str = setting(kind=String())
