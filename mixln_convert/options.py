@@ -8,10 +8,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .errors import MixLNError
+from .export import DEFAULT_GGUF_TYPE, GGUF_TYPES
+from .export import TARGETS as EXPORT_TARGETS
 from .limits import MAX_ALPHAS, MAX_EXAMPLES, MAX_PROCESSES, MAX_SEEDS, MAX_TASKS, check_processes, parse_size
 from .schema import (BATCH, FRACTION, NONNEGATIVE, OPEN_FRACTION, POSITIVE_NUMBER, SEED, TOKENS, TOKENS_OR_ZERO,
-                     Choice, Count, Flag, Folder, Names, Number, Numbers, Size, SpikeFactor, Text, check_settings,
-                     comma_list, setting)
+                     Choice, Count, Flag, Folder, Names, Number, Numbers, PathText, Size, SpikeFactor, Text,
+                     check_settings, comma_list, same_as, setting)
 
 STRATEGIES = ("calibrated", "move", "reinit-post", "scratch")  # conversion/plan.py
 # conversion/converter.py: Mix-LN (the first blocks Post-LN) or LayerNorm Scaling (architectures/__init__.py)
@@ -147,6 +149,35 @@ class ShardSized:
         return None if self.max_shard_size is None else parse_size(self.max_shard_size)
 
 
+# The options several commands take, each declared once in a group that the commands compose (cli.py:
+# @click_options(Output)); a command's own --out (a default, a metavar) is its group's same_as of Output's.
+@dataclass(frozen=True, kw_only=True)
+class Output:
+    """Where a command writes: ``out`` (required unless a command's group declares a default) and ``force``."""
+    out: str = setting(kind=PathText(), help="Output folder.", metavar="DIR")
+    force: bool = setting(False, Flag(), "Replace a non-empty output folder or an existing output file (never an "
+                          "input).")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resume:
+    resume: bool = setting(False, Flag(), "Continue the interrupted run in --out, keeping what it finished; refused "
+                           "if its inputs or settings changed.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Overrides:
+    """A recipe's keys set on the command line (training/recipe.py's load_recipe reads them)."""
+    overrides: tuple[str, ...] = setting((), Text(), "Override a recipe key, dotted for nested ones, e.g. --set "
+                                         "optim.lr=3e-4 (repeatable).", flag="--set", metavar="KEY=VALUE",
+                                         multiple=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Printed:
+    as_json: bool = setting(False, Flag(), "Print the result as JSON (after any other output).", flag="--json")
+
+
 @dataclass(kw_only=True)
 class HealSettings:
     """The settings of a heal's training that a recipe's ``heal`` section holds too: healing/run.py's
@@ -204,14 +235,21 @@ class HealOptions(Options, HealSettings, ShardSized):
     fsdp: bool = setting(False, Flag(), "Shard the teacher and the student per block over the processes of a "
                          "launch (FSDP2), for a heal that does not fit one device; --loss kl only.",
                          flag="--fsdp/--no-fsdp")
-    eval_at: tuple = ()  # the API's: validation once this many tokens are trained
+    eval_at: tuple = setting((), TOKENS, multiple=True)  # the API's: validation once this many tokens are trained
     max_shard_size: str | int = setting(MAX_SHARD_SIZE, Size(), "Largest output shard, e.g. 5GB, 500MB.")
     seed: int = setting(0, SEED)
 
     def check_combination(self):
-        for tokens in self.eval_at:
-            TOKENS.check("eval_at", tokens)
         self.check_one_step("--tokens")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HealCommand(Output, Resume):
+    """``mixln-convert heal``'s options beside HealOptions: the teacher, and the output (None: beside CONVERTED)."""
+    teacher: str = setting(kind=Text(), help="The Pre-LN model CONVERTED was converted from (HF folder, .gguf or "
+                           "Hub id).", metavar="ORIGINAL")
+    out: str | None = same_as(Output, "out", None, default_help="CONVERTED-healed beside it; NAME-healed here for a "
+                              "Hub model ORG/NAME")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -422,7 +460,10 @@ class EstimateOptions(Options):
 class CompareOptions(Options):
     """``mixln-convert compare``'s options (report/compare.py): a name for each input in order (default:
     folder names), and whether analyses with different tokenizers are compared (warning) or refused."""
-    labels: tuple[str, ...] = ()  # checked against the inputs, one per input (report/inputs.py)
+    labels: tuple[str, ...] = setting(  # checked against the inputs, one per input (report/inputs.py)
+        (), Text(), "Name of each input in tables and legends, one per input in order (repeatable); a train folder's "
+        "arms become NAME/mixln, NAME/preln (and NAME/lns).", flag="--label", metavar="NAME", multiple=True,
+        default_help="folder names")
     allow_mismatch: bool = setting(False, Flag(), "Compare analyses made with different tokenizers (with a warning) "
                                    "instead of refusing.")
 
@@ -470,7 +511,7 @@ class StudyOptions(Options):
     ``post_ln`` and ``lns`` those arms too), each final model analyzed on ``eval_tokens``."""
     recipe: str = setting(CPU_RECIPE, Text(), "Training recipe of every run (a shipped name or a YAML file).",
                           metavar="RECIPE")
-    overrides: tuple[str, ...] = ()  # --set items, as train takes them
+    overrides: tuple[str, ...] = same_as(Overrides, "overrides")
     # the Mix-LN arm needs Post-LN and Pre-LN blocks
     alpha: float = alpha(kind=OPEN_FRACTION)
     seeds: int = setting(2, SEEDS, "Seeds per arm and scheme (initialization and data order); verdicts need 2 or "
@@ -504,3 +545,60 @@ class DemoOptions(Options):
 
     def check_combination(self):
         HealSettings(tokens=self.heal_tokens).check_one_step("--heal-tokens")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoOutput(Output, Resume):
+    out: str = same_as(Output, "out", "mixln-demo", metavar=None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnalyzeOutput(Output):
+    out: str | None = same_as(Output, "out", None, default_help="analysis-<CKPT name>")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizeCommand(Output):
+    """``mixln-convert tokenize``'s options beside TokenizeOptions: the tokenizer's checkpoint and TOKENS."""
+    out: str = same_as(Output, "out", metavar="TOKENS")
+    tokenizer_ckpt: str = setting(kind=Text(), help="The checkpoint (HF folder, .gguf or Hub id) whose tokenizer to "
+                                  "use: the model you will train.", flag="--tokenizer", metavar="CKPT")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportOptions(Options):
+    """``mixln-convert export``'s options (export/__init__.py): the target, and a GGUF's matrix type."""
+    to: str = setting(kind=Choice(EXPORT_TARGETS), help="llama: a plain transformers folder (LlamaForCausalLM, "
+                      "Qwen2ForCausalLM or Qwen3ForCausalLM: no remote code, no Mix-LN config keys; tokenizer files "
+                      "carried over). gguf: one llama.cpp file OUT.gguf (LLaMA/Qwen2/Qwen3 tensor names and metadata, "
+                      "tokenizer included).")
+    tensor_type: str | None = setting(None, Choice(GGUF_TYPES), "With --to gguf: the matrices' type (norm gains and "
+                                      "biases stay f32; a q8_0 matrix whose rows are no multiple of 32 is f16).",
+                                      flag="--type", default_help=DEFAULT_GGUF_TYPE)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainOptions(Options):
+    """``mixln-convert train``'s options beside its RECIPE (workflows/train.py): ``overrides`` of its keys, the
+    arms to train, the output folder (None: out/<recipe name>), ``resume``; ``list_recipes``: list them instead."""
+    overrides: tuple[str, ...] = same_as(Overrides, "overrides")
+    arm_names: tuple[str, ...] = setting(
+        (), Choice((*ARMS, "both"), "arm"), "An arm to train (repeatable; one after the other, on the same data, "
+        "order and budget): mixln (the source converted to Mix-LN), preln (the source itself: the control), lns (the "
+        "source retrofitted to LayerNorm Scaling, exactly); both: mixln and preln.", flag="--arm", multiple=True,
+        default_help="the recipe's arms key, mixln and preln unless it says otherwise")
+    out: str | None = same_as(Output, "out", None, default_help="out/<recipe name>")
+    resume: bool = same_as(Resume, "resume")
+    list_recipes: bool = setting(False, Flag(), "List the shipped recipes and exit.", flag="--list")
+
+    @property
+    def arms(self) -> list[str] | None:
+        """The arms named, each once ("both": mixln and preln); None: the recipe's."""
+        named = (arm for name in self.arm_names for arm in (DEFAULT_ARMS if name == "both" else (name,)))
+        return list(dict.fromkeys(named)) or None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecipesOptions(Options):
+    path: str | None = setting(None, Text(), "Print the installed path of the shipped recipe or accelerate config "
+                               "NAME.", metavar="NAME")
