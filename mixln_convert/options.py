@@ -248,8 +248,8 @@ class HealCommand(Output, Resume):
     """``mixln-convert heal``'s options beside HealOptions: the teacher, and the output (None: beside CONVERTED)."""
     teacher: str = setting(kind=Text(), help="The Pre-LN model CONVERTED was converted from (HF folder, .gguf or "
                            "Hub id).", metavar="ORIGINAL")
-    out: str | None = same_as(Output, "out", None, default_help="CONVERTED-healed beside it; NAME-healed here for a "
-                              "Hub model ORG/NAME")
+    out: str | None = same_as(Output, "out", default=None, default_help="CONVERTED-healed beside it; NAME-healed here "
+                              "for a Hub model ORG/NAME")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -549,12 +549,12 @@ class DemoOptions(Options):
 
 @dataclass(frozen=True, kw_only=True)
 class DemoOutput(Output, Resume):
-    out: str = same_as(Output, "out", "mixln-demo", metavar=None)
+    out: str = same_as(Output, "out", default="mixln-demo", metavar=None)
 
 
 @dataclass(frozen=True, kw_only=True)
 class AnalyzeOutput(Output):
-    out: str | None = same_as(Output, "out", None, default_help="analysis-<CKPT name>")
+    out: str | None = same_as(Output, "out", default=None, default_help="analysis-<CKPT name>")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -587,7 +587,7 @@ class TrainOptions(Options):
         "order and budget): mixln (the source converted to Mix-LN), preln (the source itself: the control), lns (the "
         "source retrofitted to LayerNorm Scaling, exactly); both: mixln and preln.", flag="--arm", multiple=True,
         default_help="the recipe's arms key, mixln and preln unless it says otherwise")
-    out: str | None = same_as(Output, "out", None, default_help="out/<recipe name>")
+    out: str | None = same_as(Output, "out", default=None, default_help="out/<recipe name>")
     resume: bool = same_as(Resume, "resume")
     list_recipes: bool = setting(False, Flag(), "List the shipped recipes and exit.", flag="--list")
 

@@ -363,18 +363,14 @@ def flag(f: dataclasses.Field) -> str:
     return (found.flag or f"--{f.name.replace('_', '-')}").split("/")[0]
 
 
-KEEP = object()  # same_as: the setting's own default
-
-
-def same_as(cls, name: str, default=KEEP, **changes):
+def same_as(cls, name: str, **changes):
     """A field declaring the setting ``name`` of ``cls`` again, where another section holds it too (a recipe's
     data.num_proc is tokenize's --num-proc): the same kind, default and help, but for a new ``default`` and
     ``changes`` of :class:`Setting`'s fields (a command's --out: its default, metavar)."""
     f = field_of(cls, name)
+    default = changes.pop("default", f.default)
     metadata = {"setting": dataclasses.replace(f.metadata["setting"], **changes)} if changes else f.metadata
-    if default is KEEP:
-        return dataclasses.field(default=f.default, default_factory=f.default_factory, metadata=metadata)
-    return dataclasses.field(default=default, metadata=metadata)
+    return dataclasses.field(default=default, default_factory=f.default_factory, metadata=metadata)
 
 
 def flag_of(cls, name: str) -> str:
