@@ -5,7 +5,6 @@ evaluation definition."""
 
 import dataclasses
 from dataclasses import dataclass
-from typing import ClassVar
 
 from .errors import MixLNError
 from .export import DEFAULT_GGUF_TYPE, GGUF_TYPES
@@ -13,7 +12,7 @@ from .export import TARGETS as EXPORT_TARGETS
 from .limits import MAX_ALPHAS, MAX_EXAMPLES, MAX_PROCESSES, MAX_SEEDS, MAX_TASKS, check_processes, parse_size
 from .schema import (BATCH, FRACTION, NONNEGATIVE, OPEN_FRACTION, POSITIVE_NUMBER, SEED, TOKENS, TOKENS_OR_ZERO,
                      Choice, Count, Flag, Folder, Names, Number, Numbers, PathText, Size, SpikeFactor, Text,
-                     check_settings, comma_list, same_as, setting)
+                     Declared, check_settings, comma_list, same_as, setting)
 
 STRATEGIES = ("calibrated", "move", "reinit-post", "scratch")  # conversion/plan.py
 # conversion/converter.py: Mix-LN (the first blocks Post-LN) or LayerNorm Scaling (architectures/__init__.py)
@@ -121,7 +120,7 @@ LIMIT = Count(1, MAX_EXAMPLES)  # examples of one lm-eval task (--limit)
 ARM_NAMES = Names(ARMS, noun="arm")  # distinct arms, at least one (a string is one name, not a list of them)
 
 
-class Options:
+class Options(Declared):
     """A command's typed options: the CLI's options are made from its declared settings, making one checks
     it (each error naming the flag: each setting's range, then :meth:`check_combination` for what settings say of
     each other), and the command's API function takes one or its fields as keyword arguments."""
@@ -152,7 +151,7 @@ class ShardSized:
 # The options several commands take, each declared once in a group that the commands compose (cli.py:
 # @click_options(Output)); a command's own --out (a default, a metavar) is its group's same_as of Output's.
 @dataclass(frozen=True, kw_only=True)
-class Output:
+class Output(Declared):
     """Where a command writes: ``out`` (required unless a command's group declares a default) and ``force``."""
     out: str = setting(kind=PathText(), help="Output folder.", metavar="DIR")
     force: bool = setting(False, Flag(), "Replace a non-empty output folder or an existing output file (never an "
@@ -160,13 +159,13 @@ class Output:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Resume:
+class Resume(Declared):
     resume: bool = setting(False, Flag(), "Continue the interrupted run in --out, keeping what it finished; refused "
                            "if its inputs or settings changed.")
 
 
 @dataclass(frozen=True, kw_only=True)
-class Overrides:
+class Overrides(Declared):
     """A recipe's keys set on the command line (training/recipe.py's load_recipe reads them)."""
     overrides: tuple[str, ...] = setting((), Text(), "Override a recipe key, dotted for nested ones, e.g. --set "
                                          "optim.lr=3e-4 (repeatable).", flag="--set", metavar="KEY=VALUE",
@@ -174,7 +173,7 @@ class Overrides:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Printed:
+class Printed(Declared):
     as_json: bool = setting(False, Flag(), "Print the result as JSON (after any other output).", flag="--json")
 
 
@@ -240,7 +239,7 @@ class HealOptions(Options, HealSettings, ShardSized):
     seed: int = setting(0, SEED)
 
     def check_combination(self):
-        self.check_one_step("--tokens")
+        self.check_one_step(self.flag("tokens"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -284,22 +283,23 @@ class ConvertOptions(Options, ShardSized):
 
     def check_combination(self):
         if self.alpha is not None and self.post_ln_layers is not None:
-            raise MixLNError("--alpha and --post-ln-layers are exclusive: give one")
+            raise MixLNError(f"{self.flag('alpha')} and {self.flag('post_ln_layers')} are exclusive: give one")
         self.max_shard_bytes  # parsed: a bad size is refused when the options are made
         if self.lns:
-            for name, value in (("--alpha", self.alpha), ("--post-ln-layers", self.post_ln_layers)):
-                if value is not None:
-                    raise MixLNError(f"{name}: --layout lns makes no block Post-LN (it scales every Pre-LN block's "
-                                     "norms); leave it out")
+            for name in ("alpha", "post_ln_layers"):
+                if getattr(self, name) is not None:
+                    raise MixLNError(f"{self.flag(name)}: {self.flag('layout')} lns makes no block Post-LN (it "
+                                     "scales every Pre-LN block's norms); leave it out")
             if self.strategy not in ("calibrated", "scratch"):  # calibrated: the default, which is exact here
-                raise MixLNError(f"--strategy {self.strategy}: --layout lns has no Post-LN block for it to convert; "
-                                 "leave --strategy out (the conversion is exact) or give scratch")
+                raise MixLNError(f"{self.flag('strategy')} {self.strategy}: {self.flag('layout')} lns has no Post-LN "
+                                 f"block for it to convert; leave {self.flag('strategy')} out (the conversion is "
+                                 "exact) or give scratch")
         if self.strategy != "calibrated" or self.lns:  # a user who names a file or a number expects it used
-            why = ("--layout lns has no Post-LN block to calibrate" if self.lns
-                   else f"only --strategy calibrated reads it, not {self.strategy}")
+            why = (f"{self.flag('layout')} lns has no Post-LN block to calibrate" if self.lns
+                   else f"only {self.flag('strategy')} calibrated reads it, not {self.strategy}")
             for name in ("calibration_data", "calibration_tokens", "calibration_seq_len"):
                 if getattr(self, name) != getattr(ConvertOptions, name):
-                    raise MixLNError(f"--{name.replace('_', '-')}: {why}; this run would ignore it")
+                    raise MixLNError(f"{self.flag(name)}: {why}; this run would ignore it")
 
     @property
     def resolved_alpha(self) -> float | None:
@@ -324,9 +324,9 @@ class ConvertHealOptions(Options):
 
     def check_combination(self):
         if self.heal_data is not None and not self.heal_tokens:
-            raise MixLNError("--heal-data: only a heal in the same run reads it (--heal-tokens N); this run would "
-                             "ignore it")
-        HealSettings(tokens=self.heal_tokens).check_one_step("--heal-tokens")
+            raise MixLNError(f"{self.flag('heal_data')}: only a heal in the same run reads it "
+                             f"({self.flag('heal_tokens')} N); this run would ignore it")
+        HealSettings(tokens=self.heal_tokens).check_one_step(self.flag("heal_tokens"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -344,7 +344,6 @@ class Measurement(Options):
 class EvalOptions(Measurement):
     """``mixln-convert eval``'s options (evaluation/perplexity.py): the packed perplexity, or with ``tasks``
     lm-eval tasks instead (at most ``limit`` examples each; ``include_path``: a folder of task YAML files)."""
-    TASKS_FLAG: ClassVar[str] = "--tasks"
     allow_longer: bool = setting(False, Flag(), "Allow a --seq-len beyond the model's max_position_embeddings.")
     per_document: bool = setting(False, Flag(), "Also score each document on its own from its first token "
                                  "(lm-evaluation-harness's rolling loglikelihood: token and word perplexity, bits "
@@ -366,7 +365,7 @@ class EvalOptions(Measurement):
 
     def check_combination(self):
         if not self.tasks and (self.include_path is not None or self.limit is not None):
-            raise MixLNError(f"--include-path and --limit go with {self.TASKS_FLAG}")
+            raise MixLNError(f"{self.flag('include_path')} and {self.flag('limit')} go with {self.flag('tasks')}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -374,7 +373,6 @@ class AnalyzeOptions(EvalOptions):
     """``mixln-convert analyze``'s options (analysis/analyze.py): EvalOptions' (``tasks``: the layer drop
     on each task's metric), with ``layer_sweep`` the per-block measures, with ``prune_curve`` the
     perplexity with N = 1..L/2 blocks removed by ``method``."""
-    TASKS_FLAG: ClassVar[str] = "--task"
     tasks: tuple[str, ...] = setting((), Names(low=0, high=MAX_TASKS), "Also the layer drop on each task's metric "
                                      "(the first its YAML lists): the metric with block l skipped minus the full "
                                      "model's, in memory. " + TASKS_HELP, flag="--task", metavar="T1,T2")
@@ -389,8 +387,8 @@ class AnalyzeOptions(EvalOptions):
     def check_combination(self):
         super().check_combination()
         if not self.layer_sweep and (self.prune_curve or self.tasks):
-            raise MixLNError(f"{'--prune-curve' if self.prune_curve else '--task'} ranks or drops blocks by the layer "
-                             "sweep, which --no-layer-sweep skips")
+            given = self.flag("prune_curve" if self.prune_curve else "tasks")
+            raise MixLNError(f"{given} ranks or drops blocks by the layer sweep, which --no-layer-sweep skips")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -408,7 +406,7 @@ class PruneOptions(Measurement, ShardSized):
 
     def check_combination(self):
         if (self.layers is None) == (self.remove is None):
-            raise MixLNError("--layers and --remove: give exactly one of them")
+            raise MixLNError(f"{self.flag('layers')} and {self.flag('remove')}: give exactly one of them")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -428,9 +426,10 @@ class TokenizeOptions(Options):
 
     def check_combination(self):
         if self.num_proc:
-            check_processes("--num-proc", self.num_proc)
+            check_processes(self.flag("num_proc"), self.num_proc)
         if self.seq_len is not None and self.seq_len > self.shard_tokens:
-            raise MixLNError(f"--seq-len {self.seq_len} is more than --shard-tokens {self.shard_tokens}")
+            raise MixLNError(f"{self.flag('seq_len')} {self.seq_len} is more than {self.flag('shard_tokens')} "
+                             f"{self.shard_tokens}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -453,7 +452,7 @@ class EstimateOptions(Options):
 
     @property
     def memory_bytes(self) -> int | None:
-        return None if self.memory is None else parse_size(self.memory, "--memory")
+        return None if self.memory is None else parse_size(self.memory, self.flag("memory"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -496,9 +495,9 @@ class SweepOptions(Options):
 
     def check_combination(self):
         if self.lns and not self.train_tokens:
-            raise MixLNError("--lns: the LNS retrofit computes the original's function, so only training tells them "
-                             "apart; add --train-tokens N")
-        HealSettings(tokens=self.heal_tokens).check_one_step("--heal-tokens")
+            raise MixLNError(f"{self.flag('lns')}: the LNS retrofit computes the original's function, so only "
+                             f"training tells them apart; add {self.flag('train_tokens')} N")
+        HealSettings(tokens=self.heal_tokens).check_one_step(self.flag("heal_tokens"))
 
 
 STUDY_SCHEMES = {"scaled": True, "plain": False}  # a study's initialization scheme -> conversion.scaled_init
@@ -544,7 +543,7 @@ class DemoOptions(Options):
                                  "SmolLM2-135M.", metavar="MODEL")
 
     def check_combination(self):
-        HealSettings(tokens=self.heal_tokens).check_one_step("--heal-tokens")
+        HealSettings(tokens=self.heal_tokens).check_one_step(self.flag("heal_tokens"))
 
 
 @dataclass(frozen=True, kw_only=True)

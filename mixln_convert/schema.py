@@ -373,13 +373,17 @@ def same_as(cls, name: str, **changes):
     return dataclasses.field(default=default, default_factory=f.default_factory, metadata=metadata)
 
 
-def flag_of(cls, name: str) -> str:
-    """The option naming the setting ``name`` of ``cls`` (:func:`flag`), for a message written outside it."""
-    return flag(field_of(cls, name))
-
-
 def field_of(cls, name: str) -> dataclasses.Field:
     return next(f for f in dataclasses.fields(cls) if f.name == name)
+
+
+class Declared:
+    """A dataclass of declared settings, naming them as its options do."""
+
+    @classmethod
+    def flag(cls, name: str) -> str:
+        """The option naming the setting ``name`` (:func:`flag`), for a message written outside the declaration."""
+        return flag(field_of(cls, name))
 
 
 def default_of(f: dataclasses.Field):

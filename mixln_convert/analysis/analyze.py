@@ -13,7 +13,7 @@ from ..io.atomic import atomic_output_dir
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable, checkpoint_path
 from ..limits import check_seq_len
-from ..options import EVAL_DATA, AnalyzeOptions
+from ..options import EVAL_DATA, AnalyzeOptions, Output
 from ..runtime import map_large_allocations
 from .choice import choose_layers
 from .layers import BlockRunner, RepresentationStatistics, grad_norm_per_layer, removal_sweep
@@ -37,9 +37,9 @@ def analyze(ckpt, out, options: AnalyzeOptions | None = None, *, force: bool = F
     map_large_allocations()
     options = AnalyzeOptions.given(options, settings)
     ckpt = checkpoint_path(ckpt, "CKPT")
-    inputs = {"CKPT": ckpt, "--data": options.data, "--include-path": options.include_path}
-    check_readable(options.data, "--data")
-    check_destination(out, inputs, force, flag="--out")
+    inputs = {"CKPT": ckpt, options.flag("data"): options.data, options.flag("include_path"): options.include_path}
+    check_readable(options.data, options.flag("data"))
+    check_destination(out, inputs, force, flag=Output.flag("out"))
     if options.tasks and task_manager is None:
         from ..evaluation.downstream import known_tasks
 
@@ -47,8 +47,9 @@ def analyze(ckpt, out, options: AnalyzeOptions | None = None, *, force: bool = F
     source = open_checkpoint(ckpt)
     num_layers = source.config["num_hidden_layers"]
     if options.span > num_layers:
-        raise MixLNError(f"--span: {options.span} exceeds the {num_layers} layers of this model")
-    check_seq_len("--seq-len", options.seq_len, source.config, "--allow-longer", options.allow_longer)
+        raise MixLNError(f"{options.flag('span')}: {options.span} exceeds the {num_layers} layers of this model")
+    check_seq_len(options.flag("seq_len"), options.seq_len, source.config, options.flag("allow_longer"),
+                  options.allow_longer)
     with atomic_output_dir(out, force=force, protect=inputs) as tmp:
         result = measure(source, str(ckpt), options, task_manager, progress)
         result.write(tmp)

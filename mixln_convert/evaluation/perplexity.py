@@ -116,12 +116,13 @@ def prepare_scoring(ckpt, options: EvalOptions | None = None, **settings) -> Sco
 
     options = EvalOptions.given(options, settings)
     ckpt = checkpoint_path(ckpt, "CKPT")
-    check_readable(options.data, "--data")
+    check_readable(options.data, options.flag("data"))
     source = open_checkpoint(ckpt)
     packed = not options.tasks
     if not (packed or options.per_document):  # tasks without --per-document: no text, no windows
         return Scoring(source, options, None, None)
-    check_seq_len("--seq-len", options.seq_len, source.config, "--allow-longer", options.allow_longer)
+    check_seq_len(options.flag("seq_len"), options.seq_len, source.config, options.flag("allow_longer"),
+                  options.allow_longer)
     texts = read_texts(options.data, split="validation")
     windows = token_windows(source.tokenizer, texts, options.seq_len, options.max_tokens,
                             source=options.data or EVAL_DATA) if packed else None

@@ -4,15 +4,11 @@ import contextlib
 import hashlib
 import json
 import math
-from functools import partial
 
 from ..errors import MixLNError, warn
 from ..fetch import cache_dir
 from ..io.atomic import write_atomic
 from ..options import HealOptions
-from ..schema import flag_of
-
-HEAL_FLAG = partial(flag_of, HealOptions)  # how heal's own options name a setting, as the messages name it
 
 
 def cached_teacher_metrics(measure, **key) -> dict:
@@ -37,7 +33,7 @@ def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def check_record_finite(record: dict, lr: float, name=HEAL_FLAG) -> None:
+def check_record_finite(record: dict, lr: float, name=HealOptions.flag) -> None:
     """A heal whose held-out figures are no longer numbers has diverged: it must not be written (``name``: how
     the caller names a setting, a flag or a recipe's heal.KEY)."""
     for key in ("val_relative_error", "val_ppl", "val_doc_ppl"):
@@ -59,7 +55,7 @@ def rise(before: float, after: float) -> str:
 
 
 def warn_if_worse(losses: list[float], ppl_before, ppl_after, lr: float, doc_before=None, doc_after=None,
-                  name=HEAL_FLAG) -> None:
+                  name=HealOptions.flag) -> None:
     """A heal that ends worse than it started (training loss over its last tenth of steps above the
     first step's, or held-out perplexity up) has almost always diverged; say so, still writing it.
     Per-document perplexity up while packed went down is a heal too short for the first positions

@@ -33,7 +33,7 @@ from ..training.loop import (NonFiniteStep, StepGuard, adamw, block_grad_norms, 
                              take_step, warmup_cosine)
 from ..training.sharding import shard, sharded_state_dict
 from .losses import KL, distillation_loss, relative_error
-from .metrics import HEAL_FLAG, cached_teacher_metrics, check_record_finite, digest, warn_if_worse
+from .metrics import cached_teacher_metrics, check_record_finite, digest, warn_if_worse
 from .pair import load_models, open_pair, same_tokenizer
 from .result import HealResult
 from .state import METRICS, HealState
@@ -109,7 +109,7 @@ class HealRun(HealOptions):
         if self.batch_size % world:
             raise MixLNError(f"{self._name('batch_size')}: {self.batch_size} windows a step do not share equally "
                              f"among {world} processes; give a multiple of {world}")
-        fsdp = "fsdp: true" if self._name("fsdp") != HEAL_FLAG("fsdp") else HEAL_FLAG("fsdp")  # the recipe's: its own
+        fsdp = "fsdp: true" if self._name("fsdp") != self.flag("fsdp") else self.flag("fsdp")  # the recipe's: its own
         if self.fsdp and self.loss != "kl":
             raise MixLNError(f"{fsdp}: shards the whole models the kl loss runs; {self._name('loss')} {self.loss} "
                              "runs the first blocks only, which fit where the whole model does: heal without it")
@@ -136,7 +136,7 @@ class HealRun(HealOptions):
         """How the caller named the setting ``key``: a recipe key (``heal.batch_size``) or its flag."""
         if self.seq_len_flag and not self.seq_len_flag.startswith("--"):
             return f"{self.seq_len_flag.rsplit('.', 1)[0]}.{key}"
-        return HEAL_FLAG(key)
+        return self.flag(key)
 
     def read_data(self) -> None:
         """The training windows (text is tokenized into the user cache; a tokenized folder is read as it is,
