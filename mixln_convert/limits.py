@@ -27,11 +27,6 @@ def is_integral(value) -> bool:
     return is_finite_number(value) and value == int(value)
 
 
-def check_force_or_resume(force: bool, resume: bool) -> None:
-    if force and resume:
-        raise MixLNError("--force and --resume: give one (--force starts afresh, --resume continues)")
-
-
 def check_seq_len(flag: str, seq_len: int, config: dict, opt_in: str | None = None, allow_longer: bool = False) -> None:
     """A sequence length the model was trained for: at most its ``max_position_embeddings``
     (positions beyond it were never seen in pre-training), unless the user opts in with

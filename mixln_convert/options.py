@@ -172,6 +172,15 @@ class Overrides(Declared):
                                          multiple=True)
 
 
+# the shared flags as messages name them
+OUT, FORCE, RESUME, SET = Output.flag("out"), Output.flag("force"), Resume.flag("resume"), Overrides.flag("overrides")
+
+
+def check_force_or_resume(force: bool, resume: bool) -> None:
+    if force and resume:
+        raise MixLNError(f"{FORCE} and {RESUME}: give one ({FORCE} starts afresh, {RESUME} continues)")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Printed(Declared):
     as_json: bool = setting(False, Flag(), "Print the result as JSON (after any other output).", flag="--json")

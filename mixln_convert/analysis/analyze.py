@@ -13,7 +13,7 @@ from ..io.atomic import atomic_output_dir
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable, checkpoint_path
 from ..limits import check_seq_len
-from ..options import EVAL_DATA, AnalyzeOptions, Output
+from ..options import EVAL_DATA, OUT, AnalyzeOptions
 from ..runtime import map_large_allocations
 from .choice import choose_layers
 from .layers import BlockRunner, RepresentationStatistics, grad_norm_per_layer, removal_sweep
@@ -39,7 +39,7 @@ def analyze(ckpt, out, options: AnalyzeOptions | None = None, *, force: bool = F
     ckpt = checkpoint_path(ckpt, "CKPT")
     inputs = {"CKPT": ckpt, options.flag("data"): options.data, options.flag("include_path"): options.include_path}
     check_readable(options.data, options.flag("data"))
-    check_destination(out, inputs, force, flag=Output.flag("out"))
+    check_destination(out, inputs, force, flag=OUT)
     if options.tasks and task_manager is None:
         from ..evaluation.downstream import known_tasks
 

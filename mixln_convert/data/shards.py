@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import MixLNError
+from ..options import FORCE
 
 MANIFEST = "mixln-tokens.json"
 FORMAT = "mixln-convert tokens"
@@ -148,7 +149,7 @@ def read_manifest(folder: Path) -> dict:
         raise MixLNError(f"{path}: cannot read: {e}") from None
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise MixLNError(f"{path}: damaged ({str(e).strip() or type(e).__name__}); run mixln-convert tokenize "
-                         "again with --force") from None
+                         f"again with {FORCE}") from None
     return manifest
 
 
@@ -163,10 +164,10 @@ def check_shards(folder: Path, manifest: dict, hashes: bool = False) -> None:
             if size != shard["tokens"] * itemsize:
                 found = "missing" if size is None else f"{size} bytes"
                 raise MixLNError(f"{path}: {found}, the manifest says {shard['tokens'] * itemsize}; the tokenized "
-                                 "folder is damaged (run mixln-convert tokenize again with --force)")
+                                 f"folder is damaged (run mixln-convert tokenize again with {FORCE})")
             if hashes and file_sha256(path) != shard["sha256"]:
                 raise MixLNError(f"{path}: its sha256 is not the manifest's; the tokenized folder is damaged "
-                                 "(run mixln-convert tokenize again with --force)")
+                                 f"(run mixln-convert tokenize again with {FORCE})")
 
 
 class TokenShards:
@@ -202,7 +203,7 @@ class TokenShards:
                 at = int(np.argmax(piece >= self.id_limit))
                 raise MixLNError(f"{self.folder / self.shards[k]['file']}: token {offset + at} is id {int(piece[at])}, "
                                  f"past the tokenizer's {self.id_limit} ids; the tokenized folder is damaged "
-                                 "(mixln-convert tokenize on the same files checks every shard; --force rebuilds it)")
+                                 f"(mixln-convert tokenize on the same files checks every shard; {FORCE} rebuilds it)")
             pieces.append(piece)
             start += len(piece)
             k += 1

@@ -26,7 +26,7 @@ from ..io.paths import check_destination, check_readable, checkpoint_path
 from ..io.writer import tool_stamp, write_checkpoint
 from ..limits import check_seq_len
 from ..model.modeling_mixln import enable_checkpointing
-from ..options import EVAL_DATA, HEAL_BETAS, HealOptions
+from ..options import EVAL_DATA, HEAL_BETAS, OUT, HealCommand, HealOptions
 from ..runtime import map_large_allocations
 from ..surgery.prefix import prefix_names
 from ..training.loop import (NonFiniteStep, StepGuard, adamw, block_grad_norms, clip_gradients, parameter_groups,
@@ -65,7 +65,7 @@ class HealRun(HealOptions):
     force: bool = False
     resume: bool = False
     progress: bool = True
-    seq_len_flag: str | None = "--seq-len"
+    seq_len_flag: str | None = HealOptions.flag("seq_len")
 
     def run(self) -> HealResult:
         map_large_allocations()
@@ -117,13 +117,14 @@ class HealRun(HealOptions):
             raise MixLNError(f"{fsdp}: shards over several processes, and this heal has one; launch it with "
                              "accelerate launch (or torchrun)")
         self.converted = checkpoint_path(self.converted, "CONVERTED")
-        self.teacher = checkpoint_path(self.teacher, "--teacher")
+        teacher, data, eval_data = HealCommand.flag("teacher"), self.flag("data"), self.flag("eval_data")
+        self.teacher = checkpoint_path(self.teacher, teacher)
         in_hand = isinstance(self.data, (list, np.ndarray, TokenShards))  # documents or a token stream, not a path
-        inputs = {"CONVERTED": self.converted, "--teacher": self.teacher, "--data": None if in_hand else self.data,
-                  "--eval-data": self.eval_data}
-        for flag in ("--data", "--eval-data"):
+        inputs = {"CONVERTED": self.converted, teacher: self.teacher, data: None if in_hand else self.data,
+                  eval_data: self.eval_data}
+        for flag in (data, eval_data):
             check_readable(inputs[flag], flag)
-        check_destination(self.out, inputs, self.force, flag="--out")
+        check_destination(self.out, inputs, self.force, flag=OUT)
         self.student_source, self.teacher_source = open_pair(self.converted, self.teacher)
         check_seq_len(self.seq_len_flag or "seq_len", self.seq_len, self.student_source.config)
         self.tokenizer = same_tokenizer(self.student_source, self.teacher_source)

@@ -14,6 +14,7 @@ from ..errors import MixLNError
 from ..io.atomic import atomic_output_dir, hold, write_atomic
 from ..io.paths import check_destination
 from ..io.records import changed_setting, write_json
+from ..options import FORCE, OUT, RESUME
 
 RECORD = "run.json"
 STAGE_RESULT = "result.json"  # in each stage's folder: what a resume reads instead of running it again
@@ -70,9 +71,9 @@ def claim_run(out, kind: str, settings: dict, inputs: dict, resume: bool, force:
     empties it); with ``resume`` a ``kind`` run whose record holds ``settings`` ({flag: JSON value}).
     ``inputs`` ({what: path}) are never written. Yields the :class:`Claim`; nothing is written before
     :meth:`Claim.start`, and a refusal before :meth:`Claim.working` undoes what was."""
-    target = check_destination(out, inputs, force=True, flag="--out")
+    target = check_destination(out, inputs, force=True, flag=OUT)
     made = not target.exists()
-    with hold(target, f"--out {out}", kind, inputs) if held else nullcontext():
+    with hold(target, f"{OUT} {out}", kind, inputs) if held else nullcontext():
         fresh = force or not (target.is_dir() and any(target.iterdir()))
         if not fresh:
             _check_resume(out, target, kind, settings, resume, force_hint)
@@ -91,8 +92,8 @@ def claim_run(out, kind: str, settings: dict, inputs: dict, resume: bool, force:
 def _check_resume(out, target: Path, kind: str, settings: dict, resume: bool, force_hint: bool) -> None:
     """A non-empty ``target`` continued: only with ``resume``, only a ``kind`` begun with ``settings``."""
     if not resume:
-        raise MixLNError(f"--out {out}: exists and is not empty; --resume continues the {kind} it holds"
-                         + (", --force starts afresh" if force_hint else ""))
+        raise MixLNError(f"{OUT} {out}: exists and is not empty; {RESUME} continues the {kind} it holds"
+                         + (f", {FORCE} starts afresh" if force_hint else ""))
     record = target / RECORD
     try:
         started = json.loads(record.read_text())
@@ -100,17 +101,17 @@ def _check_resume(out, target: Path, kind: str, settings: dict, resume: bool, fo
         if not isinstance(settings_there, dict):
             raise TypeError
     except FileNotFoundError:
-        raise MixLNError(f"--out {out}: holds no {kind} (no {RECORD}); --resume continues only a {kind} begun "
-                         "there: choose another --out") from None
+        raise MixLNError(f"{OUT} {out}: holds no {kind} (no {RECORD}); {RESUME} continues only a {kind} begun "
+                         f"there: choose another {OUT}") from None
     except (OSError, ValueError, KeyError, TypeError):
-        raise MixLNError(f"{record}: damaged; it holds the settings --resume must match") from None
+        raise MixLNError(f"{record}: damaged; it holds the settings {RESUME} must match") from None
     if kind_there != kind:
-        raise MixLNError(f"--out {out}: holds a {kind_there}, not a {kind}; choose another --out")
+        raise MixLNError(f"{OUT} {out}: holds a {kind_there}, not a {kind}; choose another {OUT}")
     changed = changed_setting(settings, settings_there)
     if changed:
         key, was, now = changed
-        raise MixLNError(f"--resume: the {kind} in {out} started with {key} {_shown(was)}, not {_shown(now)}; give "
-                         "the same, or another --out")
+        raise MixLNError(f"{RESUME}: the {kind} in {out} started with {key} {_shown(was)}, not {_shown(now)}; give "
+                         f"the same, or another {OUT}")
 
 
 def _shown(value) -> str:
