@@ -10,7 +10,8 @@ from ..options import METHODS, PruneOptions
 
 def check_count(n: int, num_layers: int) -> None:
     if not 1 <= n < num_layers:
-        raise MixLNError(f"{PruneOptions.flag('remove')}: {n} layers is outside [1, {num_layers - 1}] for this {num_layers}-layer model")
+        raise MixLNError(f"{PruneOptions.flag('remove')}: {n} layers is outside [1, {num_layers - 1}] for this "
+                         f"{num_layers}-layer model")
 
 
 def choose_layers(method: str, n: int, num_layers: int, scores: dict | None = None) -> list[int]:

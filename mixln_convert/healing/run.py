@@ -194,7 +194,7 @@ class HealRun(HealOptions):
             for model in (self.models.student_model, self.models.teacher_model):
                 shard(model, bf16=self.dtype == "bf16")
         if self.models.unshared and self.process.is_main_process:
-            warn(f"--teacher {self.teacher}: {len(self.models.unshared)} tensors outside the first "
+            warn(f"{HealCommand.flag('teacher')} {self.teacher}: {len(self.models.unshared)} tensors outside the first "
                  f"{self.post_ln_layers} "
                  f"blocks differ from {self.converted}'s (the first: {self.models.unshared[0]}); the teacher keeps "
                  "its own copies of those")

@@ -135,7 +135,7 @@ def _sweep(src: str, out: Path, options: SweepOptions, source, counts: dict, tra
     def seeded(arm: str, name: str) -> list[dict]:
         """``arm`` trained once per seed from the source, on the data and order of the alphas' seeds."""
         return [stages.run(f"{name} (seed {seed})", out / f"{name}-seed{seed}",
-                           lambda tmp, recipe=training.replace({"seed": seed}, "--seeds"):
+                           lambda tmp, recipe=training.replace({"seed": seed}, options.flag("seeds")):
                            _train(recipe, tmp / "train", arm, progress))
                 for seed in range(options.seeds)]
 
@@ -184,7 +184,8 @@ def _training_recipe(src, data, train_tokens: int):
     defaults = load_recipe(CPU_RECIPE, changes=changes, changed_by="sweep")
     step_tokens = defaults.global_batch_size * defaults.seq_len
     if train_tokens < step_tokens:
-        raise MixLNError(f"{SweepOptions.flag('train_tokens')}: {train_tokens} is less than one training step ({step_tokens} tokens)")
+        raise MixLNError(f"{SweepOptions.flag('train_tokens')}: {train_tokens} is less than one training step "
+                         f"({step_tokens} tokens)")
     # validate at the end only: the report compares final perplexities
     return defaults.replace({"max_tokens": train_tokens, "eval_interval": train_tokens // step_tokens},
                             SweepOptions.flag("train_tokens"))
