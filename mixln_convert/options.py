@@ -11,8 +11,8 @@ from .export import DEFAULT_GGUF_TYPE, GGUF_TYPES
 from .export import TARGETS as EXPORT_TARGETS
 from .limits import MAX_ALPHAS, MAX_EXAMPLES, MAX_PROCESSES, MAX_SEEDS, MAX_TASKS, check_processes, parse_size
 from .schema import (BATCH, FRACTION, NONNEGATIVE, OPEN_FRACTION, POSITIVE_NUMBER, SEED, TOKENS, TOKENS_OR_ZERO,
-                     Choice, Count, Flag, Folder, Names, Number, Numbers, PathText, Size, SpikeFactor, Text,
-                     Declared, check_settings, comma_list, same_as, setting)
+                     Choice, Count, Declared, Flag, Folder, Names, Number, Numbers, PathText, Size, SpikeFactor,
+                     Text, check_settings, comma_list, same_as, setting)
 
 STRATEGIES = ("calibrated", "move", "reinit-post", "scratch")  # conversion/plan.py
 # conversion/converter.py: Mix-LN (the first blocks Post-LN) or LayerNorm Scaling (architectures/__init__.py)
