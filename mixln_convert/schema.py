@@ -216,6 +216,11 @@ class Shaped(Kind):
         return self.description
 
 
+class PathText(Text):
+    """A path a command writes or reads, as click takes it (its metavar PATH)."""
+    click_type = click.Path(path_type=str)
+
+
 class Folder(Text):
     def ok(self, value) -> bool:
         return os.path.isdir(value)
@@ -337,12 +342,15 @@ class Setting:
     """A setting's declaration beside its kind and default (the dataclass field's): ``help`` None makes
     it the API's or a recipe's only, not a command-line option; ``flag`` is its option ('--x', or
     '--x/--no-x' for a switch; default from the field's name); ``default_help`` replaces the shown
-    default where the default is worked out later (None: '--alpha' from '--post-ln-layers')."""
+    default where the default is worked out later (None: '--alpha' from '--post-ln-layers'); ``multiple``:
+    a repeatable option, its value a tuple of values each of the kind. A field without a default is a
+    required option."""
     kind: Kind
     help: str | None = None
     flag: str | None = None
     metavar: str | None = None
     default_help: str | None = None
+    multiple: bool = False
 
 
 def setting(default=dataclasses.MISSING, kind: Kind = Text(), help: str | None = None, *,
@@ -365,11 +373,27 @@ def flag(f: dataclasses.Field) -> str:
     return (found.flag or f"--{f.name.replace('_', '-')}").split("/")[0]
 
 
-def same_as(cls, name: str):
+def same_as(cls, name: str, **changes):
     """A field declaring the setting ``name`` of ``cls`` again, where another section holds it too (a recipe's
-    data.num_proc is tokenize's --num-proc): the same kind, default and help."""
-    f = dataclasses.fields(cls)[[f.name for f in dataclasses.fields(cls)].index(name)]
-    return dataclasses.field(default=f.default, default_factory=f.default_factory, metadata=f.metadata)
+    data.num_proc is tokenize's --num-proc): the same kind, default and help, but for a new ``default`` and
+    ``changes`` of :class:`Setting`'s fields (a command's --out: its default, metavar)."""
+    f = field_of(cls, name)
+    default = changes.pop("default", f.default)
+    metadata = {"setting": dataclasses.replace(f.metadata["setting"], **changes)} if changes else f.metadata
+    return dataclasses.field(default=default, default_factory=f.default_factory, metadata=metadata)
+
+
+def field_of(cls, name: str) -> dataclasses.Field:
+    return next(f for f in dataclasses.fields(cls) if f.name == name)
+
+
+class Declared:
+    """A dataclass of declared settings, naming them as its options do."""
+
+    @classmethod
+    def flag(cls, name: str) -> str:
+        """The option naming the setting ``name`` (:func:`flag`), for a message written outside the declaration."""
+        return flag(field_of(cls, name))
 
 
 def default_of(f: dataclasses.Field):
@@ -390,7 +414,10 @@ def check_values(cls, values: dict, name=flag) -> None:
         value = values[f.name]
         if value is None and default_of(f) is None:
             continue
-        found.kind.check(name(f), value)
+        if found.multiple and not isinstance(value, (list, tuple)):
+            raise MixLNError(f"{name(f)}: must be a list, got {shown(repr(value))}")
+        for item in value if found.multiple else (value,):
+            found.kind.check(name(f), item)
 
 
 def read_record(cls, record, where: str, what: str = "a record"):
@@ -471,6 +498,8 @@ def click_options(cls, *names: str):
         for name in reversed(chosen):
             f, found = settings[name]
             default = default_of(f)
+            required = default is dataclasses.MISSING
+            default = None if required else default
             declaration = found.flag or f"--{name.replace('_', '-')}"
             if isinstance(found.kind, Flag) and "/" not in declaration:
                 option = click.option(declaration, name, is_flag=True, default=default, help=found.help)
@@ -479,8 +508,8 @@ def click_options(cls, *names: str):
                                                        else None)
                 help_text = f"{found.help}  [default: {shown_default}]" if shown_default else found.help
                 option = click.option(declaration, name, type=found.kind.click_type, default=default,
-                                      metavar=found.metavar, help=help_text,
-                                      show_default=not shown_default and (default not in (None, ())))
+                                      required=required, multiple=found.multiple, metavar=found.metavar,
+                                      help=help_text, show_default=not shown_default and (default not in (None, ())))
             command = option(command)
         return command
     return add

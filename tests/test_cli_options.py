@@ -55,5 +55,21 @@ def test_every_option_is_as_recorded():
             assert now[command]["options"][option] == described, f"{command} {option}"
 
 
+
+def test_a_shared_flag_says_the_same_in_every_command():
+    """--force, --resume, --set and --json are each declared once (options.py's groups): one help text."""
+    helps = {}
+    for command in described_options().values():
+        for option, described in command["options"].items():
+            helps.setdefault(option, set()).add(described["help"])
+    for option in ("--force", "--resume", "--set", "--json"):
+        assert len(helps[option]) == 1, (option, helps[option])
+
+
+def test_every_option_is_declared():
+    """No option is written by hand in cli.py: each comes from a declared setting (schema.click_options)."""
+    assert "click.option(" not in (Path(__file__).parent.parent / "mixln_convert" / "cli.py").read_text()
+
+
 if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
     SNAPSHOT.write_text(json.dumps(described_options(), indent=1, sort_keys=True) + "\n")

@@ -174,6 +174,15 @@ def test_bad_input_is_one_line_error_and_no_output(case, tiny_llama, moved, tmp_
     assert not (tmp_path / "healed").exists()
 
 
+def test_a_diverged_heal_names_the_lr_as_its_caller_did():
+    """train's heal takes its lr from the recipe's heal.lr: the message names that key, heal's own a flag."""
+    record = {"step": 3, "val_ppl": float("nan")}
+    for seq_len_flag, lr in (("heal.seq_len", "heal.lr"), ("--seq-len", "--lr")):
+        run = heal_run.HealRun("CONVERTED", "ORIGINAL", "OUT", seq_len_flag=seq_len_flag)
+        with pytest.raises(MixLNError, match=rf"^{re.escape(lr)}: .*try a smaller {re.escape(lr)}$"):
+            metrics.check_record_finite(record, 1.0, run._name)
+
+
 def test_a_heal_that_makes_the_model_worse_says_so(moved, tiny_llama, tmp_path, cli, recwarn):
     # a tiny random model sits at chance perplexity, so no lr reliably makes it worse: the rule itself
     metrics.warn_if_worse([1.0, 2.0, 3.0], 300.0, 310.0, 30.0)

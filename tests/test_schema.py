@@ -38,7 +38,8 @@ def test_a_value_outside_a_settings_range_is_refused_naming_its_flag(cls, name):
 
 @pytest.mark.parametrize("cls", OPTIONS, ids=lambda cls: cls.__name__)
 def test_the_defaults_pass_their_own_checks(cls):
-    cls(**({"remove": 1} if cls is options.PruneOptions else {}))  # prune: --layers or --remove, no default
+    # prune: --layers or --remove, no default; export: --to is required
+    cls(**{options.PruneOptions: {"remove": 1}, options.ExportOptions: {"to": "llama"}}.get(cls, {}))
 
 
 def test_a_click_range_is_the_kinds():

@@ -12,7 +12,7 @@ from ..evaluation.perplexity import check_finite_score, evaluate_documents, eval
 from ..io.atomic import atomic_output_dir
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable, checkpoint_path
-from ..options import EVAL_DATA, AnalyzeOptions
+from ..options import EVAL_DATA, OUT, AnalyzeOptions
 from ..runtime import map_large_allocations
 from ..schema import check_windows
 from .choice import choose_layers
@@ -37,9 +37,9 @@ def analyze(ckpt, out, options: AnalyzeOptions | None = None, *, force: bool = F
     map_large_allocations()
     options = AnalyzeOptions.given(options, settings)
     ckpt = checkpoint_path(ckpt, "CKPT")
-    inputs = {"CKPT": ckpt, "--data": options.data, "--include-path": options.include_path}
-    check_readable(options.data, "--data")
-    check_destination(out, inputs, force, flag="--out")
+    inputs = {"CKPT": ckpt, options.flag("data"): options.data, options.flag("include_path"): options.include_path}
+    check_readable(options.data, options.flag("data"))
+    check_destination(out, inputs, force, flag=OUT)
     if options.tasks and task_manager is None:
         from ..evaluation.downstream import known_tasks
 
@@ -47,7 +47,7 @@ def analyze(ckpt, out, options: AnalyzeOptions | None = None, *, force: bool = F
     source = open_checkpoint(ckpt)
     num_layers = source.config["num_hidden_layers"]
     if options.span > num_layers:
-        raise MixLNError(f"--span: {options.span} exceeds the {num_layers} layers of this model")
+        raise MixLNError(f"{options.flag('span')}: {options.span} exceeds the {num_layers} layers of this model")
     check_windows(options, source.config)
     with atomic_output_dir(out, force=force, protect=inputs) as tmp:
         result = measure(source, str(ckpt), options, task_manager, progress)

@@ -5,18 +5,19 @@ alone raises perplexity least; ``last``, the N deepest blocks."""
 
 from ..errors import MixLNError
 from ..schema import Choice
-from ..options import METHODS
+from ..options import METHODS, PruneOptions
 
 
 def check_count(n: int, num_layers: int) -> None:
     if not 1 <= n < num_layers:
-        raise MixLNError(f"--remove: {n} layers is outside [1, {num_layers - 1}] for this {num_layers}-layer model")
+        raise MixLNError(f"{PruneOptions.flag('remove')}: {n} layers is outside [1, {num_layers - 1}] for this "
+                         f"{num_layers}-layer model")
 
 
 def choose_layers(method: str, n: int, num_layers: int, scores: dict | None = None) -> list[int]:
     """The ``n`` blocks ``method`` removes. ``scores`` holds what the method ranks by:
     ``angular_distance_matrix`` (angular) or ``layer_drop`` (drop); see :func:`layer_scores`."""
-    Choice(METHODS).check("--method", method)
+    Choice(METHODS).check(PruneOptions.flag("method"), method)
     check_count(n, num_layers)
     if method == "angular":
         distances = span_distances(scores["angular_distance_matrix"], n)

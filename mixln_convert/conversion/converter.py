@@ -44,8 +44,8 @@ def convert(src, dst, options: ConvertOptions | None = None, *, force: bool = Fa
     src = checkpoint_path(src, "SRC")
     max_shard_bytes = options.max_shard_bytes
     calibration_data, strategy = options.calibration_data, options.strategy
-    inputs = {"SRC": src, "--calibration-data": calibration_data}
-    check_readable(calibration_data, "--calibration-data")
+    inputs = {"SRC": src, options.flag("calibration_data"): calibration_data}
+    check_readable(calibration_data, options.flag("calibration_data"))
     check_destination(dst, inputs, force)
     source = open_checkpoint(src)
     arch = architecture_for(source.config, source.where)
@@ -53,9 +53,10 @@ def convert(src, dst, options: ConvertOptions | None = None, *, force: bool = Fa
     post_ln_layers = 0 if options.lns else post_ln_count(config["num_hidden_layers"], options.resolved_alpha,
                                                          options.post_ln_layers)
     if not options.lns and post_ln_layers == 0 and options.post_ln_layers is None:
-        warn(f"--alpha {options.resolved_alpha:g}: floor({options.resolved_alpha:g} x {config['num_hidden_layers']}) "
+        alpha = options.flag("alpha")
+        warn(f"{alpha} {options.resolved_alpha:g}: floor({options.resolved_alpha:g} x {config['num_hidden_layers']}) "
              "= 0 Post-LN blocks: DST is the source's Pre-LN model in the Mix-LN format (its card says so); a larger "
-             "--alpha or --post-ln-layers makes Post-LN blocks")
+             f"{alpha} or {options.flag('post_ln_layers')} makes Post-LN blocks")
     if strategy == "calibrated" and post_ln_layers > 0:
         check_windows(options, config)
     if max_shard_bytes is None:  # the writer buffers one output shard of computed tensors
@@ -97,15 +98,16 @@ def calibration_statistics(source, arch, post_ln_layers, data, tokens, seq_len, 
     from .calibrate import calibrate
 
     windows = token_windows(source.tokenizer, read_texts(data, split="calibration"), seq_len, tokens,
-                            flag="--calibration-seq-len", source=data or "embedded:calibration")
+                            flag=ConvertOptions.flag("calibration_seq_len"), source=data or "embedded:calibration")
     device = "cuda" if torch.cuda.is_available() else "cpu"  # a few blocks: the GPU makes calibration instant
     stats = calibrate(load_prefix(source, arch, post_ln_layers, device=device), windows, progress=progress)
     stats = {k: [v.cpu() if torch.is_tensor(v) else v for v in vs] for k, vs in stats.items()}
     for key, values in stats.items():
         for i, value in enumerate(values):
             if not torch.isfinite(torch.as_tensor(value)).all():
-                raise MixLNError(f"--calibration-data {data or 'embedded:calibration'}: calibration gave a "
-                                 f"non-finite {key} in block {i}; the source's activations overflow on this text")
+                raise MixLNError(f"{ConvertOptions.flag('calibration_data')} {data or 'embedded:calibration'}: "
+                                 f"calibration gave a non-finite {key} in block {i}; the source's activations "
+                                 "overflow on this text")
     return {**stats, "data": str(data) if data else "embedded:calibration", "tokens": windows.numel(),
             "seq_len": windows.shape[1]}
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import MixLNError
 from ..io.records import Result
+from ..options import FORCE
 from ..schema import TOKENS, TOKENS_OR_ZERO, Choice, Count, Nested, Shaped, String, setting
 
 MANIFEST = "mixln-tokens.json"
@@ -187,7 +188,7 @@ def read_manifest(folder: Path) -> TokenManifest:
         return TokenManifest.read(path)
     except MixLNError as e:
         raise MixLNError(f"{path}: damaged ({str(e).removeprefix(f'{path}: ')}); run mixln-convert tokenize again "
-                         "with --force") from None
+                         f"with {FORCE}") from None
 
 
 def check_shards(folder: Path, manifest: TokenManifest, hashes: bool = False) -> None:
@@ -201,10 +202,10 @@ def check_shards(folder: Path, manifest: TokenManifest, hashes: bool = False) ->
             if size != shard.tokens * itemsize:
                 found = "missing" if size is None else f"{size} bytes"
                 raise MixLNError(f"{path}: {found}, the manifest says {shard.tokens * itemsize}; the tokenized "
-                                 "folder is damaged (run mixln-convert tokenize again with --force)")
+                                 f"folder is damaged (run mixln-convert tokenize again with {FORCE})")
             if hashes and file_sha256(path) != shard.sha256:
                 raise MixLNError(f"{path}: its sha256 is not the manifest's; the tokenized folder is damaged "
-                                 "(run mixln-convert tokenize again with --force)")
+                                 f"(run mixln-convert tokenize again with {FORCE})")
 
 
 class TokenShards:
@@ -240,7 +241,7 @@ class TokenShards:
                 at = int(np.argmax(piece >= self.id_limit))
                 raise MixLNError(f"{self.folder / self.shards[k].file}: token {offset + at} is id {int(piece[at])}, "
                                  f"past the tokenizer's {self.id_limit} ids; the tokenized folder is damaged "
-                                 "(mixln-convert tokenize on the same files checks every shard; --force rebuilds it)")
+                                 f"(mixln-convert tokenize on the same files checks every shard; {FORCE} rebuilds it)")
             pieces.append(piece)
             start += len(piece)
             k += 1

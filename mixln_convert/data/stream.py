@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import MixLNError, warn
 from ..fetch import cache_dir
 from ..limits import check_processes
-from ..options import TokenizeOptions
+from ..options import EvalOptions, TokenizeCommand, TokenizeOptions
 from ..io.hub import HubDataset
 from ..io.paths import resolved
 from .corpus import source_files, token_ids
@@ -72,7 +72,7 @@ def open_tokens(folder, tokenizer) -> tuple[TokenShards, TokenShards]:
     if manifest.tokenizer_sha256 != tokenizer_fingerprint(tokenizer):
         raise MixLNError(f"{folder}: tokenized with another tokenizer (sha256 {manifest.tokenizer_sha256[:12]}, "
                          f"the source's is {tokenizer_fingerprint(tokenizer)[:12]}); tokenize the text again with "
-                         "--tokenizer set to the source")
+                         f"{TokenizeCommand.flag('tokenizer_ckpt')} set to the source")
     check_shards(folder, manifest)
     limit = len(tokenizer)
     return TokenShards(folder, manifest, "train", limit), TokenShards(folder, manifest, "validation", limit)
@@ -177,7 +177,7 @@ class WindowOrder:
 
 
 def token_windows(tokenizer, texts: list[str], seq_len: int, max_tokens: int | None = None, *,
-                  flag: str = "--seq-len", source=None):
+                  flag: str = EvalOptions.flag("seq_len"), source=None):
     """The documents' token stream cut into [n_windows, seq_len] int64 windows (which may span
     documents): ``max_tokens`` tokens in whole windows, at least one, and no more is tokenized.
     Errors name ``flag`` (the option that set ``seq_len``) and ``source`` (where the text came from)."""

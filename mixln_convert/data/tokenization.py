@@ -31,7 +31,7 @@ from ..io.atomic import replace_dir, try_lock, wait_for_lock, write_atomic, writ
 from ..io.paths import check_not_input, check_readable, checkpoint_path, resolved
 from ..io.hub import HubDataset
 from ..schema import TOKENS
-from ..options import TokenizeOptions
+from ..options import FORCE, OUT, TokenizeCommand, TokenizeOptions
 from .corpus import embedded_corpus, file_documents, source_files
 from .shards import (FORMAT, MANIFEST, TOKEN_SPLITS, VERSION, SplitRecord, TokenManifest, TokenShardWriter,
                      check_shards, file_sha256, read_manifest, token_dtype)
@@ -133,7 +133,7 @@ def _results(tasks, workers: int, initargs: tuple):
         pool = multiprocessing.get_context("spawn").Pool(workers, _init_worker, initargs)
     except OSError as e:  # the system's process or memory limit: the cause is the count, not the disk
         raise MixLNError(f"cannot start {workers} tokenizing processes ({e.strerror or e}); ask for fewer "
-                         "(--num-proc, data.num_proc)") from None
+                         f"({TokenizeOptions.flag('num_proc')}, data.num_proc)") from None
     with pool:
         pending = deque()
         for task in tasks:
@@ -254,15 +254,16 @@ def _resumed(partial: Path, key: str, writers: dict) -> tuple[tuple[int, int], d
 def _check_paths(train, tokenizer, out, validation, named: str, force: bool):
     """``out`` resolved and the tokenizer, once the inputs are there and ``out`` may be written (a
     folder of an earlier tokenization is the caller's to compare)."""
-    tokenizer_path = checkpoint_path(tokenizer, "--tokenizer") if isinstance(tokenizer, (str, os.PathLike)) else None
-    for flag, path in (("DATA", train), ("--validation", validation)):
+    tokenizer_flag, validation_flag = TokenizeCommand.flag("tokenizer_ckpt"), TokenizeOptions.flag("validation")
+    tokenizer_path = checkpoint_path(tokenizer, tokenizer_flag) if isinstance(tokenizer, (str, os.PathLike)) else None
+    for flag, path in (("DATA", train), (validation_flag, validation)):
         if isinstance(path, (str, os.PathLike)):
             check_readable(path, flag)
-    out = check_not_input(out, {"DATA": train, "--tokenizer": tokenizer_path, "--validation": validation}, "--out")
+    out = check_not_input(out, {"DATA": train, tokenizer_flag: tokenizer_path, validation_flag: validation}, OUT)
     if out.exists() and not out.is_dir():
         raise MixLNError(f"{named}: exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file() and not force:
-        raise MixLNError(f"{named}: exists and is not empty (use --force to replace it)")
+        raise MixLNError(f"{named}: exists and is not empty (use {FORCE} to replace it)")
     if tokenizer_path is None:
         return out, tokenizer
     from ..io.loader import open_checkpoint  # here: it imports torch
@@ -285,7 +286,7 @@ def tokenize(train, tokenizer, out, options: TokenizeOptions | None = None, *, m
     for name, count in (("max_tokens", max_tokens), ("max_validation_tokens", max_validation_tokens)):
         if count is not None:  # the API's (training's token cache): a count like the options'
             TOKENS.check(name, count)
-    named = named or f"--out {out}"
+    named = named or f"{OUT} {out}"
     out, tokenizer = _check_paths(train, tokenizer, out, options.validation, named, force)
     wanted = settings(tokenizer, train, options, max_tokens, max_validation_tokens)
     partial = out.with_name(f".{out.name}.partial")
@@ -297,7 +298,7 @@ def tokenize(train, tokenizer, out, options: TokenizeOptions | None = None, *, m
             if not force:  # a damaged folder: --force rebuilds it
                 raise
         if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
-            raise MixLNError(f"{named}: exists and is not empty (use --force to replace it)")
+            raise MixLNError(f"{named}: exists and is not empty (use {FORCE} to replace it)")
         try:
             partial.mkdir(parents=True, exist_ok=True)
         except OSError as e:

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import MixLNError
-from ..options import LIMIT
+from ..options import LIMIT, EvalOptions
 from ..schema import BATCH
 from .result import TaskScore
 
@@ -27,11 +27,11 @@ def known_tasks(options):
     """The lm-eval TaskManager that knows the tasks of ``options`` (an EvalOptions or AnalyzeOptions), lm-eval
     installed: a one-line error naming the flag otherwise, before any model loads (torch-free: the CLI asks first)."""
     if importlib.util.find_spec("lm_eval") is None:
-        raise MixLNError(f"{options.TASKS_FLAG}: lm-evaluation-harness is not installed; {INSTALL}")
-    return task_manager(list(options.tasks), options.include_path, options.TASKS_FLAG)
+        raise MixLNError(f"{options.flag('tasks')}: lm-evaluation-harness is not installed; {INSTALL}")
+    return task_manager(list(options.tasks), options.include_path, options.flag("tasks"))
 
 
-def task_manager(names: list[str], include_path=None, flag: str = "--tasks"):
+def task_manager(names: list[str], include_path=None, flag: str = EvalOptions.flag("tasks")):
     """An lm-eval ``TaskManager`` that knows every name in ``names``, or a MixLNError naming the unknown ones."""
     from lm_eval.tasks import TaskManager
 
@@ -47,7 +47,7 @@ def task_manager(names: list[str], include_path=None, flag: str = "--tasks"):
         _check_task_files(include_path)
     if unknown:
         raise MixLNError(f"{flag}: unknown task {', '.join(unknown)} (shipped: {', '.join(SHIPPED_TASKS)}; "
-                         "lm-eval's own: `lm_eval ls tasks`; your own YAML: --include-path DIR)")
+                         f"lm-eval's own: `lm_eval ls tasks`; your own YAML: {EvalOptions.flag('include_path')} DIR)")
     return manager
 
 
@@ -68,7 +68,7 @@ def _check_task_files(folder) -> None:
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
             why = " ".join(str(e).split())[:200]
         if why:
-            raise MixLNError(f"--include-path: {path}: malformed YAML ({why}); lm-eval skips such "
+            raise MixLNError(f"{EvalOptions.flag('include_path')}: {path}: malformed YAML ({why}); lm-eval skips such "
                              "a file, so the tasks it defines are unknown")
 
 
@@ -131,8 +131,8 @@ def evaluate_tasks(model, tokenizer, names: list[str], manager, *, limit: int | 
     from importlib.metadata import version
 
     if limit is not None:
-        LIMIT.check("--limit", limit)
-    BATCH.check("--batch-size", batch_size)
+        LIMIT.check(EvalOptions.flag("limit"), limit)
+    BATCH.check(EvalOptions.flag("batch_size"), batch_size)
     return {"tasks": run_tasks(hf_lm(model, tokenizer, batch_size), names, manager, limit), "limit": limit,
             "lm_eval_version": version("lm_eval")}
 

@@ -117,7 +117,7 @@ def prepare_scoring(ckpt, options: EvalOptions | None = None, **settings) -> Sco
 
     options = EvalOptions.given(options, settings)
     ckpt = checkpoint_path(ckpt, "CKPT")
-    check_readable(options.data, "--data")
+    check_readable(options.data, options.flag("data"))
     source = open_checkpoint(ckpt)
     packed = not options.tasks
     if not (packed or options.per_document):  # tasks without --per-document: no text, no windows

@@ -59,16 +59,19 @@ def export(ckpt, out, *, to: str, type: str | None = None, force: bool = False, 
 
 def _checked_type(to: str, tensor_type: str | None) -> str | None:
     """The GGUF tensor type of the options ``--to`` and ``--type``, each checked; None for a folder."""
+    from ..options import ExportOptions  # which imports this module's choices
+
+    to_flag, type_flag = ExportOptions.flag("to"), ExportOptions.flag("tensor_type")
     if to not in TARGETS:
-        raise MixLNError(f"--to {to!r}: expected one of {', '.join(TARGETS)}")
+        raise MixLNError(f"{to_flag} {to!r}: expected one of {', '.join(TARGETS)}")
     if to != "gguf":
         if tensor_type is not None:
-            raise MixLNError(f"--type {tensor_type}: only --to gguf takes a tensor type; --to {to} keeps the "
-                             "checkpoint's dtype")
+            raise MixLNError(f"{type_flag} {tensor_type}: only {to_flag} gguf takes a tensor type; {to_flag} {to} "
+                             "keeps the checkpoint's dtype")
         return None
     tensor_type = DEFAULT_GGUF_TYPE if tensor_type is None else tensor_type
     if tensor_type not in GGUF_TYPES:
-        raise MixLNError(f"--type {tensor_type!r}: expected one of {', '.join(GGUF_TYPES)}")
+        raise MixLNError(f"{type_flag} {tensor_type!r}: expected one of {', '.join(GGUF_TYPES)}")
     return tensor_type
 
 

@@ -19,6 +19,7 @@ from ..errors import MixLNError, first_line, warn
 from ..io.atomic import atomic_output_file
 from ..io.checkpoint import StoredTensor
 from ..io.paths import check_not_input
+from ..options import FORCE, ExportOptions
 from .plain import folds_lns, plain_config, plain_names, plain_tensors
 from .tokenizer import Field, tokenizer_fields
 
@@ -26,6 +27,7 @@ from .tokenizer import Field, tokenizer_fields
 TENSOR_TYPES = {"f32": ("F32", "ALL_F32"), "f16": ("F16", "MOSTLY_F16"), "bf16": ("BF16", "MOSTLY_BF16"),
                 "q8_0": ("Q8_0", "MOSTLY_Q8_0")}
 # a text the written tokenizer must encode as the source's: words, digits, runs of blanks, a newline, non-ASCII
+TO_GGUF = f"{ExportOptions.flag('to')} gguf"  # the option this module writes for, as its messages name it
 SAMPLE_TEXT = "Hello, world! In 2024 the model's 12,345 tokens\n  were  indented\tand ünïcödé — 中文 too."
 
 
@@ -34,13 +36,13 @@ def check_gguf_destination(out, inputs: dict, force: bool) -> Path:
     exists only with ``force``, in a folder that can be written. Returns it resolved."""
     target = check_not_input(out, inputs, flag="OUT")
     if target.suffix != ".gguf":
-        raise MixLNError(f"OUT {out}: --to gguf writes one file; name it NAME.gguf")
+        raise MixLNError(f"OUT {out}: {TO_GGUF} writes one file; name it NAME.gguf")
     if target.is_dir():
-        raise MixLNError(f"OUT {out}: is a folder; --to gguf writes one .gguf file")
+        raise MixLNError(f"OUT {out}: is a folder; {TO_GGUF} writes one .gguf file")
     if target.exists() and not target.is_file():
         raise MixLNError(f"OUT {out}: exists and is not a regular file")
     if target.exists() and not force:
-        raise MixLNError(f"OUT {out}: exists (use --force to replace it)")
+        raise MixLNError(f"OUT {out}: exists (use {FORCE} to replace it)")
     parent = next((p for p in target.parents if p.exists()), None)
     if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise MixLNError(f"OUT {out}: cannot create it ({parent} is not a writable folder)")
@@ -71,7 +73,7 @@ def transformers_config(source, arch):
     for key, feature in arch.unsupported_config.items():
         if config.get(key) is not None and config[key] is not False:
             raise MixLNError(f"{source.where}: {key} {config[key]}: llama.cpp's {arch.gguf_architecture} has no "
-                             f"{feature}; --to gguf exports only checkpoints with {key} null or false")
+                             f"{feature}; {TO_GGUF} exports only checkpoints with {key} null or false")
     try:
         hf_config = AutoConfig.for_model(config.pop("model_type"), **config)
     except (TypeError, ValueError, KeyError) as e:  # transformers' own validation of the config's values
@@ -79,11 +81,11 @@ def transformers_config(source, arch):
     rope = dict(getattr(hf_config, "rope_parameters", None) or {})
     if rope.get("rope_type", "default") != "default":
         raise MixLNError(f"{source.where}: rope_parameters rope_type {rope['rope_type']!r}: transformers' GGUF reader "
-                         f"reads no rope scaling for {arch.gguf_architecture}; --to gguf exports the default rope "
-                         "only (--to llama keeps it)")
+                         f"reads no rope scaling for {arch.gguf_architecture}; {TO_GGUF} exports the default rope "
+                         f"only ({ExportOptions.flag('to')} llama keeps it)")
     if hf_config.hidden_act != "silu":
         raise MixLNError(f"{source.where}: hidden_act {hf_config.hidden_act!r}: llama.cpp's "
-                         f"{arch.gguf_architecture} computes SiLU; --to gguf exports only hidden_act silu")
+                         f"{arch.gguf_architecture} computes SiLU; {TO_GGUF} exports only hidden_act silu")
     return hf_config
 
 
@@ -94,7 +96,7 @@ def gguf_tensor_names(source, arch, names: list[str]) -> dict[str, str]:
     unnamed = [name for name in names if name not in to_gguf]
     if unnamed:
         raise MixLNError(f"{source.path}: tensor {unnamed[0]} has no name in llama.cpp's {arch.gguf_architecture} "
-                         "architecture; --to gguf cannot write it")
+                         f"architecture; {TO_GGUF} cannot write it")
     return {name: to_gguf[name] for name in names}
 
 

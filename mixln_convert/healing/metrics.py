@@ -8,6 +8,7 @@ import math
 from ..errors import MixLNError, warn
 from ..fetch import cache_dir
 from ..io.atomic import write_atomic
+from ..options import HealOptions
 
 
 def cached_teacher_metrics(measure, **key) -> dict:
@@ -32,12 +33,13 @@ def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def check_record_finite(record: dict, lr: float) -> None:
-    """A heal whose held-out figures are no longer numbers has diverged: it must not be written."""
+def check_record_finite(record: dict, lr: float, name=HealOptions.flag) -> None:
+    """A heal whose held-out figures are no longer numbers has diverged: it must not be written (``name``: how
+    the caller names a setting, a flag or a recipe's heal.KEY)."""
     for key in ("val_relative_error", "val_ppl", "val_doc_ppl"):
         if key in record and not math.isfinite(record[key]):
-            raise MixLNError(f"--lr: the healed model's held-out {key} is {record[key]} at step {record['step']}; "
-                             f"the heal diverged at lr {lr}: try a smaller --lr")
+            raise MixLNError(f"{name('lr')}: the healed model's held-out {key} is {record[key]} at step "
+                             f"{record['step']}; the heal diverged at lr {lr}: try a smaller {name('lr')}")
 
 
 def rise(before: float, after: float) -> str:
@@ -53,7 +55,7 @@ def rise(before: float, after: float) -> str:
 
 
 def warn_if_worse(losses: list[float], ppl_before, ppl_after, lr: float, doc_before=None, doc_after=None,
-                  lr_name: str = "--lr") -> None:
+                  name=HealOptions.flag) -> None:
     """A heal that ends worse than it started (training loss over its last tenth of steps above the
     first step's, or held-out perplexity up) has almost always diverged; say so, still writing it.
     Per-document perplexity up while packed went down is a heal too short for the first positions
@@ -66,9 +68,9 @@ def warn_if_worse(losses: list[float], ppl_before, ppl_after, lr: float, doc_bef
     if ppl_before is not None and ppl_after > ppl_before:
         signs.append(f"held-out perplexity rose from {rise(ppl_before, ppl_after)}")
     if signs:
-        warn(f"the heal made the model worse ({'; '.join(signs)}): {lr_name} {lr:g} is probably too high for this "
+        warn(f"the heal made the model worse ({'; '.join(signs)}): {name('lr')} {lr:g} is probably too high for this "
              f"model; try {lr / 3:.1g}")
     elif doc_before is not None and doc_after > doc_before:
         warn(f"the heal made per-document perplexity worse (from {rise(doc_before, doc_after)}, each document "
              "scored from its first token, as lm-evaluation-harness does) while packed perplexity fell: too few "
-             "tokens for the first positions of a document to recover; heal on more --tokens")
+             f"tokens for the first positions of a document to recover; heal on more {name('tokens')}")

@@ -10,8 +10,11 @@ import torch
 
 from ..errors import MixLNError
 from ..io.loader import open_checkpoint
+from ..options import HealCommand
 from ..surgery.prefix import load_prefix, prefix_of
 from ..surgery.shared_tail import load_pair
+
+TEACHER = HealCommand.flag("teacher")
 
 
 @dataclass
@@ -54,11 +57,11 @@ def open_pair(converted, teacher):
         raise MixLNError(f"{converted}: has no Post-LN layer (post_ln_layers 0); there is nothing to heal")
     teacher_source = open_checkpoint(teacher)
     if teacher_source.is_mixln:
-        raise MixLNError(f"--teacher {teacher}: a Mix-LN checkpoint; the teacher is the Pre-LN model {converted} "
+        raise MixLNError(f"{TEACHER} {teacher}: a Mix-LN checkpoint; the teacher is the Pre-LN model {converted} "
                          "was converted from")
     family = teacher_source.arch
     if family.converted["model_type"] != config["model_type"]:  # its blocks would be run as another family's
-        raise MixLNError(f"--teacher {teacher}: a {family.name} checkpoint, but {converted} is a "
+        raise MixLNError(f"{TEACHER} {teacher}: a {family.name} checkpoint, but {converted} is a "
                          f"{config['model_type']} one; give the model it was converted from")
     def shape(config: dict, key: str):
         return config.get(key) or (config.get("num_attention_heads") if key == "num_key_value_heads" else None)
@@ -66,7 +69,7 @@ def open_pair(converted, teacher):
     for key in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
                 "num_key_value_heads", "vocab_size"):
         if shape(teacher_source.config, key) != shape(config, key):
-            raise MixLNError(f"--teacher {teacher}: {key} {shape(teacher_source.config, key)} differs from "
+            raise MixLNError(f"{TEACHER} {teacher}: {key} {shape(teacher_source.config, key)} differs from "
                              f"{converted}'s {shape(config, key)}; give the model it was converted from")
     return student_source, teacher_source
 
@@ -75,6 +78,6 @@ def same_tokenizer(student_source, teacher_source):
     """The converted model's tokenizer, after checking that the teacher reads text the same way."""
     tokenizer = student_source.tokenizer
     if teacher_source.tokenizer.get_vocab() != tokenizer.get_vocab():
-        raise MixLNError(f"--teacher {teacher_source.path}: its tokenizer differs from {student_source.path}'s; "
+        raise MixLNError(f"{TEACHER} {teacher_source.path}: its tokenizer differs from {student_source.path}'s; "
                          "give the model it was converted from")
     return tokenizer

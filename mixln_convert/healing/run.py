@@ -26,7 +26,7 @@ from ..io.atomic import atomic_output_dir
 from ..io.paths import check_destination, check_readable, checkpoint_path
 from ..io.writer import tool_stamp, write_checkpoint
 from ..model.modeling_mixln import enable_checkpointing
-from ..options import EVAL_DATA, HEAL_BETAS, HealOptions
+from ..options import EVAL_DATA, HEAL_BETAS, OUT, HealCommand, HealOptions
 from ..runtime import map_large_allocations
 from ..schema import check_windows, declared, flag
 from ..surgery.prefix import prefix_names
@@ -112,7 +112,7 @@ class HealRun(HealOptions):
         if self.batch_size % world:
             raise MixLNError(f"{self._name('batch_size')}: {self.batch_size} windows a step do not share equally "
                              f"among {world} processes; give a multiple of {world}")
-        fsdp = "fsdp: true" if self._name("fsdp") != "--fsdp" else "--fsdp"  # the recipe's key is the run's own
+        fsdp = "fsdp: true" if self._name("fsdp") != self.flag("fsdp") else self.flag("fsdp")  # the recipe's: its own
         if self.fsdp and self.loss != "kl":
             raise MixLNError(f"{fsdp}: shards the whole models the kl loss runs; {self._name('loss')} {self.loss} "
                              "runs the first blocks only, which fit where the whole model does: heal without it")
@@ -120,13 +120,14 @@ class HealRun(HealOptions):
             raise MixLNError(f"{fsdp}: shards over several processes, and this heal has one; launch it with "
                              "accelerate launch (or torchrun)")
         self.converted = checkpoint_path(self.converted, "CONVERTED")
-        self.teacher = checkpoint_path(self.teacher, "--teacher")
+        teacher, data, eval_data = HealCommand.flag("teacher"), self.flag("data"), self.flag("eval_data")
+        self.teacher = checkpoint_path(self.teacher, teacher)
         in_hand = isinstance(self.data, (list, np.ndarray, TokenShards))  # documents or a token stream, not a path
-        inputs = {"CONVERTED": self.converted, "--teacher": self.teacher, "--data": None if in_hand else self.data,
-                  "--eval-data": self.eval_data}
-        for name in ("--data", "--eval-data"):
+        inputs = {"CONVERTED": self.converted, teacher: self.teacher, data: None if in_hand else self.data,
+                  eval_data: self.eval_data}
+        for name in (data, eval_data):
             check_readable(inputs[name], name)
-        check_destination(self.out, inputs, self.force, flag="--out")
+        check_destination(self.out, inputs, self.force, flag=OUT)
         self.student_source, self.teacher_source = open_pair(self.converted, self.teacher)
         if not self.checked:
             check_windows(self, self.student_source.config, self.named)
@@ -198,7 +199,7 @@ class HealRun(HealOptions):
             for model in (self.models.student_model, self.models.teacher_model):
                 shard(model, bf16=self.dtype == "bf16")
         if self.models.unshared and self.process.is_main_process:
-            warn(f"--teacher {self.teacher}: {len(self.models.unshared)} tensors outside the first "
+            warn(f"{HealCommand.flag('teacher')} {self.teacher}: {len(self.models.unshared)} tensors outside the first "
                  f"{self.post_ln_layers} "
                  f"blocks differ from {self.converted}'s (the first: {self.models.unshared[0]}); the teacher keeps "
                  "its own copies of those")
@@ -330,7 +331,7 @@ class HealRun(HealOptions):
             if (pending and record["tokens"] >= pending[0]) or step == self.steps:
                 pending = [t for t in pending if t > record["tokens"]]
                 record.update(self.validate())
-                check_record_finite(record, self.lr)
+                check_record_finite(record, self.lr, self._name)
             losses.append(record["loss"])
             bar.set_postfix(loss=f"{record['loss']:.4f}")
             if main:
@@ -343,7 +344,7 @@ class HealRun(HealOptions):
                                            "guard": guard.state_dict(), "rng": torch.get_rng_state()})
         if main:
             warn_if_worse(losses, self.before.get("val_ppl"), record.get("val_ppl"), self.lr,
-                          self.before.get("val_doc_ppl"), record.get("val_doc_ppl"), self._name("lr"))
+                          self.before.get("val_doc_ppl"), record.get("val_doc_ppl"), self._name)
         return record
 
     def summary(self, before: dict, after: dict) -> HealResult:

@@ -20,6 +20,7 @@ from ..errors import MixLNError, first_line, warn
 from ..io.atomic import write_atomic
 from ..io.paths import check_not_input
 from ..io.records import changed_setting, cut_metrics
+from ..options import FORCE, OUT, RESUME
 
 RECORD = "run.json"
 KIND = "mixln-convert heal"  # the record's "kind": a folder without it is not a heal's to remove
@@ -44,26 +45,26 @@ class HealState:
         of that name that is no heal's (or an input, ``inputs``: {what: path}) is refused, never removed."""
         if not (self.folder.exists() or self.folder.is_symlink()):
             return False
-        check_not_input(self.folder, inputs, f"--out {out}: the heal's work folder")
+        check_not_input(self.folder, inputs, f"{OUT} {out}: the heal's work folder")
         started = self._record()
         if self.folder.is_symlink() or not self.folder.is_dir() or (started is None and any(self.folder.iterdir())):
-            raise MixLNError(f"--out {out}: {self.folder} exists and is not a heal's work folder; remove it or "
-                             "choose another --out")
+            raise MixLNError(f"{OUT} {out}: {self.folder} exists and is not a heal's work folder; remove it or "
+                             f"choose another {OUT}")
         if not self.checkpoints() or force:
             shutil.rmtree(self.folder)
             return False
         step = self.checkpoints()[-1][0]
         if not resume:
-            raise MixLNError(f"--out {out}: a heal of it was interrupted at step {step} ({self.folder}); --resume "
-                             "continues it, --force starts afresh")
+            raise MixLNError(f"{OUT} {out}: a heal of it was interrupted at step {step} ({self.folder}); {RESUME} "
+                             f"continues it, {FORCE} starts afresh")
         if not isinstance(started.get("settings"), dict):
-            raise MixLNError(f"{self.folder / RECORD}: damaged; it holds the settings --resume must match: "
-                             "--force starts afresh")
+            raise MixLNError(f"{self.folder / RECORD}: damaged; it holds the settings {RESUME} must match: "
+                             f"{FORCE} starts afresh")
         changed = changed_setting(settings, started["settings"])
         if changed:
             key, was, now = changed
-            raise MixLNError(f"--resume: the heal in {self.folder} started with {key} {json.dumps(was)}, not "
-                             f"{json.dumps(now)}; give the same, or --force to start afresh")  # MixLNError cuts a long value
+            raise MixLNError(f"{RESUME}: the heal in {self.folder} started with {key} {json.dumps(was)}, not "
+                             f"{json.dumps(now)}; give the same, or {FORCE} to start afresh")  # MixLNError cuts a long value
         self.owned = True
         return True
 
@@ -108,7 +109,7 @@ class HealState:
             if main:
                 cut_metrics(self.folder / METRICS, step)
             return state
-        raise MixLNError(f"{self.folder}: no checkpoint loads; --force starts the heal afresh")
+        raise MixLNError(f"{self.folder}: no checkpoint loads; {FORCE} starts the heal afresh")
 
     def records(self) -> list[dict]:
         return [json.loads(line) for line in (self.folder / METRICS).read_text().splitlines() if line.strip()]

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from ..errors import MixLNError
+from ..options import FORCE
 from .hub import HubDataset, hub_name, model_snapshot
 
 
@@ -61,7 +62,7 @@ def check_not_input(dst, inputs: dict, flag: str = "DST") -> Path:
             if target == path or target.is_relative_to(path) or path.is_relative_to(target):
                 how = "is" if target == path else "contains" if path.is_relative_to(target) else "lies inside"
                 raise MixLNError(f"{flag} {dst}: {how} the input {what} {path}; an input is never written "
-                                 "(--force does not change this)")
+                                 f"({FORCE} does not change this)")
     return target
 
 
@@ -72,7 +73,7 @@ def check_destination(dst, inputs: dict, force: bool = False, flag: str = "DST")
     if target.exists() and not target.is_dir():
         raise MixLNError(f"{flag} {dst}: exists and is not a folder")
     if target.is_dir() and any(target.iterdir()) and not force:
-        raise MixLNError(f"{flag} {dst}: exists and is not empty (use --force to replace it)")
+        raise MixLNError(f"{flag} {dst}: exists and is not empty (use {FORCE} to replace it)")
     parent = next((p for p in target.parents if p.exists()), None)
     if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise MixLNError(f"{flag} {dst}: cannot create it ({parent} is not a writable folder)")

@@ -15,7 +15,7 @@ from ..analysis.result import Analysis
 from ..errors import MixLNError
 from ..io.paths import check_destination
 from ..io.records import Result
-from ..options import CompareOptions, measured_on
+from ..options import OUT, CompareOptions, measured_on
 from ..schema import Shaped, setting
 from . import uncertainty
 from .inputs import ARM_KINDS, PRUNE_FRACTIONS, Model, load_inputs
@@ -61,7 +61,7 @@ def compare(inputs, out, options: CompareOptions | None = None, *, force: bool =
     from .tables import report_blocks
 
     protect = {f"#{i + 1}": path for i, path in enumerate(inputs)}
-    check_destination(out, protect, force, flag="--out")
+    check_destination(out, protect, force, flag=OUT)
     models = load_inputs(inputs, options.labels)
     notes = check_tokenizers(models, options.allow_mismatch)
     estimates = {m.label: model_estimates(m) for m in models}
@@ -86,7 +86,7 @@ def check_tokenizers(models: list[Model], allow_mismatch: bool) -> list[str]:
     listed = ", ".join(f"{label} {size}" for label, size in sizes.items())
     message = f"the analyses used different tokenizers (vocabulary sizes {listed}): perplexities are not comparable"
     if not allow_mismatch:
-        raise MixLNError(f"inputs: {message}; pass --allow-mismatch to compare anyway")
+        raise MixLNError(f"inputs: {message}; pass {CompareOptions.flag('allow_mismatch')} to compare anyway")
     return [message]
 
 

@@ -9,6 +9,7 @@ from ..errors import MixLNError
 from ..limits import MAX_COMPARED, check_at_most
 from ..analysis.result import Analysis
 from ..io.records import METRICS, read_metrics
+from ..options import CompareOptions
 from ..training.summary import TrainSummary
 
 ARM_KINDS = {"mixln": "Mix-LN", "preln": "Pre-LN", "lns": "LNS"}  # the train command's arm folders
@@ -89,7 +90,8 @@ def load_inputs(paths, labels=()) -> list[Model]:
     ``labels`` (one per path) or by their folder names; a train folder gives one model per arm."""
     check_at_most("INPUTS", len(paths), MAX_COMPARED, "one report's tables and plots hold no more", "inputs")
     if labels and len(labels) != len(paths):
-        raise MixLNError(f"--label: {len(labels)} labels for {len(paths)} inputs; give one per input or none")
+        raise MixLNError(f"{CompareOptions.flag('labels')}: {len(labels)} labels for {len(paths)} inputs; give one per "
+                         "input or none")
     models = []
     for path, label in zip(map(Path, paths), labels or [None] * len(paths)):
         models += _load(path, label)

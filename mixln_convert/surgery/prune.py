@@ -24,22 +24,22 @@ _LAYER_RANGE = re.compile(r"([0-9]+)\s*(?:-\s*([0-9]+))?")  # ASCII digits only:
 
 def parse_layers(text: str, num_layers: int) -> list[int]:
     """'20-23,27' -> [20, 21, 22, 23, 27], checked against a ``num_layers``-deep model."""
-    layers = set()
+    layers, flag = set(), PruneOptions.flag("layers")
     for part in filter(None, (p.strip() for p in text.split(","))):
         match = _LAYER_RANGE.fullmatch(part)
         if not match:
-            raise MixLNError(f"--layers: {part!r} is not a layer index or range (example: 20-23,27)")
+            raise MixLNError(f"{flag}: {part!r} is not a layer index or range (example: 20-23,27)")
         first, last = int(match.group(1)), int(match.group(2) or match.group(1))
         if first > last:
-            raise MixLNError(f"--layers: range {part!r} is empty (write low-high)")
+            raise MixLNError(f"{flag}: range {part!r} is empty (write low-high)")
         if last >= num_layers:
-            raise MixLNError(f"--layers: layer {last} is outside [0, {num_layers - 1}] for this "
+            raise MixLNError(f"{flag}: layer {last} is outside [0, {num_layers - 1}] for this "
                              f"{num_layers}-layer model")
         layers.update(range(first, last + 1))
     if not layers:
-        raise MixLNError(f"--layers: {text!r} selects no layer")
+        raise MixLNError(f"{flag}: {text!r} selects no layer")
     if len(layers) == num_layers:
-        raise MixLNError(f"--layers: {text!r} removes all {num_layers} layers; at least one must remain")
+        raise MixLNError(f"{flag}: {text!r} removes all {num_layers} layers; at least one must remain")
     return sorted(layers)
 
 
@@ -55,8 +55,8 @@ def prune(src, dst, options: PruneOptions | None = None, *, force: bool = False,
     options = PruneOptions.given(options, settings)
     layers, remove, method, data = options.layers, options.remove, options.method, options.data
     src = checkpoint_path(src, "CKPT")
-    check_readable(data, "--data")
-    inputs = {"CKPT": src, "--data": data}
+    check_readable(data, options.flag("data"))
+    inputs = {"CKPT": src, options.flag("data"): data}
     check_destination(dst, inputs, force, flag="OUT")
     source = open_checkpoint(src)
     num_layers = source.config["num_hidden_layers"]

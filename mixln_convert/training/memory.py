@@ -93,7 +93,8 @@ def choose_hardware(stated: Hardware | None, options: EstimateOptions | None = N
     if parallelism is None:  # a recipe sized for one GPU, estimated on several: replicated (DDP)
         parallelism = stated.parallelism if stated.parallelism != "single" or processes == 1 else "ddp"
     if parallelism == "single" and processes > 1:
-        raise MixLNError(f"--parallelism single runs one process, not {processes} (ddp or fsdp for several)")
+        raise MixLNError(f"{options.flag('parallelism')} single runs one process, not {processes} (ddp or fsdp for "
+                         "several)")
     memory = options.memory_bytes or stated.memory
     return Hardware(processes, parallelism, options.device or stated.device, memory)
 

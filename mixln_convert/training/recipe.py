@@ -18,7 +18,7 @@ import yaml
 from ..errors import MixLNError, shown
 from ..io.hub import hub_name
 from ..io.paths import check_readable, checkpoint_path, is_pattern
-from ..options import (ARM_NAMES, ATTENTIONS, DEFAULT_ARMS, EVAL_TOKENS, PRECISIONS, SEQ_LEN, STRATEGIES,
+from ..options import (ARM_NAMES, ATTENTIONS, DEFAULT_ARMS, EVAL_TOKENS, PRECISIONS, SEQ_LEN, SET, STRATEGIES,
                        HealSettings, TokenizeOptions, alpha, heal_budget)
 from ..schema import (BATCH, FRACTION, NONNEGATIVE, POSITIVE_NUMBER, SEED, TOKENS, TOKENS_OR_ZERO, Choice, Count, Flag,
                       Names, Number, Numbers, SpikeFactor, Text, Window, declared, default_of, key_in, same_as,
@@ -272,7 +272,7 @@ def _resolve_path(key: str, value: str | None, where: str) -> str | None:
     path = os.path.abspath(os.path.expanduser(value))
     if not (os.path.exists(path) or (is_pattern(path) and glob.glob(path, recursive=True))):
         shipped = Path(where).parent == Path(str(RECIPES))  # a shipped recipe's path is a placeholder
-        hint = f" (the shipped recipe's placeholder: --set {key}=PATH)" if shipped else ""
+        hint = f" (the shipped recipe's placeholder: {SET} {key}=PATH)" if shipped else ""
         raise MixLNError(f"{where}: {key}: {value} does not exist{hint}")
     return path
 
@@ -284,7 +284,7 @@ def _check(r: dict, where: str, origin: dict) -> None:
         if not ok:
             raise MixLNError(f"{origin.get(key, where)}: {message}")
 
-    need(r["source"] is not None, "source is required: --set source=PATH (a Pre-LN checkpoint folder, a .gguf, a Hub "
+    need(r["source"] is not None, f"source is required: {SET} source=PATH (a Pre-LN checkpoint folder, a .gguf, a Hub "
                                   "model ORG/NAME, or smollm2)")
     for key, (kind, default) in FIELDS.items():
         if not (r[key] is None and default is None):
@@ -422,18 +422,18 @@ def load_recipe(path, overrides=(), changes: dict | None = None, changed_by: str
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep:
-            raise MixLNError(f"--set {item}: expected KEY=VALUE, e.g. --set optim.lr=3e-4")
+            raise MixLNError(f"{SET} {item}: expected KEY=VALUE, e.g. {SET} optim.lr=3e-4")
         key = key.strip()
         if key in given:
-            raise MixLNError(f"--set {shown(key)} is given twice ({shown(given[key])} and {shown(text)}): give it once")
+            raise MixLNError(f"{SET} {shown(key)} is given twice ({shown(given[key])} and {shown(text)}): give it once")
         given[key] = text
         try:
             value = yaml.load(text, Loader=_RecipeLoader)
         except yaml.YAMLError:
-            raise MixLNError(f"--set {item}: the value is not valid YAML") from None
+            raise MixLNError(f"{SET} {item}: the value is not valid YAML") from None
         except DuplicateKey as e:
-            raise MixLNError(f"--set {item}: {e}") from None
-        _assign(values, origin, key, value, f"--set {item}")
+            raise MixLNError(f"{SET} {item}: {e}") from None
+        _assign(values, origin, key, value, f"{SET} {item}")
     for key, value in (changes or {}).items():
         _assign(values, origin, key, value, changed_by)
     return _complete(values, origin, str(path), reads_data)

@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING
 from ..fetch import cache_dir
 from ..io.loader import open_checkpoint
 from ..io.paths import checkpoint_path
-from ..limits import check_force_or_resume
-from ..options import CPU_RECIPE, CPU_STEP_TOKENS, EVAL_DATA, DemoOptions, measured_on
+from ..options import CPU_RECIPE, CPU_STEP_TOKENS, EVAL_DATA, DemoOptions, check_force_or_resume, measured_on
 from ..training.recipe import Recipe, load_recipe
 from .runs import Stages, claim_run
 from .train import check_launch, train
@@ -35,7 +34,7 @@ def run_demo(out, options: DemoOptions | None = None, *, force: bool = False, re
     check_force_or_resume(force, resume)
     check_launch()
     source, recipe, settings = _demo_plan(options)
-    with claim_run(out, "demo", settings, {"the model cache": cache_dir(), "--source": source}, resume,
+    with claim_run(out, "demo", settings, {"the model cache": cache_dir(), options.flag("source"): source}, resume,
                    force) as claim:
         claim.start()
         log.info(_expected(options))
@@ -91,14 +90,14 @@ def _demo(out: Path, options: DemoOptions, recipe: Recipe, resume: bool) -> "Com
 def _demo_plan(options: DemoOptions) -> tuple[str | None, Recipe, dict]:
     """Every check of the demo's inputs before any work: (``--source`` resolved, the CPU recipe with the
     demo's settings, the settings a --resume must find unchanged)."""
-    source = options.source and str(Path(checkpoint_path(options.source, "--source")).absolute())
+    source = options.source and str(Path(checkpoint_path(options.source, options.flag("source"))).absolute())
     changes = {"conversion.alpha": options.alpha, "max_tokens": options.train_tokens,
                "eval_interval": max(1, options.train_tokens // CPU_STEP_TOKENS),
                "data.eval_tokens": options.eval_tokens,
                **({"source": source} if source else {})}
     # the heal budget is checked here, once, against the recipe's heal step, naming the demo's flag
     recipe = load_recipe(CPU_RECIPE, changes=changes, changed_by="demo").replace(
-        {"heal.tokens": options.heal_tokens}, "--heal-tokens")
+        {"heal.tokens": options.heal_tokens}, options.flag("heal_tokens"))
     settings = {"--source": source, "--alpha": options.alpha, "--heal-tokens": options.heal_tokens,
                 "--train-tokens": options.train_tokens, "--eval-tokens": options.eval_tokens,
                 # the lr: a demo before it was the recipe's

@@ -16,6 +16,7 @@ from ..errors import MixLNError
 from ..io.atomic import atomic_output_dir, hold
 from ..io.paths import check_destination
 from ..io.records import changed_setting, read_json, write_json
+from ..options import FORCE, OUT, RESUME
 from ..schema import Kind, Shaped, String, read_record, setting
 
 RECORD = "run.json"
@@ -95,9 +96,9 @@ def claim_run(out, kind: str, settings: dict, inputs: dict, resume: bool, force:
     empties it); with ``resume`` a ``kind`` run whose record holds ``settings`` ({flag: JSON value}).
     ``inputs`` ({what: path}) are never written. Yields the :class:`Claim`; nothing is written before
     :meth:`Claim.start`, and a refusal before :meth:`Claim.working` undoes what was."""
-    target = check_destination(out, inputs, force=True, flag="--out")
+    target = check_destination(out, inputs, force=True, flag=OUT)
     made = not target.exists()
-    with hold(target, f"--out {out}", kind, inputs) if held else nullcontext():
+    with hold(target, f"{OUT} {out}", kind, inputs) if held else nullcontext():
         fresh = force or not (target.is_dir() and any(target.iterdir()))
         if not fresh:
             _check_resume(out, target, kind, settings, resume, force_hint)
@@ -116,20 +117,20 @@ def claim_run(out, kind: str, settings: dict, inputs: dict, resume: bool, force:
 def _check_resume(out, target: Path, kind: str, settings: dict, resume: bool, force_hint: bool) -> None:
     """A non-empty ``target`` continued: only with ``resume``, only a ``kind`` begun with ``settings``."""
     if not resume:
-        raise MixLNError(f"--out {out}: exists and is not empty; --resume continues the {kind} it holds"
-                         + (", --force starts afresh" if force_hint else ""))
+        raise MixLNError(f"{OUT} {out}: exists and is not empty; {RESUME} continues the {kind} it holds"
+                         + (f", {FORCE} starts afresh" if force_hint else ""))
     record = target / RECORD
     if not record.exists():
-        raise MixLNError(f"--out {out}: holds no {kind} (no {RECORD}); --resume continues only a {kind} begun "
-                         "there: choose another --out")
-    started = _read(RunRecord, record, "a run's record", "it holds the settings --resume must match")
+        raise MixLNError(f"{OUT} {out}: holds no {kind} (no {RECORD}); {RESUME} continues only a {kind} begun "
+                         f"there: choose another {OUT}")
+    started = _read(RunRecord, record, "a run's record", f"it holds the settings {RESUME} must match")
     if started.kind != kind:
-        raise MixLNError(f"--out {out}: holds a {started.kind}, not a {kind}; choose another --out")
+        raise MixLNError(f"{OUT} {out}: holds a {started.kind}, not a {kind}; choose another {OUT}")
     changed = changed_setting(settings, started.settings)
     if changed:
         key, was, now = changed
-        raise MixLNError(f"--resume: the {kind} in {out} started with {key} {_shown(was)}, not {_shown(now)}; give "
-                         "the same, or another --out")
+        raise MixLNError(f"{RESUME}: the {kind} in {out} started with {key} {_shown(was)}, not {_shown(now)}; give "
+                         f"the same, or another {OUT}")
 
 
 def _shown(value) -> str:

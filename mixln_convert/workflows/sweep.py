@@ -21,8 +21,8 @@ from ..io.atomic import atomic_output_dir
 from ..io.loader import open_checkpoint
 from ..io.paths import check_readable, checkpoint_path
 from ..io.records import METRICS, read_metrics, write_json
-from ..limits import check_force_or_resume
 from ..options import (
+    check_force_or_resume,
     CALIBRATION_SEQ_LEN,
     CPU_RECIPE,
     CALIBRATION_TOKENS,
@@ -91,7 +91,7 @@ def _plan(src: str, options: SweepOptions, resume: bool, force: bool):
     check_force_or_resume(force, resume)
     check_launch()
     data = options.data
-    check_readable(data, "--data")
+    check_readable(data, options.flag("data"))
     source = open_checkpoint(src)
     options.check_model(source.config)
     # what every stage's result depends on, which a resume must find unchanged (not the alphas: each block
@@ -106,7 +106,7 @@ def _plan(src: str, options: SweepOptions, resume: bool, force: bool):
         counts.setdefault(post_ln_count(source.config["num_hidden_layers"], alpha, None), []).append(alpha)
     training = _training_recipe(src, data, options.train_tokens)
     if data is not None and not is_tokens_folder(data):  # read by the heal and training only after the original's stage
-        check_text(data, "--data")
+        check_text(data, options.flag("data"))
     return settings, source, counts, training
 
 
@@ -118,7 +118,7 @@ def sweep(src, out, options: SweepOptions | None = None, *, resume: bool = False
     options = SweepOptions.given(options, settings)
     src = checkpoint_path(src, "SRC")
     settings, source, counts, training = _plan(src, options, resume, force)
-    with claim_run(out, "sweep", settings, {"SRC": src, "--data": options.data}, resume, force) as claim:
+    with claim_run(out, "sweep", settings, {"SRC": src, options.flag("data"): options.data}, resume, force) as claim:
         claim.start()
         return _sweep(src, claim.path, options, source, counts, training, resume, progress)
 
@@ -136,7 +136,7 @@ def _sweep(src: str, out: Path, options: SweepOptions, source, counts: dict, tra
     def seeded(arm: str, name: str) -> list[dict]:
         """``arm`` trained once per seed from the source, on the data and order of the alphas' seeds."""
         return [stages.run(f"{name} (seed {seed})", out / f"{name}-seed{seed}",
-                           lambda tmp, recipe=training.replace({"seed": seed}, "--seeds"):
+                           lambda tmp, recipe=training.replace({"seed": seed}, options.flag("seeds")):
                            _train(recipe, tmp / "train", arm, progress))
                 for seed in range(options.seeds)]
 
@@ -185,10 +185,11 @@ def _training_recipe(src, data, train_tokens: int):
     defaults = load_recipe(CPU_RECIPE, changes=changes, changed_by="sweep")
     step_tokens = defaults.global_batch_size * defaults.seq_len
     if train_tokens < step_tokens:
-        raise MixLNError(f"--train-tokens: {train_tokens} is less than one training step ({step_tokens} tokens)")
+        raise MixLNError(f"{SweepOptions.flag('train_tokens')}: {train_tokens} is less than one training step "
+                         f"({step_tokens} tokens)")
     # validate at the end only: the report compares final perplexities
     return defaults.replace({"max_tokens": train_tokens, "eval_interval": train_tokens // step_tokens},
-                            "--train-tokens")
+                            SweepOptions.flag("train_tokens"))
 
 
 def _calibrate(source, post_ln_layers: int, times: dict, progress: bool):

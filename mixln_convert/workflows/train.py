@@ -148,22 +148,24 @@ def convert_and_heal(src, dst, options: ConvertOptions | None = None, healing: C
     healing = ConvertHealOptions.given(healing, {key: settings.pop(key) for key in ("heal_tokens", "heal_data")
                                                  if key in settings})
     options = ConvertOptions.given(options, settings)
+    tokens_flag, data_flag = healing.flag("heal_tokens"), healing.flag("heal_data")
     if not healing.heal_tokens:
-        raise MixLNError("--heal-tokens: a heal in the same run needs a budget of at least one heal step")
+        raise MixLNError(f"{tokens_flag}: a heal in the same run needs a budget of at least one heal step")
     heal_data = healing.heal_data
     src = checkpoint_path(src, "SRC")
-    check_readable(heal_data, "--heal-data")
+    check_readable(heal_data, data_flag)
     config = open_checkpoint(src).config
     healing.check_model(config)
     layers = config["num_hidden_layers"]
     if options.lns or post_ln_count(layers, options.resolved_alpha, options.post_ln_layers) == 0:
         # a heal trains the Post-LN blocks: said before converting
-        given = ("--layout lns" if options.lns else f"--post-ln-layers {options.post_ln_layers}"
-                 if options.post_ln_layers is not None else f"--alpha {options.alpha:g}" if options.alpha is not None
-                 else "the default --alpha")
-        raise MixLNError(f"--heal-tokens: {given} makes no block Post-LN (of {layers}), so there is nothing to "
-                         "heal; convert without --heal-tokens, or make some blocks Post-LN")
-    target = check_destination(dst, {"SRC": src, "--heal-data": heal_data}, force)
+        alpha = options.flag("alpha")
+        given = (f"{options.flag('layout')} lns" if options.lns else f"{options.flag('post_ln_layers')} "
+                 f"{options.post_ln_layers}" if options.post_ln_layers is not None else f"{alpha} {options.alpha:g}"
+                 if options.alpha is not None else f"the default {alpha}")
+        raise MixLNError(f"{tokens_flag}: {given} makes no block Post-LN (of {layers}), so there is nothing to "
+                         f"heal; convert without {tokens_flag}, or make some blocks Post-LN")
+    target = check_destination(dst, {"SRC": src, data_flag: heal_data}, force)
     # the heal's text is read and tokenized (into the cache heal reads it from) before the long conversion
     what = str(heal_data) if heal_data else "embedded:train"
     windows(token_stream(open_checkpoint(src).tokenizer, read_texts(heal_data, split="train"), healing.heal_tokens,
