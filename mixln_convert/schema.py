@@ -44,6 +44,11 @@ class Kind:
     def read(self, value):
         return value
 
+    def record(self, value, where: str, key: str):
+        """``value``, the field ``key`` of a result file (``where``), checked and as its record holds it."""
+        self.check(f"{where}: {key}", value)
+        return value
+
 
 @dataclass(frozen=True)
 class Count(Kind):
@@ -204,6 +209,25 @@ class Shaped(Kind):
 
     def describe(self) -> str:
         return self.description
+
+
+@dataclass(frozen=True)
+class Nested(Kind):
+    """An object of a result file held as the dataclass ``cls`` (``what`` it is, in errors), each of its fields
+    read by :func:`read_record`; ``many``: a list of them."""
+    cls: type
+    what: str
+    many: bool = False
+
+    def describe(self) -> str:
+        return f"a list, each {self.what}" if self.many else self.what
+
+    def record(self, value, where: str, key: str):
+        if not self.many:
+            return read_record(self.cls, value, where, self.what, key)
+        if not isinstance(value, list):
+            raise MixLNError(f"{where}: {key}: must be {self.describe()}, got {shown(repr(value))}")
+        return [read_record(self.cls, item, where, self.what, f"{key}[{i}]") for i, item in enumerate(value)]
 
 
 class Folder(Text):
@@ -383,19 +407,25 @@ def check_values(cls, values: dict, name=flag) -> None:
         found.kind.check(name(f), value)
 
 
-def read_record(cls, record, where: str, what: str = "a record"):
+def read_record(cls, record, where: str, what: str = "a record", key: str = ""):
     """An instance of the dataclass ``cls`` from ``record`` (a JSON object a command wrote, read from ``where``,
-    ``what`` it should be): each field without a default required, then each declared field's value checked
-    against its kind; keys not declared are ignored (a newer version's). One line naming ``where`` and the key
-    if not."""
+    ``what`` it should be; ``key``: where in the file, for a nested object): each field without a default
+    required, then each declared field's value checked against its kind and held as it says (a nested object
+    as its class, :class:`Nested`); keys not declared are ignored (a newer version's). One line naming
+    ``where`` and the key if not."""
+    at = f"{where}: {key}" if key else where
     if not isinstance(record, dict):
-        raise MixLNError(f"{where}: not {what} (not a JSON object)")
+        raise MixLNError(f"{at}: not {what} (not a JSON object)")
     fields = declared(cls)
     missing = [name for name, (f, _) in fields.items() if name not in record and default_of(f) is dataclasses.MISSING]
     if missing:
-        raise MixLNError(f"{where}: not {what} (missing {', '.join(missing)})")
-    values = {name: record[name] for name in fields if name in record}
-    check_values(cls, values, lambda f: f"{where}: {f.name}")
+        raise MixLNError(f"{at}: not {what} (missing {', '.join(missing)})")
+    values = {}
+    for name, (f, found) in fields.items():
+        if name in record:  # None where the default is None: not measured (as check_values lets it be)
+            value = record[name]
+            values[name] = value if value is None and default_of(f) is None else found.kind.record(
+                value, where, f"{key}.{name}" if key else name)
     return cls(**values)
 
 
