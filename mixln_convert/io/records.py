@@ -61,6 +61,7 @@ def read_metrics(file: Path) -> list[dict]:
 # what a number of a result file may be: any finite one; a list of them, one per layer (or window)
 NUMBER, NUMBER_LIST = Number(), Numbers(Number(), 0, MAX_TOKENS)
 STRINGS = Shaped(lambda v: isinstance(v, list) and all(isinstance(item, str) for item in v), "a list of strings")
+OBJECT = Shaped(lambda v: isinstance(v, dict), "an object")  # its readers check what they use of it
 # a model's blocks, and its leading Post-LN ones, as a result file records them
 LAYER_COUNT, POST_LN_COUNT = Count(1, 10**6), Count(0, 10**6)
 
@@ -81,9 +82,11 @@ class MetricRecord:
 class Record:
     """An object of a result file: a dataclass whose fields are declared with their kinds, a nested object's
     kind :class:`~mixln_convert.schema.Nested`. :meth:`to_dict` is the object as the file holds it."""
+    SPARSE: ClassVar[bool] = False  # a field that is None (not measured) is left out of the file
 
     def to_dict(self) -> dict:
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return {f.name: _plain(value) for f in dataclasses.fields(self)
+                if not ((value := getattr(self, f.name)) is None and self.SPARSE)}
 
 
 def _plain(value):

@@ -14,9 +14,9 @@ from ..analysis.measures import coefficient_of_variation, deep_half
 from ..analysis.result import PER_DOCUMENT, Analysis
 from ..errors import MixLNError
 from ..io.paths import check_destination
-from ..io.records import NUMBER, STRINGS, Record, Result
+from ..io.records import NUMBER, OBJECT, STRINGS, Record, Result
 from ..options import CompareOptions, measured_on
-from ..schema import NONNEGATIVE, POSITIVE_NUMBER, TOKENS_OR_ZERO, Flag, Kind, Nested, Shaped, String, setting
+from ..schema import NONNEGATIVE, POSITIVE_NUMBER, TOKENS_OR_ZERO, Flag, Kind, Nested, String, setting
 from ..training.summary import MEASURED_ON
 from . import uncertainty
 from .inputs import ARM_KINDS, PRUNE_FRACTIONS, Model, load_inputs
@@ -34,7 +34,6 @@ NO_VALUES = "no per-window values to bootstrap an interval from"
 
 
 
-OBJECT = Shaped(lambda v: isinstance(v, dict), "an object")
 # the fields of a trained arm: all written for an arm, None where not measured yet
 ARM_FIELDS = ("arm", "tokens_trained", "initial_val_ppl", "final_val_ppl", "wall_time_s", "finished", "validation")
 
@@ -132,7 +131,7 @@ def check_tokenizers(models: list[Model], allow_mismatch: bool) -> list[str]:
 def prune_points(analysis: Analysis) -> dict:
     """{'L/8': (N, perplexity with N blocks removed) or None, ...} from the analysis's prune curve."""
     curve, num_layers = analysis.prune_curve, analysis.num_layers
-    measured = dict(zip(curve["removed"], curve["perplexity"]))
+    measured = dict(zip(curve.removed, curve.perplexity))
     return {name: (n, measured[n]) if (n := num_layers // d) in measured else None
             for name, d in PRUNE_FRACTIONS.items()}
 
@@ -150,20 +149,20 @@ def model_estimates(model: Model) -> dict[str, Bootstrap]:
         return estimates
     per_window, deep = analysis.per_window, deep_half(analysis.num_layers)
     where = measured_on(analysis.evaluation())
-    loss = np.asarray(per_window["loss"])[:, None]
+    loss = np.asarray(per_window.loss)[:, None]
     estimates["perplexity"] = bootstrap(uncertainty.perplexity, loss[:, 0], where)
     if not model.layered:
         return estimates
     estimates["deep_layer_drop_relative"] = bootstrap(
-        uncertainty.relative_increase, np.hstack([loss, np.asarray(per_window["loss_without_layer"])[:, deep]]), where)
+        uncertainty.relative_increase, np.hstack([loss, np.asarray(per_window.loss_without_layer)[:, deep]]), where)
     estimates["deep_angular_distance"] = bootstrap(uncertainty.mean_value,
-                                                  np.asarray(per_window["angular_distance"])[:, deep], where)
-    estimates["grad_norm_cv"] = bootstrap(uncertainty.variation_of_mean, per_window["grad_norm_per_layer"],
+                                                  np.asarray(per_window.angular_distance)[:, deep], where)
+    estimates["grad_norm_cv"] = bootstrap(uncertainty.variation_of_mean, per_window.grad_norm_per_layer,
                                          where + " (gradient batches)", rows="gradient batches")
-    curve = analysis.prune_curve or {}
+    curve = analysis.prune_curve
     n = analysis.num_layers // PRUNE_FRACTIONS[PRUNE_VERDICT]
-    if "window_losses" in curve and n in curve["removed"]:
-        pruned = np.asarray(curve["window_losses"][curve["removed"].index(n)])[:, None]
+    if curve and curve.window_losses is not None and n in curve.removed:
+        pruned = np.asarray(curve.window_losses[curve.removed.index(n)])[:, None]
         estimates["prune_ratio"] = bootstrap(uncertainty.relative_increase, np.hstack([loss, pruned]), where)
     return estimates
 
@@ -198,7 +197,7 @@ def model_numbers(model: Model, estimates: dict[str, Bootstrap]) -> ModelNumbers
         if analysis.generation is not None:
             numbers.update(repeated_4gram_share=analysis.generation["repeated_4gram_share"])
         if analysis.prune_curve is not None:
-            numbers.update(prune_method=analysis.prune_curve["method"], prune=prune_points(analysis))
+            numbers.update(prune_method=analysis.prune_curve.method, prune=prune_points(analysis))
     numbers.update(intervals={name: e.interval for name, e in estimates.items()},
                    interval_n={name: e.size for name, e in estimates.items()})  # what each interval rests on
     numbers.update(downstream_numbers(model))

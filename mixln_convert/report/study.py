@@ -8,7 +8,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from ..analysis.plots import scale_layer_drop_axis
-from ..io.records import NUMBER, NUMBER_LIST, STRINGS, Record, Result
+from ..io.records import NUMBER, NUMBER_LIST, OBJECT, STRINGS, Record, Result
 from ..schema import NONNEGATIVE, POSITIVE_NUMBER, SEED, TOKENS, TOKENS_OR_ZERO, Count, Nested, Shaped, String, setting
 from .render import mean_and_range, write_report
 
@@ -24,7 +24,6 @@ MARKERS = ("o", "s", "^", "D", "v")
 FIGURES = {"final_val_ppl": ("final validation perplexity", "{:.2f}"),
            "deep_layer_drop": ("deep-half layer drop (relative)", "{:.2%}"),
            "grad_norm_cv": ("gradient-norm CV across blocks", "{:.3f}")}
-OBJECT = Shaped(lambda v: isinstance(v, dict), "an object")
 CURVE = Shaped(lambda v: isinstance(v, list) and all(NUMBER_LIST.ok(point) and len(point) == 2 for point in v),
                "a list of [tokens, perplexity] points")
 

@@ -10,7 +10,7 @@ from matplotlib.ticker import MaxNLocator
 
 from ..analysis.measures import verdict
 from ..analysis.plots import scale_layer_drop_axis
-from ..analysis.result import ANGULAR_MATRIX
+from ..analysis.result import NUMBER_ROWS
 from ..io.records import LAYER_COUNT, NUMBER, NUMBER_LIST, POST_LN_COUNT, Record, Result
 from ..limits import MAX_TOKENS
 from ..schema import (NONNEGATIVE, POSITIVE_NUMBER, SEED, TOKENS, TOKENS_OR_ZERO, Count, Kind, Nested, Shaped, String,
@@ -38,7 +38,7 @@ class Profile(Record):
     layer_drop: list = setting(kind=NUMBER_LIST)
     angular_distance: list = setting(kind=Kind())  # null past the last block with span blocks ahead
     post_ln_layers: int = setting(kind=POST_LN_COUNT)
-    grad_norm_batches: list = setting(kind=ANGULAR_MATRIX)
+    grad_norm_batches: list = setting(kind=NUMBER_ROWS)
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class TrainedRun(Record):
     initial_val_ppl: float = setting(kind=POSITIVE_NUMBER)
     tokens: int = setting(kind=TOKENS_OR_ZERO)
     seed: int = setting(kind=SEED)
-    grad_norm_steps: list = setting(kind=ANGULAR_MATRIX)  # per-block norms of the first steps
+    grad_norm_steps: list = setting(kind=NUMBER_ROWS)  # per-block norms of the first steps
 
 
 TRAINED_RUNS = Nested(TrainedRun, "a training run", many=True)

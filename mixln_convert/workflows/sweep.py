@@ -219,7 +219,7 @@ def _analysis(ckpt, tmp: Path, eval_tokens: int, progress: bool) -> Profile:
 
     result = analyze(ckpt, tmp / "analysis", max_tokens=eval_tokens, progress=progress)
     return Profile(result.perplexity, result.layer_drop, result.angular_distance, result.post_ln_layers,
-                   result.per_window["grad_norm_per_layer"])
+                   result.per_window.grad_norm_per_layer)
 
 
 def _train(recipe: Recipe, folder: Path, arm: str, progress: bool) -> TrainedRun:
