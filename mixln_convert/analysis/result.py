@@ -35,8 +35,6 @@ PER_DOCUMENT = Shaped(lambda v: isinstance(v, dict) and all(is_finite_number(v.g
                       f"an object with numbers {', '.join(PER_DOCUMENT_KEYS)}")
 
 
-# kw_only: the fields keep the file's order; a measurement not made (no layer sweep, no prune curve) is None
-# and left out of the file
 @dataclass(frozen=True, kw_only=True)
 class PerWindow(Record):
     """The values intervals are bootstrapped from: per evaluation window its loss and, with the layer sweep,
@@ -62,6 +60,8 @@ class PruneCurve(Record):
     window_losses: list | None = setting(None, NUMBER_ROWS)
 
 
+# kw_only: the fields keep the file's order; a measurement not made (no layer sweep, no prune curve) is None
+# and left out of the file
 @dataclass(frozen=True, kw_only=True)
 class Analysis(Result):
     FILE = "analysis.json"
