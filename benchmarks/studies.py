@@ -169,7 +169,7 @@ def scratch(argv):
                    post_ln=args.post_ln, resume=args.resume)
     print((args.out / "report" / "report.md").read_text())
     print(f"wall time, trial and set-up included: {(time.time() - started) / 60:.1f} min; study "
-          f"{result['wall_time_s'] / 60:.1f} min")
+          f"{result.wall_time_s / 60:.1f} min")
 
 
 def scratch_corpus(text: str | None) -> tuple[list[str], list[str], str]:

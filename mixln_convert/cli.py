@@ -429,12 +429,12 @@ def sweep(src, out, resume, force, **settings):
 
     for sentence in verdict_sentences(result):
         click.echo(f"- {sentence}")
-    times = result["times"]
+    times = result.times
     if "calibration_s" in times:
         click.echo(f"time: calibration {times['calibration_s']:.1f} s once; per alpha: " + "; ".join(
-            f"{row['post_ln_layers']} Post-LN " + ", ".join(f"{k.removesuffix('_s')} {v:.1f} s"
-                                                           for k, v in row["times"].items())
-            for row in result["rows"] if row["times"]))
+            f"{row.post_ln_layers} Post-LN " + ", ".join(f"{k.removesuffix('_s')} {v:.1f} s"
+                                                         for k, v in row.times.items())
+            for row in result.rows if row.times))
     click.echo(f"report: {Path(out) / 'report' / 'report.md'} (and report.html); all figures in "
                f"{Path(out) / 'sweep.json'}")
 

@@ -44,6 +44,11 @@ class Kind:
     def read(self, value):
         return value
 
+    def record(self, value, where: str, key: str):
+        """``value``, the field ``key`` of a result file (``where``), checked and as its record holds it."""
+        self.check(f"{where}: {key}", value)
+        return value
+
 
 @dataclass(frozen=True)
 class Count(Kind):
@@ -219,6 +224,30 @@ class Shaped(Kind):
 class PathText(Text):
     """A path a command writes or reads, as click takes it (its metavar PATH)."""
     click_type = click.Path(path_type=str)
+
+
+@dataclass(frozen=True)
+class Nested(Kind):
+    """An object of a result file held as the dataclass ``cls`` (``what`` it is, in errors), each of its fields
+    read by :func:`read_record` (an error names the key's path: 'file: rows[1].converted.perplexity'); ``many``:
+    a list of them ("list") or an object of them by name ("names")."""
+    cls: type
+    what: str = "an object"
+    many: str | None = None
+
+    def describe(self) -> str:
+        return {None: self.what, "list": f"a list, each {self.what}", "names": f"an object, each {self.what}"}[self.many]
+
+    def record(self, value, where: str, key: str):
+        if self.many is None:
+            return read_record(self.cls, value, where, self.what, key)
+        shape = list if self.many == "list" else dict
+        if not isinstance(value, shape):
+            raise MixLNError(f"{where}: {key}: must be {self.describe()}, got {shown(repr(value))}")
+        items = enumerate(value) if shape is list else value.items()
+        read = {name: read_record(self.cls, item, where, self.what, f"{key}[{name}]" if shape is list else
+                                  f"{key}.{name}") for name, item in items}
+        return list(read.values()) if shape is list else read
 
 
 class Folder(Text):
@@ -420,48 +449,26 @@ def check_values(cls, values: dict, name=flag) -> None:
             found.kind.check(name(f), item)
 
 
-def read_record(cls, record, where: str, what: str = "a record"):
+def read_record(cls, record, where: str, what: str = "a record", key: str = ""):
     """An instance of the dataclass ``cls`` from ``record`` (a JSON object a command wrote, read from ``where``,
-    ``what`` it should be): each field without a default required, then each declared field's value checked
-    against its kind; keys not declared are ignored (a newer version's). One line naming ``where`` and the key
-    if not."""
+    ``what`` it should be; ``key``: where in the file, for a nested object): each field without a default
+    required, then each declared field's value checked against its kind and held as it says (a nested object
+    as its class, :class:`Nested`); keys not declared are ignored (a newer version's). One line naming
+    ``where`` and the key if not."""
+    at = f"{where}: {key}" if key else where
     if not isinstance(record, dict):
-        raise MixLNError(f"{where}: not {what} (not a JSON object)")
+        raise MixLNError(f"{at}: not {what} (not a JSON object)")
     fields = declared(cls)
     missing = [name for name, (f, _) in fields.items() if name not in record and default_of(f) is dataclasses.MISSING]
     if missing:
-        raise MixLNError(f"{where}: not {what} (missing {', '.join(missing)})")
-    values = {name: record[name] for name in fields if name in record}
-    check_values(cls, values, lambda f: f"{where}: {f.name}")
-    return cls(**{name: fields[name][1].kind.built(f"{where}: {name}", value)
-                  if isinstance(fields[name][1].kind, Nested) and value is not None else value
-                  for name, value in values.items()})
-
-
-@dataclass(frozen=True)
-class Nested(Checked):
-    """Records of the dataclass ``of`` inside a result file, each read with :func:`read_record` (so an error
-    names the key's path: 'file: per_document: tokens'): one (``many`` None), a list of them ("list") or an
-    object of them by name ("names"). Written back by ``dataclasses.asdict``, which keeps their field order."""
-    of: type
-    many: str | None = None
-
-    def check(self, name: str, value) -> None:
-        self.built(name, value)
-
-    def built(self, name: str, value):
-        """``value`` as records of ``of``: a MixLNError naming ``name`` and the key if it is not."""
-        if self.many is None:
-            return read_record(self.of, value, name)
-        shape = list if self.many == "list" else dict
-        if not isinstance(value, shape):
-            raise MixLNError(f"{name}: must be {self.describe()}, got {shown(repr(value))}")
-        if shape is list:
-            return [read_record(self.of, item, f"{name}: {n}") for n, item in enumerate(value)]
-        return {key: read_record(self.of, item, f"{name}: {key}") for key, item in value.items()}
-
-    def describe(self) -> str:
-        return {None: "an object", "list": "a list of objects", "names": "an object of objects by name"}[self.many]
+        raise MixLNError(f"{at}: not {what} (missing {', '.join(missing)})")
+    values = {}
+    for name, (f, found) in fields.items():
+        if name in record:  # None where the default is None: not measured (as check_values lets it be)
+            value = record[name]
+            values[name] = value if value is None and default_of(f) is None else found.kind.record(
+                value, where, f"{key}.{name}" if key else name)
+    return cls(**values)
 
 
 def key_in(section: str):

@@ -139,9 +139,10 @@ def test_a_saved_eval_result_reads_back_and_a_damaged_one_is_refused_naming_file
     assert json.dumps(scores.to_dict()) == saved.read_text()  # the same object, key for key
     assert scores.per_document.tokens == 64 and scores.generation.continuations[0].prompt
     record = json.loads(saved.read_text())
-    for damage, message in [(lambda r: r["per_document"].pop("tokens"), "per_document: not a record (missing tokens)"),
+    for damage, message in [(lambda r: r["per_document"].pop("tokens"),
+                             "per_document: not per-document scores (missing tokens)"),
                             (lambda r: r["generation"]["continuations"][1].update(text=3),
-                             "generation: continuations: 1: text: must be a string"),
+                             "generation.continuations[1].text: must be a string"),
                             (lambda r: r.update(perplexity="high"), "perplexity: must be a number > 0")]:
         damaged = json.loads(json.dumps(record))
         damage(damaged)

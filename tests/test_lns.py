@@ -7,6 +7,7 @@ import json
 import math
 import re
 import shutil
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -169,7 +170,7 @@ def test_lns_is_judged_against_pre_ln_on_its_papers_claims():
     runs = [{"scheme": scheme, "seed": seed, "arm": arm, "final_val_ppl": ppls[seed] + (scheme == "plain"),
              "deep_layer_drop": drop, "grad_norm_cv": 0.5}
             for scheme in ("scaled", "plain") for arm, (*ppls, drop) in figures.items() for seed in (0, 1)]
-    result = {"arms": list(figures), "schemes": ["scaled", "plain"], "runs": runs}
+    result = SimpleNamespace(arms=list(figures), schemes=["scaled", "plain"], runs=[SimpleNamespace(**r) for r in runs])
     found = lns_verdicts(result)
     assert set(found["scaled"]) == set(LNS_CLAIMS)
     assert found["scaled"]["perplexity"]["outcome"] == "reproduced"  # 18.15 vs 20.1, spread 0.3
@@ -194,6 +195,6 @@ def test_sweep_lns_needs_training(tiny_llama, tmp_path, cli):
 def test_the_sweep_calls_lns_against_the_control_only_beyond_the_seeds_spread(lns, control, outcome):
     from mixln_convert.report.sweep import _lns_sentence
 
-    sentence = _lns_sentence({"lns": [{"final_val_ppl": p} for p in lns],
-                              "control": [{"final_val_ppl": p} for p in control]})
+    sentence = _lns_sentence(SimpleNamespace(lns=[SimpleNamespace(final_val_ppl=p) for p in lns],
+                                             control=[SimpleNamespace(final_val_ppl=p) for p in control]))
     assert f"; {outcome} (gap" in sentence and f"{sum(lns) / len(lns):.2f} vs Pre-LN control" in sentence

@@ -307,6 +307,24 @@ def with_per_window(folder, per_window):
     return folder
 
 
+@pytest.mark.parametrize("change, error", [
+    ({"perplexity": "high"}, "models[1].perplexity: must be a number > 0, got 'high'"),
+    ({"label": 3}, "models[1].label: must be a string, got 3"),
+    ({"intervals": None}, "models[1]: not a model's numbers (missing intervals)"),
+])
+def test_a_damaged_model_row_of_a_comparison_is_refused_naming_file_and_key(change, error, tmp_path):
+    from mixln_convert.errors import MixLNError
+    from mixln_convert.report.compare import Comparison
+
+    row = {"label": "a", "kind": "analysis", "layout": "Pre-LN", "source": "a", "perplexity": 20.0,
+           "intervals": {}, "interval_n": {}}
+    damaged = {key: value for key, value in {**row, **change}.items() if value is not None}
+    file = tmp_path / "comparison.json"
+    file.write_text(json.dumps({"summary": [], "notes": [], "models": [row, damaged]}))
+    with pytest.raises(MixLNError, match="^" + re.escape(f"{file}: {error}") + "$"):
+        Comparison.read(file)
+
+
 def test_interval_holds_the_figure_and_equal_windows_resample_alike():
     from mixln_convert.report.uncertainty import bootstrap, differs, perplexity
 

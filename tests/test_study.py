@@ -1,6 +1,10 @@
 """`mixln-convert study`: the from-scratch comparison through train/analyze, and its verdicts."""
 
 import json
+import re
+from functools import reduce
+from operator import getitem
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -31,7 +35,8 @@ def test_scaled_init_is_judged_for_each_arm_when_both_schemes_ran():
                                       ("scaled", "Mix-LN (alpha 0.25)", (110, 111)),
                                       ("plain", "Mix-LN (alpha 0.25)", (110, 112))]
             for seed, ppl in enumerate(ppls)]
-    found = verdicts({"arms": ["Pre-LN", "Mix-LN (alpha 0.25)"], "schemes": ["scaled", "plain"], "runs": runs})
+    found = verdicts(SimpleNamespace(arms=["Pre-LN", "Mix-LN (alpha 0.25)"], schemes=["scaled", "plain"],
+                                     runs=[SimpleNamespace(**run) for run in runs]))
     assert found["scaled"]["perplexity"]["outcome"] == "not reproduced"  # 110.5 vs 100.5, spread 1
     assert found["plain"]["perplexity"]["outcome"] == "reproduced"
     assert found["scaled init helps Pre-LN"]["outcome"] == "reproduced"
@@ -50,17 +55,17 @@ def finished(tiny_llama_tied, tmp_path_factory):
 
 def test_study_trains_every_arm_and_seed_and_writes_its_report(finished):
     out, result = finished
-    assert [(r["arm"], r["seed"]) for r in result["runs"]] == [
+    assert [(r.arm, r.seed) for r in result.runs] == [
         ("Pre-LN", 0), ("Mix-LN (alpha 0.25)", 0), ("LNS", 0), ("Pre-LN", 1), ("Mix-LN (alpha 0.25)", 1), ("LNS", 1)]
-    for run in result["runs"]:
-        assert run["tokens"] == 4 * 4 * 32 and len(run["validation_curve"]) >= 2
-        assert len(run["relative_layer_drop"]) == len(run["grad_norm_per_layer"]) == 8
-    assert json.loads((out / "study.json").read_text())["verdicts"] == result["verdicts"]
-    assert set(result["verdicts"]["scaled"]) == {"perplexity", "deep blocks matter more",
+    for run in result.runs:
+        assert run.tokens == 4 * 4 * 32 and len(run.validation_curve) >= 2
+        assert len(run.relative_layer_drop) == len(run.grad_norm_per_layer) == 8
+    assert type(result).read(out / "study.json").verdicts == result.verdicts
+    assert set(result.verdicts["scaled"]) == {"perplexity", "deep blocks matter more",
                                                  "more uniform gradient norms"}
     report = (out / "report" / "report.md").read_text()
-    assert all(f["outcome"] in report for f in result["verdicts"]["scaled"].values())
-    assert set(result["lns_verdicts"]["scaled"]) == {"perplexity", "deep blocks matter more"}
+    assert all(f["outcome"] in report for f in result.verdicts["scaled"].values())
+    assert set(result.lns_verdicts["scaled"]) == {"perplexity", "deep blocks matter more"}
     assert "(LNS, scaled init)" in report and "the LNS paper" in report and "| scaled | LNS |" in report
     assert (out / "report" / "study_curves.png").stat().st_size > 0
     # the arms of one seed trained on the same tokens from the same initialization; seeds differ
@@ -73,8 +78,8 @@ def test_study_trains_every_arm_and_seed_and_writes_its_report(finished):
     assert pre.keys() == lns.keys() and all(torch.equal(pre[n], lns[n]) for n in pre)
     assert json.loads((seed / "lns" / "lns" / "final" / "config.json").read_text())["layernorm_scaling"] is True
     assert json.loads((out / "run.json").read_text())["settings"]["--lns"] is True
-    first = [r["final_val_ppl"] for r in result["runs"] if r["seed"] == 0]
-    second = [r["final_val_ppl"] for r in result["runs"] if r["seed"] == 1]
+    first = [r.final_val_ppl for r in result.runs if r.seed == 0]
+    second = [r.final_val_ppl for r in result.runs if r.seed == 1]
     assert first != second
 
 
@@ -86,7 +91,7 @@ def test_a_rerun_with_resume_trains_nothing_again(finished, tiny_llama_tied):
     again = study(tiny_llama_tied, out, overrides=TINY, seeds=2, schemes=("scaled",), post_ln=False, lns=True,
                   eval_tokens=256, resume=True, progress=False)
     assert {p: p.stat().st_mtime_ns for p in out.rglob("summary.json")} == stamps
-    assert [r["final_val_ppl"] for r in again["runs"]] == [r["final_val_ppl"] for r in result["runs"]]
+    assert [r.final_val_ppl for r in again.runs] == [r.final_val_ppl for r in result.runs]
 
 
 def test_a_run_interrupted_after_its_analysis_keeps_it(finished, tiny_llama_tied):
@@ -102,8 +107,29 @@ def test_a_run_interrupted_after_its_analysis_keeps_it(finished, tiny_llama_tied
     again = study(tiny_llama_tied, out, overrides=TINY, seeds=2, schemes=("scaled",), post_ln=False, lns=True,
                   eval_tokens=256, resume=True, progress=False)
     assert analysis.stat().st_mtime_ns == stamp and (run / STAGE_RESULT).is_file()
-    assert json.loads(json.dumps(again["runs"])) == json.loads(json.dumps(result["runs"]))  # tuples read back as lists
-    assert list(again["times_s"]) == ["scaled/seed-1/mixln"]  # the one stage run again, its analysis read back
+    assert json.loads(json.dumps(again.to_dict()["runs"])) == json.loads(json.dumps(result.to_dict()["runs"]))
+    assert list(again.times_s) == ["scaled/seed-1/mixln"]  # the one stage run again, its analysis read back
+
+
+@pytest.mark.parametrize("path, value, error", [
+    (["runs", 2, "final_val_ppl"], None, "runs[2].final_val_ppl: must be a number > 0, got None"),
+    (["runs", 0, "validation_curve"], [[1, 2, 3]], "runs[0].validation_curve: must be a list of [tokens, perplexity] "
+                                                   "points, got [[1, 2, 3]]"),
+    (["runs"], {}, "runs: must be a list, each a study's run, got {}"),
+    (["arms"], "Pre-LN", "arms: must be a list of strings, got 'Pre-LN'"),
+])
+def test_study_json_reads_back_as_written_and_a_damaged_one_is_refused(finished, tmp_path, path, value, error):
+    from mixln_convert.errors import MixLNError
+    from mixln_convert.report.study import StudyResult
+
+    out, _ = finished
+    written = (out / "study.json").read_text()
+    assert json.dumps(StudyResult.read(out / "study.json").to_dict(), indent=2) + "\n" == written  # key for key
+    record, (*keys, last) = json.loads(written), path
+    reduce(getitem, keys, record)[last] = value
+    (file := tmp_path / "study.json").write_text(json.dumps(record))
+    with pytest.raises(MixLNError, match="^" + re.escape(f"{file}: {error}") + "$"):
+        StudyResult.read(file)
 
 
 @pytest.mark.parametrize("argv, fragment", [

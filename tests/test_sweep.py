@@ -2,6 +2,10 @@
 resume after a kill."""
 
 import json
+import re
+from functools import reduce
+from operator import getitem
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -61,6 +65,26 @@ def test_sweep_writes_one_row_for_each_post_ln_block_count_and_a_report(swept):
     assert not list(out.glob(".*tmp-*"))
 
 
+@pytest.mark.parametrize("path, value, error", [
+    (["rows", 1, "converted", "perplexity"], "high", "rows[1].converted.perplexity: must be a number > 0, got 'high'"),
+    (["control", 0, "seed"], -1, "control[0].seed: must be an integer in [0, 2^32), got -1"),
+    (["rows", 2, "trained"], {}, "rows[2].trained: must be a list, each a training run, got {}"),
+    (["recommendation"], [], "recommendation: not a recommendation (not a JSON object)"),
+])
+def test_sweep_json_reads_back_as_written_and_a_damaged_one_is_refused(swept, tmp_path, path, value, error):
+    from mixln_convert.errors import MixLNError
+    from mixln_convert.report.sweep import SweepResult
+
+    out, _ = swept
+    written = (out / "sweep.json").read_text()
+    assert json.dumps(SweepResult.read(out / "sweep.json").to_dict(), indent=2) + "\n" == written  # key for key
+    record, (*keys, last) = json.loads(written), path
+    reduce(getitem, keys, record)[last] = value
+    (file := tmp_path / "sweep.json").write_text(json.dumps(record))
+    with pytest.raises(MixLNError, match="^" + re.escape(f"{file}: {error}") + "$"):
+        SweepResult.read(file)
+
+
 def test_the_shared_calibration_gives_the_separate_conversion_bitwise(swept, tiny_llama, tmp_path):
     out, _ = swept
     for n in (2, 4):
@@ -72,17 +96,19 @@ def test_the_shared_calibration_gives_the_separate_conversion_bitwise(swept, tin
 
 
 def row(n, healed, grad_ratio):
-    return {"post_ln_layers": n, "alphas": [n / 8], "healed": {"perplexity": healed}, "post_pre_grad_ratio": grad_ratio}
+    """What the rule reads of a sweep's row."""
+    return SimpleNamespace(post_ln_layers=n, alphas=[n / 8], healed=SimpleNamespace(perplexity=healed),
+                           post_pre_grad_ratio=grad_ratio)
 
 
 def test_the_rule_picks_the_largest_passing_alpha():
     rows = [row(0, 10.0, None), row(1, 10.5, 1.5), row(2, 10.9, 2.0), row(4, 10.8, 4.0), row(6, 12.0, 1.0)]
     picked = recommend(rows, 10.0, Rule(max_ppl_increase=0.10, max_grad_ratio=3.0), "healed")
-    assert picked["post_ln_layers"] == 2  # 4 fails the gradient test, 6 the perplexity test
-    assert picked["failures"]["4"] == ["Post-LN gradient norm 4.00x the Pre-LN blocks'"]
-    assert picked["failures"]["6"] == ["healed perplexity 1.200x the original's"]
+    assert picked.post_ln_layers == 2  # 4 fails the gradient test, 6 the perplexity test
+    assert picked.failures["4"] == ["Post-LN gradient norm 4.00x the Pre-LN blocks'"]
+    assert picked.failures["6"] == ["healed perplexity 1.200x the original's"]
     strict = recommend(rows[1:], 10.0, Rule(max_ppl_increase=0.01, max_grad_ratio=3.0), "healed")
-    assert strict["post_ln_layers"] is None
+    assert strict.post_ln_layers is None
 
 
 def test_gradient_figures_on_hand_made_norms():

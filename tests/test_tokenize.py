@@ -97,7 +97,7 @@ def test_the_manifest_reads_back_as_written_and_a_damaged_one_is_refused_naming_
     copy = tmp_path / "copy"
     shutil.copytree(tokenized, copy)
     for damage, key in [(lambda m: m["splits"]["train"]["shards"][1].update(sha256=7),
-                         "splits: train: shards: 1: sha256: must be a string"),
+                         "splits.train.shards[1].sha256: must be a string"),
                         (lambda m: m.update(dtype="int8"), "dtype: unknown dtype 'int8'"),
                         (lambda m: m["splits"].pop("validation"), "splits: validation is missing")]:
         manifest = json.loads(written)

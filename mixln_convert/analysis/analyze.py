@@ -18,7 +18,7 @@ from ..schema import check_windows
 from .choice import choose_layers
 from .layers import BlockRunner, RepresentationStatistics, grad_norm_per_layer, removal_sweep
 from .plots import plot_analysis
-from .result import Analysis
+from .result import Analysis, PerWindow, PruneCurve
 
 
 def analyze(ckpt, out, options: AnalyzeOptions | None = None, *, force: bool = False, task_manager=None,
@@ -113,12 +113,10 @@ def layer_metrics(model, windows: torch.Tensor, span: int, batch_size: int, prog
         "span": span,
         "block_influence": statistics.block_influence(),
         "grad_norm_per_layer": [sum(column) / len(grad_norms) for column in zip(*grad_norms)],  # mean over batches
-        "per_window": {  # evaluation window w (or batch b for gradients) -> one value per layer
-            "loss": sweep["window_losses"],
-            "loss_without_layer": [list(losses) for losses in zip(*sweep["removed_window_losses"])],
-            "angular_distance": statistics.window_angles,
-            "grad_norm_per_layer": grad_norms,
-        },
+        "per_window": PerWindow(  # evaluation window w (or batch b for gradients) -> one value per layer
+            loss=sweep["window_losses"],
+            loss_without_layer=[list(losses) for losses in zip(*sweep["removed_window_losses"])],
+            angular_distance=statistics.window_angles, grad_norm_per_layer=grad_norms),
     }
 
 
@@ -126,14 +124,14 @@ def perplexity_only(model, windows: torch.Tensor, batch_size: int, progress: boo
     """The perplexity, with the per-window losses its interval is bootstrapped from (no layer sweep)."""
     scored = evaluate_perplexity(model, windows, batch_size, progress)
     return {"tokens": scored["tokens"], "perplexity": scored["perplexity"],
-            "per_window": {"loss": scored["window_losses"]}}
+            "per_window": PerWindow(loss=scored["window_losses"])}
 
 
 def pruning_curve(runner: BlockRunner, windows: torch.Tensor, method: str, scores: dict, batch_size: int,
-                  progress: bool) -> dict:
+                  progress: bool) -> PruneCurve:
     """Perplexity with N = 1..L/2 blocks removed by ``method`` (ranked by ``scores``), in memory."""
     counts = list(range(1, runner.num_layers // 2 + 1))
     removals = [choose_layers(method, n, runner.num_layers, scores) for n in counts]
     sweep = removal_sweep(runner, windows, removals, batch_size, progress=progress, desc=f"prune curve ({method})")
-    return {"method": method, "removed": counts, "perplexity": sweep["removed"], "layers": removals,
-            "window_losses": sweep["removed_window_losses"]}
+    return PruneCurve(method=method, removed=counts, perplexity=sweep["removed"], layers=removals,
+                      window_losses=sweep["removed_window_losses"])

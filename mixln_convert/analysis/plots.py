@@ -158,7 +158,7 @@ def plot_angular_matrix(result: Analysis, path: Path) -> None:
 
 
 def plot_grad_norms(result: Analysis, path: Path) -> None:
-    batches = len(result.per_window["grad_norm_per_layer"])
+    batches = len(result.per_window.grad_norm_per_layer)
     fig, ax = _layer_figure(result, f"Gradient norm of each block's parameters (LM loss), mean over {batches} batches",
                             "gradient L2 norm")
     _bars(ax, result.grad_norm_per_layer, result.layout)
@@ -171,8 +171,8 @@ def plot_prune_curve(result: Analysis, path: Path) -> None:
     curve = result.prune_curve
     fig = Figure(figsize=(7, 4.5), layout="constrained")
     ax = fig.add_subplot()
-    perplexity = [result.perplexity, *curve["perplexity"]]
-    ax.plot([0, *curve["removed"]], perplexity, marker="o", label=f"blocks chosen by '{curve['method']}'")
+    perplexity = [result.perplexity, *curve.perplexity]
+    ax.plot([0, *curve.removed], perplexity, marker="o", label=f"blocks chosen by '{curve.method}'")
     ax.set(title=f"Perplexity after removing N blocks\n{checkpoint_name(result.checkpoint)}: "
                  f"{measured_on(result.evaluation())}",
            xlabel="blocks removed N", ylabel="perplexity",

@@ -5,9 +5,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import MixLNError
-from ..io.records import LAYER_COUNT, NUMBER_LIST, POST_LN_COUNT, Result
+from ..io.records import LAYER_COUNT, NUMBER, NUMBER_LIST, POST_LN_COUNT, Record, Result
 from ..limits import MAX_TOKENS, is_finite_number
-from ..schema import POSITIVE_NUMBER, TOKENS_OR_ZERO, Count, Flag, Kind, Shaped, String, setting
+from ..schema import POSITIVE_NUMBER, TOKENS_OR_ZERO, Count, Flag, Kind, Nested, Numbers, Shaped, String, setting
 
 PER_DOCUMENT_KEYS = ("documents", "tokens", "token_perplexity", "word_perplexity", "bits_per_byte")
 # the layer sweep's results: all of them, or none in an analysis made without ``layer_sweep``
@@ -22,21 +22,42 @@ def _task_drop(value) -> bool:
             and TOKENS_OR_ZERO.ok(value.get("samples")) and NUMBER_LIST.ok(value.get("layer_drop")))
 
 
-ANGULAR_MATRIX = Shaped(lambda v: isinstance(v, list) and all(NUMBER_LIST.ok(row) and row for row in v),
-                        "a list of non-empty lists of numbers")
+NUMBER_ROWS = Shaped(lambda v: isinstance(v, list) and all(NUMBER_LIST.ok(row) and row for row in v),
+                     "a list of non-empty lists of numbers")
 GENERATION = Shaped(lambda v: isinstance(v, dict) and is_finite_number(v.get("repeated_4gram_share"))
                     and isinstance(v.get("continuations"), list)
                     and all(isinstance(c, dict) and isinstance(c.get("prompt"), str) and isinstance(c.get("text"), str)
                             for c in v["continuations"]),
                     "an object with repeated_4gram_share and continuations ({prompt, text})")
-PRUNE_CURVE = Shaped(lambda v: isinstance(v, dict) and isinstance(v.get("method"), str)
-                     and NUMBER_LIST.ok(v.get("removed")) and NUMBER_LIST.ok(v.get("perplexity"))
-                     and len(v["removed"]) == len(v["perplexity"]),
-                     "an object with method, removed and perplexity lists of one length")
 TASK_DROP = Shaped(lambda v: isinstance(v, dict) and all(_task_drop(d) for d in v.values()),
                    "an object of tasks, each with metric, higher_is_better, value, samples and a layer_drop list")
 PER_DOCUMENT = Shaped(lambda v: isinstance(v, dict) and all(is_finite_number(v.get(k)) for k in PER_DOCUMENT_KEYS),
                       f"an object with numbers {', '.join(PER_DOCUMENT_KEYS)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PerWindow(Record):
+    """The values intervals are bootstrapped from: per evaluation window its loss and, with the layer sweep,
+    one value per layer (per gradient batch for the gradient norms). Their shapes: Analysis.check."""
+    SPARSE = True
+
+    loss: list = setting(kind=Numbers(NUMBER, 1, MAX_TOKENS))
+    loss_without_layer: list | None = setting(None, NUMBER_ROWS)
+    angular_distance: list | None = setting(None, NUMBER_ROWS)
+    grad_norm_per_layer: list | None = setting(None, NUMBER_ROWS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PruneCurve(Record):
+    """Perplexity with N = 1..L/2 blocks removed (``removed``), the blocks ``method`` chose for each and
+    per removal its window losses (absent from the oldest analyses)."""
+    SPARSE = True
+
+    method: str = setting(kind=String())
+    removed: list = setting(kind=NUMBER_LIST)
+    perplexity: list = setting(kind=NUMBER_LIST)
+    layers: list | None = setting(None, Kind())
+    window_losses: list | None = setting(None, NUMBER_ROWS)
 
 
 # kw_only: the fields keep the file's order; a measurement not made (no layer sweep, no prune curve) is None
@@ -45,6 +66,7 @@ PER_DOCUMENT = Shaped(lambda v: isinstance(v, dict) and all(is_finite_number(v.g
 class Analysis(Result):
     FILE = "analysis.json"
     WHAT = "an analysis of `mixln-convert analyze`"
+    SPARSE = True
 
     checkpoint: str = setting(kind=String())
     data: str | None = setting(None, String())  # data, tokens, seq_len: absent from the oldest analyses
@@ -57,13 +79,13 @@ class Analysis(Result):
     perplexity: float = setting(kind=POSITIVE_NUMBER)
     layer_drop: list | None = setting(None, NUMBER_LIST)
     angular_distance: list | None = setting(None, Kind())  # null past the last block with span blocks ahead
-    angular_distance_matrix: list | None = setting(None, ANGULAR_MATRIX)
+    angular_distance_matrix: list | None = setting(None, NUMBER_ROWS)
     span: int | None = setting(None, LAYER_COUNT)
     block_influence: list | None = setting(None, Kind())
     grad_norm_per_layer: list | None = setting(None, NUMBER_LIST)
-    per_window: dict | None = setting(None, Kind())  # the values intervals are bootstrapped from (check())
+    per_window: PerWindow | None = setting(None, Nested(PerWindow, "the per-window values"))
     tokenizer_vocab_size: int | None = setting(None, TOKENS_OR_ZERO)
-    prune_curve: dict | None = setting(None, PRUNE_CURVE)
+    prune_curve: PruneCurve | None = setting(None, Nested(PruneCurve, "a prune curve"))
     generation: dict | None = setting(None, GENERATION)
     per_document: dict | None = setting(None, PER_DOCUMENT)
     task_drop: dict | None = setting(None, TASK_DROP)
@@ -78,9 +100,6 @@ class Analysis(Result):
         return {"data": self.data or "unknown data", "tokens": self.tokens or 0,
                 "seq_len": self.seq_len or "unknown length"}
 
-    def to_dict(self) -> dict:
-        return {key: value for key, value in super().to_dict().items() if value is not None}
-
     def check(self, file: Path) -> None:
         """The per-layer lists one entry per layer, the layer sweep whole, and the per-window tables."""
         num_layers = self.num_layers
@@ -93,6 +112,8 @@ class Analysis(Result):
         for key in layered:
             if len(getattr(self, key)) != num_layers:
                 raise MixLNError(f"{file}: {key} has {len(getattr(self, key))} entries for {num_layers} layers")
+        if self.prune_curve is not None and len(self.prune_curve.removed) != len(self.prune_curve.perplexity):
+            raise MixLNError(f"{file}: prune_curve: removed and perplexity must be lists of one length")
         if self.per_window is not None:
             self._check_per_window(file)
         for task, drop in (self.task_drop or {}).items():
@@ -104,18 +125,14 @@ class Analysis(Result):
         """The per-window values the report bootstraps from: one loss per evaluation window, and per
         window (or gradient batch) one value per layer; prune-curve losses per window likewise."""
         per_window, num_layers = self.per_window, self.num_layers
-        where = f"{file}: per_window"
-        if not isinstance(per_window, dict) or not NUMBER_LIST.ok(per_window.get("loss")) or not per_window["loss"]:
-            raise MixLNError(f"{where}: must be an object with loss, a non-empty list of numbers")
-        windows = len(per_window["loss"])
+        windows = len(per_window.loss)
         for key in PER_WINDOW_TABLES if self.layered else ():
-            table = per_window.get(key)
-            if not (isinstance(table, list) and table
-                    and all(NUMBER_LIST.ok(row) and len(row) == num_layers for row in table)):
-                raise MixLNError(f"{where}.{key}: must be a non-empty list of rows of {num_layers} numbers")
+            table = getattr(per_window, key)
+            if not (table and all(len(row) == num_layers for row in table)):
+                raise MixLNError(f"{file}: per_window.{key}: must be a non-empty list of rows of {num_layers} numbers")
             if key != "grad_norm_per_layer" and len(table) != windows:
-                raise MixLNError(f"{where}.{key}: {len(table)} rows for {windows} evaluation windows")
-        losses = (self.prune_curve or {}).get("window_losses")
-        if losses is not None and not (isinstance(losses, list) and len(losses) == len(self.prune_curve["removed"])
-                                       and all(NUMBER_LIST.ok(row) and len(row) == windows for row in losses)):
+                raise MixLNError(f"{file}: per_window.{key}: {len(table)} rows for {windows} evaluation windows")
+        losses = self.prune_curve and self.prune_curve.window_losses
+        if losses is not None and not (len(losses) == len(self.prune_curve.removed)
+                                       and all(len(row) == windows for row in losses)):
             raise MixLNError(f"{file}: prune_curve.window_losses: must hold one row of {windows} numbers per removal")

@@ -57,7 +57,7 @@ class ShardRecord:
 class SplitRecord:
     documents: int = setting(kind=TOKENS_OR_ZERO)
     tokens: int = setting(kind=TOKENS_OR_ZERO)
-    shards: list[ShardRecord] = setting(kind=Nested(ShardRecord, "list"))
+    shards: list[ShardRecord] = setting(kind=Nested(ShardRecord, "a shard's record", many="list"))
 
 
 # the hold-out rule ({rule, fraction}) and each source's record (a file's or a Hub dataset's): compared whole
@@ -84,7 +84,7 @@ class TokenManifest(Result):
     max_validation_tokens: int | None = setting(None, TOKENS)
     validation: dict = setting(kind=HOLD_OUT)
     sources: list[dict] = setting(kind=SOURCES)
-    splits: dict[str, SplitRecord] = setting(kind=Nested(SplitRecord, "names"))
+    splits: dict[str, SplitRecord] = setting(kind=Nested(SplitRecord, "a split's record", many="names"))
 
     def check(self, file: Path) -> None:
         for split in TOKEN_SPLITS:

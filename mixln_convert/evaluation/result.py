@@ -37,7 +37,7 @@ class Continuation:
 @dataclass(frozen=True, kw_only=True)
 class Generation:
     """Greedy continuations of fixed prompts (``greedy_continuations``) and their mean repeated-4-gram share."""
-    continuations: list[Continuation] = setting(kind=Nested(Continuation, "list"))
+    continuations: list[Continuation] = setting(kind=Nested(Continuation, "a continuation", many="list"))
     new_tokens: int = setting(kind=TOKENS)
     repeated_4gram_share: float = setting(kind=NUMBER)
 
@@ -61,8 +61,8 @@ class EvalResult(Result):
     EXTRAS = ("per_document", "generation")
 
     checkpoint: str = setting(kind=String())
-    per_document: DocumentScores | None = setting(None, Nested(DocumentScores))
-    generation: Generation | None = setting(None, Nested(Generation))
+    per_document: DocumentScores | None = setting(None, Nested(DocumentScores, "per-document scores"))
+    generation: Generation | None = setting(None, Nested(Generation, "a generation"))
 
     def to_dict(self) -> dict:
         record = super().to_dict()
@@ -85,6 +85,6 @@ class PerplexityScores(EvalResult):
 class TaskScores(EvalResult):
     """lm-evaluation-harness tasks (``evaluate_tasks``) run with ``limit`` examples each (None: all)."""
     batch_size: int = setting(kind=TOKENS)
-    tasks: dict[str, TaskScore] = setting(kind=Nested(TaskScore, "names"))
+    tasks: dict[str, TaskScore] = setting(kind=Nested(TaskScore, "a task's scores", many="names"))
     limit: int | None = setting(None, TOKENS)
     lm_eval_version: str = setting(kind=String())

@@ -23,6 +23,7 @@ from .atomic import write_atomic
 from .checkpoint_files import CARD_FILE
 from .hub import snapshot_model
 from .lineage import gguf_facts, origin_gguf, provenance as provenance_of, recorded, records
+from .markdown import to_markdown
 
 TOOL_TAG = "mixln-convert"
 LAYOUTS = {"mix-ln": "Mix-LN", "layernorm-scaling": "LayerNorm Scaling", "pre-ln": "Pre-LN"}  # tag -> name
@@ -84,7 +85,7 @@ def model_card(config: dict, source=None, trained: dict | None = None, exported:
               ("h2", "Measured"), *_measured(provenance.get("heal"), trained),
               ("h2", "How to load"), *_loading(config, layout),
               ("h2", "License"), ("p", _license_text(data.license))]
-    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{_markdown(blocks)}")
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{to_markdown(blocks)}")
 
 
 def base_model(history: dict, source=None) -> str | None:
@@ -117,24 +118,6 @@ def title(history: dict, source, config: dict) -> str:
         named = f"{hub[0] if hub else Path(origin).name}, "
     family = architecture_of_any(config, "config.json").model_type
     return f"{named}{LAYOUTS[layout_tag(config)]} ({family})"
-
-
-def _markdown(blocks: list) -> str:
-    """Markdown of ("h1"|"h2"|"p", text), ("ul", [texts]) and ("table", header, rows) blocks."""
-    parts = []
-    for kind, *content in blocks:
-        if kind in ("h1", "h2"):
-            parts.append(f"{'#' * int(kind[1])} {content[0]}")
-        elif kind == "ul":
-            parts.append("\n".join(f"- {item}" for item in content[0]))
-        elif kind == "table":
-            header, rows = content
-            lines = [header, ["---"] * len(header), *rows]
-            parts.append("\n".join("| " + " | ".join(str(c).replace("|", "\\|") for c in line) + " |"
-                                   for line in lines))
-        else:
-            parts.append(content[0])
-    return "\n\n".join(parts) + "\n"
 
 
 def layout_tag(config: dict) -> str:

@@ -5,6 +5,7 @@ what its callers use; a failure is one line naming the file and key. (A run fold
 its stages: :mod:`mixln_convert.workflows.runs`.)
 """
 
+import copy
 import dataclasses
 import json
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from typing import ClassVar
 
 from ..errors import MixLNError
 from ..limits import MAX_TOKENS
-from ..schema import TOKENS_OR_ZERO, Count, Number, Numbers, read_record, setting
+from ..schema import TOKENS_OR_ZERO, Count, Number, Numbers, Shaped, read_record, setting
 from .atomic import write_atomic
 
 METRICS = "metrics.jsonl"
@@ -59,6 +60,8 @@ def read_metrics(file: Path) -> list[dict]:
 
 # what a number of a result file may be: any finite one; a list of them, one per layer (or window)
 NUMBER, NUMBER_LIST = Number(), Numbers(Number(), 0, MAX_TOKENS)
+STRINGS = Shaped(lambda v: isinstance(v, list) and all(isinstance(item, str) for item in v), "a list of strings")
+OBJECT = Shaped(lambda v: isinstance(v, dict), "an object")  # its readers check what they use of it
 # a model's blocks, and its leading Post-LN ones, as a result file records them
 LAYER_COUNT, POST_LN_COUNT = Count(1, 10**6), Count(0, 10**6)
 
@@ -76,16 +79,36 @@ class MetricRecord:
     grad_norm_per_layer: list | None = setting(None, NUMBER_LIST)
 
 
-class Result:
+class Record:
+    """An object of a result file: a dataclass whose fields are declared with their kinds, a nested object's
+    kind :class:`~mixln_convert.schema.Nested`. :meth:`to_dict` is the object as the file holds it."""
+    SPARSE: ClassVar[bool] = False  # a field that is None (not measured) is left out of the file
+
+    def to_dict(self) -> dict:
+        return {f.name: _plain(value) for f in dataclasses.fields(self)
+                if not ((value := getattr(self, f.name)) is None and self.SPARSE)}
+
+
+def _plain(value):
+    """A field's value as JSON holds it: a nested record (or a list or object of them) as its own ``to_dict`` says."""
+    if isinstance(value, Record):
+        return value.to_dict()
+    if dataclasses.is_dataclass(value):
+        return dataclasses.asdict(value)
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    return copy.deepcopy(value)
+
+
+class Result(Record):
     """A result file a command writes and its readers read back (``FILE`` in a folder): a dataclass whose
     fields are declared with their kinds (:func:`~mixln_convert.schema.setting`), which :meth:`read` checks,
     then :meth:`check` what the fields say of each other. A field of a newer version is ignored; one an older
     version did not write is its default."""
     FILE: ClassVar[str]
     WHAT: ClassVar[str]  # what the file is, in errors: "an analysis of `mixln-convert analyze`"
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
     def write(self, folder: Path) -> None:
         write_json(folder / self.FILE, self.to_dict())

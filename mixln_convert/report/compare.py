@@ -11,12 +11,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..analysis.measures import coefficient_of_variation, deep_half
-from ..analysis.result import Analysis
+from ..analysis.result import PER_DOCUMENT, Analysis
 from ..errors import MixLNError
 from ..io.paths import check_destination
-from ..io.records import Result
+from ..io.records import NUMBER, OBJECT, STRINGS, Record, Result
 from ..options import OUT, CompareOptions, measured_on
-from ..schema import Shaped, setting
+from ..schema import NONNEGATIVE, POSITIVE_NUMBER, TOKENS_OR_ZERO, Flag, Kind, Nested, String, setting
+from ..training.summary import MEASURED_ON
 from . import uncertainty
 from .inputs import ARM_KINDS, PRUNE_FRACTIONS, Model, load_inputs
 from .downstream import downstream_numbers
@@ -33,7 +34,46 @@ NO_VALUES = "no per-window values to bootstrap an interval from"
 
 
 
-SENTENCES = Shaped(lambda v: isinstance(v, list) and all(isinstance(line, str) for line in v), "a list of strings")
+# the fields of a trained arm: all written for an arm, None where not measured yet
+ARM_FIELDS = ("arm", "tokens_trained", "initial_val_ppl", "final_val_ppl", "wall_time_s", "finished", "validation")
+
+
+# kw_only: the fields keep the file's order. A figure the model's inputs do not give is None and left out of the
+# file, but for an arm each of ARM_FIELDS is written
+@dataclass(frozen=True, kw_only=True)
+class ModelNumbers(Record):
+    """One model's numbers the report compares (:func:`model_numbers`)."""
+    label: str = setting(kind=String())
+    kind: str = setting(kind=String())
+    layout: str = setting(kind=String())
+    source: str = setting(kind=String())
+    arm: str | None = setting(None, String())
+    tokens_trained: int | None = setting(None, TOKENS_OR_ZERO)
+    initial_val_ppl: float | None = setting(None, POSITIVE_NUMBER)
+    final_val_ppl: float | None = setting(None, POSITIVE_NUMBER)
+    wall_time_s: float | None = setting(None, NONNEGATIVE)
+    finished: bool | None = setting(None, Flag())
+    validation: dict | None = setting(None, MEASURED_ON)
+    training_grad_norm_cv: float | None = setting(None, NUMBER)  # the last logged training step's
+    perplexity: float | None = setting(None, POSITIVE_NUMBER)
+    evaluation: dict | None = setting(None, OBJECT)  # Analysis.evaluation()
+    deep_layer_drop: float | None = setting(None, NUMBER)
+    deep_layer_drop_median: float | None = setting(None, NUMBER)
+    deep_layer_drop_relative: float | None = setting(None, NUMBER)
+    deep_layer_drop_top: list | None = setting(None, Kind())  # [block, its share of the total or None]
+    deep_angular_distance: float | None = setting(None, NUMBER)
+    grad_norm_cv: float | None = setting(None, NUMBER)
+    repeated_4gram_share: float | None = setting(None, NUMBER)
+    prune_method: str | None = setting(None, String())
+    prune: dict | None = setting(None, OBJECT)  # PRUNE_FRACTIONS name -> [blocks removed, perplexity] or None
+    intervals: dict = setting(kind=OBJECT)  # figure -> [low, high]
+    interval_n: dict = setting(kind=OBJECT)  # figure -> what its interval rests on
+    tasks: dict | None = setting(None, OBJECT)  # downstream_numbers
+    per_document: dict | None = setting(None, PER_DOCUMENT)
+
+    def to_dict(self) -> dict:
+        return {key: value for key, value in super().to_dict().items()
+                if value is not None or (self.arm is not None and key in ARM_FIELDS)}
 
 
 @dataclass(frozen=True)
@@ -42,10 +82,9 @@ class Comparison(Result):
     FILE = "comparison.json"
     WHAT = "a comparison of `mixln-convert compare`"
 
-    summary: list[str] = setting(kind=SENTENCES)  # the sentences of the report's summary
-    notes: list[str] = setting(kind=SENTENCES)  # warnings (analyses made with different tokenizers)
-    models: list[dict] = setting(kind=Shaped(lambda v: isinstance(v, list) and all(isinstance(m, dict) for m in v),
-                                             "a list of objects"))  # per model, the numbers compared
+    summary: list[str] = setting(kind=STRINGS)  # the sentences of the report's summary
+    notes: list[str] = setting(kind=STRINGS)  # warnings (analyses made with different tokenizers)
+    models: list[ModelNumbers] = setting(kind=Nested(ModelNumbers, "a model's numbers", many="list"))
 
 
 def compare(inputs, out, options: CompareOptions | None = None, *, force: bool = False, **settings) -> Comparison:
@@ -67,8 +106,7 @@ def compare(inputs, out, options: CompareOptions | None = None, *, force: bool =
     estimates = {m.label: model_estimates(m) for m in models}
     numbers = {m.label: model_numbers(m, estimates[m.label]) for m in models}
     summary = _training_sentences(models, numbers, estimates) + _analysis_sentences(models, numbers, estimates)
-    # the numbers as comparison.json holds them (a tuple a list, a key a string): what it returns is the file
-    result = Comparison(summary, notes, json.loads(json.dumps(list(numbers.values()))))
+    result = Comparison(summary, notes, list(numbers.values()))
     with atomic_output_dir(out, force=force, protect=protect) as tmp:
         images = beside_layer_drop(plot_report(models, tmp), plot_task_drops(models, tmp))
         write_report(tmp, report_blocks(models, numbers, summary, notes, images))
@@ -93,7 +131,7 @@ def check_tokenizers(models: list[Model], allow_mismatch: bool) -> list[str]:
 def prune_points(analysis: Analysis) -> dict:
     """{'L/8': (N, perplexity with N blocks removed) or None, ...} from the analysis's prune curve."""
     curve, num_layers = analysis.prune_curve, analysis.num_layers
-    measured = dict(zip(curve["removed"], curve["perplexity"]))
+    measured = dict(zip(curve.removed, curve.perplexity))
     return {name: (n, measured[n]) if (n := num_layers // d) in measured else None
             for name, d in PRUNE_FRACTIONS.items()}
 
@@ -111,25 +149,25 @@ def model_estimates(model: Model) -> dict[str, Bootstrap]:
         return estimates
     per_window, deep = analysis.per_window, deep_half(analysis.num_layers)
     where = measured_on(analysis.evaluation())
-    loss = np.asarray(per_window["loss"])[:, None]
+    loss = np.asarray(per_window.loss)[:, None]
     estimates["perplexity"] = bootstrap(uncertainty.perplexity, loss[:, 0], where)
     if not model.layered:
         return estimates
     estimates["deep_layer_drop_relative"] = bootstrap(
-        uncertainty.relative_increase, np.hstack([loss, np.asarray(per_window["loss_without_layer"])[:, deep]]), where)
+        uncertainty.relative_increase, np.hstack([loss, np.asarray(per_window.loss_without_layer)[:, deep]]), where)
     estimates["deep_angular_distance"] = bootstrap(uncertainty.mean_value,
-                                                  np.asarray(per_window["angular_distance"])[:, deep], where)
-    estimates["grad_norm_cv"] = bootstrap(uncertainty.variation_of_mean, per_window["grad_norm_per_layer"],
+                                                  np.asarray(per_window.angular_distance)[:, deep], where)
+    estimates["grad_norm_cv"] = bootstrap(uncertainty.variation_of_mean, per_window.grad_norm_per_layer,
                                          where + " (gradient batches)", rows="gradient batches")
-    curve = analysis.prune_curve or {}
+    curve = analysis.prune_curve
     n = analysis.num_layers // PRUNE_FRACTIONS[PRUNE_VERDICT]
-    if "window_losses" in curve and n in curve["removed"]:
-        pruned = np.asarray(curve["window_losses"][curve["removed"].index(n)])[:, None]
+    if curve and curve.window_losses is not None and n in curve.removed:
+        pruned = np.asarray(curve.window_losses[curve.removed.index(n)])[:, None]
         estimates["prune_ratio"] = bootstrap(uncertainty.relative_increase, np.hstack([loss, pruned]), where)
     return estimates
 
 
-def model_numbers(model: Model, estimates: dict[str, Bootstrap]) -> dict:
+def model_numbers(model: Model, estimates: dict[str, Bootstrap]) -> ModelNumbers:
     """The numbers of ``model`` the report compares (None where the input does not have them),
     with the 95% bootstrap interval of each figure that has ``estimates``."""
     numbers = {"label": model.label, "kind": model.kind, "layout": model.layout, "source": str(model.source)}
@@ -139,7 +177,7 @@ def model_numbers(model: Model, estimates: dict[str, Bootstrap]) -> dict:
                        wall_time_s=model.summary and model.summary.wall_time_s, finished=bool(model.summary),
                        validation=model.summary and model.summary.validation)
         if (norms := model.training_grad_norms()) is not None:
-            numbers["training_grad_norm_cv"] = float(coefficient_of_variation(norms))
+            numbers.update(training_grad_norm_cv=float(coefficient_of_variation(norms)))
     if analysis := model.analysis:
         numbers.update(perplexity=analysis.perplexity, evaluation=analysis.evaluation())
         if model.layered:  # what the layer sweep says of the deeper half of the blocks
@@ -157,14 +195,14 @@ def model_numbers(model: Model, estimates: dict[str, Bootstrap]) -> dict:
                 grad_norm_cv=float(coefficient_of_variation(analysis.grad_norm_per_layer)),
             )
         if analysis.generation is not None:
-            numbers["repeated_4gram_share"] = analysis.generation["repeated_4gram_share"]
+            numbers.update(repeated_4gram_share=analysis.generation["repeated_4gram_share"])
         if analysis.prune_curve is not None:
-            numbers["prune_method"] = analysis.prune_curve["method"]
-            numbers["prune"] = prune_points(analysis)
-    numbers["intervals"] = {name: e.interval for name, e in estimates.items()}
-    numbers["interval_n"] = {name: e.size for name, e in estimates.items()}  # what each interval rests on
+            numbers.update(prune_method=analysis.prune_curve.method, prune=prune_points(analysis))
+    numbers.update(intervals={name: e.interval for name, e in estimates.items()},
+                   interval_n={name: e.size for name, e in estimates.items()})  # what each interval rests on
     numbers.update(downstream_numbers(model))
-    return numbers
+    # as comparison.json holds them (a tuple a list, a key a string): what compare() returns is the file
+    return ModelNumbers(**json.loads(json.dumps(numbers)))
 
 
 def _with_interval(text: str, found: Bootstrap | None, bound=lambda x: f"{x:.3g}") -> str:
@@ -232,7 +270,7 @@ def _ranking(what: str, shown: dict, values: dict, verdict: str, highest: bool, 
 ARM_PAIRS = (("mixln", "preln"), ("lns", "preln"), ("lns", "mixln"))
 
 
-def _training_sentences(models: list[Model], numbers: dict, estimates: dict) -> list[str]:
+def _training_sentences(models: list[Model], numbers: dict[str, ModelNumbers], estimates: dict) -> list[str]:
     trained = [m for m in models if m.arm]
     if not trained:
         return ["No trained arms given (pass a `mixln-convert train` output folder to compare training)."]
@@ -251,42 +289,42 @@ def _training_sentences(models: list[Model], numbers: dict, estimates: dict) -> 
     return sentences
 
 
-def _pair_sentences(m: Model, p: Model, numbers: dict, estimates: dict) -> list[str]:
+def _pair_sentences(m: Model, p: Model, numbers: dict[str, ModelNumbers], estimates: dict) -> list[str]:
     """The trained arm ``m`` against the baseline arm ``p``: final validation perplexities, a verdict only where
     the bootstrap interval of the ratio excludes 1, and where each started if they are the arms of one run."""
     tested, base = numbers[m.label], numbers[p.label]
     name, base_name = ARM_KINDS[m.arm], ARM_KINDS[p.arm]
-    if tested["final_val_ppl"] is None or base["final_val_ppl"] is None:
+    if tested.final_val_ppl is None or base.final_val_ppl is None:
         return [f"{m.label} and {p.label}: no validation perplexity for both yet, no winner to name."]
-    change = tested["final_val_ppl"] / base["final_val_ppl"] - 1
+    change = tested.final_val_ppl / base.final_val_ppl - 1
     a, b = estimates[m.label].get("final_val_ppl"), estimates[p.label].get("final_val_ppl")
-    sentence = (f"Validation perplexity after training: {name} ({m.label}) {tested['final_val_ppl']:.2f} vs "
-                f"{base_name} ({p.label}) {base['final_val_ppl']:.2f} ({_percent(change)}")
+    sentence = (f"Validation perplexity after training: {name} ({m.label}) {tested.final_val_ppl:.2f} vs "
+                f"{base_name} ({p.label}) {base.final_val_ppl:.2f} ({_percent(change)}")
     if a is not None and b is not None:
         low, high = uncertainty.interval(a.draws / b.draws - 1)
         sentence += (f", {LEVEL:.0%} bootstrap interval [{_percent(low)}, {_percent(high)}] over the {a.n} "
                      "validation windows)")
     else:
         sentence += ")"
-    outcome, why = judge(RATIO, tested["final_val_ppl"], base["final_val_ppl"], a, b)
+    outcome, why = judge(RATIO, tested.final_val_ppl, base.final_val_ppl, a, b)
     if outcome == "differs":
         verdict = f"{name if change < 0 else base_name} wins by {_percent(abs(change)).lstrip('+')}"
     elif outcome == "same":
         verdict = f"the same within {PRACTICAL:.0%} {OF[RATIO]}" + (f" ({why})" if why else "")
     elif why.endswith("includes 0"):
-        verdict = (f"too close to call: {tested['tokens_trained']:,} training tokens per arm and "
-                   f"{tested['validation']['tokens']:,} validation tokens cannot decide between them")
+        verdict = (f"too close to call: {tested.tokens_trained:,} training tokens per arm and "
+                   f"{tested.validation['tokens']:,} validation tokens cannot decide between them")
     else:
         verdict = f"too close to call ({why})"
     sentence += f": {verdict}."
-    if tested["tokens_trained"] != base["tokens_trained"]:
-        sentence += (f" They trained on different token counts ({tested['tokens_trained']:,} vs "
-                     f"{base['tokens_trained']:,}), so this is not like for like.")
-    if m.source != p.source or p.arm != "preln" or None in (tested["initial_val_ppl"], base["initial_val_ppl"]):
+    if tested.tokens_trained != base.tokens_trained:
+        sentence += (f" They trained on different token counts ({tested.tokens_trained:,} vs "
+                     f"{base.tokens_trained:,}), so this is not like for like.")
+    if m.source != p.source or p.arm != "preln" or None in (tested.initial_val_ppl, base.initial_val_ppl):
         return [sentence]
-    original, converted = base["initial_val_ppl"], tested["initial_val_ppl"]  # Pre-LN starts from the original
-    after = (f"after training {name} is at {tested['final_val_ppl'] / original:.2f}x the original and Pre-LN at "
-             f"{base['final_val_ppl'] / original:.2f}x.")
+    original, converted = base.initial_val_ppl, tested.initial_val_ppl  # Pre-LN starts from the original
+    after = (f"after training {name} is at {tested.final_val_ppl / original:.2f}x the original and Pre-LN at "
+             f"{base.final_val_ppl / original:.2f}x.")
     if m.arm == "lns":  # the retrofit is exact: a start away from Pre-LN's says the conversion is not
         return [sentence, f"Before training LNS scored {converted:.2f} and Pre-LN {original:.2f} "
                           f"({converted / original:.4f}x: from a pretrained source the LNS retrofit computes its "
@@ -304,31 +342,31 @@ def _percent(x: float) -> str:
     return f"{x:+.1%}" if x == 0 or abs(x) >= 0.0005 else f"{100 * x:+.2g}%"
 
 
-def _arm_sentence(arm: dict) -> str:
-    before = "not recorded" if arm["initial_val_ppl"] is None else f"{arm['initial_val_ppl']:.2f}"
-    after = "not measured yet" if arm["final_val_ppl"] is None else f"{arm['final_val_ppl']:.2f}"
-    state = "" if arm["finished"] else " (unfinished: no summary.json yet)"
-    where = f" ({measured_on(arm['validation'])})" if arm.get("validation") else ""
-    return (f"{arm['label']}, {arm['layout']}{state}: validation perplexity {before} before training, "
-            f"{after} after {arm['tokens_trained']:,} tokens{where}.")
+def _arm_sentence(arm: ModelNumbers) -> str:
+    before = "not recorded" if arm.initial_val_ppl is None else f"{arm.initial_val_ppl:.2f}"
+    after = "not measured yet" if arm.final_val_ppl is None else f"{arm.final_val_ppl:.2f}"
+    state = "" if arm.finished else " (unfinished: no summary.json yet)"
+    where = f" ({measured_on(arm.validation)})" if arm.validation else ""
+    return (f"{arm.label}, {arm.layout}{state}: validation perplexity {before} before training, "
+            f"{after} after {arm.tokens_trained:,} tokens{where}.")
 
 
-def _deep_drop_text(f: dict, found: Bootstrap | None) -> str:
-    text = _with_interval(f"{f['deep_layer_drop']:+.3g} ({f['deep_layer_drop_relative']:+.1%}", found,
+def _deep_drop_text(f: ModelNumbers, found: Bootstrap | None) -> str:
+    text = _with_interval(f"{f.deep_layer_drop:+.3g} ({f.deep_layer_drop_relative:+.1%}", found,
                           lambda x: f"{x:+.1%}")
-    text += f"; median {f['deep_layer_drop_median']:+.3g}"
-    block, share = f["deep_layer_drop_top"]
+    text += f"; median {f.deep_layer_drop_median:+.3g}"
+    block, share = f.deep_layer_drop_top
     if share is not None and share > 0.5:  # a mean carried by one block says little of the others
         text += f"; block {block} alone gives {share:.0%} of the total"
     return text + ")"
 
 
-def _analysis_sentences(models: list[Model], numbers: dict, estimates: dict) -> list[str]:
+def _analysis_sentences(models: list[Model], numbers: dict[str, ModelNumbers], estimates: dict) -> list[str]:
     analysed = [numbers[m.label] for m in models if m.analysis]
     if not analysed:
         return ["No analysis given, so no layer comparison (pass `mixln-convert analyze` output, or an arm folder "
                 "with analysis/analysis.json)."]
-    wheres = {measured_on(f["evaluation"]) for f in analysed}
+    wheres = {measured_on(f.evaluation) for f in analysed}
     sentences = [f"The analyses were measured on {' / '.join(sorted(wheres))}"
                  + (" (not the same windows for every model: compare with care)." if len(wheres) > 1 else ".")]
     layered = [numbers[m.label] for m in models if m.layered]
@@ -337,23 +375,23 @@ def _analysis_sentences(models: list[Model], numbers: dict, estimates: dict) -> 
     else:
         sentences.append("No analysis holds the layer sweep (each was made with --no-layer-sweep), so no layer "
                          "comparison.")
-    during = [numbers[m.label] for m in models if "training_grad_norm_cv" in numbers[m.label]]
+    during = [numbers[m.label] for m in models if numbers[m.label].training_grad_norm_cv is not None]
     if during:  # one training step's gradient: no windows to resample
         sentences.append(_ranking("The same at the last logged training step (one minibatch, no interval)",
-                                  {f["label"]: f"{f['training_grad_norm_cv']:.3f}" for f in during},
-                                  {f["label"]: f["training_grad_norm_cv"] for f in during},
+                                  {f.label: f"{f.training_grad_norm_cv:.3f}" for f in during},
+                                  {f.label: f.training_grad_norm_cv for f in during},
                                   "most uniform in {}", False, {}, RELATIVE,
                                   "one minibatch each: no interval to call a difference by"))
-    written = [f for f in analysed if "repeated_4gram_share" in f]
+    written = [f for f in analysed if f.repeated_4gram_share is not None]
     if written:
         sentences.append("Greedy continuations of the fixed prompts (see What the models write): "
-                         + ", ".join(f"{f['label']} {f['repeated_4gram_share']:.1%}" for f in written)
+                         + ", ".join(f"{f.label} {f.repeated_4gram_share:.1%}" for f in written)
                          + " of their 4-grams repeat an earlier one (lower is more varied).")
-    return sentences + [_pruning_sentence(analysed, {f["label"]: estimates[f["label"]].get("prune_ratio")
+    return sentences + [_pruning_sentence(analysed, {f.label: estimates[f.label].get("prune_ratio")
                                                      for f in analysed})]
 
 
-def _layer_sentences(layered: list[dict], estimates: dict) -> list[str]:
+def _layer_sentences(layered: list[ModelNumbers], estimates: dict) -> list[str]:
     """The layer sweep's rankings: deep-block removal, angular distance, gradient-norm uniformity."""
     sentences = []
     for what, name, form, verdict, highest, scale in (
@@ -363,26 +401,26 @@ def _layer_sentences(layered: list[dict], estimates: dict) -> list[str]:
              ".4f", "the deep blocks change the representation most in {}", True, RELATIVE),
             ("Coefficient of variation of the gradient norm across blocks (std/mean, lower is more uniform)",
              "grad_norm_cv", ".3f", "most uniform in {}", False, RELATIVE)):
-        found = {f["label"]: estimates[f["label"]].get(name) for f in layered}
-        shown = {f["label"]: _with_interval(f"{f[name]:{form}}", found[f["label"]]) if form
-                 else _deep_drop_text(f, found[f["label"]]) for f in layered}
-        sentences.append(_ranking(what, shown, {f["label"]: f[name] for f in layered}, verdict, highest, found,
+        found = {f.label: estimates[f.label].get(name) for f in layered}
+        shown = {f.label: _with_interval(f"{getattr(f, name):{form}}", found[f.label]) if form
+                 else _deep_drop_text(f, found[f.label]) for f in layered}
+        sentences.append(_ranking(what, shown, {f.label: getattr(f, name) for f in layered}, verdict, highest, found,
                                   scale))
     return sentences
 
 
-def _pruning_sentence(analysed: list[dict], found: dict) -> str:
-    curves = [f for f in analysed if "prune" in f]
+def _pruning_sentence(analysed: list[ModelNumbers], found: dict) -> str:
+    curves = [f for f in analysed if f.prune is not None]
     if not curves:
         return "No pruning curves given (make them with `mixln-convert analyze --prune-curve`)."
-    reached = [f for f in curves if f["prune"][PRUNE_VERDICT]]
+    reached = [f for f in curves if f.prune[PRUNE_VERDICT]]
     if not reached:
         return f"The pruning curves do not reach N = {PRUNE_VERDICT} removed blocks, so no pruning comparison."
-    ratios = {f["label"]: f["prune"][PRUNE_VERDICT][1] / f["perplexity"] for f in reached}
-    shown = {f["label"]: _with_interval(f"{ratios[f['label']]:.2f}x (N={f['prune'][PRUNE_VERDICT][0]})",
-                                        found.get(f["label"]), lambda x: f"{1 + x:.2f}x")  # x: ratio - 1
+    ratios = {f.label: f.prune[PRUNE_VERDICT][1] / f.perplexity for f in reached}
+    shown = {f.label: _with_interval(f"{ratios[f.label]:.2f}x (N={f.prune[PRUNE_VERDICT][0]})", found.get(f.label),
+                                     lambda x: f"{1 + x:.2f}x")  # x: ratio - 1
              for f in reached}
-    methods = sorted({f["prune_method"] for f in curves})
+    methods = sorted({f.prune_method for f in curves})
     by = f"chosen by '{methods[0]}'" if len(methods) == 1 else f"chosen by different methods ({', '.join(methods)})"
     return _ranking(f"With N = {PRUNE_VERDICT} blocks removed ({by}), perplexity grows", shown, ratios,
                     "{} keeps the most of its quality", False, found, POINTS)

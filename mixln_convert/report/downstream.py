@@ -30,22 +30,21 @@ def downstream_numbers(model: Model) -> dict:
 
 def downstream_blocks(numbers: dict) -> list:
     """Report blocks: a model x task table and a per-document perplexity table, each only when
-    some model has its numbers."""
+    some model has its numbers (``numbers``: label -> compare's ModelNumbers)."""
     blocks = []
-    if tasks := list(dict.fromkeys(task for f in numbers.values() for task in f.get("tasks", {}))):
-        metrics = {task: next(f["tasks"][task] for f in numbers.values() if task in f.get("tasks", {}))
-                   for task in tasks}
+    if tasks := list(dict.fromkeys(task for f in numbers.values() for task in f.tasks or {})):
+        metrics = {task: next(f.tasks[task] for f in numbers.values() if task in (f.tasks or {})) for task in tasks}
         header = ["model", "layout", *(f"{task} {m['metric']} ({'higher' if m['higher_is_better'] else 'lower'} "
                                        "is better)" for task, m in metrics.items())]
-        rows = [[f["label"], f["layout"], *(_task_cell(f["tasks"].get(task)) for task in tasks)]
-                for f in numbers.values() if "tasks" in f]
+        rows = [[f.label, f.layout, *(_task_cell(f.tasks.get(task)) for task in tasks)]
+                for f in numbers.values() if f.tasks is not None]
         blocks += [("h2", "Downstream tasks"), ("table", header, rows),
                    ("p", "lm-evaluation-harness metrics of `mixln-convert analyze --task`; in brackets the mean "
                          "change of the metric when one block of the deeper half is skipped.")]
-    if documents := [f for f in numbers.values() if "per_document" in f]:
-        rows = [[f["label"], f["layout"], f"{d['documents']:,}", f"{d['tokens']:,}", f"{d['token_perplexity']:,.2f}",
+    if documents := [f for f in numbers.values() if f.per_document is not None]:
+        rows = [[f.label, f.layout, f"{d['documents']:,}", f"{d['tokens']:,}", f"{d['token_perplexity']:,.2f}",
                  f"{d['word_perplexity']:,.2f}", f"{d['bits_per_byte']:.4f}"]
-                for f in documents for d in [f["per_document"]]]
+                for f in documents for d in [f.per_document]]
         blocks += [("h2", "Per-document perplexity"),
                    ("table", ["model", "layout", "documents", "tokens", "token perplexity", "word perplexity",
                               "bits per byte"], rows),

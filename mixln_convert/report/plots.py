@@ -121,7 +121,7 @@ def plot_grad_norms(models: list[Model], path: Path) -> None:
     analysed = _coloured(models, lambda m: m.layered)
     for m, color in analysed:
         norms = np.asarray(m.analysis.grad_norm_per_layer)
-        batches = np.asarray((m.analysis.per_window or {}).get("grad_norm_per_layer", [norms]))
+        batches = np.asarray(m.analysis.per_window.grad_norm_per_layer if m.analysis.per_window else [norms])
         spread = np.clip([norms - batches.min(axis=0), batches.max(axis=0) - norms], 0, None)  # a hand-edited file
         spread_of = f"mean of {len(batches)} batches, bars min-max" if m.analysis.per_window else "one gradient"
         analysis_ax.errorbar(range(len(norms)), norms, yerr=spread, color=color, marker="o", capsize=2,
@@ -146,8 +146,8 @@ def plot_prune_curves(models: list[Model], path: Path) -> None:
     fig, ax = _figure("Perplexity after removing N blocks", "blocks removed N", "perplexity", _analysed_on(models))
     for m, color in _coloured(models, lambda m: m.analysis and m.analysis.prune_curve is not None):
         curve = m.analysis.prune_curve
-        ax.plot([0, *curve["removed"]], [m.analysis.perplexity, *curve["perplexity"]], color=color, marker="o",
-                label=f"{m.label} (blocks chosen by '{curve['method']}')")
+        ax.plot([0, *curve.removed], [m.analysis.perplexity, *curve.perplexity], color=color, marker="o",
+                label=f"{m.label} (blocks chosen by '{curve.method}')")
     ax.set_yscale("log")
     _save(fig, path)
 

@@ -1,7 +1,7 @@
 """report.md and a self-contained report.html (figures embedded as base64) from one list of blocks.
 
 A block is ("h1"|"h2"|"p", text), ("ul", [texts]), ("table", header, rows) or ("img", file, caption);
-text may hold `code` spans.
+text may hold `code` spans. The Markdown is :mod:`mixln_convert.io.markdown`'s, the model card's too.
 """
 
 import base64
@@ -10,6 +10,8 @@ import re
 import statistics
 from pathlib import Path
 
+from ..io.markdown import to_markdown
+
 MISSING = "—"  # a cell or figure the input does not have
 
 
@@ -17,27 +19,6 @@ def mean_and_range(values: list[float], form: str) -> str:
     """A cell of figures over seeds: 'mean [min, max]' in ``form``, the value alone for one seed."""
     text = form.format(statistics.mean(values))
     return text + (f" [{form.format(min(values))}, {form.format(max(values))}]" if len(values) > 1 else "")
-
-
-def to_markdown(blocks: list) -> str:
-    """GitHub-flavoured Markdown of ``blocks``; images are linked beside the file."""
-    parts = []
-    for kind, *content in blocks:
-        if kind in ("h1", "h2"):
-            parts.append(f"{'#' * int(kind[1])} {content[0]}")
-        elif kind == "p":
-            parts.append(content[0])
-        elif kind == "ul":
-            parts.append("\n".join(f"- {item}" for item in content[0]))
-        elif kind == "table":
-            header, rows = content
-            lines = [header, ["---"] * len(header), *rows]
-            cells = ([str(c).replace("|", "\\|") for c in line] for line in lines)  # a | in a label is no column
-            parts.append("\n".join("| " + " | ".join(line) + " |" for line in cells))
-        else:  # img
-            name, caption = content
-            parts.append(f"**{caption}**\n\n![{caption}]({name})")
-    return "\n\n".join(parts) + "\n"
 
 
 def _inline_html(text: str) -> str:

@@ -2,11 +2,14 @@
 each claim's verdict with its numbers, the validation curves and the layer-drop and gradient-norm profiles."""
 
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 from matplotlib.figure import Figure
 
 from ..analysis.plots import scale_layer_drop_axis
+from ..io.records import NUMBER, NUMBER_LIST, OBJECT, STRINGS, Record, Result
+from ..schema import NONNEGATIVE, POSITIVE_NUMBER, SEED, TOKENS, TOKENS_OR_ZERO, Count, Nested, Shaped, String, setting
 from .render import mean_and_range, write_report
 
 CLAIMS = {  # claim -> (figure, the direction the paper claims for Mix-LN against Pre-LN)
@@ -21,26 +24,76 @@ MARKERS = ("o", "s", "^", "D", "v")
 FIGURES = {"final_val_ppl": ("final validation perplexity", "{:.2f}"),
            "deep_layer_drop": ("deep-half layer drop (relative)", "{:.2%}"),
            "grad_norm_cv": ("gradient-norm CV across blocks", "{:.3f}")}
+CURVE = Shaped(lambda v: isinstance(v, list) and all(NUMBER_LIST.ok(point) and len(point) == 2 for point in v),
+               "a list of [tokens, perplexity] points")
 
 
-def table_rows(result: dict) -> list[list[str]]:
+# kw_only: the fields keep the file's order
+@dataclass(frozen=True, kw_only=True)
+class StudyRow(Record):
+    """One run of the study (an arm of one scheme and seed): the figures the claims are judged on, with the
+    curve and profiles they summarize (workflows.study.measure)."""
+    scheme: str = setting(kind=String())
+    seed: int = setting(kind=SEED)
+    arm: str = setting(kind=String())
+    folder: str = setting(kind=String())
+    final_val_ppl: float = setting(kind=POSITIVE_NUMBER)
+    tokens: int = setting(kind=TOKENS_OR_ZERO)
+    wall_time_s: float = setting(kind=NONNEGATIVE)
+    validation_curve: list = setting(kind=CURVE)
+    last_interval_change: float | None = setting(None, NUMBER)  # None with fewer than two evaluations
+    relative_layer_drop: list = setting(kind=NUMBER_LIST)
+    deep_layer_drop: float = setting(kind=NUMBER)
+    grad_norm_per_layer: list = setting(kind=NUMBER_LIST)
+    grad_norm_cv: float = setting(kind=NUMBER)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudyResult(Result):
+    """``study.json``: the study's settings, every run's figures and the claims' verdicts."""
+    FILE = "study.json"
+    WHAT = "a study of `mixln-convert study`"
+
+    source: str = setting(kind=String())
+    recipe: str = setting(kind=String())
+    overrides: list[str] = setting(kind=STRINGS)
+    alpha: float = setting(kind=NUMBER)
+    seeds: int = setting(kind=Count(1))
+    train_data: str = setting(kind=String())
+    validation_data: str = setting(kind=String())
+    analysis_data: str = setting(kind=String())
+    schemes: list[str] = setting(kind=STRINGS)
+    arms: list[str] = setting(kind=STRINGS)  # Pre-LN first, Mix-LN second (workflows.study.arms_for)
+    eval_tokens: int = setting(kind=TOKENS)
+    runs: list[StudyRow] = setting(kind=Nested(StudyRow, "a study's run", many="list"))
+    wall_time_s: float = setting(kind=NONNEGATIVE)
+    times_s: dict = setting(kind=OBJECT)
+    verdicts: dict = setting(kind=OBJECT)  # {scheme: {claim: verdict}} and {"scaled init helps <arm>": verdict}
+    lns_verdicts: dict | None = setting(None, OBJECT)  # with an LNS arm only: left out of the file without
+
+    def to_dict(self) -> dict:
+        found = super().to_dict()
+        return found if self.lns_verdicts is not None else {k: v for k, v in found.items() if k != "lns_verdicts"}
+
+
+def table_rows(result: StudyResult) -> list[list[str]]:
     rows = []
-    for scheme in result["schemes"]:
-        for arm in result["arms"]:
-            runs = [r for r in result["runs"] if r["scheme"] == scheme and r["arm"] == arm]
-            moved = [abs(r["last_interval_change"]) for r in runs if r["last_interval_change"] is not None]
-            figures = (mean_and_range([r[key] for r in runs], form) for key, (_, form) in FIGURES.items())
+    for scheme in result.schemes:
+        for arm in result.arms:
+            runs = [r for r in result.runs if r.scheme == scheme and r.arm == arm]
+            moved = [abs(r.last_interval_change) for r in runs if r.last_interval_change is not None]
+            figures = (mean_and_range([getattr(r, key) for r in runs], form) for key, (_, form) in FIGURES.items())
             rows.append([scheme, arm, *figures,
                          f"{max(moved):.1%}" if moved else "-",
-                         f"{statistics.mean(r['wall_time_s'] for r in runs) / 60:.1f} min"])
+                         f"{statistics.mean(r.wall_time_s for r in runs) / 60:.1f} min"])
     return rows
 
 
-def _claim_sentences(result: dict, found_by_scheme: dict, tested: str, paper: str) -> list[str]:
+def _claim_sentences(result: StudyResult, found_by_scheme: dict, tested: str, paper: str) -> list[str]:
     """One sentence per scheme and claim of ``found_by_scheme`` ({scheme: {claim: verdict}}) for
     the arm kind ``tested`` against Pre-LN, as ``paper`` claims it."""
     sentences = []
-    for scheme in result["schemes"]:
+    for scheme in result.schemes:
         for claim, found in found_by_scheme[scheme].items():
             form = FIGURES[CLAIMS[claim][0]][1]
             sentences.append(
@@ -50,11 +103,11 @@ def _claim_sentences(result: dict, found_by_scheme: dict, tested: str, paper: st
     return sentences
 
 
-def verdict_sentences(result: dict) -> list[str]:
-    sentences = _claim_sentences(result, result["verdicts"], "Mix-LN", "the paper")
-    if "lns_verdicts" in result:
-        sentences += _claim_sentences(result, result["lns_verdicts"], "LNS", "the LNS paper")
-    for key, found in result["verdicts"].items():
+def verdict_sentences(result: StudyResult) -> list[str]:
+    sentences = _claim_sentences(result, result.verdicts, "Mix-LN", "the paper")
+    if result.lns_verdicts is not None:
+        sentences += _claim_sentences(result, result.lns_verdicts, "LNS", "the LNS paper")
+    for key, found in result.verdicts.items():
         if key.startswith("scaled init helps"):
             sentences.append(f"**{key}**: {found['outcome']}. Final validation perplexity {found['tested']:.2f} "
                              f"scaled vs {found['baseline']:.2f} plain; gap {found['gap']:.2f}, spread between "
@@ -62,18 +115,18 @@ def verdict_sentences(result: dict) -> list[str]:
     return sentences
 
 
-def _style(result: dict, scheme: str, arm: str, seed: int) -> dict:
-    return {"color": COLORS[result["arms"].index(arm) % len(COLORS)], "linestyle": LINESTYLES.get(scheme, ":"),
+def _style(result: StudyResult, scheme: str, arm: str, seed: int) -> dict:
+    return {"color": COLORS[result.arms.index(arm) % len(COLORS)], "linestyle": LINESTYLES.get(scheme, ":"),
             "marker": MARKERS[seed % len(MARKERS)]}
 
 
-def plot_curves(result: dict, path: Path) -> None:
+def plot_curves(result: StudyResult, path: Path) -> None:
     fig = Figure(figsize=(9, 5.5), layout="constrained")
     ax = fig.add_subplot()
-    for run in result["runs"]:  # measured evaluations as markers, joined to show each run's course
-        tokens, ppl = zip(*run["validation_curve"])
-        ax.plot(tokens, ppl, markersize=4, linewidth=1, label=f"{run['arm']}, {run['scheme']} init, seed {run['seed']}",
-                **_style(result, run["scheme"], run["arm"], run["seed"]))
+    for run in result.runs:  # measured evaluations as markers, joined to show each run's course
+        tokens, ppl = zip(*run.validation_curve)
+        ax.plot(tokens, ppl, markersize=4, linewidth=1, label=f"{run.arm}, {run.scheme} init, seed {run.seed}",
+                **_style(result, run.scheme, run.arm, run.seed))
     ax.set(title="Validation perplexity of every run", xlabel="training tokens",
            ylabel="validation perplexity", yscale="log")
     ax.grid(alpha=0.3, which="both")
@@ -81,17 +134,17 @@ def plot_curves(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def plot_profiles(result: dict, path: Path) -> None:
+def plot_profiles(result: StudyResult, path: Path) -> None:
     fig = Figure(figsize=(12, 4.5), layout="constrained")
     drop_ax, grad_ax = fig.subplots(1, 2)
-    for run in result["runs"]:
-        style = _style(result, run["scheme"], run["arm"], run["seed"])
-        blocks = range(len(run["relative_layer_drop"]))
-        drop_ax.plot(blocks, [100 * d for d in run["relative_layer_drop"]], markersize=3, linewidth=1, **style,
-                     label=f"{run['arm']}, {run['scheme']}, seed {run['seed']}")
-        grad_ax.plot(blocks, run["grad_norm_per_layer"], markersize=3, linewidth=1, **style)
+    for run in result.runs:
+        style = _style(result, run.scheme, run.arm, run.seed)
+        blocks = range(len(run.relative_layer_drop))
+        drop_ax.plot(blocks, [100 * d for d in run.relative_layer_drop], markersize=3, linewidth=1, **style,
+                     label=f"{run.arm}, {run.scheme}, seed {run.seed}")
+        grad_ax.plot(blocks, run.grad_norm_per_layer, markersize=3, linewidth=1, **style)
     drop_ax.set(title="Perplexity increase when one block is removed", xlabel="block", ylabel="% of perplexity")
-    scale_layer_drop_axis(drop_ax, [100 * d for run in result["runs"] for d in run["relative_layer_drop"]])
+    scale_layer_drop_axis(drop_ax, [100 * d for run in result.runs for d in run.relative_layer_drop])
     grad_ax.set(title="Gradient norm per block (analysis batches)", xlabel="block", ylabel="gradient norm",
                 yscale="log")
     for ax in (drop_ax, grad_ax):
@@ -100,25 +153,25 @@ def plot_profiles(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def write_study_report(folder: Path, result: dict) -> None:
+def write_study_report(folder: Path, result: StudyResult) -> None:
     """``folder``/report.md, report.html and the PNGs of a study ``result``."""
     images = {"study_curves.png": (plot_curves, "Validation curves, all runs"),
               "study_profiles.png": (plot_profiles, "Layer drop and gradient norms per block")}
     for name, (plot, _) in images.items():
         plot(result, Path(folder) / name)
-    first = result["runs"][0]
-    budget = (f"{first['tokens']:,} training tokens per run, {result['seeds']} seed(s) per arm and scheme, recipe "
-              f"`{result['recipe']}` with {' '.join(result['overrides']) or 'no overrides'}; trained on "
-              f"{result['train_data']}, validation curves on {result['validation_data']}, analyses on "
-              f"{result['eval_tokens']:,} tokens of {result['analysis_data']}")
+    first = result.runs[0]
+    budget = (f"{first.tokens:,} training tokens per run, {result.seeds} seed(s) per arm and scheme, recipe "
+              f"`{result.recipe}` with {' '.join(result.overrides) or 'no overrides'}; trained on "
+              f"{result.train_data}, validation curves on {result.validation_data}, analyses on "
+              f"{result.eval_tokens:,} tokens of {result.analysis_data}")
     blocks = [
         ("h1", "Mix-LN from scratch: a like-for-like study"),
-        ("p", f"Shape and tokenizer of `{result['source']}`; every arm initialized by the same seeded plan "
+        ("p", f"Shape and tokenizer of `{result.source}`; every arm initialized by the same seeded plan "
               f"(`conversion.strategy=scratch`), scaled init on (\"scaled\") or off (\"plain\") for all arms alike; "
-              f"{budget}. Wall time {result['wall_time_s'] / 60:.1f} min."
+              f"{budget}. Wall time {result.wall_time_s / 60:.1f} min."
               + (" The LNS arm (LayerNorm Scaling, arXiv 2502.05795: every block Pre-LN, the norm outputs of "
                  "block l scaled by 1/sqrt(l)) has the same initialization, its norm gains 1 as in its paper."
-                 if "lns_verdicts" in result else "")),
+                 if result.lns_verdicts is not None else "")),
         ("h2", "Verdicts"),
         ("p", "A claim is decided only when the gap between the arms' means exceeds the spread between seeds "
               "(the larger range of the two arms); otherwise it is too close to call."),

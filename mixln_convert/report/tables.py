@@ -1,6 +1,7 @@
 """The compare report's tables and the order of its blocks (rendered by :mod:`.render`)."""
 
 from ..analysis.plots import checkpoint_name
+from .compare import ModelNumbers
 from .downstream import downstream_blocks
 from ..options import measured_on
 from .inputs import PRUNE_FRACTIONS, Model
@@ -28,11 +29,12 @@ def _duration(seconds) -> str:
     return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
-def _ppl_interval(f: dict, name: str) -> str:
-    if f.get(name) is None or (interval := f["intervals"].get(name)) is None:
-        return _ppl(f.get(name))
-    size = f"; {f['interval_n'][name]}" if name in f.get("interval_n", {}) else ""
-    return f"{_ppl(f[name])} [{interval[0]:,.2f}, {interval[1]:,.2f}{size}]"
+def _ppl_interval(f: ModelNumbers, name: str) -> str:
+    value = getattr(f, name)
+    if value is None or (interval := f.intervals.get(name)) is None:
+        return _ppl(value)
+    size = f"; {f.interval_n[name]}" if name in f.interval_n else ""
+    return f"{_ppl(value)} [{interval[0]:,.2f}, {interval[1]:,.2f}{size}]"
 
 
 def _where(where: dict | None) -> str:
@@ -61,34 +63,34 @@ def checkpoint_names(models: list[Model]) -> dict[str, str]:
             for m in models if m.analysis}
 
 
-def perplexity_rows(models: list[Model], numbers: dict) -> list[list[str]]:
+def perplexity_rows(models: list[Model], numbers: dict[str, ModelNumbers]) -> list[list[str]]:
     """One row per stage: each arm before and after training, each analysis-only model once."""
     rows, names = [], checkpoint_names(models)
     for m in models:
         f = numbers[m.label]
         analysed = _ppl_interval(f, "perplexity")
-        analysis_where = _where(f.get("evaluation"))
+        analysis_where = _where(f.evaluation)
         if not m.arm:
             rows.append([m.label, m.layout, f"analysed: {names[m.label]}", MISSING, MISSING,
                          analysed, analysis_where, MISSING, MISSING])
             continue
-        validation_where = _where(f.get("validation"))
-        rows.append([m.label, m.layout, start_stage(m), _ppl(f["initial_val_ppl"]), validation_where, MISSING,
+        validation_where = _where(f.validation)
+        rows.append([m.label, m.layout, start_stage(m), _ppl(f.initial_val_ppl), validation_where, MISSING,
                      MISSING, "0", MISSING])
-        rows.append([m.label, m.layout, "after training" if f["finished"] else "training (unfinished)",
+        rows.append([m.label, m.layout, "after training" if f.finished else "training (unfinished)",
                      _ppl_interval(f, "final_val_ppl"), validation_where, analysed, analysis_where,
-                     f"{f['tokens_trained']:,}", _duration(f["wall_time_s"])])
+                     f"{f.tokens_trained:,}", _duration(f.wall_time_s)])
     return rows
 
 
-def prune_rows(numbers: dict) -> list[list[str]]:
+def prune_rows(numbers: dict[str, ModelNumbers]) -> list[list[str]]:
     """Perplexity of each model with a pruning curve at N = L/8, L/4, L/2 removed blocks."""
     rows = []
     for f in numbers.values():
-        if "prune" in f:
-            cells = [MISSING if point is None else f"{point[1]:,.2f} (N={point[0]}, {point[1] / f['perplexity']:.2f}x)"
-                     for point in f["prune"].values()]
-            rows.append([f["label"], f["prune_method"], _ppl(f["perplexity"]), *cells])
+        if f.prune is not None:
+            cells = [MISSING if point is None else f"{point[1]:,.2f} (N={point[0]}, {point[1] / f.perplexity:.2f}x)"
+                     for point in f.prune.values()]
+            rows.append([f.label, f.prune_method, _ppl(f.perplexity), *cells])
     return rows
 
 
@@ -104,7 +106,8 @@ def continuation_rows(models: list[Model], shown: int = 3) -> list[list[str]]:
     return rows
 
 
-def report_blocks(models: list[Model], numbers: dict, summary: list[str], notes: list[str], images: dict) -> list:
+def report_blocks(models: list[Model], numbers: dict[str, ModelNumbers], summary: list[str], notes: list[str],
+                  images: dict) -> list:
     """The report, in order: summary, tables, numbers, inputs, notes."""
     blocks = [("h1", "Mix-LN comparison"), ("h2", "Summary"), ("ul", summary), ("p", VERDICT_NOTE),
               ("h2", "Perplexity"),

@@ -13,19 +13,21 @@ resumes interrupted ones from their last checkpoint.
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..analysis.measures import coefficient_of_variation, deep_half, verdict
+from ..analysis.result import Analysis
 from ..data.corpus import check_text
 from ..data.shards import is_tokens_folder
 from ..io.paths import checkpoint_path
-from ..io.records import METRICS, read_metrics, write_json
+from ..io.records import METRICS, read_metrics
 from ..options import STUDY_SCHEMES, StudyOptions
-from ..report.study import CLAIMS, LNS_CLAIMS, write_study_report
+from ..report.study import CLAIMS, LNS_CLAIMS, StudyResult, StudyRow, write_study_report
+from ..schema import read_record
 from ..training.recipe import Recipe
 from ..training.summary import TrainSummary
-from .runs import Stages, claim_run
+from .runs import STAGE_RESULT, Stages, claim_run
 
 LNS_ARM = "LNS"
 
@@ -57,7 +59,7 @@ def arms_for(alpha: float, post_ln: bool, lns: bool = False) -> dict:
 
 
 def study(source, out, options: StudyOptions | None = None, *, resume: bool = False, progress: bool = True,
-          **settings) -> dict:
+          **settings) -> StudyResult:
     """Train and analyze every (scheme, seed, arm) into ``out``; returns the study (``study.json``).
 
     ``options``: a :class:`~mixln_convert.options.StudyOptions`, or its fields as ``settings``. ``source``
@@ -93,44 +95,45 @@ def study(source, out, options: StudyOptions | None = None, *, resume: bool = Fa
         return _study(claim.path, plans, options, source, resume, progress)
 
 
-def _study(out: Path, plans: list, options, source, resume: bool, progress: bool) -> dict:
-    """The study's runs into ``out``, claimed for it, and its report."""
+def _study(out: Path, plans: list, options, source, resume: bool, progress: bool) -> StudyResult:
+    """The study's runs into ``out``, claimed for it, and its report; each run's result (JSON, read back on a
+    resume) typed."""
     recipe, alpha, seeds, schemes = options.recipe, options.alpha, options.seeds, options.schemes
     post_ln, lns, eval_tokens, overrides = options.post_ln, options.lns, options.eval_tokens, options.overrides
     data = plans[0].recipe.data
     started, stages = time.time(), Stages(resume)
-    runs = [stages.run(plan.name, plan.folder,
-                       lambda folder, plan=plan: _run(plan, stages, eval_tokens, progress), atomic=False)
-            for plan in plans]
-    result = {"source": str(source), "recipe": recipe, "overrides": list(overrides), "alpha": alpha, "seeds": seeds,
-              "train_data": data.train or "the embedded corpus's train split",
-              "validation_data": data.validation or (
-                  f"a held-out {data.validation_fraction:.0%} of data.train's documents" if data.train
-                  else "the embedded validation split"),
-              "analysis_data": analysis_text(plans[0].recipe) or "the embedded validation split",
-              "schemes": list(schemes), "arms": list(arms_for(alpha, post_ln, lns)), "eval_tokens": eval_tokens,
-              "runs": runs, "wall_time_s": round(time.time() - started, 1), "times_s": stages.times}
-    result["verdicts"] = verdicts(result)
-    if lns:
-        result["lns_verdicts"] = lns_verdicts(result)
-    write_json(out / "study.json", result)
+    runs = [read_record(StudyRow, stages.run(plan.name, plan.folder, lambda folder, plan=plan: _run(
+                plan, stages, eval_tokens, progress).to_dict(), atomic=False),
+                        str(plan.folder / STAGE_RESULT), "a study's run") for plan in plans]
+    result = StudyResult(
+        source=str(source), recipe=recipe, overrides=list(overrides), alpha=alpha, seeds=seeds,
+        train_data=data.train or "the embedded corpus's train split",
+        validation_data=data.validation or (f"a held-out {data.validation_fraction:.0%} of data.train's documents"
+                                            if data.train else "the embedded validation split"),
+        analysis_data=analysis_text(plans[0].recipe) or "the embedded validation split",
+        schemes=list(schemes), arms=list(arms_for(alpha, post_ln, lns)), eval_tokens=eval_tokens,
+        runs=runs, wall_time_s=round(time.time() - started, 1), times_s=stages.times, verdicts={})
+    # the verdicts are judged on the runs the result holds
+    result = replace(result, verdicts=verdicts(result), lns_verdicts=lns_verdicts(result) if lns else None)
+    result.write(out)
     (out / "report").mkdir(exist_ok=True)
     write_study_report(out / "report", result)
     return result
 
 
-def _run(plan: StudyRun, stages: Stages, eval_tokens: int, progress: bool) -> dict:
+def _run(plan: StudyRun, stages: Stages, eval_tokens: int, progress: bool) -> StudyRow:
     """One planned run trained and analyzed (what an interrupted one finished is kept), and its figures."""
     from ..analysis.analyze import analyze
     from .train import train
 
     summary = train(plan.recipe, plan.folder, arms=(plan.engine_arm,), resume=True, progress=progress)[plan.engine_arm]
     final = plan.folder / plan.engine_arm / "final"
-    analysis = stages.run(f"{plan.name} analysis", plan.folder / "analysis", lambda folder: analyze(
-        final, folder, data=analysis_text(plan.recipe), seq_len=plan.recipe.seq_len, max_tokens=eval_tokens,
-        force=True, progress=progress).to_dict())
-    return {"scheme": plan.scheme, "seed": plan.seed, "arm": plan.arm, "folder": str(plan.folder),
-            **measure(plan.folder / plan.engine_arm, summary, analysis)}
+    folder = plan.folder / "analysis"
+    analysis = read_record(Analysis, stages.run(f"{plan.name} analysis", folder, lambda tmp: analyze(
+        final, tmp, data=analysis_text(plan.recipe), seq_len=plan.recipe.seq_len, max_tokens=eval_tokens,
+        force=True, progress=progress).to_dict()), str(folder / STAGE_RESULT), Analysis.WHAT)
+    return StudyRow(scheme=plan.scheme, seed=plan.seed, arm=plan.arm, folder=str(plan.folder),
+                    **measure(plan.folder / plan.engine_arm, summary, analysis))
 
 
 def analysis_text(recipe):
@@ -144,11 +147,11 @@ def _slug(arm: str) -> str:
     return arm.split(" ")[0].lower().replace("-", "")
 
 
-def measure(arm_dir: Path, summary: TrainSummary, analysis: dict) -> dict:
+def measure(arm_dir: Path, summary: TrainSummary, analysis: Analysis) -> dict:
     """The figures the claims are judged on (:data:`CLAIMS`), with the curves and profiles they summarize."""
     curve = [(r["tokens"], r["val_ppl"]) for r in read_metrics(arm_dir / METRICS) if "val_ppl" in r]
-    drop = [d / analysis["perplexity"] for d in analysis["layer_drop"]]
-    grads = analysis["grad_norm_per_layer"]
+    drop = [d / analysis.perplexity for d in analysis.layer_drop]
+    grads = analysis.grad_norm_per_layer
     return {
         "final_val_ppl": summary.final_val_ppl, "tokens": summary.tokens,
         "wall_time_s": summary.wall_time_s, "validation_curve": curve,
@@ -159,31 +162,31 @@ def measure(arm_dir: Path, summary: TrainSummary, analysis: dict) -> dict:
     }
 
 
-def _values(result: dict, scheme: str, arm: str, figure: str) -> list[float]:
-    return [r[figure] for r in result["runs"] if r["scheme"] == scheme and r["arm"] == arm]
+def _values(result: StudyResult, scheme: str, arm: str, figure: str) -> list[float]:
+    return [getattr(r, figure) for r in result.runs if r.scheme == scheme and r.arm == arm]
 
 
-def _claims(result: dict, tested: str, claims) -> dict:
+def _claims(result: StudyResult, tested: str, claims) -> dict:
     """{scheme: {claim: verdict}} for the arm ``tested`` against Pre-LN, on ``claims`` (of CLAIMS)."""
-    pre_arm = result["arms"][0]
+    pre_arm = result.arms[0]
     return {scheme: {claim: verdict(_values(result, scheme, tested, CLAIMS[claim][0]),
                                     _values(result, scheme, pre_arm, CLAIMS[claim][0]), CLAIMS[claim][1])
-                     for claim in claims} for scheme in result["schemes"]}
+                     for claim in claims} for scheme in result.schemes}
 
 
-def verdicts(result: dict) -> dict:
+def verdicts(result: StudyResult) -> dict:
     """{scheme: {claim: verdict}} for Mix-LN against Pre-LN, and {"scaled init helps Pre-LN": ...}
     for Pre-LN, Mix-LN and an LNS arm when both schemes ran (its perplexity, scaled against plain)."""
-    pre_arm, mix_arm = result["arms"][:2]
+    pre_arm, mix_arm = result.arms[:2]
     found = _claims(result, mix_arm, CLAIMS)
-    if set(STUDY_SCHEMES) <= set(result["schemes"]):
-        for arm in (pre_arm, mix_arm, *(a for a in result["arms"] if a == LNS_ARM)):
+    if set(STUDY_SCHEMES) <= set(result.schemes):
+        for arm in (pre_arm, mix_arm, *(a for a in result.arms if a == LNS_ARM)):
             found[f"scaled init helps {arm.split(' ')[0]}"] = verdict(
                 _values(result, "scaled", arm, "final_val_ppl"), _values(result, "plain", arm, "final_val_ppl"),
                 "lower")
     return found
 
 
-def lns_verdicts(result: dict) -> dict:
+def lns_verdicts(result: StudyResult) -> dict:
     """{scheme: {claim: verdict}} for the LNS arm against Pre-LN, on the LNS paper's claims."""
     return _claims(result, LNS_ARM, LNS_CLAIMS)

@@ -20,16 +20,12 @@ from ..errors import MixLNError
 from ..io.atomic import atomic_output_dir
 from ..io.loader import open_checkpoint
 from ..io.paths import check_readable, checkpoint_path
-from ..io.records import METRICS, read_metrics, write_json
-from ..options import (
-    check_force_or_resume,
-    CALIBRATION_SEQ_LEN,
-    CPU_RECIPE,
-    CALIBRATION_TOKENS,
-    MAX_GRAD_RATIO,
-    MAX_PPL_INCREASE,
-    SweepOptions,
-)
+from ..io.records import METRICS, read_metrics
+from ..options import (CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, CPU_RECIPE, MAX_GRAD_RATIO, MAX_PPL_INCREASE,
+                       SweepOptions, check_force_or_resume)
+from ..report.sweep import (AlphaRow, Original, Profile, Recommendation, Scores, SweepResult, TrainedRun,
+                            write_sweep_report)
+from ..schema import read_record
 from ..training import Recipe, load_recipe
 from .runs import STAGE_RESULT, Stages, claim_run, timed
 
@@ -49,27 +45,26 @@ class Rule:
                 f"original's and whose largest Post-LN block gradient norm over the first steps is at most "
                 f"{self.max_grad_ratio:g}x the Pre-LN blocks' mean (alpha 0 always passes the gradient test)")
 
-    def failures(self, row: dict, stage: str, original_ppl: float) -> list[str]:
+    def failures(self, row: AlphaRow, stage: str, original_ppl: float) -> list[str]:
         """Why ``row`` fails the rule ([] when it passes)."""
         reasons = []
-        ratio = row[stage]["perplexity"] / original_ppl
+        ratio = getattr(row, stage).perplexity / original_ppl
         if ratio > 1 + self.max_ppl_increase:
             reasons.append(f"{stage} perplexity {ratio:.3f}x the original's")
-        if (grad := row["post_pre_grad_ratio"]) is not None and grad > self.max_grad_ratio:
+        if (grad := row.post_pre_grad_ratio) is not None and grad > self.max_grad_ratio:
             reasons.append(f"Post-LN gradient norm {grad:.2f}x the Pre-LN blocks'")
         return reasons
 
 
-def recommend(rows: list[dict], original_ppl: float, rule: Rule, stage: str) -> dict:
+def recommend(rows: list[AlphaRow], original_ppl: float, rule: Rule, stage: str) -> Recommendation:
     """The row ``rule`` recommends (the passing one with the most Post-LN blocks) and, per row, why
     it failed; ``post_ln_layers`` None when no row passes."""
-    failures = {row["post_ln_layers"]: rule.failures(row, stage, original_ppl) for row in rows}
-    passing = [row for row in rows if not failures[row["post_ln_layers"]]]
-    best = max(passing, key=lambda row: row["post_ln_layers"]) if passing else None
-    return {"rule": rule.describe(stage), "stage": stage, **asdict(rule),
-            "post_ln_layers": best["post_ln_layers"] if best else None,
-            "alphas": best["alphas"] if best else None,
-            "failures": {str(n): reasons for n, reasons in failures.items()}}
+    failures = {row.post_ln_layers: rule.failures(row, stage, original_ppl) for row in rows}
+    passing = [row for row in rows if not failures[row.post_ln_layers]]
+    best = max(passing, key=lambda row: row.post_ln_layers) if passing else None
+    return Recommendation(rule=rule.describe(stage), stage=stage, **asdict(rule),
+                          post_ln_layers=best.post_ln_layers if best else None, alphas=best.alphas if best else None,
+                          failures={str(n): reasons for n, reasons in failures.items()})
 
 
 def gradient_figures(steps: list[list[float]], post_ln_layers: int) -> dict:
@@ -111,7 +106,7 @@ def _plan(src: str, options: SweepOptions, resume: bool, force: bool):
 
 
 def sweep(src, out, options: SweepOptions | None = None, *, resume: bool = False, force: bool = False,
-          progress: bool = True, **settings) -> dict:
+          progress: bool = True, **settings) -> SweepResult:
     """Sweep the Post-LN ratio of ``src`` (HF folder or .gguf) into ``out``; returns the result written to
     ``out/sweep.json`` beside ``out/report``. ``options``: a :class:`~mixln_convert.options.SweepOptions`, or
     its fields as ``settings``."""
@@ -124,20 +119,24 @@ def sweep(src, out, options: SweepOptions | None = None, *, resume: bool = False
 
 
 def _sweep(src: str, out: Path, options: SweepOptions, source, counts: dict, training, resume: bool,
-           progress: bool) -> dict:
-    """The sweep's stages into ``out``, claimed for it."""
+           progress: bool) -> SweepResult:
+    """The sweep's stages into ``out``, claimed for it; each stage's result (JSON, read back on a resume) typed."""
     data, eval_tokens, num_layers = options.data, options.eval_tokens, source.config["num_hidden_layers"]
     stages = Stages(resume)
     times = {"stages_s": stages.times}
 
-    original = stages.run("original", out / "original", lambda tmp: {
-        "scores": _scores(src, eval_tokens, progress), "analysis": _analysis(src, tmp, eval_tokens, progress)})
+    def stage(cls, what: str, name: str, folder: Path, work):
+        return read_record(cls, stages.run(name, folder, lambda tmp: work(tmp).to_dict()), str(folder / STAGE_RESULT),
+                           what)
 
-    def seeded(arm: str, name: str) -> list[dict]:
+    original = stage(Original, "the original's stage", "original", out / "original", lambda tmp: Original(
+        _scores(src, eval_tokens, progress), _analysis(src, tmp, eval_tokens, progress)))
+
+    def seeded(arm: str, name: str) -> list[TrainedRun]:
         """``arm`` trained once per seed from the source, on the data and order of the alphas' seeds."""
-        return [stages.run(f"{name} (seed {seed})", out / f"{name}-seed{seed}",
-                           lambda tmp, recipe=training.replace({"seed": seed}, options.flag("seeds")):
-                           _train(recipe, tmp / "train", arm, progress))
+        return [stage(TrainedRun, "a training run", f"{name} (seed {seed})", out / f"{name}-seed{seed}",
+                      lambda tmp, recipe=training.replace({"seed": seed}, options.flag("seeds")):
+                      _train(recipe, tmp / "train", arm, progress))
                 for seed in range(options.seeds)]
 
     controls = seeded("preln", "control") if options.train_tokens else []
@@ -150,27 +149,23 @@ def _sweep(src: str, out: Path, options: SweepOptions, source, counts: dict, tra
     for i, (n, given) in enumerate(sorted(counts.items()), 1):
         log.info(f"[alpha {i}/{len(counts)}] alpha {', '.join(f'{a:g}' for a in given)}: {n} of {num_layers} blocks "
                  "Post-LN")
-        row = stages.run(f"post-ln-{n}", _folder(out, n), lambda tmp, n=n, given=given: _alpha(
+        row = stage(AlphaRow, "a sweep's row", f"post-ln-{n}", _folder(out, n), lambda tmp, n=n, given=given: _alpha(
             src, tmp, n, given, stats, options, training, original, controls, progress))
-        log.info(f"      converted {row['converted']['perplexity']:.2f} (original "
-                 f"{original['scores']['perplexity']:.2f})" + (f", healed {row['healed']['perplexity']:.2f}"
-                                                             if row["healed"] else ""))
+        log.info(f"      converted {row.converted.perplexity:.2f} (original {original.scores.perplexity:.2f})"
+                 + (f", healed {row.healed.perplexity:.2f}" if row.healed else ""))
         rows.append(row)
 
-    stage = "healed" if options.heal_tokens else "converted"
-    result = {
-        "source": str(src), "num_layers": num_layers, "eval_tokens": eval_tokens, "heal_tokens": options.heal_tokens,
-        "train_tokens": options.train_tokens, "seeds": options.seeds, "data": str(data) if data else None,
-        "original": original, "control": controls, "lns": lns_runs, "rows": rows,
-        "recommendation": recommend(rows, original["scores"]["perplexity"],
-                                    Rule(options.max_ppl_increase, options.max_grad_ratio), stage),
-        "times": {**times, **{f"post-ln-{row['post_ln_layers']}": row["times"] for row in rows}},
-    }
-    from ..report.sweep import write_sweep_report
-
+    rule = Rule(options.max_ppl_increase, options.max_grad_ratio)
+    result = SweepResult(
+        source=str(src), num_layers=num_layers, eval_tokens=eval_tokens, heal_tokens=options.heal_tokens,
+        train_tokens=options.train_tokens, seeds=options.seeds, data=str(data) if data else None,
+        original=original, control=controls, lns=lns_runs, rows=rows,
+        recommendation=recommend(rows, original.scores.perplexity, rule,
+                                 "healed" if options.heal_tokens else "converted"),
+        times={**times, **{f"post-ln-{row.post_ln_layers}": row.times for row in rows}})
     with atomic_output_dir(out / "report", force=True) as tmp:
         write_sweep_report(tmp, result)
-    write_json(out / "sweep.json", result)
+    result.write(out)
     return result
 
 
@@ -206,35 +201,32 @@ def _folder(out: Path, post_ln_layers: int) -> Path:
     return out / f"post-ln-{post_ln_layers:02d}"
 
 
-def _scores(ckpt, eval_tokens: int, progress: bool) -> dict:
+def _scores(ckpt, eval_tokens: int, progress: bool) -> Scores:
     from ..evaluation.perplexity import score_checkpoint
 
     scored = score_checkpoint(ckpt, max_tokens=eval_tokens, per_document=True, progress=progress)
-    return {"perplexity": scored.perplexity, "per_document_perplexity": scored.per_document.token_perplexity,
-            "tokens": scored.tokens, "seq_len": scored.seq_len, "data": scored.data}
+    return Scores(scored.perplexity, scored.per_document.token_perplexity, scored.tokens, scored.seq_len, scored.data)
 
 
-def _analysis(ckpt, tmp: Path, eval_tokens: int, progress: bool) -> dict:
+def _analysis(ckpt, tmp: Path, eval_tokens: int, progress: bool) -> Profile:
     from ..analysis.analyze import analyze
 
     result = analyze(ckpt, tmp / "analysis", max_tokens=eval_tokens, progress=progress)
-    return {"perplexity": result.perplexity, "layer_drop": result.layer_drop,
-            "angular_distance": result.angular_distance, "post_ln_layers": result.post_ln_layers,
-            "grad_norm_batches": result.per_window["grad_norm_per_layer"]}
+    return Profile(result.perplexity, result.layer_drop, result.angular_distance, result.post_ln_layers,
+                   result.per_window.grad_norm_per_layer)
 
 
-def _train(recipe: Recipe, folder: Path, arm: str, progress: bool) -> dict:
+def _train(recipe: Recipe, folder: Path, arm: str, progress: bool) -> TrainedRun:
     from .train import train
 
     summary = train(recipe, folder, arms=(arm,), progress=progress)[arm]
     records = read_metrics(folder / arm / METRICS)
-    return {"final_val_ppl": summary.final_val_ppl, "initial_val_ppl": summary.initial_val_ppl,
-            "tokens": summary.tokens, "seed": recipe.seed,
-            "grad_norm_steps": [r["grad_norm_per_layer"] for r in records if "grad_norm_per_layer" in r][:FIRST_STEPS]}
+    return TrainedRun(summary.final_val_ppl, summary.initial_val_ppl, summary.tokens, recipe.seed,
+                      [r["grad_norm_per_layer"] for r in records if "grad_norm_per_layer" in r][:FIRST_STEPS])
 
 
 def _alpha(src, tmp: Path, post_ln_layers: int, given: list[float], stats, options: SweepOptions, training,
-           original: dict, controls: list[dict], progress: bool) -> dict:
+           original: Original, controls: list[TrainedRun], progress: bool) -> AlphaRow:
     """Convert ``src`` with ``post_ln_layers`` Post-LN blocks into ``tmp/converted`` (reusing ``stats``), heal,
     train each seed, score every stage and analyze the last one."""
     from ..conversion.converter import convert
@@ -242,34 +234,32 @@ def _alpha(src, tmp: Path, post_ln_layers: int, given: list[float], stats, optio
 
     heal_tokens, train_tokens, eval_tokens = options.heal_tokens, options.train_tokens, options.eval_tokens
     if post_ln_layers == 0:  # no Post-LN block: the original's weights, measured once as "original" and the control
-        scores = original["scores"]
-        return {"post_ln_layers": 0, "alphas": given, "converted": scores, "healed": scores if heal_tokens else None,
-                "trained": controls or None, "analysis": original["analysis"], "times": {},
-                "gradients_from": "training steps" if controls else "analysis batches",
-                **gradient_figures(controls[0]["grad_norm_steps"] if controls else
-                                   original["analysis"]["grad_norm_batches"], 0)}
-    times = {}
+        scores = original.scores
+        return AlphaRow(post_ln_layers=0, alphas=given, converted=scores, healed=scores if heal_tokens else None,
+                        trained=controls or None, analysis=original.analysis, times={},
+                        gradients_from="training steps" if controls else "analysis batches",
+                        **gradient_figures(controls[0].grad_norm_steps if controls else
+                                           original.analysis.grad_norm_batches, 0))
+    times, healed, trained = {}, None, None
     with timed(times, "convert_s"):
         stage = convert(src, tmp / "converted", post_ln_layers=post_ln_layers, statistics=stats, progress=progress)
-    row = {"post_ln_layers": post_ln_layers, "alphas": given, "converted": _scores(stage, eval_tokens, progress),
-           "healed": None,
-           "trained": None}
+    converted = _scores(stage, eval_tokens, progress)
     if heal_tokens:
         stage = tmp / "healed"
         with timed(times, "heal_s"):
             heal(tmp / "converted", src, stage, data=options.data, perplexity=False, progress=progress, named=None,
                  checked=True, **asdict(options.heal))
-            row["healed"] = _scores(stage, eval_tokens, progress)
+            healed = _scores(stage, eval_tokens, progress)
     final = stage
     if train_tokens:
         with timed(times, "train_s"):
-            row["trained"] = [_train(training.replace({"converted": str(stage.absolute()), "seed": seed}, "sweep"),
-                                     tmp / f"train-seed{seed}", "mixln", progress) for seed in range(options.seeds)]
+            trained = [_train(training.replace({"converted": str(stage.absolute()), "seed": seed}, "sweep"),
+                              tmp / f"train-seed{seed}", "mixln", progress) for seed in range(options.seeds)]
         final = tmp / "train-seed0" / "mixln" / "final"
     with timed(times, "analysis_s"):
-        row["analysis"] = _analysis(final, tmp, eval_tokens, progress)
-    steps = row["trained"][0]["grad_norm_steps"] if train_tokens else row["analysis"]["grad_norm_batches"]
-    row.update(gradient_figures(steps, post_ln_layers),
-               gradients_from="training steps" if train_tokens else "analysis batches",
-               times=times)
-    return row
+        analysis = _analysis(final, tmp, eval_tokens, progress)
+    return AlphaRow(post_ln_layers=post_ln_layers, alphas=given, converted=converted, healed=healed, trained=trained,
+                    analysis=analysis, times=times,
+                    gradients_from="training steps" if train_tokens else "analysis batches",
+                    **gradient_figures(trained[0].grad_norm_steps if trained else analysis.grad_norm_batches,
+                                       post_ln_layers))
