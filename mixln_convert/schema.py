@@ -506,6 +506,8 @@ def click_options(cls, *names: str):
             f, found = settings[name]
             default = default_of(f)
             required = default is dataclasses.MISSING
+            # a required option is given no default: click 8.3 takes an explicit None as one, and never asks for it
+            given = {} if required else {"default": default}
             default = None if required else default
             declaration = found.flag or f"--{name.replace('_', '-')}"
             if isinstance(found.kind, Flag) and "/" not in declaration:
@@ -514,7 +516,7 @@ def click_options(cls, *names: str):
                 shown_default = found.default_help or (_default_text(default) if isinstance(default, tuple) and default
                                                        else None)
                 help_text = f"{found.help}  [default: {shown_default}]" if shown_default else found.help
-                option = click.option(declaration, name, type=found.kind.click_type, default=default,
+                option = click.option(declaration, name, type=found.kind.click_type, **given,
                                       required=required, multiple=found.multiple, metavar=found.metavar,
                                       help=help_text, show_default=not shown_default and (default not in (None, ())))
             command = option(command)

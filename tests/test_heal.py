@@ -20,6 +20,7 @@ from mixln_convert.healing import heal, losses, metrics
 from mixln_convert.healing import run as heal_run
 from mixln_convert.model.modeling_mixln import MixLNForCausalLM
 from mixln_convert.surgery.loading import load_tokenizer
+from mixln_convert.schema import flag, key_in
 
 SEQ_LEN, BATCH, EVAL_TOKENS = 32, 4, 512
 FAST = dict(seq_len=SEQ_LEN, batch_size=BATCH, eval_tokens=EVAL_TOKENS, progress=False)
@@ -177,8 +178,8 @@ def test_bad_input_is_one_line_error_and_no_output(case, tiny_llama, moved, tmp_
 def test_a_diverged_heal_names_the_lr_as_its_caller_did():
     """train's heal takes its lr from the recipe's heal.lr: the message names that key, heal's own a flag."""
     record = {"step": 3, "val_ppl": float("nan")}
-    for seq_len_flag, lr in (("heal.seq_len", "heal.lr"), ("--seq-len", "--lr")):
-        run = heal_run.HealRun("CONVERTED", "ORIGINAL", "OUT", seq_len_flag=seq_len_flag)
+    for named, lr in ((key_in("heal"), "heal.lr"), (flag, "--lr")):
+        run = heal_run.HealRun("CONVERTED", "ORIGINAL", "OUT", named=named)
         with pytest.raises(MixLNError, match=rf"^{re.escape(lr)}: .*try a smaller {re.escape(lr)}$"):
             metrics.check_record_finite(record, 1.0, run._name)
 

@@ -1,9 +1,6 @@
 """`mixln-convert study`: the from-scratch comparison through train/analyze, and its verdicts."""
 
 import json
-import re
-from functools import reduce
-from operator import getitem
 from types import SimpleNamespace
 
 import pytest
@@ -12,6 +9,7 @@ from safetensors.torch import load_file
 
 from mixln_convert.analysis.measures import verdict
 from mixln_convert.workflows.study import verdicts
+from tiny import check_result_file
 
 TINY = ["seq_len=32", "micro_batch_size=2", "global_batch_size=4", f"max_tokens={4 * 4 * 32}",
         "data.eval_tokens=256", "precision=fp32", "schedule.warmup_steps=1", "eval_interval=2",
@@ -119,17 +117,9 @@ def test_a_run_interrupted_after_its_analysis_keeps_it(finished, tiny_llama_tied
     (["arms"], "Pre-LN", "arms: must be a list of strings, got 'Pre-LN'"),
 ])
 def test_study_json_reads_back_as_written_and_a_damaged_one_is_refused(finished, tmp_path, path, value, error):
-    from mixln_convert.errors import MixLNError
     from mixln_convert.report.study import StudyResult
 
-    out, _ = finished
-    written = (out / "study.json").read_text()
-    assert json.dumps(StudyResult.read(out / "study.json").to_dict(), indent=2) + "\n" == written  # key for key
-    record, (*keys, last) = json.loads(written), path
-    reduce(getitem, keys, record)[last] = value
-    (file := tmp_path / "study.json").write_text(json.dumps(record))
-    with pytest.raises(MixLNError, match="^" + re.escape(f"{file}: {error}") + "$"):
-        StudyResult.read(file)
+    check_result_file(StudyResult, finished[0] / "study.json", tmp_path, path, value, error)
 
 
 @pytest.mark.parametrize("argv, fragment", [

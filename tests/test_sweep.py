@@ -2,9 +2,6 @@
 resume after a kill."""
 
 import json
-import re
-from functools import reduce
-from operator import getitem
 from types import SimpleNamespace
 
 import pytest
@@ -14,6 +11,7 @@ from safetensors.torch import load_file
 
 from mixln_convert.conversion.converter import convert
 from mixln_convert.workflows.sweep import Rule, gradient_figures, recommend
+from tiny import check_result_file
 
 # 8 blocks: alphas 0, 0.25 and 0.3 (both 2 blocks: run once), 0.5
 ALPHAS = "0,0.25,0.3,0.5"
@@ -72,17 +70,9 @@ def test_sweep_writes_one_row_for_each_post_ln_block_count_and_a_report(swept):
     (["recommendation"], [], "recommendation: not a recommendation (not a JSON object)"),
 ])
 def test_sweep_json_reads_back_as_written_and_a_damaged_one_is_refused(swept, tmp_path, path, value, error):
-    from mixln_convert.errors import MixLNError
     from mixln_convert.report.sweep import SweepResult
 
-    out, _ = swept
-    written = (out / "sweep.json").read_text()
-    assert json.dumps(SweepResult.read(out / "sweep.json").to_dict(), indent=2) + "\n" == written  # key for key
-    record, (*keys, last) = json.loads(written), path
-    reduce(getitem, keys, record)[last] = value
-    (file := tmp_path / "sweep.json").write_text(json.dumps(record))
-    with pytest.raises(MixLNError, match="^" + re.escape(f"{file}: {error}") + "$"):
-        SweepResult.read(file)
+    check_result_file(SweepResult, swept[0] / "sweep.json", tmp_path, path, value, error)
 
 
 def test_the_shared_calibration_gives_the_separate_conversion_bitwise(swept, tiny_llama, tmp_path):

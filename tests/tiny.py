@@ -163,3 +163,22 @@ def run_without_package(what: str, ids: torch.Tensor, folders: list, tmp_path: P
                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     return run.stdout, torch.load(tmp_path / "results.pt")
+
+
+def check_result_file(cls, written: Path, tmp_path: Path, path: list, value, error: str) -> None:
+    """The result file ``written`` reads back as ``cls`` key for key, and a copy with the value at ``path`` (keys and
+    list indices) replaced by ``value`` is refused with exactly ``error`` after its name."""
+    import re
+
+    import pytest
+    from mixln_convert.errors import MixLNError
+
+    text = written.read_text()
+    assert json.dumps(cls.read(written).to_dict(), indent=2) + "\n" == text  # key for key
+    damaged = target = json.loads(text)
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    (file := tmp_path / written.name).write_text(json.dumps(damaged))
+    with pytest.raises(MixLNError, match="^" + re.escape(f"{file}: {error}") + "$"):
+        cls.read(file)
