@@ -152,13 +152,11 @@ def model_shapes(source: str) -> Shapes:
 
 
 def block_bytes_per_token(s: Shapes, compute: int, frozen: bool = False) -> int:
-    """Bytes a Pre-LN LLaMA block saves for its backward, per token (a Post-LN block as much);
-    ``compute``: 2 under bf16 autocast, 4 in fp32. The Megatron-style count (Korthikanti et al. 2022,
-    section 4.1: each tensor autograd keeps, by its width and bytes) redone for this block as
-    transformers runs it: RMSNorm, SwiGLU MLP, SDPA/flash attention (which keeps no seq_len x seq_len
-    scores) and no dropout; tests/test_memory.py checks it against autograd. ``frozen``: a block
-    without trainable weights that the gradient still crosses (the heal's student after its Post-LN
-    blocks): autograd keeps no matmul's input and no norm's output for it, as no weight needs them."""
+    """Bytes a Pre-LN LLaMA block saves for its backward, per token (a Post-LN block as much); ``compute``:
+    2 under bf16 autocast, 4 in fp32. Korthikanti et al. 2022's count (section 4.1) redone for RMSNorm,
+    SwiGLU and SDPA/flash attention (no seq_len x seq_len scores); tests/test_memory.py checks it against
+    autograd. ``frozen``: a block without trainable weights that the gradient still crosses: no weight
+    needs its matmuls' inputs or its norms' outputs."""
     h, c = s.hidden, compute
     attention = c * (2 * s.q_dim + 2 * s.kv_dim) + 4 * s.heads  # q, output, k, v; fp32 logsumexp per head
     if frozen:  # the norms' fp32 inputs; gate, silu(gate) and up
@@ -196,16 +194,12 @@ def heal_activation_bytes(s: Shapes, trained: int, tokens: int, compute: int, kl
                           chunked: bool = True) -> int:
     """A heal step's activation memory at its peak, ``trained`` the Post-LN blocks it trains.
 
-    ``residual`` runs the student's prefix: its blocks, and the loss's few fp32 streams. ``kl`` runs the
-    whole student (its frozen blocks keep less: :func:`block_bytes_per_token`), and its peak is the
-    loss: the final norm's fp32 input, both models' logits (compute dtype) and five fp32 [tokens, vocab]
-    tensors: both log-softmaxes, and kl_div's exp(target), target - input and their product.
-
-    With activation checkpointing each block keeps its fp32 input and the backward recomputes one
-    block at a time, the last first, while the inputs before it are still held; ``kl``'s loss
-    (ChunkedKL) holds the final norm's input, both final hidden states and KL_CHUNK_TOKENS positions'
-    five fp32 tensors, the logits themselves freed as they are used; not ``chunked`` (a sharded heal, whose
-    models are entered through their roots only) the whole loss's, as without checkpointing."""
+    ``residual`` runs the student's prefix and the loss's few fp32 streams. ``kl`` runs the whole student
+    (its frozen blocks keep less), and its peak is the loss: the final norm's fp32 input, both models'
+    logits and five fp32 [tokens, vocab] tensors (both log-softmaxes; kl_div's exp(target), target - input
+    and their product). With activation checkpointing each block keeps its fp32 input and the backward
+    recomputes one block at a time; ChunkedKL holds those five tensors for KL_CHUNK_TOKENS positions only,
+    unless not ``chunked`` (a sharded heal, whose models are entered through their roots only)."""
     h, block = s.hidden, block_bytes_per_token(s, compute)
     if not kl:
         blocks = trained * 4 * h + block if checkpointing else trained * block
@@ -224,8 +218,7 @@ def heal_activation_bytes(s: Shapes, trained: int, tokens: int, compute: int, kl
 
 @dataclass(frozen=True)
 class Memory:
-    """Bytes per process on ``hardware``: ``state`` (row label -> bytes that do not depend on the batch)
-    and ``activations`` (activation_checkpointing -> bytes); ``checkpointing``: the recipe's choice."""
+    """Bytes per process: ``state`` (row label -> bytes), ``activations`` (activation_checkpointing -> bytes)."""
     hardware: Hardware
     state: dict[str, int]
     activations: dict[bool, int]
@@ -289,8 +282,7 @@ class Estimate(Memory):
 
 def estimate_recipe(recipe_file, overrides=(), options: EstimateOptions | None = None, **settings) -> Estimate:
     """``mixln-convert estimate``: what the recipe (a file, or a shipped recipe's name) with its
-    ``overrides`` ('key=value') costs on the hardware :func:`choose_hardware` picks from ``options``
-    (an EstimateOptions, or its fields as ``settings``)."""
+    ``overrides`` ('key=value') costs on the hardware :func:`choose_hardware` picks."""
     recipe = load_recipe(recipe_file, overrides, reads_data=False)  # the model's shapes, no data
     hardware = choose_hardware(sized_for(recipe_path(recipe_file)), options, **settings)
     return estimate(recipe, hardware, model_shapes(recipe.source))
@@ -308,7 +300,7 @@ def estimate(recipe: Recipe, hardware: Hardware, shapes: Shapes) -> Estimate:
     if hardware.parallelism == "ddp":
         state["DDP gradient buckets (fp32)"] = 4 * n
     if hardware.parallelism == "fsdp":
-        gathered = n - shapes.layers * shapes.block_parameters + 2 * shapes.block_parameters
+        gathered = n - (shapes.layers - 2) * shapes.block_parameters  # the root unit and two blocks
         state["FSDP gathered: root unit and 2 blocks, weights and fp32 gradients"] = (compute + 4) * gathered
     elif compute == 2:
         state["bf16 weight copies (autocast)"] = 2 * shapes.matmul_parameters
@@ -319,16 +311,14 @@ def estimate(recipe: Recipe, hardware: Hardware, shapes: Shapes) -> Estimate:
 
 
 def _compute_bytes(recipe: Recipe, hardware: Hardware) -> int:
-    """2 for bf16 autocast, 4 for fp32: a recipe's ``precision: auto`` is bf16 on a GPU, fp32 on CPU
-    (the heal's frozen weights and compute follow it)."""
+    """2 for bf16 autocast, 4 for fp32: ``precision: auto`` is bf16 on a GPU, fp32 on CPU."""
     return 2 if recipe.precision == "bf16" or (recipe.precision == "auto" and hardware.device == "gpu") else 4
 
 
 def heal_estimate(recipe: Recipe, hardware: Hardware, shapes: Shapes) -> HealEstimate | None:
-    """The memory per process and the compute of the heal ``recipe``'s Mix-LN arm runs before training
-    (None: no heal, no Post-LN block, or no Mix-LN arm). Each process runs its share of heal.batch_size
-    windows a step over models of its own (the common tail held once), or under ``fsdp: true`` (kl loss)
-    over its shards of two models sharded per block as training's, nothing shared between them."""
+    """The memory per process and the compute of the heal the Mix-LN arm runs before training (None:
+    none). Each process runs its share of heal.batch_size windows a step over models of its own (the
+    common tail held once), or under ``fsdp: true`` (kl loss) over its shards of both models."""
     heal, s = recipe.heal, shapes
     k = (read_json(Path(recipe.converted) / "config.json").get("post_ln_layers", 0) if recipe.converted
          else post_ln_count(s.layers, recipe.conversion.alpha))
@@ -355,9 +345,8 @@ def heal_estimate(recipe: Recipe, hardware: Hardware, shapes: Shapes) -> HealEst
              f"gradients (fp32{share})": 4 * trained // p,
              f"AdamW moments (2 x fp32{share})": 8 * trained // p}
     if sharded:
-        gathered = s.parameters - s.layers * s.block_parameters + 2 * s.block_parameters
         state["FSDP gathered: each model's root unit and 2 blocks, the student's with fp32 gradients"] = (
-            (2 * compute + 4) * gathered)
+            (2 * compute + 4) * (s.parameters - (s.layers - 2) * s.block_parameters))
     elif compute == 2:
         state["bf16 copies of the trained blocks (autocast)"] = 2 * trained
     windows = -(-heal.batch_size // hardware.processes)  # a multiple of the processes, else train refuses it
@@ -371,9 +360,8 @@ def heal_estimate(recipe: Recipe, hardware: Hardware, shapes: Shapes) -> HealEst
 
 
 def check_heal_fits(recipe: Recipe, processes: int, memory: int | None = None) -> HealEstimate | None:
-    """Refuse, before any weight is loaded, a heal (the recipe's, for its Mix-LN arm) that would not fit
-    ``processes`` processes on this machine: each the memory of the GPU it sees, else the machine's RAM
-    shared by all (``memory``: bytes per process instead). Returns its :class:`HealEstimate`; None: no heal."""
+    """Refuse, before any weight is loaded, a heal that would not fit ``processes`` processes on this machine:
+    each the memory of the GPU it sees, else a share of the RAM (``memory``: bytes per process instead)."""
     gpu = torch.cuda.is_available()
     if memory is None:
         memory = (torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory if gpu
@@ -402,8 +390,7 @@ def _usable(hw: Hardware) -> str:
 
 
 def _checkpointing(m: Memory, key: str) -> str:
-    """The recipe's ``key`` (activation checkpointing), and what turning it on would do where that
-    alone makes ``m`` fit."""
+    """The recipe's ``key`` (activation checkpointing), and whether turning it on alone makes ``m`` fit."""
     text = f"{key}: {str(m.checkpointing).lower()}"
     if not m.fits(m.checkpointing) and not m.checkpointing and m.fits(True):
         text += f"; with {key}: true it fits ({_gb(m.total(True))} GB)"
@@ -443,9 +430,8 @@ def _heal_lines(h: HealEstimate, s: Shapes) -> list[str]:
 
 
 def report(e: Estimate) -> str:
-    """The estimate as Markdown tables (GB = 10^9 bytes, per process), training's then the heal's,
-    and a last line that starts with the verdict, "fits" or "does not fit" (both must fit), for the
-    recipe's activation_checkpointing (and heal.activation_checkpointing)."""
+    """The estimate as Markdown tables (GB per process), training's then the heal's, and a last line
+    that starts with the verdict, "fits" or "does not fit" (both must fit)."""
     s, hw, h = e.shapes, e.hardware, e.heal
     sequences, seq_len = e.micro_batch
     lines = [
