@@ -74,8 +74,6 @@ class Count(Kind):
 
 
 TOKENS, TOKENS_OR_ZERO = Count(1), Count(0)
-
-
 BATCH = Count(1, MAX_BATCH)  # sequences in one forward pass: past any accelerator's memory
 SEED = Count(0, SEED_LIMIT - 1)  # numpy's and torch's seeds are 32-bit
 
@@ -347,8 +345,7 @@ def comma_list(text: str) -> tuple[str, ...]:
 
 
 class CommaList(click.ParamType):
-    """'a,b' -> ('a', 'b') (:func:`comma_list`); with float,
-    '0,0.25' -> (0.0, 0.25). The kind checks what it holds."""
+    """'a,b' -> ('a', 'b'); with float, '0,0.25' -> (0.0, 0.25). The kind checks what it holds."""
     name = "list"
 
     def __init__(self, item=str):
@@ -368,12 +365,10 @@ class CommaList(click.ParamType):
 
 @dataclass(frozen=True)
 class Setting:
-    """A setting's declaration beside its kind and default (the dataclass field's): ``help`` None makes
-    it the API's or a recipe's only, not a command-line option; ``flag`` is its option ('--x', or
-    '--x/--no-x' for a switch; default from the field's name); ``default_help`` replaces the shown
-    default where the default is worked out later (None: '--alpha' from '--post-ln-layers'); ``multiple``:
-    a repeatable option, its value a tuple of values each of the kind. A field without a default is a
-    required option."""
+    """A setting's declaration beside its default (the dataclass field's): ``help`` None makes it no
+    command-line option; ``flag`` is its option ('--x', or '--x/--no-x' for a switch; default from the field's
+    name); ``default_help`` replaces the shown default where it is worked out later; ``multiple``: a
+    repeatable option. A field without a default is a required option."""
     kind: Kind
     help: str | None = None
     flag: str | None = None
@@ -432,15 +427,8 @@ def default_of(f: dataclasses.Field):
 def check_settings(obj, name=flag) -> None:
     """Each declared setting of the dataclass ``obj`` checked against its kind, an error naming it by
     ``name(field)``; a setting whose default is None may be None (left to the command to work out)."""
-    check_values(type(obj), {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}, name)
-
-
-def check_values(cls, values: dict, name=flag) -> None:
-    """:func:`check_settings` of the values ``values`` holds for the dataclass ``cls``'s settings (by field name)."""
-    for f, found in declared(cls).values():
-        if f.name not in values:
-            continue
-        value = values[f.name]
+    for f, found in declared(type(obj)).values():
+        value = getattr(obj, f.name)
         if value is None and default_of(f) is None:
             continue
         if found.multiple and not isinstance(value, (list, tuple)):
@@ -450,11 +438,9 @@ def check_values(cls, values: dict, name=flag) -> None:
 
 
 def read_record(cls, record, where: str, what: str = "a record", key: str = ""):
-    """An instance of the dataclass ``cls`` from ``record`` (a JSON object a command wrote, read from ``where``,
-    ``what`` it should be; ``key``: where in the file, for a nested object): each field without a default
-    required, then each declared field's value checked against its kind and held as it says (a nested object
-    as its class, :class:`Nested`); keys not declared are ignored (a newer version's). One line naming
-    ``where`` and the key if not."""
+    """An instance of the dataclass ``cls`` from ``record`` (a JSON object read from ``where``, ``what`` it should
+    be; ``key``: where in the file, for a nested object), each declared field checked against its kind; keys not
+    declared are ignored (a newer version's)."""
     at = f"{where}: {key}" if key else where
     if not isinstance(record, dict):
         raise MixLNError(f"{at}: not {what} (not a JSON object)")
@@ -464,7 +450,7 @@ def read_record(cls, record, where: str, what: str = "a record", key: str = ""):
         raise MixLNError(f"{at}: not {what} (missing {', '.join(missing)})")
     values = {}
     for name, (f, found) in fields.items():
-        if name in record:  # None where the default is None: not measured (as check_values lets it be)
+        if name in record:  # None where the default is None: not measured (as check_settings lets it be)
             value = record[name]
             values[name] = value if value is None and default_of(f) is None else found.kind.record(
                 value, where, f"{key}.{name}" if key else name)
