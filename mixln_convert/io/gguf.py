@@ -1,6 +1,7 @@
 """A GGUF file as a :class:`~.loader.Checkpoint`, its tensors dequantized one at a time."""
 
 import copy
+import json
 import math
 import re
 import tempfile
@@ -163,12 +164,8 @@ def _split_digits(folder: Path) -> None:
     """The saved tokenizer in ``folder`` with tokenizers' Digits(individual_digits=True) before its byte-level
     pre-tokenizer: the split of a GGUF whose tokenizer.ggml.pre is in DIGIT_SPLIT_PRES (SmolLM's own
     tokenizer.json has the same two steps; Digits splits every Unicode number character, as \\p{N} does)."""
-    import json
-
     file = folder / "tokenizer.json"
-    if not file.is_file():
-        return
-    saved = json.loads(file.read_text())
+    saved = json.loads(file.read_text()) if file.is_file() else {}
     pre = saved.get("pre_tokenizer") or {}
     if pre.get("type") != "ByteLevel" or not pre.get("use_regex", True):
         return  # not the byte-level split transformers reads a "gpt2" vocabulary with: left as read
@@ -181,19 +178,14 @@ def _drop_tokens_past(folder: Path, count: int) -> None:
     """The saved tokenizer in ``folder`` without the added tokens past the GGUF's ``count`` tokens: transformers
     gives a byte-level vocabulary without ``<|endoftext|>`` (LLaMA 3's, a tiny one) that token as a default, at an
     id no embedding row holds (the tool then refused the file: "more tokens than vocab_size")."""
-    import json
-
     file = folder / "tokenizer.json"
-    if not file.is_file():
-        return
-    saved = json.loads(file.read_text())
+    saved = json.loads(file.read_text()) if file.is_file() else {}
     past = {entry["content"] for entry in saved.get("added_tokens", []) if entry.get("id", 0) >= count}
     if not past:
         return
     saved["added_tokens"] = [entry for entry in saved["added_tokens"] if entry.get("id", 0) < count]
     file.write_text(json.dumps(saved))
-    for name in ("tokenizer_config.json", "special_tokens_map.json"):
-        path = folder / name
+    for path in (folder / "tokenizer_config.json", folder / "special_tokens_map.json"):
         if not path.is_file():
             continue
         config = json.loads(path.read_text())

@@ -43,7 +43,7 @@ def check_config(config, where: str) -> None:
     kv_heads = config.get("num_key_value_heads") or heads
     if heads % kv_heads:
         raise MixLNError(f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
-    for key in ("tie_word_embeddings", "attention_bias", "mlp_bias"):
+    for key in ("tie_word_embeddings", "attention_bias", "mlp_bias", "layernorm_scaling"):
         if config.get(key) is not None and not isinstance(config[key], bool):
             raise MixLNError(f"{where}: {key} must be true or false, got {config[key]!r}")
     eps = config.get("rms_norm_eps", 1e-6)
@@ -64,12 +64,9 @@ def check_config(config, where: str) -> None:
     if not (_is_int(k) and 0 <= k <= config["num_hidden_layers"]):
         raise MixLNError(f"{where}: post_ln_layers must be an integer in [0, num_hidden_layers "
                          f"{config['num_hidden_layers']}], got {k!r}")
-    if config.get("layernorm_scaling") is not None:
-        if not isinstance(config["layernorm_scaling"], bool):
-            raise MixLNError(f"{where}: layernorm_scaling must be true or false, got {config['layernorm_scaling']!r}")
-        if config["layernorm_scaling"] and config.get("post_ln_layers"):
-            raise MixLNError(f"{where}: layernorm_scaling scales the norms of Pre-LN blocks; post_ln_layers must be "
-                             f"0 with it, got {config['post_ln_layers']}")
+    if config.get("layernorm_scaling") and k:
+        raise MixLNError(f"{where}: layernorm_scaling scales the norms of Pre-LN blocks; post_ln_layers must be "
+                         f"0 with it, got {k}")
 
 
 def check_rope(config: dict, where: str) -> None:
@@ -184,8 +181,7 @@ def check_tensors(shapes: dict[str, tuple[int, ...]], config: dict, arch, where:
 
 
 def check_finite(name: str, tensor, where: str) -> None:
-    """Refuse a floating tensor holding NaN or inf. min/max propagate NaN and reach +-inf, and run at
-    memory speed without the scratch mask isfinite() allocates."""
+    """Refuse a floating tensor holding NaN or inf (aminmax: memory speed, without isfinite()'s scratch mask)."""
     import torch
 
     if not tensor.is_floating_point() or tensor.numel() == 0:
