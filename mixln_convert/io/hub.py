@@ -76,9 +76,8 @@ def _reason(error: Exception) -> str:
 
 
 def model_snapshot(name: HubName, flag: str) -> str:
-    """The snapshot folder of the Hub model ``name`` with the files a checkpoint is read from,
-    fetched into the Hugging Face cache (files it holds already are not fetched again); offline or
-    with the Hub out of reach, as the cache holds it. Errors name ``flag`` and ``name``."""
+    """The snapshot folder of the Hub model ``name`` with the files a checkpoint is read from, fetched into
+    the Hugging Face cache; offline or with the Hub out of reach, as the cache holds it."""
     from huggingface_hub import HfApi, hf_hub_download, snapshot_download
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
@@ -144,8 +143,7 @@ def _cached_snapshot(name: HubName, where: str, error: Exception) -> str:
 
 
 def _cached_folder(name: HubName) -> Path | None:
-    """The snapshot folder the Hugging Face cache holds of ``name``'s revision (a branch or tag through its
-    ref, or a commit), if any."""
+    """The snapshot folder the Hugging Face cache holds of ``name``'s revision (a branch, tag or commit), if any."""
     from huggingface_hub import constants
 
     repo = Path(constants.HF_HUB_CACHE) / f"models--{name.repo.replace('/', '--')}"
@@ -159,9 +157,8 @@ def _cached_folder(name: HubName) -> Path | None:
 
 
 def snapshot_model(path) -> tuple[str, str] | None:
-    """(repo, commit) of the Hub model whose Hugging Face cache snapshot ``path`` is (the folder, or a
-    .gguf file at its top, as :func:`model_snapshot` gives them); None for any other path. Only the
-    path is read: a provenance names its source so after the cache is gone."""
+    """(repo, commit) of the Hub model whose Hugging Face cache snapshot ``path`` is (the folder, or a .gguf
+    at its top); None for any other path. Only the path is read: a provenance names it after the cache is gone."""
     path = Path(path)
     folder = path.parent if path.suffix.lower() == ".gguf" else path
     repo_dir = folder.parent.parent.name
@@ -186,9 +183,8 @@ def _lone_gguf(listing: list[str], where: str) -> str | None:
 
 
 def _checkpoint_files(listing: list[str], index_file, where: str) -> list[str]:
-    """The files of a repo's ``listing`` a checkpoint folder is read from: config.json, the weights
-    in the first format of WEIGHT_FILES the repo has (its index and the shards the index names,
-    or its single file), the files beside them, and the model card (for its license); ``index_file(name)``
+    """The files of a repo's ``listing`` a checkpoint folder is read from: config.json, the weights in the first
+    format of WEIGHT_FILES it has, the files beside them and the model card (its license); ``index_file(name)``
     is a local copy of an index."""
     top = {file for file in listing if "/" not in file}  # subfolders hold other formats (onnx/, original/)
     if "config.json" not in top:
@@ -215,8 +211,7 @@ def _shards(index: Path, where: str) -> list[str]:
 
 
 class HubDataset:
-    """One split of a Hub dataset, read through ``datasets`` (imported on first use); its builder
-    is loaded once per process."""
+    """One split of a Hub dataset, read through ``datasets``; its builder is loaded once per process."""
 
     def __init__(self, name: HubName):
         self.name = name
@@ -225,8 +220,7 @@ class HubDataset:
         return str(self.name)
 
     def builder(self, flag: str | None = None):
-        """The dataset's builder, its split and 'text' column checked where its info knows them;
-        errors name ``flag`` (else the name alone, as a file's name its errors)."""
+        """The dataset's builder, its split and 'text' column checked where its info knows them."""
         import datasets
 
         where = f"{flag} {self.name}" if flag else str(self.name)
@@ -255,8 +249,8 @@ class HubDataset:
                 "revision": builder.hash}
 
     def records(self, streaming: bool):
-        """The split's rows; ``streaming``: read as they come from the Hub (or the cache), never all
-        held or prepared on disk; else prepared in the datasets cache first, as ``load_dataset`` does."""
+        """The split's rows; ``streaming``: as they come from the Hub (or the cache), never all held or
+        prepared on disk; else prepared in the datasets cache first, as ``load_dataset`` does."""
         builder = self.builder()
         try:
             if streaming:

@@ -39,9 +39,8 @@ def _named(path) -> list[str]:
 
 
 def input_paths(path) -> list[Path]:
-    """The files and folders an input argument names: a path, or each match of a glob pattern,
-    and what every symlink inside a named folder points to (a Hugging Face cache snapshot holds
-    only links into its blobs folder: those files are the input)."""
+    """The files and folders an input argument names (a path, or a glob's matches), and what every symlink
+    inside a named folder points to (a Hugging Face cache snapshot holds only links into its blobs)."""
     named = _named(path)
     found = [resolved(p) for p in named]
     for folder in (p for p in named if os.path.isdir(p)):
@@ -67,8 +66,8 @@ def check_not_input(dst, inputs: dict, flag: str = "DST") -> Path:
 
 
 def check_destination(dst, inputs: dict, force: bool = False, flag: str = "DST") -> Path:
-    """:func:`check_not_input`, and refuse ``dst`` before any work when it exists and is not a folder,
-    is a non-empty folder and ``force`` is not set, or cannot be created. Returns ``dst`` resolved."""
+    """:func:`check_not_input`, and refuse a ``dst`` that is no folder, is a non-empty one without ``force``,
+    or cannot be created."""
     target = check_not_input(dst, inputs, flag)
     if target.exists() and not target.is_dir():
         raise MixLNError(f"{flag} {dst}: exists and is not a folder")
@@ -83,19 +82,16 @@ def check_destination(dst, inputs: dict, force: bool = False, flag: str = "DST")
 def check_readable(path, flag: str) -> None:
     """A data argument that must exist now: a path (a glob must match), or a Hub dataset name that
     ``datasets`` can load (:mod:`.hub`); None (not given) passes."""
-    if path is None:
-        return
     dataset = hub_name(path, "dataset")
     if dataset is not None:
         HubDataset(dataset).builder(flag)
-        return
-    _check_paths(path, flag)
+    elif path is not None:
+        _check_paths(path, flag)
 
 
 def checkpoint_path(path, flag: str):
-    """A checkpoint argument as a local path: a path that exists, as given, or a Hub model name's
-    snapshot folder, fetched into the Hugging Face cache (:mod:`.hub`). A checkpoint already open
-    (not a path) passes through."""
+    """A checkpoint argument as a local path: a path that exists, or a Hub model name's snapshot folder
+    (:mod:`.hub`). A checkpoint already open passes through."""
     if not isinstance(path, (str, os.PathLike)):
         return path
     model = hub_name(path, "model")
