@@ -45,12 +45,9 @@ def gguf_tokenizer_fields(path) -> list[Field]:
     """The ``tokenizer.*`` fields of the GGUF file ``path``, as stored."""
     from gguf import GGUFReader, GGUFValueType
 
-    fields = []
-    for key, field in GGUFReader(path).fields.items():
-        if key.startswith("tokenizer.") and field.types:
-            array = field.types[0] == GGUFValueType.ARRAY
-            fields.append(Field(key, field.contents(), field.types[0], field.types[-1] if array else None))
-    return fields
+    fields = GGUFReader(path).fields.items()
+    return [Field(key, f.contents(), f.types[0], f.types[-1] if f.types[0] == GGUFValueType.ARRAY else None)
+            for key, f in fields if key.startswith("tokenizer.") and f.types]
 
 
 def folder_tokenizer_fields(tokenizer, vocab_size: int, where: str) -> list[Field]:
@@ -105,20 +102,16 @@ def token_table(tokenizer, vocab_size: int, kind: str) -> tuple[list[str], list[
 
     by_id = {i: token for token, i in tokenizer.get_vocab().items()}
     added = tokenizer.added_tokens_decoder
-    tokens, types = [], []
-    for i in range(vocab_size):
-        token = by_id.get(i)
-        if token is None:
-            tokens.append(f"[PAD{i}]")
+    tokens = [by_id.get(i, f"[PAD{i}]") for i in range(vocab_size)]
+    types = []
+    for i, token in enumerate(tokens):
+        if i not in by_id:
             types.append(TokenType.UNUSED)
         elif kind == "llama" and i == tokenizer.unk_token_id:
-            tokens.append(token)
             types.append(TokenType.UNKNOWN)
         elif i in added:
-            tokens.append(token)
             types.append(TokenType.CONTROL if added[i].special else TokenType.USER_DEFINED)
         else:
-            tokens.append(token)
             types.append(TokenType.BYTE if kind == "llama" and BYTE_TOKEN.fullmatch(token) else TokenType.NORMAL)
     return tokens, [int(t) for t in types]
 
@@ -126,9 +119,7 @@ def token_table(tokenizer, vocab_size: int, kind: str) -> tuple[list[str], list[
 def merge_text(merge) -> str:
     """A merge as llama.cpp stores it, "left right": tokenizer.json's newer [left, right] pairs joined, a
     space inside a part spelled U+0120 as gguf-py's SpecialVocab spells it."""
-    if isinstance(merge, str):
-        return merge
-    return " ".join(part.replace(" ", chr(ord(" ") + 256)) for part in merge)
+    return merge if isinstance(merge, str) else " ".join(part.replace(" ", "\u0120") for part in merge)
 
 
 def merge_scores(tokens: list[str], merges: list[str]) -> list[float]:

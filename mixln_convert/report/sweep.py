@@ -126,7 +126,6 @@ def _ratio(value: float | None, original: float) -> str:
 
 
 def _ppls(runs: list[TrainedRun]) -> list[float]:
-    """The final validation perplexities of trained runs (one per seed)."""
     return [run.final_val_ppl for run in runs]
 
 
@@ -191,8 +190,7 @@ def verdict_sentences(result: SweepResult) -> list[str]:
 
 
 def _lns_sentence(result: SweepResult) -> str:
-    """The LNS retrofit against the Pre-LN control, both trained on each seed's data and order: a
-    difference is called only beyond the spread between seeds (one seed has none: too close to call)."""
+    """The LNS retrofit against the Pre-LN control: a difference is called only beyond the spread between seeds."""
     found = verdict(_ppls(result.lns), _ppls(result.control), "lower")
     outcome = {"reproduced": "LNS is lower", "not reproduced": "LNS is higher"}.get(found["outcome"],
                                                                                     found["outcome"])
@@ -267,12 +265,10 @@ def plot_gradients(result: SweepResult, path: Path) -> None:
 
 
 def time_rows(result: SweepResult) -> list[list[str]]:
-    times = result.times
-    rows = ([["calibration (once, for every alpha)", f"{times['calibration_s']:.1f} s"]] if "calibration_s" in times
-            else [])
-    for row in result.rows:
-        for key, seconds in row.times.items():
-            rows.append([f"{row.post_ln_layers} Post-LN: {key.removesuffix('_s')}", f"{seconds:.1f} s"])
+    rows = [[f"{row.post_ln_layers} Post-LN: {key.removesuffix('_s')}", f"{seconds:.1f} s"]
+            for row in result.rows for key, seconds in row.times.items()]
+    if "calibration_s" in result.times:
+        rows.insert(0, ["calibration (once, for every alpha)", f"{result.times['calibration_s']:.1f} s"])
     return rows
 
 
