@@ -215,9 +215,8 @@ def _parquet_documents(path: Path) -> Iterator[str]:
 
 
 def file_documents(path: Path | HubDataset, streaming: bool = False) -> Iterator[str]:
-    """The non-blank documents of one file or Hub dataset, streamed: a .txt file is one document, a
-    JSON line, JSON record, parquet row or dataset row another. ``streaming``: a Hub dataset's rows
-    as they come (else from its copy prepared in the datasets cache, which stays for offline use)."""
+    """The non-blank documents of one file or Hub dataset, streamed: a .txt file is one document, a JSON line,
+    record, parquet row or dataset row another. ``streaming``: a Hub dataset's rows as they come."""
     fmt = None if isinstance(path, HubDataset) else _format(path)
     try:
         if fmt is None:
@@ -237,16 +236,14 @@ def file_documents(path: Path | HubDataset, streaming: bool = False) -> Iterator
 
 
 def source_files(source) -> list[Path | HubDataset]:
-    """The files a user-given source names: a file, a folder (recursively, sorted) or a glob; or the
-    Hub dataset it names (:mod:`mixln_convert.io.hub`)."""
+    """The files a user-given source names (a file, a folder recursively, a glob), or its Hub dataset."""
     dataset = hub_name(source, "dataset")
     return [HubDataset(dataset)] if dataset is not None else _files(str(source))
 
 
 def check_text(source, flag: str) -> None:
-    """Every document of ``source`` (a file, folder or glob) read and decoded once, none kept: a
-    command that writes before it reads its text (sweep, study) refuses a bad file first. A Hub
-    dataset is checked as its builder knows it (split, column): reading it all would fetch it all."""
+    """Every document of ``source`` read once, none kept: a command that writes before it reads its text
+    refuses a bad file first. A Hub dataset is checked as its builder knows it: reading it would fetch it."""
     dataset = hub_name(source, "dataset")
     if dataset is not None:
         HubDataset(dataset).builder(flag)
@@ -255,9 +252,8 @@ def check_text(source, flag: str) -> None:
 
 
 def read_texts(source=None, split: str = "validation") -> list[str]:
-    """Documents from `source`: None (the embedded corpus's `split`), a file, a folder, a glob or a
-    Hub dataset (its split prepared in the datasets cache, then read). A user-given source ignores
-    `split`: the user chose the text (a Hub dataset's split is in its name, train unless named)."""
+    """Documents from `source`: None (the embedded corpus's `split`), a file, a folder, a glob or a Hub
+    dataset. A user-given source ignores `split` (a Hub dataset's split is in its name, train unless named)."""
     if source is None:
         return embedded_corpus(split)
     texts = [t for f in source_files(source) for t in file_documents(f)]
@@ -267,10 +263,9 @@ def read_texts(source=None, split: str = "validation") -> list[str]:
 
 
 def token_ids(tokenizer, texts: list[str], max_tokens: int | None = None) -> np.ndarray:
-    """The documents' token ids in one int32 array, EOS between documents; with ``max_tokens``
-    tokenizing stops once that many are in hand (more may be returned), so a huge corpus stays cheap.
-    Documents are encoded a batch at a time (the fast tokenizer spreads a batch over its threads)
-    and kept as int32 arrays: 4 bytes a token, where a Python list of ints takes ~36."""
+    """The documents' token ids in one int32 array, EOS between documents; with ``max_tokens`` tokenizing
+    stops once that many are in hand (more may be returned). Encoded a batch at a time (the fast tokenizer
+    spreads a batch over its threads) and kept as int32 arrays, not lists of Python ints."""
     eos = tokenizer.eos_token_id
     if eos is None:
         raise MixLNError("the tokenizer has no eos_token_id to separate documents with")

@@ -51,9 +51,8 @@ def token_stream(tokenizer, texts: list[str], max_tokens: int | None = None, wha
 
 
 def windows(stream, seq_len: int, what: str, flag: str | None = "seq_len"):
-    """``stream`` (an array or :class:`TokenShards`) cut into [n, seq_len] windows (a view, or windows
-    read on demand; the remainder is dropped). ``what`` names the text and ``flag`` the option that
-    set ``seq_len`` (None: the command fixes it) in the error when not one window fits."""
+    """``stream`` (an array or :class:`TokenShards`) cut into [n, seq_len] windows, the remainder dropped;
+    ``what`` names the text and ``flag`` the option that set ``seq_len`` (None: the command fixes it)."""
     n = len(stream) // seq_len
     if n == 0:
         remedy = f"lower {flag} or give more text" if flag else "give more text"
@@ -65,9 +64,8 @@ def windows(stream, seq_len: int, what: str, flag: str | None = "seq_len"):
 
 
 def open_tokens(folder, tokenizer) -> tuple[TokenShards, TokenShards]:
-    """The train and validation streams of the tokenized ``folder``, checked against its manifest
-    (shard sizes; a shard's content is hashed by `tokenize` only, and its ids range-checked as
-    they are read) and ``tokenizer``."""
+    """The train and validation streams of the tokenized ``folder``, checked against its manifest (shard sizes;
+    ids are range-checked as they are read) and ``tokenizer``."""
     manifest = read_manifest(folder)
     if manifest.tokenizer_sha256 != tokenizer_fingerprint(tokenizer):
         raise MixLNError(f"{folder}: tokenized with another tokenizer (sha256 {manifest.tokenizer_sha256[:12]}, "
@@ -79,10 +77,8 @@ def open_tokens(folder, tokenizer) -> tuple[TokenShards, TokenShards]:
 
 
 def load_splits(data, tokenizer, train_tokens: int, progress: bool = True) -> Splits:
-    """Token streams of a recipe's ``data`` section: the training stream and ``data.eval_tokens``
-    of validation text. A tokenized folder is used as it is (its manifest fixes the validation
-    split); text is tokenized into the user cache first (``train_tokens`` of training text, no more),
-    unless a run before did it with the same files and settings."""
+    """Token streams of a recipe's ``data`` section: the training stream and ``data.eval_tokens`` of
+    validation text; text is tokenized into the user cache first (``train_tokens`` of it, no more)."""
     if is_tokens_folder(data.train):
         if data.validation is not None:
             raise MixLNError(f"data.validation: {data.validation}: data.train {data.train} is a tokenized "
@@ -107,10 +103,8 @@ def load_splits(data, tokenizer, train_tokens: int, progress: bool = True) -> Sp
 
 
 def data_fingerprint(*sources: str | None) -> dict[str, str]:
-    """{file: sha256} of every file the data ``sources`` (a recipe's data.train and
-    data.validation; None: the embedded corpus) read: text files, or a tokenized folder's manifest
-    (which holds each shard's sha256); {name: commit} of a Hub dataset. A resumed run must find them
-    unchanged."""
+    """{file: sha256} of every file the data ``sources`` read (None: the embedded corpus; a tokenized folder:
+    its manifest, which holds each shard's sha256); {name: commit} of a Hub dataset."""
     found = {}
     for source in sources:
         if source is not None:
@@ -123,10 +117,8 @@ def data_fingerprint(*sources: str | None) -> dict[str, str]:
 
 
 class PackedWindows:
-    """``length`` training sequences drawn from ``windows`` pass after pass, each pass in a fresh
-    order seeded by (seed, pass). Sample i is a pure function of i, so the data position of a
-    resumed run is simply the number of samples already drawn. The order is a
-    :class:`WindowOrder`, computed per sample: no array of the corpus's size is ever held."""
+    """``length`` training sequences drawn from ``windows`` pass after pass, each pass in a fresh order
+    (:class:`WindowOrder`). Sample i is a pure function of i: a resumed run's position is a count."""
 
     def __init__(self, windows, length: int, seed: int):  # windows: an [n, seq_len] array or ShardWindows
         self.windows, self.length, self.seed = windows, length, seed
@@ -178,9 +170,8 @@ class WindowOrder:
 
 def token_windows(tokenizer, texts: list[str], seq_len: int, max_tokens: int | None = None, *,
                   flag: str = EvalOptions.flag("seq_len"), source=None):
-    """The documents' token stream cut into [n_windows, seq_len] int64 windows (which may span
-    documents): ``max_tokens`` tokens in whole windows, at least one, and no more is tokenized.
-    Errors name ``flag`` (the option that set ``seq_len``) and ``source`` (where the text came from)."""
+    """The documents' token stream cut into [n_windows, seq_len] int64 windows (which may span documents):
+    ``max_tokens`` tokens in whole windows, at least one; errors name ``flag`` and ``source``."""
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
         raise MixLNError(f"{flag}: must be a positive integer, got {seq_len!r}")
     import torch

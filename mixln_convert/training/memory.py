@@ -1,30 +1,22 @@
 """What a training recipe costs, known before any weight is loaded: the model is built from its
-config alone (a folder's config.json, a GGUF's metadata) on the meta device, and the parameter
-count, per-process memory and FLOPs per optimizer step follow from its shapes, the recipe and the
-hardware (processes, parallelism, memory per device).
+config alone on the meta device, and the parameter count, per-process memory and FLOPs per optimizer
+step follow from its shapes, the recipe and the hardware.
 
-Memory per process, in bytes:
-
-- fp32 master weights (4), gradients (4) and AdamW's two moments (8) per parameter: held whole
-  by every process (single, DDP), or a 1/processes shard each (FSDP);
-- DDP: its gradient buckets, one more fp32 copy of the gradients (torch's default
-  ``gradient_as_bucket_view=False`` copies each gradient into the bucket it all-reduces);
-- bf16 autocast without FSDP: the bf16 copy of every matmul weight that autocast makes in the
-  forward and the backward uses; FSDP instead gathers parameters for compute (bf16 under
-  autocast): the root unit (embeddings, final norm, lm_head) and two blocks (the one computing,
-  the one prefetched), with their fp32 gradients before the reduce-scatter;
-- activations (:func:`block_bytes_per_token`, :func:`head_bytes_per_token`).
+Memory per process: fp32 master weights, gradients and AdamW's two moments, whole in every process
+(single, DDP) or a 1/processes shard each (FSDP); DDP's gradient buckets (torch's default
+``gradient_as_bucket_view=False`` copies each gradient into the bucket it all-reduces); without FSDP,
+the bf16 copy of every matmul weight that autocast makes; with it, the parameters gathered for
+compute (the root unit and two blocks: the one computing, the one prefetched) with their fp32
+gradients; and the activations (:func:`block_bytes_per_token`, :func:`head_bytes_per_token`).
 
 A run fits when this is at most ``USABLE`` of the device's memory; the rest is for what is not
-counted: the CUDA context, NCCL buffers, the caching allocator's fragmentation, and AdamW's
-temporaries at the optimizer step (none when fused; one shard-sized buffer under FSDP),
-taken after the activations are freed.
+counted: the CUDA context, NCCL buffers, the allocator's fragmentation, and AdamW's temporaries at
+the optimizer step, taken after the activations are freed.
 
-The heal of the Mix-LN arm (the recipe's ``heal`` section) runs before training and has a peak of
-its own (:func:`heal_estimate`): every process holds the frozen teacher and student in the heal's
-dtype, sharing one copy of what the conversion left equal (``kl``: both whole models; ``residual``:
-both prefixes), and the trained Post-LN blocks as fp32 masters with their gradients (all-reduced in
-place: no bucket copy) and AdamW's two moments; nothing is sharded, not even under FSDP.
+The heal of the Mix-LN arm runs before training and has a peak of its own (:func:`heal_estimate`):
+the frozen teacher and student in the heal's dtype, sharing what the conversion left equal, and the
+trained Post-LN blocks as fp32 masters with their gradients and AdamW's moments, nothing sharded
+unless the kl heal runs under FSDP.
 """
 
 import os
