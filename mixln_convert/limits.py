@@ -27,8 +27,6 @@ def is_integral(value) -> bool:
     return is_finite_number(value) and value == int(value)
 
 
-
-
 # Upper bounds of the counts a user gives, checked where they enter: a count past its bound
 # would run for days, hang building plans, or start processes until the system refuses.
 MAX_SEEDS = 100  # seeds per arm: each trains every arm once more

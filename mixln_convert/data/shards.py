@@ -181,8 +181,7 @@ def is_tokens_folder(path) -> bool:
 
 
 def read_manifest(folder: Path) -> TokenManifest:
-    """The manifest of a tokenized folder, its fields checked; a one-line error naming the file and key if
-    it is damaged."""
+    """The manifest of a tokenized folder, its fields checked."""
     path = Path(folder) / MANIFEST
     try:
         return TokenManifest.read(path)
@@ -192,8 +191,7 @@ def read_manifest(folder: Path) -> TokenManifest:
 
 
 def check_shards(folder: Path, manifest: TokenManifest, hashes: bool = False) -> None:
-    """Every shard of the manifest is there with its recorded size (and, with ``hashes``, its
-    sha256: that reads every shard, so only `tokenize` does it)."""
+    """Every shard of the manifest is there with its recorded size (and, with ``hashes``, its sha256)."""
     itemsize = DTYPES[manifest.dtype].itemsize
     for split in TOKEN_SPLITS:
         for shard in manifest.splits[split].shards:
@@ -209,13 +207,9 @@ def check_shards(folder: Path, manifest: TokenManifest, hashes: bool = False) ->
 
 
 class TokenShards:
-    """One split of a tokenized folder as one token stream: ``len()`` and ``[a:b]`` slices (an
-    array), each shard memory-mapped on first use, so reading a window reads that window only.
-
-    Hashing every shard would read the whole corpus in every process, so a shard's content is
-    checked where it is read instead: an id at or past ``id_limit`` (the tokenizer's size) is a
-    one-line error naming the shard. That catches random damage, not a valid id changed to another.
-    """
+    """One split of a tokenized folder as one token stream: ``len()`` and ``[a:b]`` slices (an array), each
+    shard memory-mapped on first use. Hashing every shard would read the whole corpus in every process, so a
+    shard's ids are checked where they are read instead: one at or past ``id_limit`` is an error."""
 
     def __init__(self, folder: Path, manifest: TokenManifest, split: str, id_limit: int | None = None):
         self.folder, self.split, self.id_limit = Path(folder), split, id_limit
@@ -249,8 +243,7 @@ class TokenShards:
 
 
 class ShardWindows:
-    """A token stream cut into ``n`` windows of ``seq_len`` (the remainder dropped), read on demand:
-    what :func:`~.stream.windows` gives for shards, as a reshaped array for an array."""
+    """A token stream cut into ``n`` windows of ``seq_len``, read on demand (:func:`~.stream.windows`)."""
 
     def __init__(self, stream: TokenShards, n: int, seq_len: int):
         self.stream, self.n, self.seq_len = stream, n, seq_len

@@ -10,9 +10,8 @@ from ..options import KL_BLOCK_ELEMENTS, KL_CHUNK_TOKENS
 
 
 class Residual:
-    """``residual``: :func:`relative_error` of the stream the student's Post-LN blocks hand to the
-    first Pre-LN block against the teacher's, per token so that the few tokens with massive
-    activations do not set the whole loss; runs the two prefixes only."""
+    """``residual``: :func:`relative_error` of the stream the student's Post-LN blocks hand to the first Pre-LN
+    block against the teacher's, per token (the few tokens with massive activations do not set the loss)."""
 
     whole_models = False  # the prefixes are enough
 
@@ -69,8 +68,7 @@ def relative_error(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor
 def chunked_kl(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, student_head, teacher_head,
                chunk_tokens: int = KL_CHUNK_TOKENS) -> torch.Tensor:
     """:func:`distribution_kl` of ``student_head(student_hidden)`` against ``teacher_head(teacher_hidden)``,
-    ``chunk_tokens`` positions at a time: each chunk's logits are recomputed in the backward, so a step
-    holds one chunk's vocabulary-sized tensors, not the whole batch's, for two more passes of the heads."""
+    ``chunk_tokens`` positions at a time, each chunk's logits recomputed in the backward."""
     student_hidden, teacher_hidden = student_hidden.flatten(0, -2), teacher_hidden.flatten(0, -2)
     total = 0.0
     for start in range(0, len(student_hidden), chunk_tokens):
@@ -94,12 +92,10 @@ def distribution_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor) 
 
 
 class FusedKL(torch.autograd.Function):
-    """``scale`` x KL(teacher || student) summed over the rows of [tokens, vocab] logits, in float32 whatever
-    their dtype, a few rows at a time, its gradient (``scale`` x (softmax(student) - softmax(teacher)), in
-    the student's logits' dtype) formed in the same pass. Autograd's log_softmax, kl_div and their
-    backwards go over float32 copies of the whole [tokens, vocab] tensors a dozen times, which under bf16
-    cost more than the heads' matmuls (docs/measurements.md); a block of rows stays in cache, and one
-    saved tensor replaces three."""
+    """``scale`` x KL(teacher || student) summed over the rows of [tokens, vocab] logits, in float32, a few rows
+    at a time, its gradient formed in the same pass. Autograd's log_softmax, kl_div and their backwards go over
+    float32 copies of the whole [tokens, vocab] tensors a dozen times, which under bf16 cost more than the
+    heads' matmuls (docs/measurements.md); a block of rows stays in cache, and one saved tensor replaces three."""
 
     @staticmethod
     def forward(ctx, student_logits: torch.Tensor, teacher_logits: torch.Tensor, scale: float) -> torch.Tensor:

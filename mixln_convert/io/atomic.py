@@ -62,12 +62,10 @@ LOCK_MAX = 4096  # bytes: a holder line is ~100; a larger file is no lock
 
 @contextmanager
 def hold(dst: Path, what: str, kind: str, protect=None):
-    """``dst`` (an output folder or file, existing or not) held by this process for the block: an exclusive
-    OS lock on ``.NAME.lock`` beside it, which the kernel drops when the process dies, however it dies.
-    While another process holds it, an error at once naming ``what`` (the flag and folder) and that
-    process. The lock file is one this run makes, or a lock a killed run left: never an input (``protect``,
-    {what: path}), a symlink or another file, which are refused. Without OS locks (Windows) the block runs
-    unguarded. Parent folders made for ``dst`` go again if the block fails."""
+    """``dst`` (an output folder or file) held by this process for the block: an exclusive OS lock on
+    ``.NAME.lock`` beside it, which the kernel drops when the process dies, however it dies. While another
+    process holds it, an error at once naming ``what`` and that process. The lock file is never an input
+    (``protect``), a symlink or another file. Without OS locks (Windows) the block runs unguarded."""
     if fcntl is None:
         yield
         return
@@ -189,11 +187,8 @@ def _umask() -> int:
 
 @contextmanager
 def atomic_output_dir(dst, force: bool = False, protect=None):
-    """Yield a temporary folder that becomes ``dst`` when the block succeeds.
-
-    Refuses a non-empty ``dst`` unless ``force``, and any ``dst`` that is, contains or lies inside one
-    of the ``protect`` inputs ({what: path}), and a ``dst`` another process is writing (:func:`hold`).
-    An OSError while writing (a full disk) becomes a one-line error naming ``dst``; the temporary folder goes."""
+    """Yield a temporary folder that becomes ``dst`` when the block succeeds; refuses a non-empty ``dst``
+    unless ``force``, one of the ``protect`` inputs ({what: path}), and one another process is writing."""
     given = dst
     dst = check_destination(dst, protect or {}, force)
     with hold(dst, str(given), f"writing {dst.name}", protect), scratch_dir(dst) as tmp:
@@ -207,10 +202,8 @@ def atomic_output_dir(dst, force: bool = False, protect=None):
 
 @contextmanager
 def atomic_output_file(dst: Path, what: str, check, protect=None):
-    """Yield a temporary path (in a ``.NAME.tmp-*`` folder beside the file ``dst``) that replaces ``dst`` in one
-    step when the block succeeds, as :func:`atomic_output_dir` does a folder: ``dst`` held meanwhile (``what``
-    names it in a refusal), ``check()`` (its destination checks) run again once held, an OSError one line;
-    ``protect``: the inputs, as :func:`hold` takes them."""
+    """Yield a temporary path beside the file ``dst`` that replaces it in one step when the block succeeds, as
+    :func:`atomic_output_dir` does a folder; ``check()`` (its destination checks) runs again once it is held."""
     with hold(dst, what, f"writing {dst.name}", protect), scratch_dir(dst) as tmp:
         check()
         try:
@@ -234,9 +227,8 @@ def replace_dir(tmp: Path, dst: Path) -> None:
 @contextmanager
 def scratch_dir(dst: Path):
     """A temporary folder beside ``dst`` (``.DST.tmp-*``, the user's umask: mkdtemp alone gives 0700), locked
-    while this process lives and removed when the block ends, however it ends, with the parent folders
-    made for it if the block fails. Those of killed runs (their lock died with them) are removed first: a
-    half-written model may fill the disk."""
+    while this process lives and removed when the block ends. Those of killed runs (their lock died with
+    them) are removed first: a half-written model may fill the disk."""
     with parents_made(dst):
         try:
             dst.parent.mkdir(parents=True, exist_ok=True)

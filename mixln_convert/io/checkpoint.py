@@ -148,7 +148,6 @@ class Checkpoint(ABC):
     def tokenizer(self):
         """The checkpoint's tokenizer, loaded once per process."""
         self.check_loadable()
-
         try:
             tokenizer = self._read_tokenizer()
         except Exception as e:  # a damaged file fails its own way: tokenizers raises a bare Exception

@@ -1,16 +1,12 @@
 """Hugging Face Hub names where a checkpoint or a text is taken: judged and resolved here only.
 
-A model, ``ORG/NAME[@REVISION]``, becomes its snapshot folder in the Hugging Face cache, holding
-only what a checkpoint is read from (:mod:`.checkpoint_files`), then validated and read like any
-folder. A dataset, ``ORG/NAME[:CONFIG[:SPLIT]][@REVISION]``, is read through ``datasets``: its
-``text`` column, split ``train`` unless one is named. REVISION (a branch, tag or commit) pins what
-is read; without it, ``main``. Both libraries keep their own settings (``HF_HUB_OFFLINE``,
-``HF_HOME``, ``HF_ENDPOINT``, the login token, ...); offline or with the Hub out of reach, what the
-caches hold is used, as transformers does.
+A model, ``ORG/NAME[@REVISION]``, becomes its snapshot folder in the Hugging Face cache, holding only
+what a checkpoint is read from, then read like any folder. A dataset, ``ORG/NAME[:CONFIG[:SPLIT]][@REVISION]``,
+is read through ``datasets``: its ``text`` column, split ``train`` unless one is named. Offline or with
+the Hub out of reach, what the caches hold is used, as transformers does.
 
-Path or name: a path that exists always wins, and a ``Path`` object is always a path; a string
-that does not exist is a name when it has the shape above; anything else stays "no such file or
-folder". Nothing here imports torch or transformers, so a bad name is refused at once.
+A path that exists always wins, and a ``Path`` object is always a path. Nothing here imports torch or
+transformers, so a bad name is refused at once.
 """
 
 import fnmatch

@@ -229,5 +229,4 @@ def open_checkpoint(path) -> Checkpoint:
 
 @lru_cache(maxsize=8)
 def _open(path: str, gguf: bool, mtime_ns: int, size: int, inode: int) -> Checkpoint:
-
     return GGUFCheckpoint(Path(path)) if gguf else FolderCheckpoint(Path(path))

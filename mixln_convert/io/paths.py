@@ -1,10 +1,8 @@
 """Where a command may write: its inputs are never written, whatever the spelling of the paths.
 
-Paths are compared resolved (``..``, symlinks, relative spellings), so ``x/../src`` and a link
-to ``src`` are ``src``. An output may not be an input, lie inside one or contain one. A Hub model
-name enters as its snapshot folder in the Hugging Face cache (:func:`checkpoint_path`), which is
-then an input like any folder. This module imports neither torch nor transformers: every command
-runs these checks before any weights are read.
+Paths are compared resolved (``..``, symlinks, relative spellings). An output may not be an input, lie
+inside one or contain one. A Hub model name enters as its snapshot folder in the Hugging Face cache.
+No torch or transformers here: every command runs these checks before any weights are read.
 """
 
 import glob
