@@ -48,15 +48,13 @@ def _download(cmd: list[str], folder: Path, pattern: str, what: str, sha256: str
 
 
 def pip_wheel(requirement: str, pattern: str, *pip_args: str, sha256: str | None = None, progress: bool = True) -> Path:
-    """The wheel ``requirement`` names (``pattern``: its file name, a glob), from PyPI with ``pip
-    download`` into the cache unless it is there; ``pip_args`` pick a platform's wheel."""
+    """The wheel ``requirement`` names (``pattern``: its file name), fetched into the cache unless it is there."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", ".", *pip_args, requirement]
     return _download(cmd, cache_dir() / "wheels", pattern, f"{requirement} from PyPI", sha256, progress)
 
 
 def debian_package(package: str, version: str, sha256: str, progress: bool = True) -> Path:
-    """The Debian package ``package`` at ``version``, with ``apt-get download`` into the cache
-    unless it is there (needs apt's package lists: ``apt-get update`` once)."""
+    """The Debian package ``package`` at ``version``, fetched into the cache (needs ``apt-get update`` once)."""
     pattern = f"{package}_{version.split(':')[-1]}_*.deb"  # apt drops the epoch from the file name
     return _download(["apt-get", "download", f"{package}={version}"], cache_dir() / "debs", pattern,
                      f"Debian's {package} {version}", sha256, progress)

@@ -27,8 +27,7 @@ LNS_NORM_ROLES = ("input_norm", "post_attention_norm")
 
 
 def lns_gain(i: int) -> float:
-    """What the LNS norm gains of the block with layer index ``i`` are multiplied by for the
-    model's 1/sqrt(i + 1) to cancel."""
+    """The factor of block ``i``'s LNS norm gains that cancels the model's 1/sqrt(i + 1)."""
     return math.sqrt(i + 1)
 
 
@@ -110,8 +109,7 @@ def all_architectures() -> tuple[Architecture, ...]:
 
 
 def converted_architecture(config: dict) -> Architecture | None:
-    """The family of an already converted (Mix-LN or LNS) checkpoint's ``config.json`` contents;
-    None for a source checkpoint."""
+    """The family of a converted (Mix-LN or LNS) checkpoint's config; None for a source checkpoint."""
     return next((arch for arch in all_architectures() if config.get("model_type") == arch.converted["model_type"]),
                 None)
 

@@ -1,18 +1,14 @@
 """A checkpoint's tokenizer as llama.cpp's GGUF metadata (``tokenizer.ggml.*``, ``tokenizer.chat_template``).
 
-A GGUF source's own fields are copied as they are. Otherwise the tokenizer this package loads
-(``Checkpoint.tokenizer``: transformers' reading of the folder, with the tokens its class adds, Qwen's
-``<|endoftext|>`` for one) is written as llama.cpp's ``convert_hf_to_gguf.py`` writes one:
+A GGUF source's own fields are copied as they are. Otherwise the tokenizer this package loads is written
+as llama.cpp's ``convert_hf_to_gguf.py`` writes one:
 
-- byte-level BPE (GPT-2, LLaMA 3, Qwen, SmolLM): model ``gpt2``, the tokens in the byte alphabet, the
-  merges, and in ``tokenizer.ggml.pre`` llama.cpp's name of the pre-tokenizer's split (it does not read
-  the split itself);
-- BPE with byte fallback (LLaMA 1/2 and Mistral's SentencePiece vocabularies, as tokenizer.json holds
-  them): model ``llama``, the pieces with scores ranking them by merge as SentencePiece does (what
-  llama.cpp merges by), ``<0xNN>`` byte tokens, and the merges too (what transformers reads).
+- byte-level BPE (GPT-2, LLaMA 3, Qwen, SmolLM): model ``gpt2``, the tokens, the merges, and in
+  ``tokenizer.ggml.pre`` llama.cpp's name of the pre-tokenizer's split (it does not read the split itself);
+- BPE with byte fallback (SentencePiece vocabularies: LLaMA 1/2, Mistral): model ``llama``, the pieces
+  with scores ranking them by merge (what llama.cpp merges by), and the merges too (what transformers reads).
 
-Ids past the tokenizer's, up to the model's vocab_size, are ``[PADn]`` tokens of type UNUSED (Qwen's
-embeddings hold more rows than its tokenizer has tokens), as llama.cpp pads them.
+Ids past the tokenizer's, up to the model's vocab_size, are ``[PADn]`` tokens of type UNUSED, as llama.cpp pads them.
 """
 
 import json
@@ -95,9 +91,7 @@ def tokenizer_kind(state: dict, where: str) -> str:
 
 
 def token_table(tokenizer, vocab_size: int, kind: str) -> tuple[list[str], list[int]]:
-    """Every id's token and llama.cpp token type, ``vocab_size`` of them: added tokens CONTROL when
-    special, else USER_DEFINED; SentencePiece's ``<0xNN>`` BYTE and its unknown token UNKNOWN; ids the
-    tokenizer lacks ``[PADn]``, UNUSED."""
+    """Every id's token and llama.cpp token type, ``vocab_size`` of them."""
     from gguf import TokenType
 
     by_id = {i: token for token, i in tokenizer.get_vocab().items()}
@@ -153,8 +147,7 @@ def bpe_pre_tokenizer(pre: dict | None, where: str) -> str:
 
 
 def known_splits() -> dict[str, str]:
-    """{llama.cpp pre-tokenizer name: its split regex}, as transformers' GGUF reader knows them
-    (empty where the installed transformers has no such table)."""
+    """{llama.cpp pre-tokenizer name: its split regex}, as transformers' GGUF reader knows them (or none)."""
     try:
         from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
     except ImportError:

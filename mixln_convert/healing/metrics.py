@@ -12,9 +12,8 @@ from ..options import HealOptions
 
 
 def cached_teacher_metrics(measure, **key) -> dict:
-    """``measure()``'s figures, kept in the user cache under ``key`` (everything they depend on:
-    the teacher's files, the scored tokens and documents, the settings): a sweep or a rerun heals
-    against the same teacher many times. An unreadable cache entry is measured again."""
+    """``measure()``'s figures, kept in the user cache under ``key`` (everything they depend on): a sweep or
+    a rerun heals against the same teacher many times. An unreadable cache entry is measured again."""
     path = cache_dir() / "teacher-metrics" / f"{digest(json.dumps(key, sort_keys=True).encode())}.json"
     with contextlib.suppress(OSError, ValueError):
         figures = json.loads(path.read_text())

@@ -1,7 +1,5 @@
-"""The pair a heal runs: the converted checkpoint (the student) and the Pre-LN original it was
-converted from (the teacher), checked to belong together, and their models (whole models share one
-copy of their common tail: :mod:`..surgery.shared_tail`). A heal in "bf16" keeps every frozen weight
-in bf16 and computes under bf16 autocast; the trained blocks and their optimizer state stay float32.
+"""The pair a heal runs: the converted checkpoint (the student) and the Pre-LN original it was converted
+from (the teacher), checked to belong together, and their models (whole models share their common tail).
 """
 
 from dataclasses import dataclass, field
@@ -32,8 +30,7 @@ class Models:
 
 def load_models(student_source, teacher_source, post_ln_layers: int, frozen: torch.dtype, device: str,
                 whole: bool, share: bool = True) -> Models:
-    """The pair's :class:`Models`, the whole models too with ``whole`` (over one copy of their common tail
-    with ``share``); the frozen weights in ``frozen``."""
+    """The pair's :class:`Models`, with ``whole`` the whole models too (sharing their tail with ``share``)."""
     arch = student_source.arch
     if not whole:
         student = load_prefix(student_source, arch, post_ln_layers, device=device)

@@ -166,8 +166,7 @@ class Checkpoint(ABC):
         return tokenizer
 
     def model(self, dtype: torch.dtype | str | None = None, device: str | torch.device = "cpu"):
-        """The whole causal LM in eval mode, values checked; Mix-LN checkpoints load through this
-        package's registered classes (no remote code). A fresh copy at every call."""
+        """The whole causal LM in eval mode, values checked, a fresh copy at every call (no remote code)."""
         from ..model import register  # noqa: F401  (registers the Mix-LN classes with the Auto* factories)
 
         self.check_loadable()

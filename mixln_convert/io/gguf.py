@@ -17,9 +17,8 @@ from .validate import check_config, check_finite, check_tensors
 
 
 class GGUFCheckpoint(Checkpoint):
-    """A .gguf file: its tensor table and metadata checked from the header, read once per process;
-    ``get(name)`` dequantizes one tensor (gguf-py) to float32. transformers gives the config and the
-    tokenizer, but not the weights: its loader reparses the header and maps every name, far slower."""
+    """A .gguf file, its header checked; ``get(name)`` dequantizes one tensor (gguf-py). transformers gives
+    the config and the tokenizer, but not the weights: its loader reparses the header, far slower."""
 
     def __init__(self, path: Path):
         self.path = Path(path)

@@ -1,9 +1,6 @@
-"""One Checkpoint type for every input: an HF folder (safetensors or .bin, sharded or not) or a
-GGUF file, opened, classified and validated once per process (:func:`open_checkpoint`).
-
-Nothing here loads a whole model to get one tensor: shards are memory-mapped and read per tensor
-(.bin ones with ``torch.load(mmap=True, weights_only=True)``, never plain unpickling). File headers
-are checked against the config first; every tensor read, and every model loaded whole, for NaN/inf.
+"""An HF checkpoint folder (safetensors or .bin, sharded or not) or a GGUF file, opened and validated
+once per process (:func:`open_checkpoint`). Shards are memory-mapped and read per tensor (.bin ones with
+``torch.load(mmap=True, weights_only=True)``, never plain unpickling); headers are checked first.
 """
 
 import fnmatch
@@ -206,8 +203,7 @@ class FolderCheckpoint(Checkpoint):
 
 
 def open_checkpoint(path) -> Checkpoint:
-    """The checkpoint at ``path`` (an HF folder or a ``.gguf`` file), validated; opened once per
-    process for as long as its files are unchanged. A Checkpoint passes through as it is."""
+    """The checkpoint at ``path``, validated; opened once per process while its files are unchanged."""
     if isinstance(path, Checkpoint):
         return path
     path = Path(path)

@@ -90,8 +90,7 @@ def table_rows(result: StudyResult) -> list[list[str]]:
 
 
 def _claim_sentences(result: StudyResult, found_by_scheme: dict, tested: str, paper: str) -> list[str]:
-    """One sentence per scheme and claim of ``found_by_scheme`` ({scheme: {claim: verdict}}) for
-    the arm kind ``tested`` against Pre-LN, as ``paper`` claims it."""
+    """One sentence per scheme and claim of ``found_by_scheme`` for the arm kind ``tested`` against Pre-LN."""
     sentences = []
     for scheme in result.schemes:
         for claim, found in found_by_scheme[scheme].items():

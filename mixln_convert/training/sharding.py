@@ -1,12 +1,9 @@
-"""Fully sharded data parallel training (torch's FSDP2, ``fully_shard``) as the trainer asks for it
-with the recipe key ``fsdp: true``: one unit per decoder block and one for the rest, parameters
-in bf16 for compute when the run is bf16 (fp32 masters and fp32 gradient reduction), checkpoints
-saved and loaded shard by shard with ``torch.distributed.checkpoint``.
+"""Fully sharded data parallel training (torch's FSDP2) for the recipe key ``fsdp: true``: one unit per
+decoder block and one for the rest, bf16 compute in a bf16 run, checkpoints saved shard by shard.
 
-The trainer shards the model itself rather than through an accelerate FSDP config, for two
-reasons: the same code then runs on CPU over gloo (accelerate enables FSDP only on GPUs), so the
-tests exercise the path GPUs take; and each arm wraps its own model's blocks (accelerate keeps
-the first arm's FSDP plugin, which then looks for that arm's block class in the next arm).
+The trainer shards the model itself rather than through an accelerate FSDP config: the same code then
+runs on CPU over gloo (accelerate enables FSDP only on GPUs), so the tests exercise the path GPUs take;
+and each arm wraps its own model's blocks (accelerate keeps the first arm's FSDP plugin).
 """
 
 from pathlib import Path
