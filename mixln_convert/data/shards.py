@@ -1,11 +1,9 @@
 """The tokenized-folder format (written by ``mixln-convert tokenize``, or by ``train`` into the user cache).
 
 Per split (``train``, ``validation``): files ``<split>-00000.bin``, ... of raw little-endian token
-ids (uint16 where the vocabulary fits, else int32), each ``shard_tokens`` long but the last, EOS
-between documents; and ``mixln-tokens.json``: the settings they were made with (tokenizer hash,
-source files and sizes, the validation hold-out) and each shard's token count and sha256. The
-layout of Megatron's and nanoGPT's ``.bin`` token files: ``np.memmap`` reads a window without
-reading anything else, so a training process touches only the windows it trains on.
+ids (uint16 where the vocabulary fits, else int32), EOS between documents; and ``mixln-tokens.json``:
+the settings they were made with and each shard's token count and sha256. The layout of nanoGPT's
+``.bin`` token files: a training process memory-maps only the windows it trains on.
 """
 
 import dataclasses

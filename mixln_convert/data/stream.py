@@ -1,9 +1,6 @@
 """The one data path of calibration, evaluation, heal and training: documents -> a token stream
 (EOS between documents) -> fixed-length windows -> a seeded sampler that reshuffles at every pass.
-
-Small text (calibration, evaluation, heal) becomes one cached int32 array; training data is a
-tokenized folder (:mod:`.shards`): the recipe's ``data.train`` itself, or its text tokenized once
-into the user cache by the main process, then memory-mapped by every process.
+Small text becomes one cached int32 array; training data is a tokenized folder (:mod:`.shards`).
 """
 
 import hashlib
