@@ -26,8 +26,7 @@ def _bound(value: int) -> str:
 class Kind:
     """The values a setting takes: ``ok`` says whether one is, ``describe`` says which (in errors),
     ``read`` types a value from YAML or ``--set`` (ValueError: not of the type), ``click_type`` is its
-    option's type. A kind whose ``check`` says why a value is not one answers ``ok`` through it
-    (:class:`Checked`)."""
+    option's type."""
     click_type = None
 
     def ok(self, value) -> bool:
@@ -81,8 +80,7 @@ SEED = Count(0, SEED_LIMIT - 1)  # numpy's and torch's seeds are 32-bit
 @dataclass(frozen=True)
 class Window(Count):
     """A window of tokens, at most the model's ``max_position_embeddings`` (positions past it were never seen in
-    pre-training) unless the :class:`Flag` setting ``opt_in`` beside it is on: :func:`check_windows`, once the
-    model is known."""
+    pre-training) unless the :class:`Flag` setting ``opt_in`` beside it is on (:func:`check_windows`)."""
     opt_in: str | None = None
 
 
@@ -226,9 +224,8 @@ class PathText(Text):
 
 @dataclass(frozen=True)
 class Nested(Kind):
-    """An object of a result file held as the dataclass ``cls`` (``what`` it is, in errors), each of its fields
-    read by :func:`read_record` (an error names the key's path: 'file: rows[1].converted.perplexity'); ``many``:
-    a list of them ("list") or an object of them by name ("names")."""
+    """An object of a result file held as the dataclass ``cls`` (``what`` it is, in errors); ``many``: a list
+    of them ("list") or an object of them by name ("names")."""
     cls: type
     what: str = "an object"
     many: str | None = None
@@ -390,7 +387,7 @@ def declared(cls) -> dict[str, tuple[dataclasses.Field, Setting]]:
 
 
 def flag(f: dataclasses.Field) -> str:
-    """The option naming field ``f`` ('--max-tokens'), in errors too; a field that is no option by its name."""
+    """The option naming field ``f`` ('--max-tokens'); a field that is no option by its name."""
     found = f.metadata.get("setting")
     if found is None or found.help is None:
         return f.name
@@ -399,8 +396,7 @@ def flag(f: dataclasses.Field) -> str:
 
 def same_as(cls, name: str, **changes):
     """A field declaring the setting ``name`` of ``cls`` again, where another section holds it too (a recipe's
-    data.num_proc is tokenize's --num-proc): the same kind, default and help, but for a new ``default`` and
-    ``changes`` of :class:`Setting`'s fields (a command's --out: its default, metavar)."""
+    data.num_proc is tokenize's --num-proc), but for a new ``default`` and ``changes`` of :class:`Setting`'s."""
     f = field_of(cls, name)
     default = changes.pop("default", f.default)
     metadata = {"setting": dataclasses.replace(f.metadata["setting"], **changes)} if changes else f.metadata
@@ -482,8 +478,7 @@ def check_windows(obj, config: dict, name=flag) -> None:
 
 
 def click_options(cls, *names: str):
-    """A decorator adding the click options of ``cls``'s settings ``names`` (default: every one with
-    help), in that order in --help, each with its kind's type, its default and help."""
+    """A decorator adding the click options of ``cls``'s settings ``names`` (default: every one with help)."""
     settings = declared(cls)
     chosen = names or [name for name, (_, found) in settings.items() if found.help is not None]
 
