@@ -109,8 +109,7 @@ class FolderCheckpoint(Checkpoint):
         return state
 
     def _header(self, shard: str) -> dict[str, dict]:
-        """A safetensors shard's header, checked against the file (all its bytes: a truncated shard is
-        refused here, before any work)."""
+        """A safetensors shard's header, checked against the file (a truncated shard is refused before any work)."""
         if shard in self._headers:
             return self._headers[shard]
         file = self.path / shard

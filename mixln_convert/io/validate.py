@@ -105,8 +105,7 @@ def check_rope(config: dict, where: str) -> None:
 
 
 def check_config_loads(config: dict, where: str):
-    """Transformers' config of ``config``; what transformers refuses in it (rope scaling keys, layer types,
-    ...) is a one-line error naming ``where``, before any model is built."""
+    """Transformers' config of ``config``; what transformers refuses in it is a one-line error naming ``where``."""
     from transformers import AutoConfig
 
     from ..model import register  # noqa: F401  (the Mix-LN config class, for a converted checkpoint)

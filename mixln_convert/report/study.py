@@ -31,8 +31,7 @@ CURVE = Shaped(lambda v: isinstance(v, list) and all(NUMBER_LIST.ok(point) and l
 # kw_only: the fields keep the file's order
 @dataclass(frozen=True, kw_only=True)
 class StudyRow(Record):
-    """One run of the study (an arm of one scheme and seed): the figures the claims are judged on, with the
-    curve and profiles they summarize (workflows.study.measure)."""
+    """One run of the study (an arm of one scheme and seed): the figures the claims are judged on."""
     scheme: str = setting(kind=String())
     seed: int = setting(kind=SEED)
     arm: str = setting(kind=String())
