@@ -23,9 +23,10 @@ except ImportError:  # Windows: no flock, so temporary folders left by killed ru
     fcntl = None
 
 
-def try_lock(folder: Path) -> int | None:
-    """An exclusive lock on ``folder``, held until the returned descriptor is closed or the process dies (the
-    kernel drops it even on SIGKILL); None if another process holds it, or this system has no such locks."""
+def try_lock(folder: Path, wait: bool = False) -> int | None:
+    """An exclusive lock on ``folder`` (``wait``: once no other process holds it), held until the returned
+    descriptor is closed or the process dies (the kernel drops it even on SIGKILL); None if another process
+    holds it, the folder is gone, or this system has no such locks."""
     if fcntl is None:
         return None
     try:
@@ -33,25 +34,19 @@ def try_lock(folder: Path) -> int | None:
     except OSError:
         return None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         return fd
     except OSError:
         os.close(fd)
+        if wait:
+            raise
         return None
 
 
 def wait_for_lock(folder: Path) -> None:
-    """Block until no process holds ``folder``'s lock (:func:`try_lock`), or return at once where
-    the folder is gone or this system has no such locks."""
-    if fcntl is None:
-        return
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-    finally:
+    """Block until no process holds ``folder``'s lock (:func:`try_lock`)."""
+    fd = try_lock(folder, wait=True)
+    if fd is not None:
         os.close(fd)
 
 
