@@ -87,8 +87,7 @@ def choose_hardware(stated: Hardware | None, options: EstimateOptions | None = N
     if parallelism == "single" and processes > 1:
         raise MixLNError(f"{options.flag('parallelism')} single runs one process, not {processes} (ddp or fsdp for "
                          "several)")
-    memory = options.memory_bytes or stated.memory
-    return Hardware(processes, parallelism, options.device or stated.device, memory)
+    return Hardware(processes, parallelism, options.device or stated.device, options.memory_bytes or stated.memory)
 
 
 @dataclass(frozen=True)
