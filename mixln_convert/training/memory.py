@@ -239,10 +239,8 @@ class HealEstimate(Memory):
 
     @property
     def flops_per_token(self) -> int:
-        """The teacher's forward 2N, the student's 2N, the backward's activation gradients through the
-        student ~2N and the trained blocks' weight gradients 2N_k; with checkpointing one more forward
-        of the student, 2N. N: the parameters in the matmuls a step runs through (kl: the whole
-        model's; residual: the prefix's, the trained blocks' alone), N_k: the trained blocks'."""
+        """The teacher's forward 2N, the student's 2N, the backward's activation gradients through the student
+        ~2N and the trained blocks' weight gradients 2N_k; with checkpointing one more forward of the student."""
         n, n_k = self.matmul_parameters
         return 2 * (3 + self.checkpointing) * n + 2 * n_k
 
