@@ -7,6 +7,7 @@ import json
 import random
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from . import harness
@@ -107,11 +108,12 @@ def demo_lr(argv):
     for run in args.runs:
         lr, arm, *scale = run.split(":")
         lr, scale = float(lr), float(scale[0]) if scale else 0.25
-        changes = {"heal.tokens": args.heal_tokens, "max_tokens": args.train_tokens,
-                   "eval_interval": max(1, args.train_tokens // 1024), "data.eval_tokens": DemoOptions.eval_tokens,
-                   "optim.lr": lr, "optim.post_ln_lr_scale": scale}
-        recipe = load_recipe("smollm2-135m-cpu", changes=changes,  # the demo's recipe (workflows/demo.py)
-                             changed_by="python -m benchmarks studies demo-lr")
+        recipe = load_recipe("smollm2-135m-cpu")  # the demo's recipe (workflows/demo.py)
+        recipe = recipe.replace("python -m benchmarks studies demo-lr", max_tokens=args.train_tokens,
+                                eval_interval=max(1, args.train_tokens // 1024),
+                                heal=replace(recipe.heal, tokens=args.heal_tokens),
+                                data=replace(recipe.data, eval_tokens=DemoOptions.eval_tokens),
+                                optim=replace(recipe.optim, lr=lr, post_ln_lr_scale=scale))
         with tempfile.TemporaryDirectory() as out:
             summary = train(recipe, out, arms=(arm,), progress=False)[arm]
             final = open_checkpoint(f"{out}/{arm}/final")

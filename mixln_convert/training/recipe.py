@@ -149,12 +149,12 @@ class Recipe:
         """{"dotted.key": value} of every key, as ``--set`` names them."""
         return _flatten(self.to_dict())
 
-    def replace(self, changes: dict, changed_by: str = "the caller") -> "Recipe":
-        """A copy with ``changes`` ({"dotted.key": value}) applied, typed, resolved and checked like
-        ``--set`` items (``changed_by`` names them in an error)."""
+    def replace(self, changed_by: str = "the caller", **changes) -> "Recipe":
+        """A copy with ``changes`` (top-level keys, each a value or a whole section:
+        ``heal=dataclasses.replace(recipe.heal, tokens=0)``) applied, typed, resolved and checked like ``--set``
+        items (``changed_by`` names them in an error)."""
         values, origin = self.flat(), {}
-        for key, value in changes.items():
-            _assign(values, origin, key, value, changed_by)
+        _assign_all(values, origin, changes, changed_by)
         return _complete(values, origin, changed_by)  # it was valid before
 
 
@@ -242,6 +242,14 @@ def _assign(values: dict, origin: dict, dotted: str, value, where: str) -> None:
         raise MixLNError(f"{where}: unknown key {dotted!r}")
     values[dotted] = value
     origin[dotted] = where
+
+
+def _assign_all(values: dict, origin: dict, changes: dict, where: str) -> None:
+    """:func:`_assign` of each key of ``changes`` ({top-level key: a value, or a section's dataclass})."""
+    tree = {key: dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+            for key, value in changes.items()}
+    for key, value in _flatten(_plain(tree)).items():
+        _assign(values, origin, key, value, where)
 
 
 def _typed(key: str, value, where: str):
@@ -396,7 +404,7 @@ def recipe_path(name_or_path) -> Path:
 def load_recipe(path, overrides=(), changes: dict | None = None, changed_by: str = "the caller",
                 reads_data: bool = True) -> Recipe:
     """The fully resolved recipe of the YAML file ``path`` with ``overrides`` (the user's
-    "dotted.key=value" items), then ``changes`` ({"dotted.key": value}, typed and checked alike;
+    "dotted.key=value" items), then ``changes`` (:meth:`Recipe.replace`'s, typed and checked alike;
     ``changed_by`` names them in an error). Paths become absolute (``source: smollm2``: the cached
     SmolLM2 GGUF, fetched if missing; a Hub model name: its snapshot folder; a Hub dataset name stays
     a name, checked); any unknown key, wrong type, missing file or impossible budget raises a one-line
@@ -434,6 +442,5 @@ def load_recipe(path, overrides=(), changes: dict | None = None, changed_by: str
         except DuplicateKey as e:
             raise MixLNError(f"{SET} {item}: {e}") from None
         _assign(values, origin, key, value, f"{SET} {item}")
-    for key, value in (changes or {}).items():
-        _assign(values, origin, key, value, changed_by)
+    _assign_all(values, origin, changes or {}, changed_by)
     return _complete(values, origin, str(path), reads_data)

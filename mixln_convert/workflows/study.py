@@ -25,7 +25,7 @@ from ..io.records import METRICS, read_metrics
 from ..options import STUDY_SCHEMES, StudyOptions
 from ..report.study import CLAIMS, LNS_CLAIMS, StudyResult, StudyRow, write_study_report
 from ..schema import read_record
-from ..training.recipe import Recipe
+from ..training.recipe import Conversion, Recipe
 from ..training.summary import TrainSummary
 from .runs import STAGE_RESULT, Stages, claim_run
 
@@ -76,9 +76,8 @@ def study(source, out, options: StudyOptions | None = None, *, resume: bool = Fa
     out = Path(out).absolute()
     plans = [  # every run's recipe first: a bad override is refused before any training
         StudyRun(scheme, seed, name, engine_arm, out / scheme / f"seed-{seed}" / _slug(name),
-                 load_recipe(recipe, overrides, changed_by="study", changes={
-                     "source": str(source), "conversion.strategy": "scratch", "conversion.alpha": arm_alpha,
-                     "conversion.scaled_init": STUDY_SCHEMES[scheme], "seed": seed}))
+                 load_recipe(recipe, overrides, changed_by="study", changes={"source": str(source), "seed": seed,
+                             "conversion": Conversion(arm_alpha, "scratch", STUDY_SCHEMES[scheme])}))
         for scheme in schemes for seed in range(seeds)
         for name, (engine_arm, arm_alpha) in arms_for(alpha, post_ln, lns).items()]
     data = plans[0].recipe.data

@@ -51,7 +51,7 @@ def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool =
     if recipe.heal.tokens and "mixln" in arms:
         check_windows(recipe.heal, source.config, key_in("heal"))
         # a heal every process shares (its batch in equal parts) and that fits them, before any weight is loaded
-        check_heal_fits(recipe.replace({"arms": list(arms)}), state.num_processes)
+        check_heal_fits(recipe.replace(arms=list(arms)), state.num_processes)
     warmup = recipe.schedule.warmup_steps
     if warmup > recipe.steps and state.is_main_process:  # legal, but a huge one trains at lr ~0 and changes nothing
         warn(f"schedule.warmup_steps {warmup} is more than the run's {recipe.steps} steps: the learning rate "
