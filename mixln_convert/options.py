@@ -107,13 +107,6 @@ def alpha(default=ALPHA, kind=FRACTION, **declared):
     return setting(default, kind, "Fraction of leading layers made Post-LN: floor(alpha * L).", **declared)
 
 
-def heal_budget(default: int = 0):
-    """The tokens a conversion is healed on before it is used (convert, demo, sweep; a recipe's heal.tokens)."""
-    return setting(default, TOKENS_OR_ZERO, "Heal the conversion on N tokens: distil its Post-LN blocks from the "
-                   f"source, as `mixln-convert heal` (its defaults otherwise: {HEAL_BATCH_SIZE * SEQ_LEN:,} "
-                   f"tokens a step; {HEAL_TOKENS:,} is heal's own default budget). 0: no heal.", metavar="N")
-
-
 LIMIT = Count(1, MAX_EXAMPLES)  # examples of one lm-eval task (--limit)
 ARM_NAMES = Names(ARMS, noun="arm")  # distinct arms, at least one (a string is one name, not a list of them)
 
@@ -208,6 +201,15 @@ class HealSettings:
     checkpoint_interval: int = setting(
         HEAL_CHECKPOINT_INTERVAL, Count(0), "Save what --resume continues from (the Post-LN blocks, AdamW's "
         "state, the schedule) every N steps, beside --out; 0: never.", metavar="N")
+
+    @staticmethod
+    def budget(default: int = 0):
+        """:attr:`tokens` as a conversion's heal budget (convert's, demo's and sweep's --heal-tokens, a recipe's
+        heal.tokens): 0 is no heal, the default unless ``default``."""
+        return same_as(HealSettings, "tokens", default=default, kind=TOKENS_OR_ZERO, metavar="N", help=(
+            "Heal the conversion on N tokens: distil its Post-LN blocks from the source, as `mixln-convert heal` (its "
+            f"defaults otherwise: {HEAL_BATCH_SIZE * SEQ_LEN:,} tokens a step; {HEAL_TOKENS:,} is heal's own default "
+            "budget). 0: no heal."))
 
     def check_one_step(self, name=flag) -> None:
         """A heal budget (``tokens``, named by ``name(field)`` in the error) of at least one step, or 0 (none)."""
@@ -341,7 +343,7 @@ class HealsConversion:
 @dataclass(frozen=True, kw_only=True)
 class ConvertHealOptions(HealsConversion, Options):
     """``convert --heal-tokens``: the conversion healed in the same run (workflows/train.py's convert_and_heal)."""
-    heal_tokens: int = heal_budget()
+    heal_tokens: int = HealSettings.budget()
     heal_data: str | None = setting(None, Text(), "Text for --heal-tokens, best of the kind the model will be "
                                     "scored on (default: embedded corpus, train split).", metavar="PATH")
 
@@ -500,7 +502,7 @@ class SweepOptions(HealsConversion, Options):
     alphas: tuple[float, ...] = setting(SWEEP_ALPHAS, Numbers(FRACTION, 1, MAX_ALPHAS), "Post-LN ratios to try, "
                                         "comma-separated (alphas giving the same block count run once).",
                                         metavar="LIST")
-    heal_tokens: int = heal_budget()
+    heal_tokens: int = HealSettings.budget()
     train_tokens: int = setting(0, TOKENS_OR_ZERO, "Train each Mix-LN model, and a Pre-LN control once per seed, on "
                                 f"N tokens (the {CPU_RECIPE} recipe's steps, same data and order). 0: no training.",
                                 metavar="N")
@@ -554,7 +556,7 @@ class DemoOptions(Options):
     """What ``mixln-convert demo`` runs (workflows/demo.py): ``source`` (None: SmolLM2-135M) converted at ``alpha``,
     healed on ``heal_tokens`` (0: no heal), both arms trained on ``train_tokens``."""
     alpha: float = alpha()
-    heal_tokens: int = heal_budget(CPU_RECIPE_KEYS["heal"]["tokens"])
+    heal_tokens: int = HealSettings.budget(CPU_RECIPE_KEYS["heal"]["tokens"])
     # the demo's budget (2 CPU cores, minutes): 8 steps per arm, every stage measured on the same 8 windows
     train_tokens: int = setting(8 * CPU_STEP_TOKENS, TOKENS, f"Training tokens per arm (the {CPU_RECIPE} recipe, "
                                 f"{CPU_STEP_TOKENS:,} tokens a step, at lr {CPU_RECIPE_KEYS['optim']['lr']:g}); more "

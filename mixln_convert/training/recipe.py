@@ -19,7 +19,7 @@ from ..errors import MixLNError, shown
 from ..io.hub import hub_name
 from ..io.paths import check_readable, checkpoint_path, is_pattern
 from ..options import (ARM_NAMES, ATTENTIONS, DEFAULT_ARMS, EVAL_TOKENS, PRECISIONS, SEQ_LEN, SET, STRATEGIES,
-                       HealSettings, TokenizeOptions, alpha, heal_budget)
+                       HealSettings, TokenizeOptions, alpha)
 from ..schema import (BATCH, FRACTION, NONNEGATIVE, POSITIVE_NUMBER, SEED, TOKENS, TOKENS_OR_ZERO, Choice, Count, Flag,
                       Names, Number, Numbers, SpikeFactor, Text, Window, declared, default_of, key_in, same_as,
                       setting)
@@ -46,7 +46,7 @@ class Conversion:
 class Heal(HealSettings):
     """Distil the converted Post-LN blocks from the source before training (mixln-convert heal,
     with these of its settings); tokens 0 skips it."""
-    tokens: int = heal_budget()
+    tokens: int = HealSettings.budget()
 
 
 @dataclass(frozen=True)
