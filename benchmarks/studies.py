@@ -90,7 +90,7 @@ def demo_lr(argv):
 
         python -m benchmarks studies demo-lr 1e-4:mixln 3e-5:mixln 1e-5:mixln 1e-4:mixln:0.01 3e-5:preln
     """
-    from mixln_convert.options import DemoOptions
+    from mixln_convert.workflows.options import DemoOptions
 
     p = harness.parser(demo_lr)
     p.add_argument("runs", nargs="+", metavar="LR:ARM[:POST_LN_LR_SCALE]")
@@ -231,8 +231,8 @@ def scratch_overrides(tokens: int, source: Path) -> list[str]:
 def scratch_tokens(source: Path, minutes: float, runs: int) -> tuple[int, float]:
     """Tokens per run that make ``runs`` runs fit ``minutes``, from an 8-step Pre-LN trial's tokens/s
     (no evaluation, gradient norms or checkpoints in between: they are not training steps)."""
-    from mixln_convert.options import StudyOptions
     from mixln_convert.training import load_recipe
+    from mixln_convert.workflows.options import StudyOptions
     from mixln_convert.workflows.train import train
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -3,7 +3,7 @@
 import math
 
 from ..errors import MixLNError
-from ..options import ConvertOptions
+from .options import ConvertOptions
 
 
 def post_ln_count(num_layers: int, alpha: float | None, post_ln_layers: int | None = None) -> int:

@@ -15,14 +15,18 @@ from pathlib import Path
 
 import yaml
 
+from ..conversion.options import STRATEGIES, alpha
+from ..data.options import TokenizeOptions
 from ..errors import MixLNError, shown
+from ..evaluation.options import EVAL_TOKENS
+from ..healing.options import HealSettings
 from ..io.hub import hub_name
 from ..io.paths import check_readable, checkpoint_path, is_pattern
-from ..options import (ARM_NAMES, ATTENTIONS, DEFAULT_ARMS, EVAL_TOKENS, PRECISIONS, SEQ_LEN, SET, STRATEGIES,
-                       HealSettings, TokenizeOptions, alpha)
+from ..options import SEQ_LEN, SET
 from ..schema import (BATCH, FRACTION, NONNEGATIVE, POSITIVE_NUMBER, SEED, TOKENS, TOKENS_OR_ZERO, Choice, Count, Flag,
                       Names, Number, Numbers, SpikeFactor, Text, Window, declared, default_of, key_in, same_as,
                       setting)
+from .options import ARM_NAMES, ATTENTIONS, DEFAULT_ARMS, PRECISIONS
 
 SMOLLM2 = "smollm2"  # `source: smollm2` names the embedded default model (the cached GGUF)
 # accelerate's trackers a run may log to -> its availability check (accelerate.utils) and the pip package it needs

@@ -7,11 +7,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..evaluation.options import EVAL_DATA, measured_on
 from ..fetch import cache_dir
 from ..io.loader import open_checkpoint
 from ..io.paths import checkpoint_path
-from ..options import CPU_RECIPE, CPU_STEP_TOKENS, EVAL_DATA, DemoOptions, check_force_or_resume, measured_on
+from ..options import check_force_or_resume
 from ..training.recipe import Recipe, load_recipe
+from .options import CPU_RECIPE, CPU_STEP_TOKENS, DemoOptions
 from .runs import Stages, claim_run
 from .train import check_launch, train
 

@@ -22,11 +22,11 @@ from ..data.corpus import check_text
 from ..data.shards import is_tokens_folder
 from ..io.paths import checkpoint_path
 from ..io.records import METRICS, read_metrics
-from ..options import STUDY_SCHEMES, StudyOptions
 from ..report.study import CLAIMS, LNS_CLAIMS, StudyResult, StudyRow, write_study_report
 from ..schema import read_record
 from ..training.recipe import Conversion, Recipe
 from ..training.summary import TrainSummary
+from .options import STUDY_SCHEMES, StudyOptions
 from .runs import STAGE_RESULT, Stages, claim_run
 
 LNS_ARM = "LNS"

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..analysis.measures import coefficient_of_variation
+from ..conversion.options import CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS
 from ..data import data_fingerprint
 from ..data.corpus import check_text
 from ..data.shards import is_tokens_folder
@@ -21,12 +22,12 @@ from ..io.atomic import atomic_output_dir
 from ..io.loader import open_checkpoint
 from ..io.paths import check_readable, checkpoint_path
 from ..io.records import METRICS, read_metrics
-from ..options import (CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, CPU_RECIPE, MAX_GRAD_RATIO, MAX_PPL_INCREASE,
-                       SweepOptions, check_force_or_resume)
+from ..options import check_force_or_resume
 from ..report.sweep import (AlphaRow, Original, Profile, Recommendation, Scores, SweepResult, TrainedRun,
                             write_sweep_report)
 from ..schema import read_record
 from ..training import Recipe, load_recipe
+from .options import CPU_RECIPE, MAX_GRAD_RATIO, MAX_PPL_INCREASE, SweepOptions
 from .runs import STAGE_RESULT, Stages, claim_run, timed
 
 log = logging.getLogger(__name__)  # the sweep's progress: the CLI shows it, a library caller may silence it

@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING
 
 import yaml
 
+from ..conversion.options import ConvertHealOptions, ConvertOptions
 from ..errors import MixLNError, warn
 from ..io.atomic import scratch_dir, write_atomic
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable, checkpoint_path
-from ..options import ARM_NAMES, ConvertHealOptions, ConvertOptions
 from ..runtime import map_large_allocations
 from ..schema import check_windows, key_in
+from ..training.options import ARM_NAMES
 from ..training.recipe import Recipe
 from ..training.summary import TrainSummary
 from .runs import Stages, claim_run
