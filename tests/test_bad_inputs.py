@@ -1065,7 +1065,7 @@ FAST_REFUSALS = {
 
 @pytest.mark.parametrize("case", FAST_REFUSALS)
 def test_option_refusals_come_before_torch_is_imported(case, tiny_llama, tmp_path):
-    """The property that makes a bad option answer within a second: the options (options.py) are
+    """The property that makes a bad option answer within a second: the options (the packages' options.py) are
     checked before torch (seconds to import) and transformers are imported. Paths are checked by
     the API function, before any weights are read (the tables above)."""
     argv, fragment = FAST_REFUSALS[case]

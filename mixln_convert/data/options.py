@@ -1,5 +1,4 @@
-"""The data commands' settings (``mixln-convert tokenize``: data/tokenization.py) and the text a setting names.
-Torch-free."""
+"""The settings of ``mixln-convert tokenize`` (data/tokenization.py) and of the text a command reads. Torch-free."""
 
 from dataclasses import dataclass
 
@@ -8,8 +7,6 @@ from ..limits import check_processes
 from ..options import Options, Output
 from ..schema import OPEN_FRACTION, TOKENS, Count, Text, same_as, setting
 
-SHARD_TOKENS = 2**25  # data/tokenization.py: 32M tokens, 64 MiB of uint16 a shard
-VALIDATION_FRACTION = 0.01  # data/tokenization.py: the documents held out, by content hash
 DATA_FORMATS = (".txt, .jsonl/.json/.json.gz (field 'text'), .parquet, a folder, a glob, or a Hugging Face Hub "
                 "dataset ORG/NAME[:CONFIG[:SPLIT]][@REVISION] (column 'text', split train unless named). Default: "
                 "the embedded corpus (general English and Python's standard-library docstrings).")
@@ -27,13 +24,13 @@ class TokenizeOptions(Options):
     validation: str | None = setting(None, Text(), "Validation text (file, folder or glob); its documents are never "
                                      "trained on.", metavar="PATH", default_help="--validation-fraction of DATA's "
                                      "documents")
-    validation_fraction: float = setting(VALIDATION_FRACTION, OPEN_FRACTION, "Share of DATA's documents held out for "
+    validation_fraction: float = setting(0.01, OPEN_FRACTION, "Share of DATA's documents held out for "
                                          "validation, by content hash.")
     num_proc: int = setting(0, Count(0), "Tokenizing processes; 0: one per available core (none apart for text "
                             "under 16 MiB).")
     seq_len: int | None = setting(None, Count(1), "Training window length: shards are cut to whole windows of it "
                                   "(any window length still reads).")
-    shard_tokens: int = setting(SHARD_TOKENS, TOKENS, "Tokens per shard.")
+    shard_tokens: int = setting(2**25, TOKENS, "Tokens per shard.")  # 32M tokens, 64 MiB of uint16
 
     def check_combination(self):
         if self.num_proc:

@@ -1,5 +1,4 @@
-"""The evaluation's settings (``mixln-convert eval``: evaluation/perplexity.py and downstream.py) and the one
-evaluation definition. Torch-free."""
+"""The settings of ``mixln-convert eval`` (evaluation/) and the one evaluation definition. Torch-free."""
 
 from dataclasses import dataclass
 

@@ -4,14 +4,13 @@ from dataclasses import dataclass
 
 from ..options import Options
 from ..schema import Choice, setting
-from . import DEFAULT_GGUF_TYPE, GGUF_TYPES
-from . import TARGETS as EXPORT_TARGETS
+from . import DEFAULT_GGUF_TYPE, GGUF_TYPES, TARGETS
 
 
 @dataclass(frozen=True, kw_only=True)
 class ExportOptions(Options):
     """``mixln-convert export``'s options (export/__init__.py): the target, and a GGUF's matrix type."""
-    to: str = setting(kind=Choice(EXPORT_TARGETS), help="llama: a plain transformers folder (LlamaForCausalLM, "
+    to: str = setting(kind=Choice(TARGETS), help="llama: a plain transformers folder (LlamaForCausalLM, "
                       "Qwen2ForCausalLM or Qwen3ForCausalLM: no remote code, no Mix-LN config keys; tokenizer files "
                       "carried over). gguf: one llama.cpp file OUT.gguf (LLaMA/Qwen2/Qwen3 tensor names and metadata, "
                       "tokenizer included).")

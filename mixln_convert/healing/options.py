@@ -1,5 +1,4 @@
-"""The heal's settings (``mixln-convert heal``: healing/run.py), which a recipe's ``heal`` section and the
-commands that heal a conversion declare again, and its defaults. Torch-free."""
+"""The settings of ``mixln-convert heal`` (healing/run.py), shared with a recipe's heal section. Torch-free."""
 
 from dataclasses import dataclass
 
@@ -11,13 +10,11 @@ from ..schema import (BATCH, NONNEGATIVE, POSITIVE_NUMBER, SEED, TOKENS, TOKENS_
                       Size, SpikeFactor, Text, Window, check_windows, declared, flag, flag_in, key_in, same_as, setting)
 
 LOSSES = ("kl", "residual")  # healing/losses.py
-HEAL_DTYPES = ("fp32", "bf16")  # healing/: of the frozen weights (the trained blocks stay float32)
 # The heal's peak learning rate: 1e-4 diverged on SmolLM2-135M's calibrated conversion (README).
 HEAL_LR = 3e-5
 HEAL_BETAS = (0.9, 0.999)  # healing/: AdamW's (torch's defaults); a training recipe has its own (optim.betas)
 HEAL_BATCH_SIZE = 4  # healing/: a step of 4 windows of SEQ_LEN
 HEAL_TOKENS = 65_536  # healing/: 64 steps
-HEAL_CHECKPOINT_INTERVAL = 100  # healing/: steps; a checkpoint holds the Post-LN blocks and their AdamW state only
 KL_CHUNK_TOKENS = 128  # healing/losses.py: positions whose logits a checkpointed kl heal holds at once
 KL_BLOCK_ELEMENTS = 2**19  # healing/losses.py: logits the KL goes over at a time (2 MiB in float32: in cache)
 
@@ -44,7 +41,7 @@ class HealSettings:
         "(more than 5 in a row stop the heal); 0: no check. Non-finite losses and gradients always stop it.",
         metavar="X")
     checkpoint_interval: int = setting(
-        HEAL_CHECKPOINT_INTERVAL, Count(0), "Save what --resume continues from (the Post-LN blocks, AdamW's "
+        100, Count(0), "Save what --resume continues from (the Post-LN blocks, AdamW's "
         "state, the schedule) every N steps, beside --out; 0: never.", metavar="N")
 
     @staticmethod
@@ -72,7 +69,7 @@ class HealOptions(Options, HealSettings, ShardSized):
     data: object = text("Training text (default split: train), best of the kind the model will be scored on: a "
                         "heal carries over to other kinds of text only in part. Or a `mixln-convert tokenize` "
                         "folder (its train split, memory-mapped: nothing is tokenized again).")
-    dtype: str = setting("fp32", Choice(HEAL_DTYPES, "dtype"),
+    dtype: str = setting("fp32", Choice(("fp32", "bf16"), "dtype"),
                          "Of the frozen weights (everything but the Post-LN blocks, which train in fp32); bf16 "
                          "halves them and computes under bf16 autocast.")
     warmup_ratio: float = setting(0.1, Number(0, 1, high_open=True))

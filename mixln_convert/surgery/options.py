@@ -9,8 +9,6 @@ from ..evaluation.options import Measurement
 from ..options import MAX_SHARD_SIZE, SEQ_LEN, ShardSized
 from ..schema import TOKENS, Choice, Count, Size, Text, Window, setting
 
-PRUNE_TOKENS = 8 * SEQ_LEN  # surgery/prune.py: the windows --method angular/drop measure
-
 
 @dataclass(frozen=True, kw_only=True)
 class PruneOptions(Measurement, ShardSized):
@@ -19,7 +17,7 @@ class PruneOptions(Measurement, ShardSized):
     model on the Measurement's text, default the embedded calibration split)."""
     data: str | None = text("Calibration text for --method angular/drop (default split: calibration).")
     seq_len: int = setting(SEQ_LEN, Window(), "Tokens per measured window.")
-    max_tokens: int = setting(PRUNE_TOKENS, TOKENS, "Tokens measured for --method angular/drop.")
+    max_tokens: int = setting(8 * SEQ_LEN, TOKENS, "Tokens measured for --method angular/drop.")
     layers: str | None = setting(None, Text(), "Blocks to remove (0-based), e.g. 20-23,27.", metavar="LIST")
     remove: int | None = setting(None, Count(1), "Number of blocks to remove, chosen by --method.", metavar="N")
     method: str = setting("angular", Choice(METHODS), "How --remove chooses its N blocks: " + METHODS_HELP)

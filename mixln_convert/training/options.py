@@ -1,5 +1,4 @@
-"""The training's settings beside its recipe (``mixln-convert train``, ``estimate``, ``recipes``: training/) and
-its fixed choices. Torch-free."""
+"""The settings of ``mixln-convert train``, ``estimate`` and ``recipes`` beside a recipe's (training/). Torch-free."""
 
 from dataclasses import dataclass
 

@@ -30,7 +30,7 @@ def run_demo(out, options: DemoOptions | None = None, *, force: bool = False, re
              **settings) -> "Comparison":
     """Every stage on ``options.source`` (default: SmolLM2-135M-Instruct) into ``out`` with the CPU
     recipe (at its lr): convert, heal (``heal_tokens``; 0 skips it), train both arms, analyze each
-    stage, compare; returns the comparison. ``options``: a :class:`~mixln_convert.options.DemoOptions`, or
+    stage, compare; returns the comparison. ``options``: a :class:`~mixln_convert.workflows.options.DemoOptions`, or
     its fields as ``settings``. ``resume`` keeps what an earlier run with the same settings finished;
     ``force`` starts afresh."""
     options = DemoOptions.given(options, settings)

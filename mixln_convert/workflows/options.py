@@ -1,5 +1,4 @@
-"""The workflows' settings (``mixln-convert sweep``, ``study``, ``demo``: workflows/) and the CPU recipe they
-train with. Torch-free."""
+"""The settings of ``mixln-convert sweep``, ``study`` and ``demo`` (workflows/), and their CPU recipe. Torch-free."""
 
 from dataclasses import dataclass
 from importlib import resources
@@ -16,10 +15,7 @@ from ..options import SEQ_LEN, Options, Output, Overrides, Resume
 from ..schema import (FRACTION, NONNEGATIVE, OPEN_FRACTION, TOKENS, TOKENS_OR_ZERO, Count, Flag, Names, Number, Numbers,
                       Text, same_as, setting)
 
-# workflows/sweep.py: the Post-LN ratios tried, and the rule's limits on perplexity and gradient ratio
-SWEEP_ALPHAS = (0.0, 0.0625, 0.125, 0.25, 0.5)
-MAX_PPL_INCREASE, MAX_GRAD_RATIO = 0.10, 3.0
-STUDY_EVAL_TOKENS = 8 * SEQ_LEN  # study's analyses: one per arm, scheme and seed, so fewer tokens each
+MAX_PPL_INCREASE, MAX_GRAD_RATIO = 0.10, 3.0  # workflows/sweep.py: the rule's limits on perplexity and gradient ratio
 
 # The CPU recipe that demo, sweep and study train with (shipped; each overrides what it varies), its keys read
 # once here for the demo's defaults and --help: the demo heals as it does, at its lr, counting in its steps
@@ -34,9 +30,9 @@ STUDY_SCHEMES = {"scaled": True, "plain": False}  # a study's initialization sch
 class SweepOptions(HealsConversion, Options):
     """What ``mixln-convert sweep`` measures (workflows/sweep.py): per alpha a calibrated conversion, a heal and a
     training (``heal_tokens``, ``train_tokens`` 0: none); ``lns``: the LNS retrofit trained like the control."""
-    alphas: tuple[float, ...] = setting(SWEEP_ALPHAS, Numbers(FRACTION, 1, MAX_ALPHAS), "Post-LN ratios to try, "
-                                        "comma-separated (alphas giving the same block count run once).",
-                                        metavar="LIST")
+    alphas: tuple[float, ...] = setting((0.0, 0.0625, 0.125, 0.25, 0.5), Numbers(FRACTION, 1, MAX_ALPHAS), "Post-LN "
+                                        "ratios to try, comma-separated (alphas giving the same block count run "
+                                        "once).", metavar="LIST")
     heal_tokens: int = HealSettings.budget()
     train_tokens: int = setting(0, TOKENS_OR_ZERO, "Train each Mix-LN model, and a Pre-LN control once per seed, on "
                                 f"N tokens (the {CPU_RECIPE} recipe's steps, same data and order). 0: no training.",
@@ -79,8 +75,8 @@ class StudyOptions(Options):
     lns: bool = setting(False, Flag(), "Train a LayerNorm Scaling arm too (arXiv 2502.05795: every block Pre-LN, the "
                         "norm outputs of block l scaled by 1/sqrt(l); the same initialization, norm gains 1 as in its "
                         "paper).", flag="--lns/--no-lns")
-    eval_tokens: int = setting(STUDY_EVAL_TOKENS, TOKENS, "Held-out tokens each final model is analyzed on (layer "
-                               "drop, gradient norms).", metavar="N")
+    eval_tokens: int = setting(8 * SEQ_LEN, TOKENS, "Held-out tokens each final model is analyzed on (layer "
+                               "drop, gradient norms).", metavar="N")  # fewer than eval's: one analysis per run
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -62,7 +62,7 @@ def study(source, out, options: StudyOptions | None = None, *, resume: bool = Fa
           **settings) -> StudyResult:
     """Train and analyze every (scheme, seed, arm) into ``out``; returns the study (``study.json``).
 
-    ``options``: a :class:`~mixln_convert.options.StudyOptions`, or its fields as ``settings``. ``source``
+    ``options``: a :class:`~mixln_convert.workflows.options.StudyOptions`, or its fields as ``settings``. ``source``
     gives the model's shape and tokenizer; its weights are not used."""
     from ..io.loader import open_checkpoint
     from ..training import load_recipe

@@ -109,7 +109,7 @@ def _plan(src: str, options: SweepOptions, resume: bool, force: bool):
 def sweep(src, out, options: SweepOptions | None = None, *, resume: bool = False, force: bool = False,
           progress: bool = True, **settings) -> SweepResult:
     """Sweep the Post-LN ratio of ``src`` (HF folder or .gguf) into ``out``; returns the result written to
-    ``out/sweep.json`` beside ``out/report``. ``options``: a :class:`~mixln_convert.options.SweepOptions`, or
+    ``out/sweep.json`` beside ``out/report``. ``options``: a :class:`~mixln_convert.workflows.options.SweepOptions`, or
     its fields as ``settings``."""
     options = SweepOptions.given(options, settings)
     src = checkpoint_path(src, "SRC")
