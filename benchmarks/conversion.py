@@ -156,8 +156,8 @@ def sweep(argv):
     args = p.parse_args(argv)
     from mixln_convert.conversion.converter import calibration_statistics, convert
     from mixln_convert.conversion.layout import post_ln_count
+    from mixln_convert.conversion.options import CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS
     from mixln_convert.io.loader import open_checkpoint
-    from mixln_convert.options import CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS
 
     src = harness.source(args.model)
     alphas = [float(a) for a in args.alphas.split(",")]  # convert refuses one outside [0, 1]

@@ -81,7 +81,8 @@ def quality(argv):
     Measured with --paragraphs '<python3.11-doc>/usr/share/doc/python3.11/html/_sources/**/*.txt'
     --lines '<gensim-4.4.0 wheel>/gensim/test/test_data/lee_background.cor' (docs/measurements.md).
     """
-    from mixln_convert.options import HEAL_BATCH_SIZE, HEAL_LR, SEQ_LEN
+    from mixln_convert.healing.options import HEAL_BATCH_SIZE, HEAL_LR
+    from mixln_convert.options import SEQ_LEN
 
     p = harness.parser(quality)
     p.add_argument("--packed", nargs="+", default=LICENCES,
@@ -512,7 +513,8 @@ def speed(argv):
     and bf16 / fp32 per kind, under a header with the CPU, its bf16 instructions (lscpu) and the load
     average at the start and the end; ``--json`` keeps every step's time.
     """
-    from mixln_convert.options import HEAL_BATCH_SIZE, SEQ_LEN
+    from mixln_convert.healing.options import HEAL_BATCH_SIZE
+    from mixln_convert.options import SEQ_LEN
 
     p = harness.parser(speed)
     p.add_argument("--shape", choices=harness.SHAPES, default="smollm2-135m")

@@ -7,6 +7,7 @@ import json
 import random
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from . import harness
@@ -89,7 +90,7 @@ def demo_lr(argv):
 
         python -m benchmarks studies demo-lr 1e-4:mixln 3e-5:mixln 1e-5:mixln 1e-4:mixln:0.01 3e-5:preln
     """
-    from mixln_convert.options import DemoOptions
+    from mixln_convert.workflows.options import DemoOptions
 
     p = harness.parser(demo_lr)
     p.add_argument("runs", nargs="+", metavar="LR:ARM[:POST_LN_LR_SCALE]")
@@ -107,11 +108,12 @@ def demo_lr(argv):
     for run in args.runs:
         lr, arm, *scale = run.split(":")
         lr, scale = float(lr), float(scale[0]) if scale else 0.25
-        changes = {"heal.tokens": args.heal_tokens, "max_tokens": args.train_tokens,
-                   "eval_interval": max(1, args.train_tokens // 1024), "data.eval_tokens": DemoOptions.eval_tokens,
-                   "optim.lr": lr, "optim.post_ln_lr_scale": scale}
-        recipe = load_recipe("smollm2-135m-cpu", changes=changes,  # the demo's recipe (workflows/demo.py)
-                             changed_by="python -m benchmarks studies demo-lr")
+        recipe = load_recipe("smollm2-135m-cpu")  # the demo's recipe (workflows/demo.py)
+        recipe = recipe.replace("python -m benchmarks studies demo-lr", max_tokens=args.train_tokens,
+                                eval_interval=max(1, args.train_tokens // 1024),
+                                heal=replace(recipe.heal, tokens=args.heal_tokens),
+                                data=replace(recipe.data, eval_tokens=DemoOptions.eval_tokens),
+                                optim=replace(recipe.optim, lr=lr, post_ln_lr_scale=scale))
         with tempfile.TemporaryDirectory() as out:
             summary = train(recipe, out, arms=(arm,), progress=False)[arm]
             final = open_checkpoint(f"{out}/{arm}/final")
@@ -229,8 +231,8 @@ def scratch_overrides(tokens: int, source: Path) -> list[str]:
 def scratch_tokens(source: Path, minutes: float, runs: int) -> tuple[int, float]:
     """Tokens per run that make ``runs`` runs fit ``minutes``, from an 8-step Pre-LN trial's tokens/s
     (no evaluation, gradient norms or checkpoints in between: they are not training steps)."""
-    from mixln_convert.options import StudyOptions
     from mixln_convert.training import load_recipe
+    from mixln_convert.workflows.options import StudyOptions
     from mixln_convert.workflows.train import train
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -14,13 +14,19 @@ from pathlib import Path
 import click
 
 from . import __version__
+from .analysis.options import AnalyzeOptions, AnalyzeOutput
+from .conversion.options import ConvertHealOptions, ConvertOptions
+from .data.options import TokenizeCommand, TokenizeOptions
 from .errors import MixLNError, MixLNWarning, bounded
-from .options import (AnalyzeOptions, AnalyzeOutput, CompareOptions, ConvertHealOptions, ConvertOptions, DemoOptions,
-                      DemoOutput, EstimateOptions, EvalOptions, ExportOptions, HealCommand, HealOptions, Output,
-                      Overrides, Printed, PruneOptions, RecipesOptions, Resume, StudyOptions, SweepOptions,
-                      TokenizeCommand, TokenizeOptions, TrainOptions, measured_on)
+from .evaluation.options import EvalOptions, measured_on
+from .export.options import ExportOptions
+from .healing.options import HealCommand, HealOptions
+from .options import CompareOptions, Output, Overrides, Printed, Resume
 from .runtime import map_large_allocations
 from .schema import click_options
+from .surgery.options import PruneOptions
+from .training.options import EstimateOptions, RecipesOptions, TrainOptions
+from .workflows.options import DemoOptions, DemoOutput, StudyOptions, SweepOptions
 
 
 class Group(click.Group):

@@ -1065,7 +1065,7 @@ FAST_REFUSALS = {
 
 @pytest.mark.parametrize("case", FAST_REFUSALS)
 def test_option_refusals_come_before_torch_is_imported(case, tiny_llama, tmp_path):
-    """The property that makes a bad option answer within a second: the options (options.py) are
+    """The property that makes a bad option answer within a second: the options (the packages' options.py) are
     checked before torch (seconds to import) and transformers are imported. Paths are checked by
     the API function, before any weights are read (the tables above)."""
     argv, fragment = FAST_REFUSALS[case]
@@ -1106,8 +1106,9 @@ def test_api_batch_sizes_and_limits_are_range_checked_before_any_work(flag, valu
 
 def test_api_tasks_given_as_a_string_or_none_read_as_the_cli_reads_them():
     """tasks="a,b" was once iterated into the unknown tasks 'a', ',' and 'b', and tasks=None was a TypeError."""
+    from mixln_convert.analysis.options import AnalyzeOptions
     from mixln_convert.errors import MixLNError
-    from mixln_convert.options import AnalyzeOptions, EvalOptions
+    from mixln_convert.evaluation.options import EvalOptions
 
     assert EvalOptions(tasks="hellaswag").tasks == ("hellaswag",)
     assert AnalyzeOptions(tasks="a, b").tasks == ("a", "b") and EvalOptions(tasks=None).tasks == ()

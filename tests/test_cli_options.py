@@ -1,5 +1,5 @@
 """Every command's options as --help shows them (names, type, range, default, flags), compared with
-tests/data/cli_options.json: the options are made from one schema (options.py), and a change to a
+tests/data/cli_options.json: the options are made from one schema (the packages' options.py), and a change to a
 name, type, default or range shows here. After an intended change: python tests/test_cli_options.py --write."""
 
 import json
@@ -57,7 +57,7 @@ def test_every_option_is_as_recorded():
 
 
 def test_a_shared_flag_says_the_same_in_every_command():
-    """--force, --resume, --set and --json are each declared once (options.py's groups): one help text."""
+    """--force, --resume, --set and --json are each declared once (mixln_convert/options.py's groups): one help text."""
     helps = {}
     for command in described_options().values():
         for option, described in command["options"].items():

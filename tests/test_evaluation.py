@@ -9,7 +9,8 @@ import torch
 
 from mixln_convert.analysis.layers import grad_norm_per_layer
 from mixln_convert.data import read_texts, token_windows
-from mixln_convert.options import EVAL_DATA, SEQ_LEN, EVAL_TOKENS
+from mixln_convert.evaluation.options import EVAL_DATA, EVAL_TOKENS
+from mixln_convert.options import SEQ_LEN
 from mixln_convert.surgery.loading import load_model, load_tokenizer
 
 

@@ -181,10 +181,10 @@ def heal_step_peak(recipe, profile_file) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     from mixln_convert.healing.losses import distillation_loss
+    from mixln_convert.healing.options import HEAL_BETAS
     from mixln_convert.healing.pair import load_models, open_pair
     from mixln_convert.healing.run import _recomputing
     from mixln_convert.model.modeling_mixln import enable_checkpointing
-    from mixln_convert.options import HEAL_BETAS
     from mixln_convert.training.loop import adamw, parameter_groups
 
     heal, bf16 = recipe.heal, recipe.precision == "bf16"

@@ -557,7 +557,7 @@ def test_the_mixln_start_row_says_whether_it_was_healed(heal_tokens, stage, cli,
 def test_token_counts_say_how_many_windows_and_why_fewer_are_scored(cli, tmp_path):
     """The demo's console said 2,048 tokens (--eval-tokens: the windows hold them), results record 2,040
     (what is scored): one wording, in the console and the report, gives both and why."""
-    from mixln_convert.options import measured_on
+    from mixln_convert.evaluation.options import measured_on
 
     seq_len, windows = 256, 8
     where = {"data": "embedded:validation", "tokens": windows * (seq_len - 1), "seq_len": seq_len}

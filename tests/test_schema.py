@@ -8,11 +8,22 @@ import click
 import pytest
 
 from mixln_convert import options, schema
+from mixln_convert.analysis import options as analysis
+from mixln_convert.conversion import options as conversion
+from mixln_convert.data import options as data
 from mixln_convert.errors import MixLNError
+from mixln_convert.evaluation import options as evaluation
+from mixln_convert.export import options as export
+from mixln_convert.healing import options as healing
 from mixln_convert.schema import Count, Number, declared, flag
+from mixln_convert.surgery import options as surgery
+from mixln_convert.training import options as training
+from mixln_convert.workflows import options as workflows
 
-OPTIONS = [cls for cls in vars(options).values()
-           if isinstance(cls, type) and issubclass(cls, options.Options) and dataclasses.is_dataclass(cls)]
+OPTIONS = [cls for module in (options, analysis, conversion, data, evaluation, export, healing, surgery, training,
+                              workflows) for cls in vars(module).values()
+           if isinstance(cls, type) and issubclass(cls, options.Options) and dataclasses.is_dataclass(cls)
+           and cls.__module__ == module.__name__]
 
 
 def _outside(kind):
@@ -39,7 +50,7 @@ def test_a_value_outside_a_settings_range_is_refused_naming_its_flag(cls, name):
 @pytest.mark.parametrize("cls", OPTIONS, ids=lambda cls: cls.__name__)
 def test_the_defaults_pass_their_own_checks(cls):
     # prune: --layers or --remove, no default; export: --to is required
-    cls(**{options.PruneOptions: {"remove": 1}, options.ExportOptions: {"to": "llama"}}.get(cls, {}))
+    cls(**{surgery.PruneOptions: {"remove": 1}, export.ExportOptions: {"to": "llama"}}.get(cls, {}))
 
 
 def test_a_click_range_is_the_kinds():
@@ -58,9 +69,9 @@ def test_a_setting_the_heal_command_and_a_recipe_share_is_declared_once():
     from mixln_convert.training.recipe import Heal
 
     for name in ("seq_len", "batch_size", "lr", "loss", "spike_factor", "activation_checkpointing"):
-        assert declared(Heal)[name][1] is declared(options.HealOptions)[name][1]
-    heal_budget = [declared(cls)["heal_tokens"][1] for cls in (options.DemoOptions, options.SweepOptions,
-                                                               options.ConvertHealOptions)]
+        assert declared(Heal)[name][1] is declared(healing.HealOptions)[name][1]
+    heal_budget = [declared(cls)["heal_tokens"][1] for cls in (workflows.DemoOptions, workflows.SweepOptions,
+                                                               conversion.ConvertHealOptions)]
     assert all(found == declared(Heal)["tokens"][1] for found in heal_budget)
 
 
@@ -81,11 +92,11 @@ def test_a_recipe_key_is_checked_by_the_same_kind_as_its_flag(key, value, messag
 def test_the_cpu_recipes_step_is_the_one_demo_and_sweep_count_in(tiny_llama):
     from mixln_convert.training import load_recipe
 
-    recipe = load_recipe(options.CPU_RECIPE, [f"source={tiny_llama}"])
-    assert recipe.global_batch_size * recipe.seq_len == options.CPU_STEP_TOKENS
-    assert options.DemoOptions.train_tokens % options.CPU_STEP_TOKENS == 0
+    recipe = load_recipe(workflows.CPU_RECIPE, [f"source={tiny_llama}"])
+    assert recipe.global_batch_size * recipe.seq_len == workflows.CPU_STEP_TOKENS
+    assert workflows.DemoOptions.train_tokens % workflows.CPU_STEP_TOKENS == 0
     # the demo's heal budget and lr are the recipe's, written there once
-    assert (options.DemoOptions.heal_tokens, recipe.optim.lr) == (recipe.heal.tokens, options.HEAL_LR)
+    assert (workflows.DemoOptions.heal_tokens, recipe.optim.lr) == (recipe.heal.tokens, healing.HEAL_LR)
 
 
 def test_a_window_past_the_models_positions_is_refused_naming_its_setting():
@@ -93,21 +104,21 @@ def test_a_window_past_the_models_positions_is_refused_naming_its_setting():
     from mixln_convert.training.recipe import Heal, Recipe
 
     config = {"max_position_embeddings": 256}
-    refusals = [(options.PruneOptions(remove=1, seq_len=512), schema.flag, "--seq-len"),
-                (options.ConvertOptions(calibration_seq_len=512), schema.flag, "--calibration-seq-len"),
-                (options.EvalOptions(seq_len=512), schema.flag, "--seq-len"),
+    refusals = [(surgery.PruneOptions(remove=1, seq_len=512), schema.flag, "--seq-len"),
+                (conversion.ConvertOptions(calibration_seq_len=512), schema.flag, "--calibration-seq-len"),
+                (evaluation.EvalOptions(seq_len=512), schema.flag, "--seq-len"),
                 (Heal(seq_len=512), schema.key_in("heal"), "heal.seq_len"),
                 (Recipe(seq_len=512), schema.flag, "seq_len")]
     for settings, name, named in refusals:
         with pytest.raises(MixLNError, match=f"^{named}: 512 exceeds the model's max_position_embeddings 256"):
             schema.check_windows(settings, config, name)
     with pytest.raises(MixLNError, match=re.escape("(--allow-longer to use it anyway)")):
-        schema.check_windows(options.EvalOptions(seq_len=512), config)
+        schema.check_windows(evaluation.EvalOptions(seq_len=512), config)
     with pytest.raises(MixLNError, match=re.escape("(allow_longer_seq: true to use it anyway)")):
         schema.check_windows(Recipe(seq_len=512), config)
-    schema.check_windows(options.EvalOptions(seq_len=512, allow_longer=True), config)
+    schema.check_windows(evaluation.EvalOptions(seq_len=512, allow_longer=True), config)
     schema.check_windows(Recipe(seq_len=512, allow_longer_seq=True), config)
-    schema.check_windows(options.EvalOptions(seq_len=256), config)
+    schema.check_windows(evaluation.EvalOptions(seq_len=256), config)
 
 
 def test_a_heal_budget_under_one_step_is_refused_once_against_the_real_step(tiny_llama):
@@ -117,12 +128,12 @@ def test_a_heal_budget_under_one_step_is_refused_once_against_the_real_step(tiny
     from mixln_convert.workflows.demo import _demo_plan
 
     with pytest.raises(MixLNError, match=re.escape("heal.tokens: 600 is less than one heal step (4 x 192 = 768")):
-        load_recipe(options.CPU_RECIPE, [f"source={tiny_llama}", "heal.seq_len=192", "heal.tokens=600"])
-    for cls in (options.ConvertHealOptions, options.SweepOptions):
+        load_recipe(workflows.CPU_RECIPE, [f"source={tiny_llama}", "heal.seq_len=192", "heal.tokens=600"])
+    for cls in (conversion.ConvertHealOptions, workflows.SweepOptions):
         with pytest.raises(MixLNError, match=re.escape("--heal-tokens: 10 is less than one heal step (4 x 256")):
             cls(heal_tokens=10)
     with pytest.raises(MixLNError, match="^" + re.escape("--heal-tokens: heal.tokens: 10 is less than one heal step")):
-        _demo_plan(options.DemoOptions(source=str(tiny_llama), heal_tokens=10))
+        _demo_plan(workflows.DemoOptions(source=str(tiny_llama), heal_tokens=10))
     with pytest.raises(MixLNError, match="^--tokens: 10 is less than one heal step"):
         HealRun("converted", "teacher", "out", tokens=10)
     HealRun("converted", "teacher", "out", tokens=10, checked=True)  # train, convert and sweep checked it

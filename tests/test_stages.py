@@ -75,7 +75,8 @@ def test_a_demo_begun_at_another_training_lr_is_not_resumed(tiny_llama, tmp_path
     import json
     from pathlib import Path
 
-    from mixln_convert.options import ALPHA, DemoOptions
+    from mixln_convert.conversion.options import ALPHA
+    from mixln_convert.workflows.options import DemoOptions
 
     out = tmp_path / "demo"
     out.mkdir()

@@ -1,5 +1,6 @@
 """`mixln-convert train`: recipes, both arms, outputs, exact resume after SIGKILL, 2 processes = 1."""
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -125,15 +126,15 @@ def test_set_overrides_and_types(tiny_llama_tied, corpus):
 def test_orchestrators_replace_typed_fields(tiny_llama_tied, corpus):
     """demo, sweep and study change a loaded recipe by field, checked like --set, naming who changed it."""
     recipe = load_recipe("smollm2-135m-cpu", tiny(tiny_llama_tied, corpus))
-    seeded = recipe.replace({"seed": 3, "optim.lr": "3e-4", "arms": ["lns"]}, "--seeds")
+    seeded = recipe.replace("--seeds", seed=3, optim=dataclasses.replace(recipe.optim, lr="3e-4"), arms=["lns"])
     assert (seeded.seed, seeded.optim.lr, seeded.arms) == (3, 3e-4, ("lns",)) and recipe.seed == 0
-    assert seeded.replace({"seed": 0, "optim.lr": recipe.optim.lr, "arms": recipe.arms}) == recipe
+    assert seeded.replace(seed=0, optim=recipe.optim, arms=recipe.arms) == recipe
     for changes, message in (({"seed": -1}, "--seeds: seed: must be an integer in [0, 2^32)"),
                              ({"optim.lrr": 1.0}, "--seeds: unknown key 'optim.lrr'"),
                              ({"optim": 1.0}, "--seeds: 'optim' is a section, not a key"),
                              ({"max_tokens": 1}, "--seeds: max_tokens 1 is less than one optimizer step")):
         with pytest.raises(MixLNError, match=re.escape(message)):
-            recipe.replace(changes, "--seeds")
+            recipe.replace("--seeds", **changes)
     with pytest.raises(MixLNError, match="^demo: heal.tokens: 1 is less than one heal step"):
         load_recipe("smollm2-135m-cpu", tiny(tiny_llama_tied, corpus), {"heal.tokens": 1}, "demo")
 

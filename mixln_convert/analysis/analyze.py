@@ -8,15 +8,17 @@ import torch
 from ..data import read_texts, token_windows
 from ..errors import MixLNError
 from ..evaluation.generation import greedy_continuations
+from ..evaluation.options import EVAL_DATA
 from ..evaluation.perplexity import check_finite_score, evaluate_documents, evaluate_perplexity
 from ..io.atomic import atomic_output_dir
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable, checkpoint_path
-from ..options import EVAL_DATA, OUT, AnalyzeOptions
+from ..options import OUT
 from ..runtime import map_large_allocations
 from ..schema import check_windows
 from .choice import choose_layers
 from .layers import BlockRunner, RepresentationStatistics, grad_norm_per_layer, removal_sweep
+from .options import AnalyzeOptions
 from .plots import plot_analysis
 from .result import Analysis, PerWindow, PruneCurve
 

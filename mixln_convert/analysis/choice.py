@@ -5,7 +5,8 @@ alone raises perplexity least; ``last``, the N deepest blocks."""
 
 from ..errors import MixLNError
 from ..schema import Choice
-from ..options import METHODS, PruneOptions
+from ..surgery.options import PruneOptions
+from .options import METHODS
 
 
 def check_count(n: int, num_layers: int) -> None:

@@ -10,7 +10,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from ..options import measured_on
+from ..evaluation.options import measured_on
 from .result import Analysis
 
 PRE_LN, POST_LN = "tab:blue", "tab:orange"

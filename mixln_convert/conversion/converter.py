@@ -12,10 +12,11 @@ from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable, checkpoint_path
 from ..io.writer import tool_stamp, write_checkpoint
 from ..limits import parse_size
-from ..options import MAX_SHARD_SIZE, ConvertOptions
+from ..options import MAX_SHARD_SIZE
 from ..runtime import map_large_allocations
 from ..schema import check_windows
 from .layout import post_ln_count
+from .options import ConvertOptions
 from .plan import ConversionPlan
 
 

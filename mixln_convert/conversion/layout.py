@@ -3,12 +3,12 @@
 import math
 
 from ..errors import MixLNError
-from ..options import ConvertOptions
+from .options import ConvertOptions
 
 
 def post_ln_count(num_layers: int, alpha: float | None, post_ln_layers: int | None = None) -> int:
     """``floor(alpha * L)``, or the count ``post_ln_layers`` where given, which only the model's depth
-    bounds (each is range-checked where it enters: options.py)."""
+    bounds (each is range-checked where it enters: conversion/options.py)."""
     if post_ln_layers is not None:
         if post_ln_layers > num_layers:
             raise MixLNError(f"{ConvertOptions.flag('post_ln_layers')}: {post_ln_layers} is outside [0, {num_layers}] "

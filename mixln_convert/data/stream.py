@@ -13,12 +13,13 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import MixLNError, warn
+from ..evaluation.options import EvalOptions
 from ..fetch import cache_dir
 from ..limits import check_processes
-from ..options import EvalOptions, TokenizeCommand, TokenizeOptions
 from ..io.hub import HubDataset
 from ..io.paths import resolved
 from .corpus import source_files, token_ids
+from .options import TokenizeCommand, TokenizeOptions
 from .shards import MANIFEST, ShardWindows, TokenShards, check_shards, is_tokens_folder, read_manifest
 from .tokenization import settings, source_sha256, tokenize, tokenizer_fingerprint
 

@@ -30,9 +30,10 @@ from ..errors import MixLNError, warn
 from ..io.atomic import replace_dir, try_lock, wait_for_lock, write_atomic, write_failure
 from ..io.paths import check_not_input, check_readable, checkpoint_path, resolved
 from ..io.hub import HubDataset
+from ..options import FORCE, OUT
 from ..schema import TOKENS
-from ..options import FORCE, OUT, TokenizeCommand, TokenizeOptions
 from .corpus import embedded_corpus, file_documents, source_files
+from .options import TokenizeCommand, TokenizeOptions
 from .shards import (FORMAT, MANIFEST, TOKEN_SPLITS, VERSION, SplitRecord, TokenManifest, TokenShardWriter,
                      check_shards, file_sha256, read_manifest, token_dtype)
 

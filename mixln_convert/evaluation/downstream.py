@@ -14,8 +14,8 @@ from pathlib import Path
 import yaml
 
 from ..errors import MixLNError
-from ..options import LIMIT, EvalOptions
 from ..schema import BATCH
+from .options import LIMIT, EvalOptions
 from .result import TaskScore
 
 # what installs it: lm-eval from PyPI (mixln-convert itself is not on PyPI, so its [eval] extra installs only from a

@@ -13,10 +13,10 @@ from tqdm.auto import tqdm
 
 from ..errors import MixLNError
 from ..io.paths import check_readable, checkpoint_path
-from ..options import EVAL_DATA, EvalOptions
 from ..runtime import map_large_allocations
 from ..schema import check_windows
 from .generation import greedy_continuations
+from .options import EVAL_DATA, EvalOptions
 from .result import Continuation, DocumentScores, Generation, PerplexityScores, TaskScores
 
 

@@ -59,7 +59,7 @@ def export(ckpt, out, *, to: str, type: str | None = None, force: bool = False, 
 
 def _checked_type(to: str, tensor_type: str | None) -> str | None:
     """The GGUF tensor type of the options ``--to`` and ``--type``, each checked; None for a folder."""
-    from ..options import ExportOptions  # which imports this module's choices
+    from .options import ExportOptions  # which imports this module's choices
 
     to_flag, type_flag = ExportOptions.flag("to"), ExportOptions.flag("tensor_type")
     if to not in TARGETS:

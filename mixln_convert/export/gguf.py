@@ -19,7 +19,8 @@ from ..errors import MixLNError, first_line, warn
 from ..io.atomic import atomic_output_file
 from ..io.checkpoint import StoredTensor
 from ..io.paths import check_not_input
-from ..options import FORCE, ExportOptions
+from ..options import FORCE
+from .options import ExportOptions
 from .plain import folds_lns, plain_config, plain_names, plain_tensors
 from .tokenizer import Field, tokenizer_fields
 

@@ -8,6 +8,12 @@ tokens, loss, lr, seconds since the start; evaluations add val_relative_error an
 val_loss, val_ppl and val_doc_ppl).
 """
 
-from .run import heal
-
 __all__ = ["heal"]
+
+
+def __getattr__(name: str):  # imported when first used: .options (the CLI's) imports no torch
+    if name != "heal":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from .run import heal
+
+    return heal

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..architectures import architecture_of_model
-from ..options import KL_BLOCK_ELEMENTS, KL_CHUNK_TOKENS
+from .options import KL_BLOCK_ELEMENTS, KL_CHUNK_TOKENS
 
 
 class Residual:

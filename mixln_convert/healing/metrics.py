@@ -8,7 +8,7 @@ import math
 from ..errors import MixLNError, warn
 from ..fetch import cache_dir
 from ..io.atomic import write_atomic
-from ..options import HealOptions
+from .options import HealOptions
 
 
 def cached_teacher_metrics(measure, **key) -> dict:

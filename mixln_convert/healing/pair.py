@@ -8,9 +8,9 @@ import torch
 
 from ..errors import MixLNError
 from ..io.loader import open_checkpoint
-from ..options import HealCommand
 from ..surgery.prefix import load_prefix, prefix_of
 from ..surgery.shared_tail import load_pair
+from .options import HealCommand
 
 TEACHER = HealCommand.flag("teacher")
 

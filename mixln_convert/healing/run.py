@@ -21,12 +21,13 @@ from tqdm.auto import tqdm
 from ..data import PackedWindows, TokenShards, data_fingerprint, open_tokens, read_texts, token_stream, token_windows, windows
 from ..data.shards import is_tokens_folder
 from ..errors import MixLNError, warn
+from ..evaluation.options import EVAL_DATA
 from ..evaluation.perplexity import evaluate_documents, evaluate_perplexity
 from ..io.atomic import atomic_output_dir
 from ..io.paths import check_destination, check_readable, checkpoint_path
 from ..io.writer import tool_stamp, write_checkpoint
 from ..model.modeling_mixln import enable_checkpointing
-from ..options import EVAL_DATA, HEAL_BETAS, OUT, HealCommand, HealOptions
+from ..options import OUT
 from ..runtime import map_large_allocations
 from ..schema import check_windows, declared, flag
 from ..surgery.prefix import prefix_names
@@ -35,6 +36,7 @@ from ..training.loop import (NonFiniteStep, StepGuard, adamw, block_grad_norms, 
 from ..training.sharding import shard, sharded_state_dict
 from .losses import KL, distillation_loss, relative_error
 from .metrics import cached_teacher_metrics, check_record_finite, digest, warn_if_worse
+from .options import HEAL_BETAS, HealCommand, HealOptions
 from .pair import load_models, open_pair, same_tokenizer
 from .result import ErrorChange, HealResult, HeldOut, Perplexities
 from .state import METRICS, HealState

@@ -13,9 +13,10 @@ import numpy as np
 from ..analysis.measures import coefficient_of_variation, deep_half
 from ..analysis.result import PER_DOCUMENT, Analysis
 from ..errors import MixLNError
+from ..evaluation.options import measured_on
 from ..io.paths import check_destination
 from ..io.records import NUMBER, OBJECT, STRINGS, Record, Result
-from ..options import OUT, CompareOptions, measured_on
+from ..options import OUT, CompareOptions
 from ..schema import NONNEGATIVE, POSITIVE_NUMBER, TOKENS_OR_ZERO, Flag, Kind, Nested, String, setting
 from ..training.summary import MEASURED_ON
 from . import uncertainty

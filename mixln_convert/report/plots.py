@@ -9,7 +9,7 @@ from matplotlib.ticker import EngFormatter, MaxNLocator
 
 from ..analysis.plots import (ANGULAR_DISTANCE, LAYER_DROP, angular_grid, draw_angular_matrix, save,
                               scale_layer_drop_axis)
-from ..options import measured_on
+from ..evaluation.options import measured_on
 from .inputs import Model
 
 

@@ -1,9 +1,9 @@
 """The compare report's tables and the order of its blocks (rendered by :mod:`.render`)."""
 
 from ..analysis.plots import checkpoint_name
+from ..evaluation.options import measured_on
 from .compare import ModelNumbers
 from .downstream import downstream_blocks
-from ..options import measured_on
 from .inputs import PRUNE_FRACTIONS, Model
 from .render import MISSING
 from .uncertainty import VERDICT_NOTE

@@ -15,9 +15,9 @@ from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable, checkpoint_path
 from ..io.atomic import atomic_output_dir
 from ..io.writer import tool_stamp, write_checkpoint
-from ..options import PruneOptions
 from ..runtime import map_large_allocations
 from ..schema import check_windows
+from .options import PruneOptions
 
 _LAYER_RANGE = re.compile(r"([0-9]+)\s*(?:-\s*([0-9]+))?")  # ASCII digits only: '²'.isdigit() is True
 

@@ -29,11 +29,12 @@ import torch
 from ..architectures import model_blocks
 from ..conversion.layout import post_ln_count
 from ..errors import MixLNError
+from ..healing.options import KL_CHUNK_TOKENS
 from ..io.records import read_json
 from ..io.loader import open_checkpoint
 from ..io.validate import check_config, check_config_loads
 from ..limits import MAX_PROCESSES, MAX_SIZE
-from ..options import KL_CHUNK_TOKENS, EstimateOptions
+from .options import EstimateOptions
 from .recipe import Recipe, load_recipe, recipe_path
 
 USABLE = 0.9

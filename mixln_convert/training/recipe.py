@@ -15,14 +15,18 @@ from pathlib import Path
 
 import yaml
 
+from ..conversion.options import STRATEGIES, alpha
+from ..data.options import TokenizeOptions
 from ..errors import MixLNError, shown
+from ..evaluation.options import EVAL_TOKENS
+from ..healing.options import HealSettings
 from ..io.hub import hub_name
 from ..io.paths import check_readable, checkpoint_path, is_pattern
-from ..options import (ARM_NAMES, ATTENTIONS, DEFAULT_ARMS, EVAL_TOKENS, PRECISIONS, SEQ_LEN, SET, STRATEGIES,
-                       HealSettings, TokenizeOptions, alpha, heal_budget)
+from ..options import SEQ_LEN, SET
 from ..schema import (BATCH, FRACTION, NONNEGATIVE, POSITIVE_NUMBER, SEED, TOKENS, TOKENS_OR_ZERO, Choice, Count, Flag,
                       Names, Number, Numbers, SpikeFactor, Text, Window, declared, default_of, key_in, same_as,
                       setting)
+from .options import ARM_NAMES, ATTENTIONS, DEFAULT_ARMS, PRECISIONS
 
 SMOLLM2 = "smollm2"  # `source: smollm2` names the embedded default model (the cached GGUF)
 # accelerate's trackers a run may log to -> its availability check (accelerate.utils) and the pip package it needs
@@ -46,7 +50,7 @@ class Conversion:
 class Heal(HealSettings):
     """Distil the converted Post-LN blocks from the source before training (mixln-convert heal,
     with these of its settings); tokens 0 skips it."""
-    tokens: int = heal_budget()
+    tokens: int = HealSettings.budget()
 
 
 @dataclass(frozen=True)
@@ -149,12 +153,12 @@ class Recipe:
         """{"dotted.key": value} of every key, as ``--set`` names them."""
         return _flatten(self.to_dict())
 
-    def replace(self, changes: dict, changed_by: str = "the caller") -> "Recipe":
-        """A copy with ``changes`` ({"dotted.key": value}) applied, typed, resolved and checked like
-        ``--set`` items (``changed_by`` names them in an error)."""
+    def replace(self, changed_by: str = "the caller", **changes) -> "Recipe":
+        """A copy with ``changes`` (top-level keys, each a value or a whole section:
+        ``heal=dataclasses.replace(recipe.heal, tokens=0)``) applied, typed, resolved and checked like ``--set``
+        items (``changed_by`` names them in an error)."""
         values, origin = self.flat(), {}
-        for key, value in changes.items():
-            _assign(values, origin, key, value, changed_by)
+        _assign_all(values, origin, changes, changed_by)
         return _complete(values, origin, changed_by)  # it was valid before
 
 
@@ -242,6 +246,14 @@ def _assign(values: dict, origin: dict, dotted: str, value, where: str) -> None:
         raise MixLNError(f"{where}: unknown key {dotted!r}")
     values[dotted] = value
     origin[dotted] = where
+
+
+def _assign_all(values: dict, origin: dict, changes: dict, where: str) -> None:
+    """:func:`_assign` of each key of ``changes`` ({top-level key: a value, or a section's dataclass})."""
+    tree = {key: dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+            for key, value in changes.items()}
+    for key, value in _flatten(_plain(tree)).items():
+        _assign(values, origin, key, value, where)
 
 
 def _typed(key: str, value, where: str):
@@ -396,7 +408,7 @@ def recipe_path(name_or_path) -> Path:
 def load_recipe(path, overrides=(), changes: dict | None = None, changed_by: str = "the caller",
                 reads_data: bool = True) -> Recipe:
     """The fully resolved recipe of the YAML file ``path`` with ``overrides`` (the user's
-    "dotted.key=value" items), then ``changes`` ({"dotted.key": value}, typed and checked alike;
+    "dotted.key=value" items), then ``changes`` (:meth:`Recipe.replace`'s, typed and checked alike;
     ``changed_by`` names them in an error). Paths become absolute (``source: smollm2``: the cached
     SmolLM2 GGUF, fetched if missing; a Hub model name: its snapshot folder; a Hub dataset name stays
     a name, checked); any unknown key, wrong type, missing file or impossible budget raises a one-line
@@ -434,6 +446,5 @@ def load_recipe(path, overrides=(), changes: dict | None = None, changed_by: str
         except DuplicateKey as e:
             raise MixLNError(f"{SET} {item}: {e}") from None
         _assign(values, origin, key, value, f"{SET} {item}")
-    for key, value in (changes or {}).items():
-        _assign(values, origin, key, value, changed_by)
+    _assign_all(values, origin, changes or {}, changed_by)
     return _complete(values, origin, str(path), reads_data)

@@ -28,13 +28,13 @@ from ..architectures import model_blocks
 from ..data import PackedWindows, Splits, windows
 from ..data.shards import file_sha256
 from ..errors import MixLNError, first_line, warn
+from ..evaluation.options import EVAL_DATA
 from ..evaluation.perplexity import evaluate_perplexity
 from ..io.atomic import atomic_output_dir, write_atomic
 from ..io.lineage import add_record
 from ..io.model_card import write_card
 from ..io.records import METRICS, append_metrics, cut_metrics
 from ..io.writer import copy_model_code, tool_stamp
-from ..options import EVAL_DATA
 from ..model.modeling_mixln import enable_checkpointing
 from ..surgery.loading import load_model
 from .loop import StepGuard, adamw, block_grad_norms, clip_gradients, parameter_groups, take_step, warmup_cosine

@@ -3,14 +3,17 @@ recipe: convert, heal, both arms trained, every stage analyzed, compared.
 """
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..evaluation.options import EVAL_DATA, measured_on
 from ..fetch import cache_dir
 from ..io.loader import open_checkpoint
 from ..io.paths import checkpoint_path
-from ..options import CPU_RECIPE, CPU_STEP_TOKENS, EVAL_DATA, DemoOptions, check_force_or_resume, measured_on
+from ..options import check_force_or_resume
 from ..training.recipe import Recipe, load_recipe
+from .options import CPU_RECIPE, CPU_STEP_TOKENS, DemoOptions
 from .runs import Stages, claim_run
 from .train import check_launch, train
 
@@ -27,7 +30,7 @@ def run_demo(out, options: DemoOptions | None = None, *, force: bool = False, re
              **settings) -> "Comparison":
     """Every stage on ``options.source`` (default: SmolLM2-135M-Instruct) into ``out`` with the CPU
     recipe (at its lr): convert, heal (``heal_tokens``; 0 skips it), train both arms, analyze each
-    stage, compare; returns the comparison. ``options``: a :class:`~mixln_convert.options.DemoOptions`, or
+    stage, compare; returns the comparison. ``options``: a :class:`~mixln_convert.workflows.options.DemoOptions`, or
     its fields as ``settings``. ``resume`` keeps what an earlier run with the same settings finished;
     ``force`` starts afresh."""
     options = DemoOptions.given(options, settings)
@@ -91,13 +94,12 @@ def _demo_plan(options: DemoOptions) -> tuple[str | None, Recipe, dict]:
     """Every check of the demo's inputs before any work: (``--source`` resolved, the CPU recipe with the
     demo's settings, the settings a --resume must find unchanged)."""
     source = options.source and str(Path(checkpoint_path(options.source, options.flag("source"))).absolute())
-    changes = {"conversion.alpha": options.alpha, "max_tokens": options.train_tokens,
-               "eval_interval": max(1, options.train_tokens // CPU_STEP_TOKENS),
-               "data.eval_tokens": options.eval_tokens,
-               **({"source": source} if source else {})}
+    recipe = load_recipe(CPU_RECIPE, changes={"source": source} if source else None, changed_by="demo")
+    recipe = recipe.replace("demo", conversion=replace(recipe.conversion, alpha=options.alpha),
+                            max_tokens=options.train_tokens, data=replace(recipe.data, eval_tokens=options.eval_tokens),
+                            eval_interval=max(1, options.train_tokens // CPU_STEP_TOKENS))
     # the heal budget is checked here, once, against the recipe's heal step, naming the demo's flag
-    recipe = load_recipe(CPU_RECIPE, changes=changes, changed_by="demo").replace(
-        {"heal.tokens": options.heal_tokens}, options.flag("heal_tokens"))
+    recipe = recipe.replace(options.flag("heal_tokens"), heal=replace(recipe.heal, tokens=options.heal_tokens))
     settings = {"--source": source, "--alpha": options.alpha, "--heal-tokens": options.heal_tokens,
                 "--train-tokens": options.train_tokens, "--eval-tokens": options.eval_tokens,
                 # the lr: a demo before it was the recipe's

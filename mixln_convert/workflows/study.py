@@ -22,11 +22,11 @@ from ..data.corpus import check_text
 from ..data.shards import is_tokens_folder
 from ..io.paths import checkpoint_path
 from ..io.records import METRICS, read_metrics
-from ..options import STUDY_SCHEMES, StudyOptions
 from ..report.study import CLAIMS, LNS_CLAIMS, StudyResult, StudyRow, write_study_report
 from ..schema import read_record
-from ..training.recipe import Recipe
+from ..training.recipe import Conversion, Recipe
 from ..training.summary import TrainSummary
+from .options import STUDY_SCHEMES, StudyOptions
 from .runs import STAGE_RESULT, Stages, claim_run
 
 LNS_ARM = "LNS"
@@ -62,7 +62,7 @@ def study(source, out, options: StudyOptions | None = None, *, resume: bool = Fa
           **settings) -> StudyResult:
     """Train and analyze every (scheme, seed, arm) into ``out``; returns the study (``study.json``).
 
-    ``options``: a :class:`~mixln_convert.options.StudyOptions`, or its fields as ``settings``. ``source``
+    ``options``: a :class:`~mixln_convert.workflows.options.StudyOptions`, or its fields as ``settings``. ``source``
     gives the model's shape and tokenizer; its weights are not used."""
     from ..io.loader import open_checkpoint
     from ..training import load_recipe
@@ -76,9 +76,8 @@ def study(source, out, options: StudyOptions | None = None, *, resume: bool = Fa
     out = Path(out).absolute()
     plans = [  # every run's recipe first: a bad override is refused before any training
         StudyRun(scheme, seed, name, engine_arm, out / scheme / f"seed-{seed}" / _slug(name),
-                 load_recipe(recipe, overrides, changed_by="study", changes={
-                     "source": str(source), "conversion.strategy": "scratch", "conversion.alpha": arm_alpha,
-                     "conversion.scaled_init": STUDY_SCHEMES[scheme], "seed": seed}))
+                 load_recipe(recipe, overrides, changed_by="study", changes={"source": str(source), "seed": seed,
+                             "conversion": Conversion(arm_alpha, "scratch", STUDY_SCHEMES[scheme])}))
         for scheme in schemes for seed in range(seeds)
         for name, (engine_arm, arm_alpha) in arms_for(alpha, post_ln, lns).items()]
     data = plans[0].recipe.data

@@ -7,12 +7,13 @@ Each alpha's outputs appear atomically in ``OUT/post-ln-NN``, so a killed sweep 
 """
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from ..analysis.measures import coefficient_of_variation
+from ..conversion.options import CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS
 from ..data import data_fingerprint
 from ..data.corpus import check_text
 from ..data.shards import is_tokens_folder
@@ -21,12 +22,12 @@ from ..io.atomic import atomic_output_dir
 from ..io.loader import open_checkpoint
 from ..io.paths import check_readable, checkpoint_path
 from ..io.records import METRICS, read_metrics
-from ..options import (CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, CPU_RECIPE, MAX_GRAD_RATIO, MAX_PPL_INCREASE,
-                       SweepOptions, check_force_or_resume)
+from ..options import check_force_or_resume
 from ..report.sweep import (AlphaRow, Original, Profile, Recommendation, Scores, SweepResult, TrainedRun,
                             write_sweep_report)
 from ..schema import read_record
 from ..training import Recipe, load_recipe
+from .options import CPU_RECIPE, MAX_GRAD_RATIO, MAX_PPL_INCREASE, SweepOptions
 from .runs import STAGE_RESULT, Stages, claim_run, timed
 
 log = logging.getLogger(__name__)  # the sweep's progress: the CLI shows it, a library caller may silence it
@@ -108,7 +109,7 @@ def _plan(src: str, options: SweepOptions, resume: bool, force: bool):
 def sweep(src, out, options: SweepOptions | None = None, *, resume: bool = False, force: bool = False,
           progress: bool = True, **settings) -> SweepResult:
     """Sweep the Post-LN ratio of ``src`` (HF folder or .gguf) into ``out``; returns the result written to
-    ``out/sweep.json`` beside ``out/report``. ``options``: a :class:`~mixln_convert.options.SweepOptions`, or
+    ``out/sweep.json`` beside ``out/report``. ``options``: a :class:`~mixln_convert.workflows.options.SweepOptions`, or
     its fields as ``settings``."""
     options = SweepOptions.given(options, settings)
     src = checkpoint_path(src, "SRC")
@@ -135,7 +136,7 @@ def _sweep(src: str, out: Path, options: SweepOptions, source, counts: dict, tra
     def seeded(arm: str, name: str) -> list[TrainedRun]:
         """``arm`` trained once per seed from the source, on the data and order of the alphas' seeds."""
         return [stage(TrainedRun, "a training run", f"{name} (seed {seed})", out / f"{name}-seed{seed}",
-                      lambda tmp, recipe=training.replace({"seed": seed}, options.flag("seeds")):
+                      lambda tmp, recipe=training.replace(options.flag("seeds"), seed=seed):
                       _train(recipe, tmp / "train", arm, progress))
                 for seed in range(options.seeds)]
 
@@ -174,17 +175,17 @@ def _training_recipe(src, data, train_tokens: int):
     run replaces its seed, an alpha's also its converted checkpoint); None without ``train_tokens``."""
     if not train_tokens:
         return None
-    changes = {"source": str(Path(src).absolute()), "grad_norm_interval": 1}
-    if data is not None:
-        changes["data.train"] = str(data)  # a path (made absolute) or a Hub dataset name, as a recipe takes it
-    defaults = load_recipe(CPU_RECIPE, changes=changes, changed_by="sweep")
+    defaults = load_recipe(CPU_RECIPE, changes={"source": str(Path(src).absolute()), "grad_norm_interval": 1},
+                           changed_by="sweep")
+    if data is not None:  # a path (made absolute) or a Hub dataset name, as a recipe takes it
+        defaults = defaults.replace("sweep", data=replace(defaults.data, train=str(data)))
     step_tokens = defaults.global_batch_size * defaults.seq_len
     if train_tokens < step_tokens:
         raise MixLNError(f"{SweepOptions.flag('train_tokens')}: {train_tokens} is less than one training step "
                          f"({step_tokens} tokens)")
     # validate at the end only: the report compares final perplexities
-    return defaults.replace({"max_tokens": train_tokens, "eval_interval": train_tokens // step_tokens},
-                            SweepOptions.flag("train_tokens"))
+    return defaults.replace(SweepOptions.flag("train_tokens"), max_tokens=train_tokens,
+                            eval_interval=train_tokens // step_tokens)
 
 
 def _calibrate(source, post_ln_layers: int, times: dict, progress: bool):
@@ -253,7 +254,7 @@ def _alpha(src, tmp: Path, post_ln_layers: int, given: list[float], stats, optio
     final = stage
     if train_tokens:
         with timed(times, "train_s"):
-            trained = [_train(training.replace({"converted": str(stage.absolute()), "seed": seed}, "sweep"),
+            trained = [_train(training.replace("sweep", converted=str(stage.absolute()), seed=seed),
                               tmp / f"train-seed{seed}", "mixln", progress) for seed in range(options.seeds)]
         final = tmp / "train-seed0" / "mixln" / "final"
     with timed(times, "analysis_s"):

@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING
 
 import yaml
 
+from ..conversion.options import ConvertHealOptions, ConvertOptions
 from ..errors import MixLNError, warn
 from ..io.atomic import scratch_dir, write_atomic
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable, checkpoint_path
-from ..options import ARM_NAMES, ConvertHealOptions, ConvertOptions
 from ..runtime import map_large_allocations
 from ..schema import check_windows, key_in
+from ..training.options import ARM_NAMES
 from ..training.recipe import Recipe
 from ..training.summary import TrainSummary
 from .runs import Stages, claim_run
@@ -51,7 +52,7 @@ def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool =
     if recipe.heal.tokens and "mixln" in arms:
         check_windows(recipe.heal, source.config, key_in("heal"))
         # a heal every process shares (its batch in equal parts) and that fits them, before any weight is loaded
-        check_heal_fits(recipe.replace({"arms": list(arms)}), state.num_processes)
+        check_heal_fits(recipe.replace(arms=list(arms)), state.num_processes)
     warmup = recipe.schedule.warmup_steps
     if warmup > recipe.steps and state.is_main_process:  # legal, but a huge one trains at lr ~0 and changes nothing
         warn(f"schedule.warmup_steps {warmup} is more than the run's {recipe.steps} steps: the learning rate "
