@@ -14,7 +14,7 @@ from pathlib import Path
 from ..architectures import LNS_NORM_ROLES, lns_gain
 from ..errors import MixLNError
 from ..io.atomic import atomic_output_dir
-from ..io.lineage import EXPORT_FILE, RECORD_KEYS, read_export, recorded
+from ..io.lineage import EXPORT_FILE, RECORD_KEYS, Export, read_export, recorded
 from ..io.validate import IGNORED_SUFFIXES
 from ..io.writer import tool_stamp, write_checkpoint
 from ..limits import parse_size
@@ -78,15 +78,15 @@ def plain_config(config: dict, arch) -> dict:
     return {**plain, "model_type": arch.model_type, "architectures": [arch.name]}
 
 
-def export_record(source, to: str, **details) -> dict:
+def export_record(source, to: str, **details) -> Export:
     """What an export keeps of its source: the tool, the source, what was folded, and the records the
     source's config held (its Mix-LN provenance, a plain model's pruning)."""
-    earlier = read_export(source.path) if source.path.is_dir() else {}  # an exported folder exported again
-    history = recorded(source.config, earlier)
-    kept = {key: history[key] for key in RECORD_KEYS if key in history}
-    return tool_stamp(exported_to=to, source=str(Path(source.path).absolute()),
-                      source_model_type=source.config.get("model_type"), folded_layernorm_scaling=folds_lns(source),
-                      **details, source_config=kept)
+    # an exported folder exported again: its own export's records too
+    history = recorded(source.config, read_export(source.path) if source.path.is_dir() else None)
+    return Export(**tool_stamp(exported_to=to, source=str(Path(source.path).absolute()),
+                               source_model_type=source.config.get("model_type"),
+                               folded_layernorm_scaling=folds_lns(source), **details,
+                               source_config={key: history[key] for key in RECORD_KEYS if key in history}))
 
 
 def write_plain(source, arch, dst, inputs: dict, *, force: bool, progress: bool) -> None:
@@ -99,7 +99,7 @@ def write_plain(source, arch, dst, inputs: dict, *, force: bool, progress: bool)
         # the card tells the source's history (the record), not a bare plain model's
         write_checkpoint(tmp, plain_tensors(source), plain_config(source.config, arch), source, max_shard_bytes,
                          desc="exporting", total=len(names), progress=progress, exported=record)
-        (tmp / PROVENANCE_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        (tmp / PROVENANCE_FILE).write_text(json.dumps(record.to_dict(), indent=2, sort_keys=True) + "\n")
 
 
 __all__ = ["MIXLN_CONFIG_KEYS", "PROVENANCE_FILE", "folds_lns", "plain_architecture", "plain_config", "plain_names",
