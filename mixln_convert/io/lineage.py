@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..schema import TOKENS, TOKENS_OR_ZERO, Count, Flag, Kind, Nested, Shaped, String, read_record, setting
+from ..schema import SEED, TOKENS, TOKENS_OR_ZERO, Flag, Kind, Nested, Shaped, String, read_record, setting
 from .records import LAYER_COUNT, NUMBER, NUMBER_LIST, OBJECT, POST_LN_COUNT, STRINGS, Record, read_json
 
 EXPORT_FILE = "mixln_export.json"  # an exported folder's record (export/plain.py writes it)
@@ -31,7 +31,7 @@ TEXT, FIGURE = String(), Shaped(lambda v: isinstance(v, (int, float)), "a number
 
 @dataclass(frozen=True)
 class Facts(Record):
-    """What a recorded GGUF source says of itself (:func:`gguf_facts`): the fields the outputs read."""
+    """What a recorded GGUF source says of itself (:func:`source_facts`): the fields the outputs read."""
     name: str | None = setting(None, TEXT)
     organization: str | None = setting(None, TEXT)
     license: str | None = setting(None, TEXT)
@@ -46,8 +46,8 @@ FACTS = Nested(Facts, "a GGUF file's facts")
 
 
 @dataclass(frozen=True)
-class Text(Record):
-    """The text a step read or was measured on: its name, the tokens and the window length."""
+class Windows(Record):
+    """The text a step read or was measured on, in windows: its name, the tokens and the window length."""
     data: str | None = setting(None, TEXT)
     tokens: int = setting(0, TOKENS_OR_ZERO)
     seq_len: int | None = setting(None, TOKENS)
@@ -61,7 +61,7 @@ class Figures(Record):
     teacher: float | None = setting(None, FIGURE)
 
 
-FIGURES, TEXT_RECORD = Nested(Figures, "a heal's figures"), Nested(Text, "a text's record")
+FIGURES, WINDOWS = Nested(Figures, "a heal's figures"), Nested(Windows, "a text's windows")
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class Heal(Record):
     perplexity: Figures | None = setting(None, FIGURES)
     per_document_perplexity: Figures | None = setting(None, FIGURES)
     relative_error: Figures | None = setting(None, FIGURES)
-    evaluation: Text = setting(factory=Text, kind=TEXT_RECORD)
+    evaluation: Windows = setting(factory=Windows, kind=WINDOWS)
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ class Training(Record):
     precision: str | None = setting(None, TEXT)
     initial_val_ppl: float | None = setting(None, FIGURE)
     final_val_ppl: float | None = setting(None, FIGURE)
-    validation: Text = setting(factory=Text, kind=TEXT_RECORD)
+    validation: Windows = setting(factory=Windows, kind=WINDOWS)
     recipe: dict | None = setting(None, OBJECT)
     source_gguf: Facts | None = setting(None, FACTS)
 
@@ -136,9 +136,9 @@ class Provenance(Record):
     the prunings and trainings after it."""
     source: str | None = setting(None, TEXT)
     strategy: str | None = setting(None, TEXT)
-    seed: int | None = setting(None, Count(0, 2**64))
+    seed: int | None = setting(None, SEED)
     scaled_init: bool | None = setting(None, Flag())
-    calibration: Text | None = setting(None, TEXT_RECORD)
+    calibration: Windows | None = setting(None, WINDOWS)
     heal: Heal | None = setting(None, Nested(Heal, "a heal's record"))
     pruned: list = setting((), PRUNINGS)
     trained: list = setting((), TRAININGS)
@@ -167,19 +167,16 @@ class History(Record):
         model's; both where a plain folder exported from a Mix-LN or LNS one was pruned)."""
         return _unique([*getattr(self.provenance, kind), *getattr(self, kind)])
 
-    def origin(self, nearest=None) -> str | None:
-        """The first checkpoint of the chain: the conversion's source, else the first recorded pruning's or
-        training's, else ``nearest`` (the one the command read)."""
-        firsts = [self.provenance.source, *(r.source for r in self.records("trained")[:1]),
-                  *((r.exported and r.exported.source) or r.source for r in self.records("pruned")[:1]), nearest]
-        return next((str(path) for path in firsts if path and str(path)), None)
-
     def origin_gguf(self, nearest=None) -> Facts | None:
-        """The facts of the chain's first checkpoint where it is a GGUF file: as recorded, else read now."""
-        for record in (self.provenance, *self.records("trained")[:1], *self.records("pruned")[:1]):
-            if record.source_gguf:
-                return record.source_gguf
-        first = self.origin(nearest)
+        """The facts of the chain's first checkpoint where it is a GGUF file: as its first record kept them (the
+        conversion's, else the first training's or pruning's), else read now (from that record's source, else
+        ``nearest``, the one the command read)."""
+        firsts = [self.provenance, *self.records("trained")[:1], *self.records("pruned")[:1]]
+        if kept := next((record.source_gguf for record in firsts if record.source_gguf), None):
+            return kept
+        # a pruning of an exported folder: the export's source
+        paths = [(getattr(record, "exported", None) and record.exported.source) or record.source for record in firsts]
+        first = next((str(path) for path in [*paths, nearest] if path), None)
         return read_facts(first) if first else None
 
 

@@ -113,10 +113,7 @@ def _origin(history: History, source) -> str | None:
 def title(history: History, source, config: dict) -> str:
     """The model's name: its first source's (a Hub repo, a GGUF's own name, a folder's), its layout and family."""
     origin = _origin(history, source)
-    named = ""
-    if origin:
-        hub = snapshot_model(origin)
-        named = f"{hub[0] if hub else Path(origin).name}, "
+    named = f"{_name(origin).strip('`')}, " if origin else ""
     family = architecture_of_any(config, "config.json").model_type
     return f"{named}{LAYOUTS[layout_tag(config)]} ({family})"
 
@@ -274,7 +271,8 @@ def _done(config: dict, history: History, origin: str | None, trained: Training 
         items.append(f"Layout: Pre-LN, {layers} decoder blocks" + (" (a Mix-LN checkpoint with no Post-LN block)"
                                                                     if "post_ln_layers" in config else "") + ".")
     if provenance.strategy is not None:  # the mixln arm: train converted (and healed) its source itself
-        items.append(_conversion(history, "train" if _inside_train(provenance, trained) else "convert"))
+        inside_train = trained and provenance.source == trained.source
+        items.append(_conversion(history, "train" if inside_train else "convert"))
     if provenance.heal:
         items.append(_heal(provenance.heal, trained))
     if trained:
@@ -288,11 +286,6 @@ def _done(config: dict, history: History, origin: str | None, trained: Training 
     if exported:
         items.append(_export(exported))
     return items
-
-
-def _inside_train(provenance, trained: Training | None) -> bool:
-    """Whether ``train`` converted (and healed) the source itself (its mixln arm)."""
-    return bool(trained) and provenance.source == trained.source
 
 
 def _export(exported: Export) -> str:
@@ -309,7 +302,8 @@ def _commands(history: History, origin: str | None, trained: Training | None, ex
     provenance = history.provenance
     source = _name(origin).strip("`") if origin else "SOURCE"
     lines, last = [], source
-    if provenance.strategy is not None and not _inside_train(provenance, trained):
+    inside_train = trained and provenance.source == trained.source  # train converted and healed it
+    if provenance.strategy is not None and not inside_train:
         lines.append(f"mixln-convert convert {source} converted/ {_convert_options(history)}")
         last = "converted/"
         if heal := provenance.heal:
