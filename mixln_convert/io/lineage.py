@@ -42,9 +42,6 @@ class Facts(Record):
     stored_types: list = setting((), STRINGS)
 
 
-FACTS = Nested(Facts, "a GGUF file's facts")
-
-
 @dataclass(frozen=True)
 class Windows(Record):
     """The text a step read or was measured on, in windows: its name, the tokens and the window length."""
@@ -61,9 +58,6 @@ class Figures(Record):
     teacher: float | None = setting(None, FIGURE)
 
 
-FIGURES, WINDOWS = Nested(Figures, "a heal's figures"), Nested(Windows, "a text's windows")
-
-
 @dataclass(frozen=True)
 class Heal(Record):
     """A heal's record (healing/run.py; its figures :class:`~mixln_convert.healing.result.HealResult`'s)."""
@@ -77,10 +71,10 @@ class Heal(Record):
     batch_size: int | None = setting(None, TOKENS)
     post_ln_layers: int | None = setting(None, POST_LN_COUNT)
     data_passes: float | None = setting(None, NUMBER)
-    perplexity: Figures | None = setting(None, FIGURES)
-    per_document_perplexity: Figures | None = setting(None, FIGURES)
-    relative_error: Figures | None = setting(None, FIGURES)
-    evaluation: Windows = setting(factory=Windows, kind=WINDOWS)
+    perplexity: Figures | None = setting(None, Nested(Figures, "a heal's figures"))
+    per_document_perplexity: Figures | None = setting(None, Nested(Figures, "a heal's figures"))
+    relative_error: Figures | None = setting(None, Nested(Figures, "a heal's figures"))
+    evaluation: Windows = setting(factory=Windows, kind=Nested(Windows, "a text's windows"))
 
 
 @dataclass(frozen=True)
@@ -94,9 +88,9 @@ class Training(Record):
     precision: str | None = setting(None, TEXT)
     initial_val_ppl: float | None = setting(None, FIGURE)
     final_val_ppl: float | None = setting(None, FIGURE)
-    validation: Windows = setting(factory=Windows, kind=WINDOWS)
+    validation: Windows = setting(factory=Windows, kind=Nested(Windows, "a text's windows"))
     recipe: dict | None = setting(None, OBJECT)
-    source_gguf: Facts | None = setting(None, FACTS)
+    source_gguf: Facts | None = setting(None, Nested(Facts, "a GGUF file's facts"))
 
 
 @dataclass(frozen=True)
@@ -124,10 +118,7 @@ class Pruning(Record):
     data: str | None = setting(None, TEXT)
     tokens: int = setting(0, TOKENS_OR_ZERO)
     exported: Export | None = setting(None, Nested(Export, "an export's record"))
-    source_gguf: Facts | None = setting(None, FACTS)
-
-
-PRUNINGS, TRAININGS = Nested(Pruning, "a pruning's record", "list"), Nested(Training, "a training's record", "list")
+    source_gguf: Facts | None = setting(None, Nested(Facts, "a GGUF file's facts"))
 
 
 @dataclass(frozen=True)
@@ -138,11 +129,11 @@ class Provenance(Record):
     strategy: str | None = setting(None, TEXT)
     seed: int | None = setting(None, SEED)
     scaled_init: bool | None = setting(None, Flag())
-    calibration: Windows | None = setting(None, WINDOWS)
+    calibration: Windows | None = setting(None, Nested(Windows, "a text's windows"))
     heal: Heal | None = setting(None, Nested(Heal, "a heal's record"))
-    pruned: list = setting((), PRUNINGS)
-    trained: list = setting((), TRAININGS)
-    source_gguf: Facts | None = setting(None, FACTS)
+    pruned: list = setting((), Nested(Pruning, "a pruning's record", "list"))
+    trained: list = setting((), Nested(Training, "a training's record", "list"))
+    source_gguf: Facts | None = setting(None, Nested(Facts, "a GGUF file's facts"))
 
 
 @dataclass(frozen=True)
@@ -155,8 +146,8 @@ class History(Record):
     alpha: float | None = setting(None, NUMBER)
     license: object = setting(None, Kind())  # checked where it is carried (io/model_card.py)
     mixln_provenance: Provenance | None = setting(None, Nested(Provenance, "a provenance record"))
-    pruned: list = setting((), PRUNINGS)
-    trained: list = setting((), TRAININGS)
+    pruned: list = setting((), Nested(Pruning, "a pruning's record", "list"))
+    trained: list = setting((), Nested(Training, "a training's record", "list"))
 
     @property
     def provenance(self) -> Provenance:
