@@ -100,5 +100,5 @@ def write_plain(source, arch, dst, inputs: dict, *, force: bool, progress: bool)
         (tmp / EXPORT_FILE).write_text(json.dumps(record.to_dict(), indent=2, sort_keys=True) + "\n")
 
 
-__all__ = ["MIXLN_CONFIG_KEYS", "folds_lns", "plain_architecture", "plain_config", "plain_names", "plain_tensors",
-           "write_plain"]
+__all__ = ["MIXLN_CONFIG_KEYS", "folds_lns", "plain_architecture", "plain_config", "plain_names",
+           "plain_tensors", "write_plain"]
