@@ -20,7 +20,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mixln_convert.errors import MixLNError, MixLNWarning
 from mixln_convert.export import export
-from mixln_convert.export.plain import MIXLN_CONFIG_KEYS, PROVENANCE_FILE
+from mixln_convert.export.plain import MIXLN_CONFIG_KEYS
+from mixln_convert.io.lineage import read_export
 from mixln_convert.io.loader import open_checkpoint
 
 IDS = torch.randint(3, 320, (2, 24), generator=torch.Generator().manual_seed(0))
@@ -78,8 +79,7 @@ def test_llama_export_is_a_plain_model_with_the_same_logits(sources, tmp_path):
         assert config["model_type"] == family and config["architectures"] == [PLAIN_CLASSES[family]]
         assert not set(MIXLN_CONFIG_KEYS) & set(config), kind
         assert not list(out.glob("*.py")) and (out / "tokenizer.json").is_file()
-        record = json.loads((out / PROVENANCE_FILE).read_text())
-        assert record["folded_layernorm_scaling"] == kind.endswith("-lns")
+        assert read_export(out).folded_layernorm_scaling == kind.endswith("-lns")
     stdout, results = run_without_package("logits", IDS, list(outs.values()), tmp_path)
     assert stdout.count("LOADED WITHOUT trust_remote_code") == len(outs), stdout
     for kind, out in outs.items():

@@ -327,3 +327,48 @@ def test_a_pruned_export_keeps_the_history_from_before_the_export(tiny_llama, ti
         assert ("mixln-convert export converted/ exported/ --to llama\nmixln-convert prune exported/ pruned/ --layers 6"
                 + last + "\n```") in body, folder
         assert "decoder block 6 of 8 removed" in body and str(tmp_path) not in body
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda config: config["mixln_provenance"]["calibration"].update(tokens="many"),
+     "config.json: mixln_provenance.calibration.tokens: must be an integer in [0, "),
+    (lambda config: config["mixln_provenance"].update(pruned=[{"removed_layers": "6"}]),
+     "config.json: mixln_provenance.pruned[0].removed_layers: must be a list of numbers"),
+    (lambda config: config.update(mixln_provenance=["not", "a", "record"]),
+     "config.json: mixln_provenance: not a provenance record (not a JSON object)"),
+])
+def test_a_damaged_provenance_record_is_refused_in_one_line_naming_the_file_and_key(converted, tmp_path, damage,
+                                                                                    message):
+    """A record of config.json's mixln_provenance is read once, where it enters: a wrong type is one line naming
+    the file and the key's path, before any work (prune) and when a card is written from it."""
+    from mixln_convert.errors import MixLNError
+    from mixln_convert.io.model_card import write_card
+
+    source = tmp_path / "damaged"
+    shutil.copytree(converted, source)
+    config = json.loads((source / "config.json").read_text())
+    damage(config)
+    (source / "config.json").write_text(json.dumps(config))
+    with pytest.raises(MixLNError) as raised:
+        prune(source, tmp_path / "pruned", layers="6", progress=False)
+    assert str(raised.value).startswith(f"{source / 'config.json'}: ") and message in str(raised.value)
+    assert "\n" not in str(raised.value) and not (tmp_path / "pruned").exists()
+    with pytest.raises(MixLNError, match=re.escape(message)):
+        write_card(source)
+
+
+def test_a_damaged_export_record_is_refused_in_one_line_naming_the_file_and_key(converted_lns, tmp_path):
+    """An exported folder's mixln_export.json is read as a record: a wrong type in it is one line naming the file
+    and key, where prune and an export read it."""
+    from mixln_convert.errors import MixLNError
+    from mixln_convert.export import export
+
+    exported = export(converted_lns, tmp_path / "exported", to="llama", progress=False)
+    record = json.loads((exported / "mixln_export.json").read_text())
+    (exported / "mixln_export.json").write_text(json.dumps({**record, "source_config": ["damaged"]}))
+    for command in (lambda: prune(exported, tmp_path / "pruned", layers="6", progress=False),
+                    lambda: export(exported, tmp_path / "again", to="llama", progress=False)):
+        with pytest.raises(MixLNError) as raised:
+            command()
+        assert str(raised.value) == (f"{exported / 'mixln_export.json'}: source_config: must be an object, "
+                                     "got ['damaged']"), str(raised.value)

@@ -78,10 +78,9 @@ def convert(src, dst, options: ConvertOptions | None = None, *, force: bool = Fa
         calibration = None if stats is None else {k: [v.mean().item() for v in vs] if k.endswith("_gain") else vs
                                                   for k, vs in stats.items()}
         # an LNS retrofit calibrates nothing: "exact" says what it is
+        scaled_init = {"scaled_init": options.scaled_init} if strategy in ("reinit-post", "scratch") else {}
         provenance = tool_stamp(source=str(Path(src).absolute()), strategy="exact" if plan.lns_gains else strategy,
-                                seed=options.seed, calibration=calibration)
-        if strategy in ("reinit-post", "scratch"):
-            provenance["scaled_init"] = options.scaled_init
+                                seed=options.seed, calibration=calibration, **scaled_init)
 
         def finished_config() -> dict:
             alpha = None if options.lns else options.resolved_alpha

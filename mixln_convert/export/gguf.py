@@ -130,11 +130,11 @@ def model_fields(source, arch, hf_config, tensor_type: str) -> list[Field]:
     return fields
 
 
-def source_history(source) -> dict:
+def source_history(source):
     """The records of ``source`` (an exported folder's, from its mixln_export.json, as a card reads them)."""
-    from ..io.lineage import read_export, recorded
+    from ..io.lineage import history, read_export
 
-    return recorded(source.config, read_export(source.path) if source.path.is_dir() else {})
+    return history(source.config, read_export(source.path) if source.path.is_dir() else None, source.where)
 
 
 def description(source, arch) -> str:
@@ -157,7 +157,6 @@ def provenance_fields(source, arch) -> list[Field]:
     from gguf import GGUFValueType, Keys
 
     from ..io.hub import snapshot_model
-    from ..io.lineage import origin_gguf
     from ..io.model_card import base_model, carried_license, title
 
     G, S, U32 = Keys.General, GGUFValueType.STRING, GGUFValueType.UINT32
@@ -171,9 +170,9 @@ def provenance_fields(source, arch) -> list[Field]:
     if hub:
         organization, _, name = hub.rpartition("/")
         parent = {G.BASE_MODEL_NAME: name, G.BASE_MODEL_ORGANIZATION: organization, G.BASE_MODEL_REPO_URL: HUB + hub}
-    elif gguf := origin_gguf(history, source.path):  # a GGUF's own words of itself
-        parent = {G.BASE_MODEL_NAME: gguf.get("name"), G.BASE_MODEL_ORGANIZATION: gguf.get("organization"),
-                  G.BASE_MODEL_REPO_URL: gguf.get("repo_url") or gguf.get("source_repo_url")}
+    elif gguf := history.origin_gguf(source.path):  # a GGUF's own words of itself
+        parent = {G.BASE_MODEL_NAME: gguf.name, G.BASE_MODEL_ORGANIZATION: gguf.organization,
+                  G.BASE_MODEL_REPO_URL: gguf.repo_url or gguf.source_repo_url}
     if any(parent.values()):
         fields.append(Field(G.BASE_MODEL_COUNT, 1, U32))
         fields += [Field(key.format(id=0), value, S) for key, value in parent.items() if value]

@@ -14,7 +14,7 @@ from pathlib import Path
 from ..architectures import LNS_NORM_ROLES, lns_gain
 from ..errors import MixLNError
 from ..io.atomic import atomic_output_dir
-from ..io.lineage import EXPORT_FILE, RECORD_KEYS, read_export, recorded
+from ..io.lineage import EXPORT_FILE, RECORD_KEYS, Export, read_export, recorded
 from ..io.validate import IGNORED_SUFFIXES
 from ..io.writer import tool_stamp, write_checkpoint
 from ..limits import parse_size
@@ -22,8 +22,6 @@ from ..options import MAX_SHARD_SIZE
 
 # config.json keys of this package's layouts and records, which a plain model's config never holds
 MIXLN_CONFIG_KEYS = (*RECORD_KEYS, "auto_map")
-# where an exported folder keeps what its source's config recorded (a file transformers never reads)
-PROVENANCE_FILE = EXPORT_FILE
 
 
 def plain_architecture(source):
@@ -73,25 +71,25 @@ def plain_tensors(source):
 
 def plain_config(config: dict, arch) -> dict:
     """config.json of the plain model: the source's, with its family's own model type and class, and
-    none of this package's keys (its layout is folded away, its records go to :data:`PROVENANCE_FILE`)."""
+    none of this package's keys (its layout is folded away, its records go to :data:`~..io.lineage.EXPORT_FILE`)."""
     plain = {key: value for key, value in config.items() if key not in MIXLN_CONFIG_KEYS}
     return {**plain, "model_type": arch.model_type, "architectures": [arch.name]}
 
 
-def export_record(source, to: str, **details) -> dict:
+def export_record(source, to: str, **details) -> Export:
     """What an export keeps of its source: the tool, the source, what was folded, and the records the
     source's config held (its Mix-LN provenance, a plain model's pruning)."""
-    earlier = read_export(source.path) if source.path.is_dir() else {}  # an exported folder exported again
-    history = recorded(source.config, earlier)
-    kept = {key: history[key] for key in RECORD_KEYS if key in history}
-    return tool_stamp(exported_to=to, source=str(Path(source.path).absolute()),
-                      source_model_type=source.config.get("model_type"), folded_layernorm_scaling=folds_lns(source),
-                      **details, source_config=kept)
+    # an exported folder exported again: its own export's records too
+    history = recorded(source.config, read_export(source.path) if source.path.is_dir() else None)
+    return Export(**tool_stamp(exported_to=to, source=str(Path(source.path).absolute()),
+                               source_model_type=source.config.get("model_type"),
+                               folded_layernorm_scaling=folds_lns(source), **details,
+                               source_config={key: history[key] for key in RECORD_KEYS if key in history}))
 
 
 def write_plain(source, arch, dst, inputs: dict, *, force: bool, progress: bool) -> None:
     """The plain transformers folder ``dst`` of ``source`` (tokenizer and generation files carried over),
-    written atomically; the export's record in :data:`PROVENANCE_FILE`."""
+    written atomically; the export's record in :data:`~..io.lineage.EXPORT_FILE` (a file transformers never reads)."""
     names = plain_names(source)
     max_shard_bytes = min(parse_size(MAX_SHARD_SIZE), source.largest_shard_bytes())
     record = export_record(source, "llama", architecture=arch.name)
@@ -99,8 +97,8 @@ def write_plain(source, arch, dst, inputs: dict, *, force: bool, progress: bool)
         # the card tells the source's history (the record), not a bare plain model's
         write_checkpoint(tmp, plain_tensors(source), plain_config(source.config, arch), source, max_shard_bytes,
                          desc="exporting", total=len(names), progress=progress, exported=record)
-        (tmp / PROVENANCE_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        (tmp / EXPORT_FILE).write_text(json.dumps(record.to_dict(), indent=2, sort_keys=True) + "\n")
 
 
-__all__ = ["MIXLN_CONFIG_KEYS", "PROVENANCE_FILE", "folds_lns", "plain_architecture", "plain_config", "plain_names",
+__all__ = ["MIXLN_CONFIG_KEYS", "folds_lns", "plain_architecture", "plain_config", "plain_names",
            "plain_tensors", "write_plain"]

@@ -22,7 +22,7 @@ from ..errors import shown, warn
 from .atomic import write_atomic
 from .checkpoint_files import CARD_FILE
 from .hub import snapshot_model
-from .lineage import gguf_facts, origin_gguf, provenance as provenance_of, recorded, records
+from .lineage import Export, Facts, Heal, History, Pruning, Training, history as read_history, read_facts
 from .markdown import to_markdown
 
 TOOL_TAG = "mixln-convert"
@@ -45,35 +45,32 @@ LOSSES = {"kl": "the KL divergence between the teacher's and the student's next-
 UNCHANGED = "with no Post-LN block it changed no weight: every tensor is the source's"
 
 
-def write_card(folder: Path, config: dict | None = None, source=None, trained: dict | None = None,
-               exported: dict | None = None) -> None:
-    """``folder``/README.md: :func:`model_card` of ``config`` (default: the folder's config.json)."""
-    import json
+def write_card(folder: Path, config: dict | None = None, source=None, exported: Export | None = None,
+               where: str | None = None) -> None:
+    """``folder``/README.md: :func:`model_card` of ``config`` (default: the folder's config.json), its records
+    read from ``where`` (default: that file)."""
+    from .records import read_json
 
     folder = Path(folder)
-    if config is None:
-        config = json.loads((folder / "config.json").read_text())
-    write_atomic(folder / CARD_FILE, str(model_card(config, source, trained, exported)))
+    config = read_json(folder / "config.json") if config is None else config
+    write_atomic(folder / CARD_FILE, str(model_card(config, source, exported, where or str(folder / "config.json"))))
 
 
-def model_card(config: dict, source=None, trained: dict | None = None, exported: dict | None = None):
-    """The card (a ``huggingface_hub.ModelCard``) of a checkpoint whose config.json is ``config``.
-    ``source``: the checkpoint the command read (a folder or a file), for its license and name;
-    ``trained``: an arm's training record (default: the last one ``config`` records); ``exported``: for a
-    plain model ``mixln-convert export`` wrote, its record (the source's records among it), whose history the
-    card tells."""
+def model_card(config: dict, source=None, exported: Export | None = None, where: str = "config.json"):
+    """The card (a ``huggingface_hub.ModelCard``) of a checkpoint whose config.json is ``config`` (read from
+    ``where``). ``source``: the checkpoint the command read (a folder or a file), for its license and name;
+    ``exported``: for a plain model ``mixln-convert export`` wrote, its record (the source's records among
+    it), whose history the card tells."""
     from huggingface_hub import ModelCard, ModelCardData
 
-    history = recorded(config, exported)  # an export's history is its source's
-    provenance = provenance_of(history)
-    trained = trained or next(reversed(records(history, "trained")), None)
+    history = read_history(config, exported, where)  # an export's history is its source's
+    trained = next(reversed(history.records("trained")), None)
     layout = layout_tag(config)
     family = architecture_of_any(config, "config.json").model_type
     sources = _sources(history, source)
-    hub = base_model(history, source)
-    data = ModelCardData(base_model=hub, library_name="transformers", tags=[TOOL_TAG, layout, family],
-                         pipeline_tag="text-generation", **_license(history, sources))
-    origin = provenance.get("source") or (sources[-1] if sources else None)  # what the first command read
+    data = ModelCardData(base_model=base_model(history, source), library_name="transformers",
+                         tags=[TOOL_TAG, layout, family], pipeline_tag="text-generation", **_license(history, sources))
+    origin = _origin(history, source)  # what the first command read
     blocks = [("h1", title(history, source, config)),
               ("p", f"Written by {_tool()} {__version__}, which converts a pretrained Pre-LN model "
                     f"to [Mix-LN]({METHOD_URL}) (Post-LN in the first blocks, Pre-LN in the rest) or to "
@@ -82,40 +79,41 @@ def model_card(config: dict, source=None, trained: dict | None = None, exported:
                     "with the text it was measured on; nothing of the source's own card is copied."),
               ("h2", "What was done"), ("ul", _done(config, history, origin, trained, exported)),
               ("h2", "How it was made"), *_commands(history, origin, trained, exported),
-              ("h2", "Measured"), *_measured(provenance.get("heal"), trained),
+              ("h2", "Measured"), *_measured(history.provenance.heal, trained),
               ("h2", "How to load"), *_loading(config, layout),
               ("h2", "License"), ("p", _license_text(data.license))]
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{to_markdown(blocks)}")
 
 
-def base_model(history: dict, source=None) -> str | None:
+def base_model(history: History, source=None) -> str | None:
     """The Hub model the chain starts from (its snapshot in the Hugging Face cache), None for a local one or a
     model initialized from scratch (which holds none of the source's weights)."""
-    if provenance_of(history).get("strategy") == "scratch":
+    if history.provenance.strategy == "scratch":
         return None
     hub = next(filter(None, map(snapshot_model, _sources(history, source))), None)
     return hub[0] if hub else None
 
 
-def carried_license(history: dict, source=None) -> dict:
+def carried_license(history: History, source=None) -> dict:
     """The license fields a model made from ``source`` (the records ``history``) carries, as its card states them."""
     return _license(history, _sources(history, source))
 
 
-def history_text(history: dict, source, config: dict, exported: dict | None = None) -> str:
+def history_text(history: History, source, config: dict) -> str:
     """The card's "What was done" as one line of plain text (a GGUF's general.description)."""
-    trained = next(reversed(records(history, "trained")), None)
-    origin = provenance_of(history).get("source") or next(reversed(_sources(history, source)), None)
-    return " ".join(item.replace("`", "") for item in _done(config, history, origin, trained, exported))
+    trained = next(reversed(history.records("trained")), None)
+    return " ".join(item.replace("`", "") for item in _done(config, history, _origin(history, source), trained))
 
 
-def title(history: dict, source, config: dict) -> str:
+def _origin(history: History, source) -> str | None:
+    """The checkpoint the chain's first command read: the conversion's source, else the furthest one recorded."""
+    return history.provenance.source or next(reversed(_sources(history, source)), None)
+
+
+def title(history: History, source, config: dict) -> str:
     """The model's name: its first source's (a Hub repo, a GGUF's own name, a folder's), its layout and family."""
-    origin = provenance_of(history).get("source") or next(reversed(_sources(history, source)), None)
-    named = ""
-    if origin:
-        hub = snapshot_model(origin)
-        named = f"{hub[0] if hub else Path(origin).name}, "
+    origin = _origin(history, source)
+    named = f"{_name(origin).strip('`')}, " if origin else ""
     family = architecture_of_any(config, "config.json").model_type
     return f"{named}{LAYOUTS[layout_tag(config)]} ({family})"
 
@@ -128,16 +126,12 @@ def layout_tag(config: dict) -> str:
     return "mix-ln" if config.get("post_ln_layers") else "pre-ln"
 
 
-def _sources(config: dict, source) -> list[str]:
+def _sources(history: History, source) -> list[str]:
     """The checkpoints this one comes from, nearest first: the one the command read, then those its
     records name (prunings, newest first, then the conversion's source)."""
-    later = [*records(config, "pruned"), *records(config, "trained")]  # newest last within each kind
-    named = [source, *(record.get("source") for record in reversed(later)), provenance_of(config).get("source")]
-    found = []
-    for path in named:
-        if isinstance(path, (str, Path)) and str(path) and str(path) not in found:
-            found.append(str(path))
-    return found
+    later = [*history.records("pruned"), *history.records("trained")]  # newest last within each kind
+    named = [source, *(record.source for record in reversed(later)), history.provenance.source]
+    return list(dict.fromkeys(str(path) for path in named if path and str(path)))
 
 
 def _tool() -> str:
@@ -159,17 +153,16 @@ def _name(path: str) -> str:
     return f"`{hub[0]}`" if hub else f"`{Path(path).name}`"
 
 
-def _described(path: str, gguf: dict | None = None) -> str:
+def _described(path: str, gguf: Facts | None = None) -> str:
     """A source as the card states it: a Hub model's repo and commit, else the local checkpoint by name; a GGUF
     with its own name and licence and what was done to its quantized tensors."""
     hub = snapshot_model(path)
     text = f"`{hub[0]}` (Hugging Face Hub, commit `{hub[1]}`)" if hub else f"the local checkpoint `{Path(path).name}`"
     if gguf:
-        named = f"\"{gguf['name']}\"" if gguf.get("name") else "unnamed"
-        by = f" by {gguf['organization']}" if gguf.get("organization") else ""
-        text += f", a GGUF file ({named}{by}"
-        text += f", license `{gguf['license']}`)" if gguf.get("license") else ")"
-        stored = [kind for kind in gguf.get("stored_types", []) if kind not in ("F32", "F64")]
+        named = f"\"{gguf.name}\"" if gguf.name else "unnamed"
+        text += f", a GGUF file ({named}{f' by {gguf.organization}' if gguf.organization else ''}"
+        text += f", license `{gguf.license}`)" if gguf.license else ")"
+        stored = [kind for kind in gguf.stored_types if kind not in ("F32", "F64")]
         quantized = [kind for kind in stored if kind not in ("F16", "BF16")]
         if quantized:
             text += (f"; its {', '.join(stored)} tensors were dequantized to float32, so the weights are the "
@@ -179,7 +172,7 @@ def _described(path: str, gguf: dict | None = None) -> str:
     return text
 
 
-def _text(data, trained: dict | None = None) -> str:
+def _text(data, trained: Training | None = None) -> str:
     """Text a step read, as a reader can follow it: the embedded corpus by its split, a token stream by what it
     was, a local path by name, a Hub dataset by its name."""
     data = str(data) if data is not None else "embedded:train"
@@ -188,7 +181,7 @@ def _text(data, trained: dict | None = None) -> str:
         return f"mixln-convert's embedded corpus ({split} split: general English and Python docstrings)"
     if data.startswith("a stream of "):  # a heal given tokens: inside `train`, the training text's
         count = data.removeprefix("a stream of ").removesuffix(" tokens given")
-        where = f" {_text(trained['data'])}" if trained and trained.get("data") else ""
+        where = f" {_text(trained.data)}" if trained and trained.data else ""
         return f"the training text{where} (a stream of {int(count):,} tokens)" if count.isdigit() else data
     return f"`{_text_name(data)}`"
 
@@ -200,15 +193,15 @@ def _text_name(data: str) -> str:
     return Path(data).name
 
 
-def _license(config: dict, sources: list[str]) -> dict:
+def _license(history: History, sources: list[str]) -> dict:
     """The license fields to carry: the front matter of the nearest source folder's card, else the
     config's ``license``, else the card of a source further back; {} when none says (never an error: a
     license that is no identifier is left out with a warning, :func:`_checked_license`)."""
     first, *rest = sources or [None]
-    found = _card_license(first) or _config_license(config)
+    found = _card_license(first) or _checked_license(history, "config.json")
     for path in rest:
         found = found or _card_license(path)  # read only while none is found: no warning of a card not used
-    return found or _gguf_license(sources, config)
+    return found or _gguf_license(sources, history)
 
 
 def _card_license(path) -> dict:
@@ -220,24 +213,15 @@ def _card_license(path) -> dict:
         data = ModelCard.load(Path(path, CARD_FILE), ignore_metadata_errors=True).data
     except Exception:  # a damaged card (its YAML, its encoding): no license known, the command goes on
         return {}
-    fields = {key: getattr(data, key, None) for key in ("license", "license_name", "license_link")}
-    return _checked_license(fields, Path(path, CARD_FILE))
+    return _checked_license(data, Path(path, CARD_FILE))
 
 
-def _gguf_license(sources: list[str], config: dict) -> dict:
+def _gguf_license(sources: list[str], history: History) -> dict:
     """A GGUF source's general.license (with its name and link for ``other``): read from the file, else as
     the chain's records kept it."""
-    for path in sources:
-        if Path(path).suffix.lower() == ".gguf" and Path(path).is_file():
-            facts = gguf_facts(path)
-            break
-    else:
-        facts = origin_gguf(config)
-    return _checked_license({key: facts.get(key) for key in LICENSE_FIELDS}, "the GGUF source's general.license")
-
-
-def _config_license(config: dict) -> dict:
-    return _checked_license({"license": config.get("license")}, "config.json")
+    path = next((path for path in sources if Path(path).suffix.lower() == ".gguf" and Path(path).is_file()), None)
+    facts = read_facts(path) if path else history.origin_gguf()
+    return _checked_license(facts, "the GGUF source's general.license")
 
 
 # A license is an identifier (the Hub's list: apache-2.0, llama3.2, ...; or `other`, named by license_name and
@@ -246,13 +230,14 @@ LICENSE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+_-]{0,63}")
 LICENSE_FIELDS = {"license": LICENSE_ID, "license_name": LICENSE_ID, "license_link": re.compile(r"\S{1,512}")}
 
 
-def _checked_license(fields: dict, where) -> dict:
-    """The license fields to carry of ``fields`` (license; license_name and license_link where it is
-    ``other``, per the Hub); a value that is no identifier (a link) is left out with a warning naming ``where``."""
-    keys = list(LICENSE_FIELDS) if str(fields.get("license")).strip() == "other" else ["license"]
+def _checked_license(given, where) -> dict:
+    """The license fields to carry of ``given``'s (a card's data, a GGUF's facts, a config's records): license;
+    license_name and license_link where it is ``other``, per the Hub. A value that is no identifier (a link) is
+    left out with a warning naming ``where``."""
+    keys = LICENSE_FIELDS if str(getattr(given, "license", None)).strip() == "other" else ["license"]
     found = {}
     for key in keys:
-        value = fields.get(key)
+        value = getattr(given, key, None)
         if not isinstance(value, str) or not value.strip():
             continue
         if LICENSE_FIELDS[key].fullmatch(value.strip()):
@@ -267,13 +252,13 @@ def _plural(count, noun: str) -> str:
     return f"{count} {noun}{'s' * (count != 1)}"
 
 
-def _done(config: dict, history: dict, origin: str | None, trained: dict | None,
-          exported: dict | None = None) -> list[str]:
+def _done(config: dict, history: History, origin: str | None, trained: Training | None,
+          exported: Export | None = None) -> list[str]:
     """What was done, each step as its record says: source, layout, conversion, heal, training, prunings, export."""
-    provenance = provenance_of(history)
+    provenance = history.provenance
     layers, post_ln_layers = config.get("num_hidden_layers"), config.get("post_ln_layers") or 0
-    items = [f"Source: {_described(origin, origin_gguf(history, origin))}." if origin else "Source: not recorded."]
-    if provenance.get("strategy") == "scratch" and any(map(snapshot_model, _sources(history, origin))):
+    items = [f"Source: {_described(origin, history.origin_gguf(origin))}." if origin else "Source: not recorded."]
+    if provenance.strategy == "scratch" and any(map(snapshot_model, _sources(history, origin))):
         items.append("`base_model` is left out: a model initialized from scratch holds none of the source's weights.")
     layout = layout_tag(config)
     if layout == "mix-ln":
@@ -285,75 +270,72 @@ def _done(config: dict, history: dict, origin: str | None, trained: dict | None,
     else:
         items.append(f"Layout: Pre-LN, {layers} decoder blocks" + (" (a Mix-LN checkpoint with no Post-LN block)"
                                                                     if "post_ln_layers" in config else "") + ".")
-    if "strategy" in provenance:  # the mixln arm: train converted (and healed) its source itself
-        inside_train = trained and provenance.get("source") == trained.get("source")
-        items.append(_conversion(history, provenance, "train" if inside_train else "convert"))
-    if provenance.get("heal"):
-        items.append(_heal(provenance["heal"], trained))
+    if provenance.strategy is not None:  # the mixln arm: train converted (and healed) its source itself
+        inside_train = trained and provenance.source == trained.source
+        items.append(_conversion(history, "train" if inside_train else "convert"))
+    if provenance.heal:
+        items.append(_heal(provenance.heal, trained))
     if trained:
-        steps, precision = trained.get("steps"), trained.get("precision")
-        items.append(f"Trained with `mixln-convert train` (arm `{trained.get('arm')}`): {_plural(steps, 'step')}, "
-                     f"{trained.get('tokens'):,} tokens of {_text(trained.get('data'))}, precision "
-                     f"`{'fp32' if precision == 'no' else precision}`.")  # accelerate's "no": no mixed precision
-    for record in records(history, "pruned"):
-        if isinstance(record.get("exported"), dict):  # pruned after an export: the export came first
-            items.append(_export(record["exported"]))
+        items.append(f"Trained with `mixln-convert train` (arm `{trained.arm}`): {_plural(trained.steps, 'step')}, "
+                     f"{trained.tokens:,} tokens of {_text(trained.data)}, precision "
+                     f"`{'fp32' if trained.precision == 'no' else trained.precision}`.")  # accelerate's "no": fp32
+    for record in history.records("pruned"):
+        if record.exported:  # pruned after an export: the export came first
+            items.append(_export(record.exported))
         items.append(_pruning(record))
     if exported:
         items.append(_export(exported))
     return items
 
 
-def _export(exported: dict) -> str:
+def _export(exported: Export) -> str:
     folded = (" LayerNorm Scaling's 1/sqrt(l) folded into each block's norm gains;"
-              if exported.get("folded_layernorm_scaling") else "")
-    return (f"Exported with `mixln-convert export --to llama` from {_name(exported.get('source', ''))} "
-            f"(model type `{exported.get('source_model_type')}`) as a plain `{exported.get('architecture')}`:"
+              if exported.folded_layernorm_scaling else "")
+    return (f"Exported with `mixln-convert export --to llama` from {_name(exported.source or '')} "
+            f"(model type `{exported.source_model_type}`) as a plain `{exported.architecture}`:"
             f"{folded} the same logits, no remote code.")
 
 
-def _commands(history: dict, origin: str | None, trained: dict | None, exported: dict | None) -> list:
+def _commands(history: History, origin: str | None, trained: Training | None, exported: Export | None) -> list:
     """The commands that made this folder, as blocks: each step's options as its record states them (inputs by
     name, outputs by step), and a training's resolved recipe (as a merge's card carries its config)."""
-    provenance = provenance_of(history)
+    provenance = history.provenance
     source = _name(origin).strip("`") if origin else "SOURCE"
     lines, last = [], source
-    inside_train = trained and provenance.get("source") == trained.get("source")  # train converted and healed it
-    if "strategy" in provenance and not inside_train:
-        lines.append(_convert_command(history, provenance, source))
+    inside_train = trained and provenance.source == trained.source  # train converted and healed it
+    if provenance.strategy is not None and not inside_train:
+        lines.append(f"mixln-convert convert {source} converted/ {_convert_options(history)}")
         last = "converted/"
-        if provenance.get("heal"):
-            heal = provenance["heal"]
-            teacher = _name(heal["teacher"]).strip("`") if heal.get("teacher") else source
-            data = ("" if str(heal.get("data", "")).startswith(("embedded:", "a stream of"))
-                    else f" --data {_text_name(str(heal['data']))}")
-            lines.append(f"mixln-convert heal {last} --teacher {teacher} --out healed/ --tokens {heal.get('tokens')} "
-                         f"--loss {heal.get('loss')} --lr {heal.get('lr')} --seq-len {heal.get('seq_len')} "
-                         f"--batch-size {heal.get('batch_size')}{data}")
+        if heal := provenance.heal:
+            teacher = _name(heal.teacher).strip("`") if heal.teacher else source
+            data = ("" if str(heal.data or "").startswith(("embedded:", "a stream of"))
+                    else f" --data {_text_name(str(heal.data))}")
+            lines.append(f"mixln-convert heal {last} --teacher {teacher} --out healed/ --tokens {heal.tokens} "
+                         f"--loss {heal.loss} --lr {heal.lr} --seq-len {heal.seq_len} "
+                         f"--batch-size {heal.batch_size}{data}")
             last = "healed/"
     if trained:
-        lines.append(f"mixln-convert train recipe.yaml --arm {trained.get('arm')} --out run/   # the recipe below")
-        last = f"run/{trained.get('arm')}/final"
-    for record in records(history, "pruned"):
-        if isinstance(record.get("exported"), dict):  # pruned after an export: the export came first
-            lines.append(f"mixln-convert export {last} exported/ --to {record['exported'].get('exported_to', 'llama')}")
+        lines.append(f"mixln-convert train recipe.yaml --arm {trained.arm} --out run/   # the recipe below")
+        last = f"run/{trained.arm}/final"
+    for record in history.records("pruned"):
+        if record.exported:  # pruned after an export: the export came first
+            lines.append(f"mixln-convert export {last} exported/ --to {record.exported.exported_to or 'llama'}")
             last = "exported/"
-        removed = record.get("removed_layers") or []
-        how = (f"--layers {','.join(map(str, removed))}" if record.get("method") == "explicit"
-               else f"--remove {len(removed)} --method {record.get('method')}")
+        how = (f"--layers {','.join(map(str, record.removed_layers))}" if record.method == "explicit"
+               else f"--remove {len(record.removed_layers)} --method {record.method}")
         lines.append(f"mixln-convert prune {last} pruned/ {how}")
         last = "pruned/"
     if exported:
-        lines.append(f"mixln-convert export {last} exported/ --to {exported.get('exported_to', 'llama')}")
+        lines.append(f"mixln-convert export {last} exported/ --to {exported.exported_to or 'llama'}")
     if not lines:
         return [("p", "No command of mixln-convert is recorded for this folder.")]
     blocks = [("p", "As recorded (inputs by name, each output named by its step; the last is this folder):"),
               ("p", "```bash\n" + "\n".join(lines) + "\n```")]
-    if trained and isinstance(trained.get("recipe"), dict):
+    if trained and trained.recipe is not None:
         import yaml
 
         blocks += [("p", "The training recipe, resolved (`train` writes it to OUT/recipe.yaml; paths by name):"),
-                   ("p", "```yaml\n" + yaml.safe_dump(_named_paths(trained["recipe"]), sort_keys=False).rstrip()
+                   ("p", "```yaml\n" + yaml.safe_dump(_named_paths(trained.recipe), sort_keys=False).rstrip()
                     + "\n```")]
     return blocks
 
@@ -369,70 +351,60 @@ def _named_paths(value):
     return value
 
 
-def _convert_command(config: dict, provenance: dict, source: str) -> str:
-    strategy = provenance["strategy"]
-    if config.get("layernorm_scaling"):
+def _convert_options(history: History) -> str:
+    provenance, strategy = history.provenance, history.provenance.strategy
+    if history.layernorm_scaling:
         options = "--layout lns" + (" --strategy scratch" if strategy == "scratch" else "")
     else:
-        alpha = config.get("alpha")
-        options = (f"--alpha {alpha:g}" if isinstance(alpha, (int, float))
-                   else f"--post-ln-layers {config.get('post_ln_layers')}") + f" --strategy {strategy}"
-    calibration = provenance.get("calibration")
-    if isinstance(calibration, dict) and calibration.get("tokens"):
-        if not str(calibration.get("data", "")).startswith("embedded:"):
-            options += f" --calibration-data {_text_name(str(calibration.get('data')))}"
-        options += f" --calibration-tokens {calibration['tokens']} --calibration-seq-len {calibration.get('seq_len')}"
-    if "seed" in provenance and strategy in ("reinit-post", "scratch"):
-        options += f" --seed {provenance['seed']}"
-    if provenance.get("scaled_init") is False:
-        options += " --no-scaled-init"
-    return f"mixln-convert convert {source} converted/ {options}"
+        options = (f"--alpha {history.alpha:g}" if history.alpha is not None
+                   else f"--post-ln-layers {history.post_ln_layers}") + f" --strategy {strategy}"
+    if (calibration := provenance.calibration) and calibration.tokens:
+        if not str(calibration.data or "").startswith("embedded:"):
+            options += f" --calibration-data {_text_name(str(calibration.data))}"
+        options += f" --calibration-tokens {calibration.tokens} --calibration-seq-len {calibration.seq_len}"
+    if provenance.seed is not None and strategy in ("reinit-post", "scratch"):
+        options += f" --seed {provenance.seed}"
+    return options + (" --no-scaled-init" if provenance.scaled_init is False else "")
 
 
-def _conversion(config: dict, provenance: dict, command: str = "convert") -> str:
-    strategy = provenance["strategy"]
-    if config.get("layernorm_scaling"):
+def _conversion(history: History, command: str = "convert") -> str:
+    provenance, strategy = history.provenance, history.provenance.strategy
+    if history.layernorm_scaling:
         what = "to LayerNorm Scaling"
     else:
-        alpha = config.get("alpha")
-        what = "to Mix-LN, " + (f"alpha {alpha:g}" if isinstance(alpha, (int, float)) else "the Post-LN count given")
-        if not config.get("post_ln_layers") and not config.get("pruned") and not provenance.get("pruned"):
-            what += (f" (floor(alpha x {config.get('num_hidden_layers')}) = 0: no block was made Post-LN, so the model "
+        alpha = history.alpha
+        what = "to Mix-LN, " + (f"alpha {alpha:g}" if alpha is not None else "the Post-LN count given")
+        if not history.post_ln_layers and not history.pruned and not provenance.pruned:
+            what += (f" (floor(alpha x {history.num_hidden_layers}) = 0: no block was made Post-LN, so the model "
                      "computes the source's Pre-LN function in the Mix-LN format)")
-    unchanged = (not config.get("layernorm_scaling") and not config.get("post_ln_layers")
+    unchanged = (not history.layernorm_scaling and not history.post_ln_layers
                  and strategy in ("calibrated", "move", "reinit-post"))  # they change only the Post-LN blocks
     text = (f"Converted with `mixln-convert {command}` {what}, strategy `{strategy}`: "
             f"{UNCHANGED if unchanged else STRATEGIES.get(strategy, strategy)}")
-    calibration = provenance.get("calibration")
-    if isinstance(calibration, dict) and calibration.get("tokens"):
-        text += (f" (calibrated on {calibration['tokens']:,} tokens of {_text(calibration.get('data'))}, windows of "
-                 f"{calibration.get('seq_len')})")
-    if "seed" in provenance and strategy in ("reinit-post", "scratch"):
-        text += f"; seed {provenance['seed']}"
+    if (calibration := provenance.calibration) and calibration.tokens:
+        text += (f" (calibrated on {calibration.tokens:,} tokens of {_text(calibration.data)}, windows of "
+                 f"{calibration.seq_len})")
+    if provenance.seed is not None and strategy in ("reinit-post", "scratch"):
+        text += f"; seed {provenance.seed}"
     return text + "."
 
 
-def _heal(record: dict, trained: dict | None = None) -> str:
-    blocks = record.get("post_ln_layers")
-    which = "Post-LN block" if blocks == 1 else f"{blocks} Post-LN blocks"
+def _heal(heal: Heal, trained: Training | None = None) -> str:
+    which = "Post-LN block" if heal.post_ln_layers == 1 else f"{heal.post_ln_layers} Post-LN blocks"
     return (f"Healed with `mixln-convert heal`: the {which} distilled "
-            f"against {_name(record['teacher']) if record.get('teacher') else 'the source'} on "
-            f"{record.get('tokens', 0):,} tokens of {_text(record.get('data'), trained)} "
-            f"({_plural(record.get('steps'), 'step')}, lr {record.get('lr')}; loss `{record.get('loss')}`: "
-            f"{LOSSES.get(record.get('loss'), 'as recorded')})"
-            + (f"; {record['data_passes']:.3g} passes over that text: it repeated" if (record.get("data_passes") or 0) > 1
-               else "") + ".")
+            f"against {_name(heal.teacher) if heal.teacher else 'the source'} on "
+            f"{heal.tokens:,} tokens of {_text(heal.data, trained)} "
+            f"({_plural(heal.steps, 'step')}, lr {heal.lr}; loss `{heal.loss}`: {LOSSES.get(heal.loss, 'as recorded')})"
+            + (f"; {heal.data_passes:.3g} passes over that text: it repeated" if (heal.data_passes or 0) > 1 else "")
+            + ".")
 
 
-def _pruning(record: dict) -> str:
-    if not isinstance(record, dict):
-        return "Pruned (record unreadable)."
-    removed = record.get("removed_layers") or []
+def _pruning(record: Pruning) -> str:
+    removed = record.removed_layers
     text = (f"Pruned with `mixln-convert prune`: decoder block{'s' * (len(removed) != 1)} "
-            f"{', '.join(map(str, removed))} of {record.get('num_layers_before')} removed (method "
-            f"`{record.get('method')}`")
-    if record.get("tokens"):
-        text += f", scored on {record['tokens']:,} tokens of {_text(record.get('data'))}"
+            f"{', '.join(map(str, removed))} of {record.num_layers_before} removed (method `{record.method}`")
+    if record.tokens:
+        text += f", scored on {record.tokens:,} tokens of {_text(record.data)}"
     return text + ")."
 
 
@@ -440,32 +412,27 @@ def _ppl(value) -> str:
     return f"{value:.2f}" if isinstance(value, (int, float)) else "not measured"
 
 
-def _measured(heal: dict | None, trained: dict | None) -> list:
+def _measured(heal: Heal | None, trained: Training | None) -> list:
     """The command's figures as blocks: the heal's and the training run's, each with its text."""
     blocks = []
     if heal:
-        evaluation = heal.get("evaluation") or {}
-        on = (f"{_text(evaluation.get('data'))}, {evaluation.get('tokens', 0):,} tokens in windows of "
-              f"{evaluation.get('seq_len')}")
-        rows = []
-        if heal.get("perplexity"):
-            rows.append(["perplexity (packed windows)", *(_ppl(heal["perplexity"].get(k))
-                                                          for k in ("before", "after", "teacher"))])
-        if heal.get("per_document_perplexity"):
-            rows.append(["perplexity (per document)", *(_ppl(heal["per_document_perplexity"].get(k))
-                                                        for k in ("before", "after", "teacher"))])
-        error = heal.get("relative_error") or {}
+        on = (f"{_text(heal.evaluation.data)}, {heal.evaluation.tokens:,} tokens in windows of "
+              f"{heal.evaluation.seq_len}")
+        rows = [[name, _ppl(figures.before), _ppl(figures.after), _ppl(figures.teacher)]
+                for name, figures in (("perplexity (packed windows)", heal.perplexity),
+                                      ("perplexity (per document)", heal.per_document_perplexity)) if figures]
+        error = heal.relative_error
         rows.append(["relative error of the Post-LN blocks' output to the teacher's",
-                     *(f"{error[k]:.4g}" if isinstance(error.get(k), (int, float)) else "not measured"
-                       for k in ("before", "after")), "—"])
+                     *(f"{value:.4g}" if value is not None else "not measured"
+                       for value in ((error.before, error.after) if error else (None, None))), "—"])
         blocks += [("p", f"The heal, measured on the model as it was then, on held-out text ({on}):"),
                    ("table", ["figure", "before the heal", "after the heal", "teacher"], rows)]
     if trained:
-        validation = trained.get("validation") or {}
-        blocks.append(("p", f"Training: validation perplexity {_ppl(trained.get('initial_val_ppl'))} before the "
-                            f"first step and {_ppl(trained.get('final_val_ppl'))} after the last, on "
-                            f"{_text(validation.get('data'))} ({validation.get('tokens', 0):,} tokens in windows of "
-                            f"{validation.get('seq_len')})."))
+        validation = trained.validation
+        blocks.append(("p", f"Training: validation perplexity {_ppl(trained.initial_val_ppl)} before the "
+                            f"first step and {_ppl(trained.final_val_ppl)} after the last, on "
+                            f"{_text(validation.data)} ({validation.tokens:,} tokens in windows of "
+                            f"{validation.seq_len})."))
     if not blocks:
         blocks.append(("p", "No quality figure was measured on the way to this model. `mixln-convert eval` "
                             "measures perplexity; `mixln-convert eval --tasks` scores lm-evaluation-harness tasks."))

@@ -35,12 +35,12 @@ _DROPPED_CONFIG = ("quantization_config", "_name_or_path", "torch_dtype")
 
 
 def write_checkpoint(folder: Path, tensors, config: dict, source, max_shard_bytes: int, *, desc: str,
-                     total: int | None = None, progress: bool = True, exported: dict | None = None) -> None:
+                     total: int | None = None, progress: bool = True, exported=None) -> None:
     """The one rewrite pipe of convert, heal and prune: ``tensors`` ((name, tensor or :class:`StoredTensor`)
     pairs, streamed) as safetensors shards, ``config`` (or a function giving it once they are written, so a
     provenance can state their cost) as config.json, the source's extras, a Mix-LN config's model code, and
-    the model card (README.md) of what the config records (and, for a plain model ``export`` wrote, its
-    ``exported`` record)."""
+    the model card (README.md) of what the config records, as read from the source (and, for a plain model
+    ``export`` wrote, its ``exported`` record, a :class:`~.lineage.Export`)."""
     from tqdm.auto import tqdm
 
     writer = ShardedWriter(folder, max_shard_bytes)
@@ -53,7 +53,7 @@ def write_checkpoint(folder: Path, tensors, config: dict, source, max_shard_byte
     if "auto_map" in config:
         copy_model_code(folder)
     # after the extras: a source's own card is never the output's
-    write_card(folder, config, source.path, exported=exported)
+    write_card(folder, config, source.path, exported, where=source.where)
 
 
 def copy_model_code(folder: Path) -> None:

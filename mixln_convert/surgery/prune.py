@@ -10,7 +10,7 @@ from pathlib import Path
 from ..architectures import LNS_NORM_ROLES, lns_gain
 from ..analysis.choice import check_count, choose_layers, layer_scores, span_distances
 from ..errors import MixLNError
-from ..io.lineage import read_export
+from ..io.lineage import history, read_export, with_record
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable, checkpoint_path
 from ..io.atomic import atomic_output_dir
@@ -59,6 +59,9 @@ def prune(src, dst, options: PruneOptions | None = None, *, force: bool = False,
     inputs = {"CKPT": src, options.flag("data"): data}
     check_destination(dst, inputs, force, flag="OUT")
     source = open_checkpoint(src)
+    # an exported folder: its history is in its mixln_export.json, which the pruned one keeps in its record
+    exported = read_export(src) if Path(src).is_dir() else None
+    history(source.config, exported, source.where)  # a damaged record is refused before the work
     num_layers = source.config["num_hidden_layers"]
     if layers is not None:
         parse_layers(layers, num_layers)
@@ -70,10 +73,8 @@ def prune(src, dst, options: PruneOptions | None = None, *, force: bool = False,
         started = time.time()
         removed, reason = select_layers(source, num_layers, options, progress)
         record = tool_stamp(source=str(Path(src).absolute()), num_layers_before=num_layers, removed_layers=removed,
-                            **reason, seconds=round(time.time() - started, 2))
-        exported = read_export(src) if Path(src).is_dir() else {}
-        if exported:  # an exported folder: its history is in its mixln_export.json, which the pruned one keeps here
-            record["exported"] = exported
+                            **reason, seconds=round(time.time() - started, 2),
+                            **({"exported": exported.to_dict()} if exported else {}))
         write_checkpoint(tmp, kept_tensors(source, source.arch, removed),
                          pruned_config(source.config, source.is_mixln, removed, record), source,
                          options.max_shard_bytes, desc="pruning", total=len(source.names()), progress=progress)
@@ -134,9 +135,5 @@ def pruned_config(config: dict, mixln: bool, removed: list[int], record: dict) -
         post_ln_layers = config["post_ln_layers"]
         # Post-LN blocks are the leading ones, so the kept ones still are: the layout stays one count.
         config["post_ln_layers"] = post_ln_layers - sum(i < post_ln_layers for i in removed)
-        provenance = dict(config.get("mixln_provenance") or {})
-        provenance["pruned"] = [*provenance.get("pruned", []), {**record, "post_ln_layers_before": post_ln_layers}]
-        config["mixln_provenance"] = provenance
-    else:
-        config["pruned"] = [*config.get("pruned", []), record]
-    return config
+        record = {**record, "post_ln_layers_before": post_ln_layers}
+    return with_record(config, "pruned", record)
