@@ -739,9 +739,10 @@ ROWS = [
     ("analyze-unknown-task", lambda i, o: ["analyze", i.src, "--out", o, "--task", "no_such_task"], "--task: unknown task no_such_task"),
     ("analyze-task-limit-0", lambda i, o: ["analyze", i.src, "--out", o, "--task", "mixln_langref_ppl", "--limit", "0"], "'--limit'"),
     ("analyze-include-path-without-task", lambda i, o: ["analyze", i.src, "--out", o, "--include-path", i.root], "go with --task"),
-    ("compare-task-drop-short", lambda i, o: ["compare", i.analysis("a", task_drop={"t": {"metric": "acc", "higher_is_better": True, "value": 0.5, "samples": 3, "layer_drop": [0.1]}}), "--out", o], "task_drop.t.layer_drop has 1 entries for 2 layers"),
-    ("compare-task-drop-string-value", lambda i, o: ["compare", i.analysis("a", task_drop={"t": {"metric": "acc", "higher_is_better": True, "value": "high", "samples": 3, "layer_drop": [0.1, 0.2]}}), "--out", o], "task_drop: must be an object of tasks"),
-    ("compare-per-document-not-numbers", lambda i, o: ["compare", i.analysis("a", per_document={"documents": "many"}), "--out", o], "per_document: must be an object with numbers"),
+    ("compare-task-drop-short", lambda i, o: ["compare", i.analysis("a", task_drop={"t": {"task": "t", "metric": "acc", "higher_is_better": True, "value": 0.5, "samples": 3, "layer_drop": [0.1]}}), "--out", o], "task_drop.t.layer_drop has 1 entries for 2 layers"),
+    ("compare-task-drop-string-value", lambda i, o: ["compare", i.analysis("a", task_drop={"t": {"task": "t", "metric": "acc", "higher_is_better": True, "value": "high", "samples": 3, "layer_drop": [0.1, 0.2]}}), "--out", o], "analysis.json: task_drop.t.value: must be a finite number, got 'high'"),
+    ("compare-per-document-not-numbers", lambda i, o: ["compare", i.analysis("a", per_document={"documents": "many"}), "--out", o], "analysis.json: per_document: not per-document scores (missing tokens, words"),
+    ("compare-generation-text-not-a-string", lambda i, o: ["compare", i.analysis("a", generation={"new_tokens": 4, "repeated_4gram_share": 0, "continuations": [{"prompt": "p", "text": 3, "repeated_4gram_share": 0}]}), "--out", o], "analysis.json: generation.continuations[0].text: must be a string, got 3"),
     # ---- text ----
     ("eval-data-missing", lambda i, o: ["eval", i.src, "--data", i.root / "none.txt"], "--data"),
     ("eval-data-empty", lambda i, o: ["eval", i.src, "--seq-len", "32", "--data", i.file("empty.txt", "")], "no text found"),

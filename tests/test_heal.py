@@ -79,7 +79,7 @@ def test_output_reloads_and_measures_what_heal_reported(healed, tiny_llama):
     assert record["relative_error"] == result.record()["relative_error"]
     assert model.config.mixln_provenance["strategy"] == "move"  # the conversion's provenance is kept
     windows = token_windows(load_tokenizer(out), read_texts(None, split="validation"), SEQ_LEN, EVAL_TOKENS)
-    measured = evaluate_perplexity(model.eval(), windows, BATCH, progress=False)["perplexity"]
+    measured = evaluate_perplexity(model.eval(), windows, BATCH, progress=False).perplexity
     assert measured == pytest.approx(result.perplexity.after, rel=1e-4)
 
 
@@ -114,12 +114,12 @@ def test_eval_data_is_what_heal_scores_packed_and_per_document(moved, tiny_llama
     teacher = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
     tokenizer = load_tokenizer(tiny_llama)
     packed = evaluate_perplexity(teacher, token_windows(tokenizer, documents, SEQ_LEN, 64), BATCH, progress=False)
-    assert result.perplexity.teacher == pytest.approx(packed["perplexity"], rel=1e-4)
+    assert result.perplexity.teacher == pytest.approx(packed.perplexity, rel=1e-4)
     per_document = evaluate_documents(teacher, tokenizer, documents, SEQ_LEN, BATCH, 64, progress=False)
-    assert result.per_document_perplexity.teacher == pytest.approx(per_document["token_perplexity"], rel=1e-4)
+    assert result.per_document_perplexity.teacher == pytest.approx(per_document.token_perplexity, rel=1e-4)
     default = token_windows(tokenizer, read_texts(None, split="validation"), SEQ_LEN, 64)
-    assert evaluate_perplexity(teacher, default, BATCH, progress=False)["perplexity"] != pytest.approx(
-        packed["perplexity"], rel=1e-3)  # the default text would have given another figure
+    assert evaluate_perplexity(teacher, default, BATCH, progress=False).perplexity != pytest.approx(
+        packed.perplexity, rel=1e-3)  # the default text would have given another figure
 
 
 def test_teacher_figures_are_measured_once_across_runs(moved, tiny_llama, tmp_path, monkeypatch):

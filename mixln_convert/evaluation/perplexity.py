@@ -17,7 +17,7 @@ from ..options import EVAL_DATA, EvalOptions
 from ..runtime import map_large_allocations
 from ..schema import check_windows
 from .generation import greedy_continuations
-from .result import Continuation, DocumentScores, Generation, PerplexityScores, TaskScores
+from .result import DocumentScores, PerplexityScores, TaskScores
 
 
 def window_nll(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -28,11 +28,19 @@ def window_nll(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     return nll.view(len(input_ids), -1).sum(-1)
 
 
+@dataclass(frozen=True)
+class Packed:
+    """``loss`` in nats; ``window_losses``, each window's mean NLL, are what the report bootstraps intervals from."""
+    perplexity: float
+    loss: float
+    tokens: int
+    window_losses: list[float]
+
+
 @torch.no_grad()
-def evaluate_perplexity(model, windows: torch.Tensor, batch_size: int = 4, progress: bool = True) -> dict:
+def evaluate_perplexity(model, windows: torch.Tensor, batch_size: int = 4, progress: bool = True) -> Packed:
     """Token-level perplexity of ``model`` on ``windows`` ([n, seq_len] token ids), every position but
-    the first predicted; ``loss`` is in nats, ``window_losses`` (each window's mean NLL) are what the
-    report bootstraps intervals from."""
+    the first predicted."""
     device = next(model.parameters()).device
     window_sums = []
     for start in tqdm(range(0, len(windows), batch_size), desc="evaluating", disable=not progress, leave=False):
@@ -40,13 +48,12 @@ def evaluate_perplexity(model, windows: torch.Tensor, batch_size: int = 4, progr
         window_sums += window_nll(model(input_ids=batch, use_cache=False).logits, batch).tolist()
     scored = windows.shape[1] - 1
     loss = sum(window_sums) / (len(window_sums) * scored)
-    return {"perplexity": math.exp(loss), "loss": loss, "tokens": len(window_sums) * scored,
-            "window_losses": [s / scored for s in window_sums]}
+    return Packed(math.exp(loss), loss, len(window_sums) * scored, [s / scored for s in window_sums])
 
 
 @torch.no_grad()
 def evaluate_documents(model, tokenizer, texts: list[str], max_length: int, batch_size: int = 4,
-                       max_tokens: int | None = None, progress: bool = True) -> dict:
+                       max_tokens: int | None = None, progress: bool = True) -> DocumentScores:
     """Each document scored on its own from its first token, as lm-evaluation-harness's
     ``loglikelihood_rolling`` does: the first token is predicted from the BOS token (EOS where
     there is none), and a document longer than ``max_length`` in windows that predict every token
@@ -86,9 +93,10 @@ def evaluate_documents(model, tokenizer, texts: list[str], max_length: int, batc
         total += F.cross_entropy(logits.flatten(0, 1), targets.to(device).flatten(), reduction="sum").item()
     if counts["tokens"] == 0:
         raise MixLNError("the documents give no tokens to score")
-    return {**counts, "loss": total / counts["tokens"], "token_perplexity": math.exp(total / counts["tokens"]),
-            "word_perplexity": math.exp(total / counts["words"]), "byte_perplexity": math.exp(total / counts["bytes"]),
-            "bits_per_byte": total / counts["bytes"] / math.log(2)}
+    return DocumentScores(**counts, loss=total / counts["tokens"], token_perplexity=math.exp(total / counts["tokens"]),
+                          word_perplexity=math.exp(total / counts["words"]),
+                          byte_perplexity=math.exp(total / counts["bytes"]),
+                          bits_per_byte=total / counts["bytes"] / math.log(2))
 
 
 def check_finite_score(value: float, checkpoint, what: str) -> None:
@@ -136,9 +144,9 @@ def run_scoring(scoring: Scoring, model=None, *, progress: bool = True) -> Perpl
     source, options = scoring.source, scoring.options
     model = model if model is not None else source.model()
     packed = evaluate_perplexity(model, scoring.windows, options.batch_size, progress)
-    check_finite_score(packed["perplexity"], source.path, "perplexity")
+    check_finite_score(packed.perplexity, source.path, "perplexity")
     return PerplexityScores(checkpoint=str(source.path), data=str(options.data) if options.data else EVAL_DATA,
-                            seq_len=options.seq_len, **packed, **scored_extras(scoring, model, progress))
+                            seq_len=options.seq_len, **vars(packed), **scored_extras(scoring, model, progress))
 
 
 def scored_extras(scoring: Scoring, model, progress: bool) -> dict:
@@ -146,13 +154,11 @@ def scored_extras(scoring: Scoring, model, progress: bool) -> dict:
     source, options = scoring.source, scoring.options
     extras = {}
     if options.per_document:
-        extras["per_document"] = DocumentScores(**evaluate_documents(
-            model, source.tokenizer, scoring.texts, options.seq_len, options.batch_size, options.max_tokens, progress))
+        extras["per_document"] = evaluate_documents(model, source.tokenizer, scoring.texts, options.seq_len,
+                                                    options.batch_size, options.max_tokens, progress)
         check_finite_score(extras["per_document"].token_perplexity, source.path, "per-document perplexity")
     if options.generate:
-        generated = greedy_continuations(model, source.tokenizer, progress=progress)
-        extras["generation"] = Generation(**{**generated, "continuations": [
-            Continuation(**item) for item in generated["continuations"]]})
+        extras["generation"] = greedy_continuations(model, source.tokenizer, progress=progress)
     return extras
 
 

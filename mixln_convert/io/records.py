@@ -50,12 +50,10 @@ def cut_metrics(file: Path, step: int) -> None:
     write_atomic(file, "".join(line + "\n" for line in kept))
 
 
-def read_metrics(file: Path) -> list[dict]:
+def read_metrics(file: Path) -> list["MetricRecord"]:
     """The records of ``file`` (a metrics.jsonl), each checked; blank lines are skipped."""
-    metrics = _read_jsonl(file)
-    for n, record in enumerate(metrics, 1):
-        read_record(MetricRecord, record, f"{file}: record {n}", "a training record")
-    return metrics
+    return [read_record(MetricRecord, record, f"{file}: record {n}", "a training record")
+            for n, record in enumerate(_read_jsonl(file), 1)]
 
 
 # what a number of a result file may be: any finite one; a list of them, one per layer (or window)

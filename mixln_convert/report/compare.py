@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..analysis.measures import coefficient_of_variation, deep_half
-from ..analysis.result import PER_DOCUMENT, Analysis
+from ..analysis.result import Analysis
 from ..errors import MixLNError
 from ..io.paths import check_destination
 from ..io.records import NUMBER, OBJECT, STRINGS, Record, Result
@@ -20,7 +20,7 @@ from ..schema import NONNEGATIVE, POSITIVE_NUMBER, TOKENS_OR_ZERO, Flag, Kind, N
 from ..training.summary import MEASURED_ON
 from . import uncertainty
 from .inputs import ARM_KINDS, PRUNE_FRACTIONS, Model, load_inputs
-from .downstream import downstream_numbers
+from .downstream import DocumentFigures, downstream_numbers
 from .uncertainty import LEVEL, MIN_ROWS, PRACTICAL, Bootstrap, bootstrap, call
 
 PRUNE_VERDICT = "L/4"  # the pruning sentence compares models at this many removed blocks
@@ -69,7 +69,7 @@ class ModelNumbers(Record):
     intervals: dict = setting(kind=OBJECT)  # figure -> [low, high]
     interval_n: dict = setting(kind=OBJECT)  # figure -> what its interval rests on
     tasks: dict | None = setting(None, OBJECT)  # downstream_numbers
-    per_document: dict | None = setting(None, PER_DOCUMENT)
+    per_document: DocumentFigures | None = setting(None, Nested(DocumentFigures, "per-document scores"))
 
     def to_dict(self) -> dict:
         return {key: value for key, value in super().to_dict().items()
@@ -195,7 +195,7 @@ def model_numbers(model: Model, estimates: dict[str, Bootstrap]) -> ModelNumbers
                 grad_norm_cv=float(coefficient_of_variation(analysis.grad_norm_per_layer)),
             )
         if analysis.generation is not None:
-            numbers.update(repeated_4gram_share=analysis.generation["repeated_4gram_share"])
+            numbers.update(repeated_4gram_share=analysis.generation.repeated_4gram_share)
         if analysis.prune_curve is not None:
             numbers.update(prune_method=analysis.prune_curve.method, prune=prune_points(analysis))
     numbers.update(intervals={name: e.interval for name, e in estimates.items()},

@@ -55,7 +55,7 @@ def plot_training_curves(models: list[Model], path: Path) -> None:
     fig, ax = _figure("Loss during training", "tokens trained", "loss (nats per token)",
                       "validation: " + " / ".join(sorted(validations)) if validations else "")
     for m, color in trained:
-        tokens, losses = [r["tokens"] for r in m.metrics], [r["loss"] for r in m.metrics]
+        tokens, losses = [r.tokens for r in m.metrics], [r.loss for r in m.metrics]
         # each logged step's own minibatch: a line once there are enough to show a trend, else markers
         ax.plot(tokens, losses, color=color, alpha=0.4, linewidth=0.8, marker="." if len(tokens) < 20 else None,
                 label=f"{m.label} training loss (logged steps)")
@@ -130,7 +130,7 @@ def plot_grad_norms(models: list[Model], path: Path) -> None:
     _mark_post_ln(analysis_ax, analysed)
     trained = _coloured(models, lambda m: m.training_grad_norms())
     for m, color in trained:
-        step = next(r["step"] for r in reversed(m.metrics) if "grad_norm_per_layer" in r)
+        step = next(r.step for r in reversed(m.metrics) if r.grad_norm_per_layer is not None)
         training_ax.plot(m.training_grad_norms(), color=color, marker="x", linestyle="--",
                          label=f"{m.label} (training step {step})")
     training_ax.set_title("training: the last logged step's minibatch" if trained else "training: none logged",
