@@ -7,8 +7,8 @@ import torch
 
 from mixln_convert.errors import MixLNError
 from mixln_convert.surgery.loading import load_model
-from mixln_convert.training.loop import (NonFiniteStep, StepGuard, adamw, block_grad_norms, clip_gradients,
-                                         parameter_groups, take_step, warmup_cosine)
+from mixln_convert.training.loop import (NonFiniteStep, Step, StepGuard, adamw, block_grad_norms,
+                                         clip_gradients, parameter_groups, take_step, warmup_cosine)
 from mixln_convert.training.trainer import loader_options
 
 
@@ -88,16 +88,16 @@ def test_a_loss_spike_is_skipped_and_a_run_of_them_stops(converted):
     optimizer = adamw(parameter_groups(layers, outside, lr=1e-3, weight_decay=0.0), betas=(0.9, 0.999))
     scheduler = warmup_cosine(optimizer, 0, 100)
 
-    def step(n: int, loss: float) -> dict:
+    def step(n: int, loss: float) -> Step:
         _one_backward(model, corrupt=None)
         return take_step(optimizer, scheduler, guard, step=n, loss=loss,
                          clip=lambda: clip_gradients(model.parameters(), 1.0),
                          block_norms=lambda: (block_grad_norms(layers), layers), samples=range(n, n + 1))
 
     for n, loss in enumerate([4.0, 4.2, 3.9], 1):
-        assert "skipped" not in step(n, loss)
+        assert step(n, loss).skipped is None
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    assert step(4, 9.0)["skipped"]  # above 2 x 4.03
+    assert step(4, 9.0).skipped  # above 2 x 4.03
     assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())
     assert all(p.grad is None for p in model.parameters())
     assert guard.state_dict() == {"recent": [4.0, 4.2, 3.9], "skips_in_a_row": 1}

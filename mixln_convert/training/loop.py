@@ -122,19 +122,27 @@ def clip_gradients(parameters, max_norm: float) -> float:
     return value
 
 
+@dataclass(frozen=True)
+class Step:
+    """A step's figures as its metrics line holds them: ``lr`` the first group's, ``skipped`` True when the guard
+    held the update back (None: taken, and left out of the line)."""
+    loss: float
+    lr: float
+    grad_norm: float
+    skipped: bool | None = None
+
+
 def take_step(optimizer, scheduler, guard: StepGuard, *, step: int, loss: float, clip, block_norms,
-              samples: range) -> dict:
+              samples: range) -> Step:
     """The update after a backward: ``clip()`` (the global gradient norm, gradients clipped), the guard,
-    then AdamW and the schedule; the gradients are cleared either way. Returns the step's ``loss``,
-    ``grad_norm``, ``lr`` (the first group's) and ``skipped`` when the guard held the update back."""
-    record = {"loss": loss, "lr": scheduler.get_last_lr()[0], "grad_norm": clip()}
-    if guard.check(step, loss, record["grad_norm"], block_norms, samples):
+    then AdamW and the schedule; the gradients are cleared either way."""
+    lr, grad_norm = scheduler.get_last_lr()[0], clip()
+    taken = guard.check(step, loss, grad_norm, block_norms, samples)
+    if taken:
         optimizer.step()
-    else:
-        record["skipped"] = True
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return record
+    return Step(loss, lr, grad_norm, None if taken else True)
 
 
 def nonfinite_blocks(norms: list[float], layers) -> str:
