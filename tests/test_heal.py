@@ -18,7 +18,8 @@ from mixln_convert.evaluation.perplexity import evaluate_documents, evaluate_per
 from mixln_convert.fetch import cache_dir
 from mixln_convert.healing import heal, losses, metrics
 from mixln_convert.healing import run as heal_run
-from mixln_convert.healing.state import HealRecord, HealState
+from mixln_convert.healing.state import HealState
+from mixln_convert.io.records import MetricRecord
 from mixln_convert.model.modeling_mixln import MixLNForCausalLM
 from mixln_convert.surgery.loading import load_tokenizer
 from mixln_convert.schema import flag, key_in
@@ -178,7 +179,7 @@ def test_bad_input_is_one_line_error_and_no_output(case, tiny_llama, moved, tmp_
 
 def test_a_diverged_heal_names_the_lr_as_its_caller_did():
     """train's heal takes its lr from the recipe's heal.lr: the message names that key, heal's own a flag."""
-    record = HealRecord(step=3, tokens=96, val_ppl=float("nan"))
+    record = MetricRecord(step=3, tokens=96, val_ppl=float("nan"))
     for named, lr in ((key_in("heal"), "heal.lr"), (flag, "--lr")):
         run = heal_run.HealRun("CONVERTED", "ORIGINAL", "OUT", named=named)
         with pytest.raises(MixLNError, match=rf"^{re.escape(lr)}: .*try a smaller {re.escape(lr)}$"):
@@ -186,16 +187,16 @@ def test_a_diverged_heal_names_the_lr_as_its_caller_did():
 
 
 def test_heal_metrics_read_back_typed_and_a_damaged_field_is_named(tmp_path):
-    """A resumed heal reads its heal_metrics.jsonl back as HealRecords: written and read, a line is the same; a
+    """A resumed heal reads its heal_metrics.jsonl back as MetricRecords: written and read, a line is the same; a
     damaged figure is refused in one line naming the file, the line and the key."""
     state = HealState(tmp_path / "out")
-    before = HealRecord(step=0, tokens=0, val_relative_error=0.5, val_ppl=30.0)
+    before = MetricRecord(step=0, tokens=0, val_relative_error=0.5, val_ppl=30.0)
     state.start({"lr": 1.0}, before)
-    state.log(HealRecord(step=1, tokens=64, loss=2.5, lr=1e-4, grad_norm=0.3, skipped=True, seconds=1.0))
+    state.log(MetricRecord(step=1, tokens=64, loss=2.5, lr=1e-4, grad_norm=0.3, skipped=True, seconds=1.0))
     lines = (state.folder / "heal_metrics.jsonl").read_text().splitlines()
     assert lines[0] == '{"step": 0, "tokens": 0, "val_relative_error": 0.5, "val_ppl": 30.0}'
     assert list(json.loads(lines[1])) == ["step", "tokens", "loss", "lr", "grad_norm", "skipped", "seconds"]
-    assert state.records() == [before, HealRecord(step=1, tokens=64, loss=2.5, lr=1e-4, grad_norm=0.3, skipped=True,
+    assert state.records() == [before, MetricRecord(step=1, tokens=64, loss=2.5, lr=1e-4, grad_norm=0.3, skipped=True,
                                                   seconds=1.0)]
     (state.folder / "heal_metrics.jsonl").write_text(lines[0] + "\n" + lines[1].replace("2.5", '"2.5"') + "\n")
     with pytest.raises(MixLNError, match=r"heal_metrics.jsonl: record 2: loss: must be a finite number, got '2.5'$"):

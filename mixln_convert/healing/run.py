@@ -24,6 +24,7 @@ from ..data.shards import is_tokens_folder
 from ..errors import MixLNError, warn
 from ..evaluation.perplexity import evaluate_documents, evaluate_perplexity
 from ..io.atomic import atomic_output_dir
+from ..io.records import MetricRecord
 from ..io.paths import check_destination, check_readable, checkpoint_path
 from ..io.writer import tool_stamp, write_checkpoint
 from ..model.modeling_mixln import enable_checkpointing
@@ -38,7 +39,7 @@ from .losses import KL, distillation_loss, relative_error
 from .metrics import cached_teacher_metrics, check_record_finite, digest, warn_if_worse
 from .pair import load_models, open_pair, same_tokenizer
 from .result import ErrorChange, HealResult, HeldOut, Perplexities
-from .state import METRICS, HealRecord, HealState, Saved
+from .state import METRICS, HealState, Saved
 
 
 def heal(converted, teacher, out, options: HealOptions | None = None, **settings) -> HealResult:
@@ -234,7 +235,7 @@ class HealRun(HealOptions):
             documents=digest("\0".join(self.documents).encode()), seq_len=self.seq_len, eval_tokens=self.eval_tokens,
             batch_size=self.batch_size, dtype=self.dtype, device=self.device.type, torch=torch.__version__)
 
-    def validate(self, record: HealRecord = HealRecord(step=0, tokens=0)) -> HealRecord:
+    def validate(self, record: MetricRecord = MetricRecord(step=0, tokens=0)) -> MetricRecord:
         """``record`` with the student's held-out figures as they stand: ``val_relative_error`` of its prefix's
         stream; with ``perplexity`` ``val_loss``, ``val_ppl`` (packed windows) and ``val_doc_ppl`` (per document)."""
         models, held_out, errors = self.models, self.eval_windows, []
@@ -283,7 +284,7 @@ class HealRun(HealOptions):
         set_state_dict(self.models.student_model, optimizer, model_state_dict=weights, optim_state_dict=state,
                        options=StateDictOptions(full_state_dict=True, strict=False))
 
-    def fit(self) -> HealRecord:
+    def fit(self) -> MetricRecord:
         """The training loop: a line of the metrics per step (the figures before it first), validated after
         each ``eval_at`` token count and at the last step, checkpointed every ``checkpoint_interval``
         steps; from the last checkpoint when resumed. Returns the last line."""
@@ -319,16 +320,16 @@ class HealRun(HealOptions):
             value.backward()  # a checkpointed block's recompute restores the forward's autocast state
             loss = _averaged(value.detach(), [] if self.fsdp else parameters, world)  # FSDP averages its own
             try:
-                taken = take_step(optimizer, scheduler, guard, step=step, loss=loss,
-                                  clip=lambda: clip_gradients(parameters, self.grad_clip),
-                                  block_norms=lambda: (block_grad_norms(layers, _summed if self.fsdp else None),
-                                                       layers),
-                                  samples=range((step - 1) * self.batch_size, step * self.batch_size))
+                record = take_step(optimizer, scheduler, guard,
+                                   MetricRecord(step=step, tokens=step * self.batch_size * self.seq_len), loss=loss,
+                                   clip=lambda: clip_gradients(parameters, self.grad_clip),
+                                   block_norms=lambda: (block_grad_norms(layers, _summed if self.fsdp else None),
+                                                        layers),
+                                   samples=range((step - 1) * self.batch_size, step * self.batch_size))
             except NonFiniteStep as e:
                 raise MixLNError(f"{self._name('lr')}: the heal's {self.loss} {e}; the heal diverged at lr "
                                  f"{self.lr:g}: try a smaller {self._name('lr')}") from None
-            record = HealRecord(step=step, tokens=step * self.batch_size * self.seq_len, **vars(taken),
-                                seconds=round(time.time() - self.started, 2))
+            record = dataclasses.replace(record, seconds=round(time.time() - self.started, 2))
             if (pending and record.tokens >= pending[0]) or step == self.steps:
                 pending = [t for t in pending if t > record.tokens]
                 record = self.validate(record)
@@ -347,7 +348,7 @@ class HealRun(HealOptions):
                           record.val_doc_ppl, self._name)
         return record
 
-    def summary(self, before: HealRecord, after: HealRecord) -> HealResult:
+    def summary(self, before: MetricRecord, after: MetricRecord) -> HealResult:
         """:func:`heal`'s result (and the provenance's record), from the figures ``before`` and ``after``."""
         def compared(key: str, teacher: str):
             return Perplexities(teacher=self.teacher_figures[teacher], before=getattr(before, key),

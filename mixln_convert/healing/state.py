@@ -20,9 +20,8 @@ import torch
 from ..errors import MixLNError, first_line, warn
 from ..io.atomic import write_atomic
 from ..io.paths import check_not_input
-from ..io.records import NUMBER, Record, append_metrics, changed_setting, cut_metrics, read_metrics
+from ..io.records import MetricRecord, append_metrics, changed_setting, cut_metrics, read_metrics
 from ..options import FORCE, OUT, RESUME
-from ..schema import TOKENS_OR_ZERO, Flag, setting
 
 RECORD = "run.json"
 KIND = "mixln-convert heal"  # the record's "kind": a folder without it is not a heal's to remove
@@ -30,30 +29,9 @@ METRICS = "heal_metrics.jsonl"
 KEEP = 2  # checkpoints kept: the last, and the one before it should the last be damaged
 
 
-@dataclass(frozen=True, kw_only=True)
-class HealRecord(Record):
-    """A line of heal_metrics.jsonl: step 0's the held-out figures before any step, a step's its update's and,
-    where it validated, the held-out figures after it (``val_relative_error`` of the Post-LN blocks' output; with
-    the perplexity, ``val_loss``, ``val_ppl`` in packed windows and ``val_doc_ppl`` per document)."""
-    SPARSE = True
-
-    step: int = setting(kind=TOKENS_OR_ZERO)
-    tokens: int = setting(kind=TOKENS_OR_ZERO)
-    loss: float | None = setting(None, NUMBER)
-    lr: float | None = setting(None, NUMBER)
-    grad_norm: float | None = setting(None, NUMBER)
-    skipped: bool | None = setting(None, Flag())
-    seconds: float | None = setting(None, NUMBER)
-    val_relative_error: float | None = setting(None, NUMBER)
-    val_loss: float | None = setting(None, NUMBER)
-    val_ppl: float | None = setting(None, NUMBER)
-    val_doc_ppl: float | None = setting(None, NUMBER)
-
-
 @dataclass(frozen=True)
 class Saved:
-    """A checkpoint of the heal (``step-N.pt``): the Post-LN blocks' weights, AdamW's state, the schedule's, the
-    step guard's and the RNG's, at ``step`` after ``seconds``."""
+    """A checkpoint of the heal (``step-N.pt``): the Post-LN blocks' weights and the states it continues from."""
     step: int
     seconds: float
     blocks: dict
@@ -111,7 +89,7 @@ class HealState:
             return None
         return record if isinstance(record, dict) and record.get("kind") == KIND else None
 
-    def start(self, settings: dict, before: HealRecord) -> None:
+    def start(self, settings: dict, before: MetricRecord) -> None:
         """A fresh folder: the record, and the metrics' first line (step 0's, the figures ``before`` any step)."""
         self.folder.mkdir()
         self.owned = True
@@ -147,10 +125,10 @@ class HealState:
             return state
         raise MixLNError(f"{self.folder}: no checkpoint loads; {FORCE} starts the heal afresh")
 
-    def records(self) -> list[HealRecord]:
-        return read_metrics(self.folder / METRICS, HealRecord, "a heal record")
+    def records(self) -> list[MetricRecord]:
+        return read_metrics(self.folder / METRICS, "a heal record")
 
-    def log(self, record: HealRecord) -> None:
+    def log(self, record: MetricRecord) -> None:
         append_metrics(self.folder / METRICS, record)
 
     def remove(self, finished: bool) -> None:

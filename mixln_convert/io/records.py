@@ -50,11 +50,9 @@ def cut_metrics(file: Path, step: int) -> None:
     write_atomic(file, "".join(line + "\n" for line in kept))
 
 
-def read_metrics(file: Path, cls=None, what: str = "a training record") -> list:
-    """The records of ``file`` (a metrics.jsonl; heal_metrics.jsonl with ``cls``), each read as ``cls`` (a
-    :class:`MetricRecord`) and checked; blank lines are skipped."""
-    return [read_record(cls or MetricRecord, record, f"{file}: record {n}", what)
-            for n, record in enumerate(_read_jsonl(file), 1)]
+def read_metrics(file: Path, what: str = "a training record") -> list["MetricRecord"]:
+    """The records of ``file`` (a metrics.jsonl or heal_metrics.jsonl), each checked; blank lines are skipped."""
+    return [read_record(MetricRecord, line, f"{file}: record {n}", what) for n, line in enumerate(_read_jsonl(file), 1)]
 
 
 # what a number of a result file may be: any finite one; a list of them, one per layer (or window)
@@ -90,8 +88,9 @@ def _plain(value):
 
 @dataclass(frozen=True, kw_only=True)
 class MetricRecord(Record):
-    """A training record, a line of metrics.jsonl: a logged step's figures, in the order written; what was not
-    measured at that step (the per-layer norms, the validation) is left out."""
+    """A line of metrics.jsonl (training) or heal_metrics.jsonl (a heal, its step 0 the figures before any step):
+    a logged step's figures in the order written, what was not measured at that step left out. A heal's validation
+    (healing.run.HealRun.validate) adds val_relative_error and val_doc_ppl, and its steps the seconds spent."""
     SPARSE = True
 
     step: int = setting(kind=TOKENS_OR_ZERO)
@@ -102,8 +101,11 @@ class MetricRecord(Record):
     grad_norm: float | None = setting(None, NUMBER)
     skipped: bool | None = setting(None, Flag())
     tokens_per_s: float | None = setting(None, NUMBER)
+    seconds: float | None = setting(None, NUMBER)
+    val_relative_error: float | None = setting(None, NUMBER)
     val_loss: float | None = setting(None, NUMBER)
     val_ppl: float | None = setting(None, NUMBER)
+    val_doc_ppl: float | None = setting(None, NUMBER)
     val_window_losses: list | None = setting(None, NUMBER_LIST)
 
 

@@ -16,7 +16,7 @@ from .render import MISSING
 
 @dataclass(frozen=True, kw_only=True)
 class DocumentFigures(Record):
-    """The per-document scores a comparison shows (of :class:`~..evaluation.result.DocumentScores`)."""
+    """What a comparison shows of an analysis's per-document scores."""
     documents: int = setting(kind=TOKENS)
     tokens: int = setting(kind=TOKENS)
     token_perplexity: float = setting(kind=POSITIVE_NUMBER)

@@ -12,7 +12,7 @@ import os
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -215,11 +215,12 @@ def fit(run: Run, recipe: Recipe, arm: str, folder: Path, start: int, progress: 
         last = done == run.steps
         norms = run.block_norms() if done % recipe.grad_norm_interval == 0 or last else None
         try:
-            taken = take_step(run.optimizer, run.scheduler, run.guard, step=done,
-                              loss=accelerator.reduce(loss, "mean").item(),
-                              clip=lambda: clip_gradients(run.model.parameters(), recipe.grad_clip),
-                              block_norms=lambda: (norms or run.block_norms(), run.layers),
-                              samples=range((done - 1) * run.global_batch_size, done * run.global_batch_size))
+            record = take_step(run.optimizer, run.scheduler, run.guard,
+                               MetricRecord(step=done, tokens=done * run.step_tokens, grad_norm_per_layer=norms),
+                               loss=accelerator.reduce(loss, "mean").item(),
+                               clip=lambda: clip_gradients(run.model.parameters(), recipe.grad_clip),
+                               block_norms=lambda: (norms or run.block_norms(), run.layers),
+                               samples=range((done - 1) * run.global_batch_size, done * run.global_batch_size))
         except MixLNError as e:
             found = _checkpoints(folder)
             good = found[-1][1] if found else "none, the run starts from its source"
@@ -228,10 +229,11 @@ def fit(run: Run, recipe: Recipe, arm: str, folder: Path, start: int, progress: 
             torch.cuda.synchronize()  # a step's time is its kernels', not their launches'
         elapsed = time.perf_counter() - tick
         train_time += elapsed
-        validated = validate(run, recipe.micro_batch_size) if done % recipe.eval_interval == 0 or last else None
-        record = MetricRecord(step=done, tokens=done * run.step_tokens, grad_norm_per_layer=norms, **vars(taken),
-                              tokens_per_s=run.step_tokens / elapsed, **vars(validated or Validation()))
-        if main and (done % recipe.log_interval == 0 or validated or norms is not None or taken.skipped or last):
+        record = replace(record, tokens_per_s=run.step_tokens / elapsed)
+        if done % recipe.eval_interval == 0 or last:
+            record = validate(run, recipe.micro_batch_size, record)
+        if main and (done % recipe.log_interval == 0 or record.val_loss is not None or norms is not None
+                     or record.skipped or last):
             append_metrics(folder / METRICS, record)
             accelerator.log({k: v for k, v in record.to_dict().items() if isinstance(v, (int, float))}, step=done)
         bar.set_postfix(loss=f"{record.loss:.4f}")
@@ -254,15 +256,7 @@ def _micro_step(run: Run, batch: torch.Tensor, last: bool) -> torch.Tensor:
     return loss.detach()
 
 
-@dataclass(frozen=True)
-class Validation:
-    """The validation loss and perplexity and each validation window's loss (None: not validated at a step)."""
-    val_loss: float | None = None
-    val_ppl: float | None = None
-    val_window_losses: list[float] | None = None
-
-
-def validate(run: Run, batch_size: int) -> Validation:
+def validate(run: Run, batch_size: int, record: MetricRecord = MetricRecord(step=0, tokens=0)) -> MetricRecord:
     """Validation loss and the loss of each validation window (in window order), from which the
     report bootstraps intervals: each process scores an equal share of the windows (equal, so
     FSDP's collective forwards line up), then the shares are gathered."""
@@ -275,7 +269,7 @@ def validate(run: Run, batch_size: int) -> Validation:
     gathered = accelerator.gather(torch.tensor(measured.window_losses, device=accelerator.device))
     window_losses = gathered.view(world, -1).T.flatten().tolist()  # rank r held windows r, r + world, ...
     loss = sum(window_losses) / len(window_losses)
-    return Validation(loss, math.exp(loss), window_losses)
+    return replace(record, val_loss=loss, val_ppl=math.exp(loss), val_window_losses=window_losses)
 
 
 def validation_source(data) -> str:
