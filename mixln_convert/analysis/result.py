@@ -20,8 +20,8 @@ NUMBER_ROWS = Shaped(lambda v: isinstance(v, list) and all(NUMBER_LIST.ok(row) a
 
 @dataclass(frozen=True, kw_only=True)
 class TaskDrop(Record):
-    """One task of ``analyze --task`` (``task_layer_drop``): its primary metric, direction, the full model's
-    value, per block the metric skipping it minus the full model's, and the examples it ran (at most ``limit``)."""
+    """One task of ``analyze --task`` (``task_layer_drop``): ``layer_drop``, per block the metric skipping it minus
+    the full model's ``value``; ``samples``, the examples it ran (at most ``limit``)."""
     task: str = setting(kind=String())
     metric: str = setting(kind=String())
     higher_is_better: bool = setting(kind=Flag())

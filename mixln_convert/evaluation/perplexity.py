@@ -4,7 +4,6 @@ lm-evaluation-harness scores perplexity tasks); ``score_checkpoint`` runs both (
 
 import math
 import re
-from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -62,22 +61,22 @@ def evaluate_documents(model, tokenizer, texts: list[str], max_length: int, batc
     document must not cost more than the budget). ``loss`` is in nats per token."""
     device = next(model.parameters()).device
     prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-    windows, counts = [], Counter(documents=0, tokens=0, words=0, bytes=0)
+    windows, documents, tokens, words, size = [], 0, 0, 0, 0
     for text in texts:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if not ids:
             continue
-        if max_tokens is not None and counts["tokens"] + len(ids) > max_tokens:
-            ids = ids[:max_tokens - counts["tokens"]]
+        if max_tokens is not None and tokens + len(ids) > max_tokens:
+            ids = ids[:max_tokens - tokens]
             text = tokenizer.decode(ids)  # words and bytes of the part scored
         full = [prefix, *ids]  # full[i] predicts ids[i]
         for done in range(0, len(ids), max_length):
             end = min(done + max_length, len(ids))
             start = max(0, end - max_length)  # as much context as the window holds
             windows.append((full[start:end], ids[start:end], done - start))  # inputs, targets, first scored
-        counts.update(documents=1, tokens=len(ids), words=len(re.split(r"\s+", text.strip())),
-                      bytes=len(text.encode("utf-8")))
-        if max_tokens is not None and counts["tokens"] >= max_tokens:
+        documents, tokens = documents + 1, tokens + len(ids)
+        words, size = words + len(re.split(r"\s+", text.strip())), size + len(text.encode("utf-8"))
+        if max_tokens is not None and tokens >= max_tokens:
             break
     total = 0.0
     for first in tqdm(range(0, len(windows), batch_size), desc="scoring documents", disable=not progress, leave=False):
@@ -91,12 +90,11 @@ def evaluate_documents(model, tokenizer, texts: list[str], max_length: int, batc
             targets[row, scored_from:len(target)] = torch.tensor(target[scored_from:])
         logits = model(input_ids=inputs.to(device), use_cache=False).logits.float()
         total += F.cross_entropy(logits.flatten(0, 1), targets.to(device).flatten(), reduction="sum").item()
-    if counts["tokens"] == 0:
+    if tokens == 0:
         raise MixLNError("the documents give no tokens to score")
-    return DocumentScores(**counts, loss=total / counts["tokens"], token_perplexity=math.exp(total / counts["tokens"]),
-                          word_perplexity=math.exp(total / counts["words"]),
-                          byte_perplexity=math.exp(total / counts["bytes"]),
-                          bits_per_byte=total / counts["bytes"] / math.log(2))
+    return DocumentScores(documents=documents, tokens=tokens, words=words, bytes=size, loss=total / tokens,
+                          token_perplexity=math.exp(total / tokens), word_perplexity=math.exp(total / words),
+                          byte_perplexity=math.exp(total / size), bits_per_byte=total / size / math.log(2))
 
 
 def check_finite_score(value: float, checkpoint, what: str) -> None:
@@ -152,14 +150,14 @@ def run_scoring(scoring: Scoring, model=None, *, progress: bool = True) -> Perpl
 def scored_extras(scoring: Scoring, model, progress: bool) -> dict:
     """The parts of eval's result ``scoring``'s options ask for beside its figures: per_document, generation."""
     source, options = scoring.source, scoring.options
-    extras = {}
+    per_document = generation = None
     if options.per_document:
-        extras["per_document"] = evaluate_documents(model, source.tokenizer, scoring.texts, options.seq_len,
-                                                    options.batch_size, options.max_tokens, progress)
-        check_finite_score(extras["per_document"].token_perplexity, source.path, "per-document perplexity")
+        per_document = evaluate_documents(model, source.tokenizer, scoring.texts, options.seq_len, options.batch_size,
+                                          options.max_tokens, progress)
+        check_finite_score(per_document.token_perplexity, source.path, "per-document perplexity")
     if options.generate:
-        extras["generation"] = greedy_continuations(model, source.tokenizer, progress=progress)
-    return extras
+        generation = greedy_continuations(model, source.tokenizer, progress=progress)
+    return {"per_document": per_document, "generation": generation}
 
 
 def score_checkpoint(ckpt, options: EvalOptions | None = None, *, task_manager=None, progress: bool = True,

@@ -38,14 +38,12 @@ def cut_metrics(file: Path, step: int) -> None:
     kept = []
     for n, line in enumerate(lines, 1):
         try:
-            record = json.loads(line)
-            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
-                raise ValueError
-        except ValueError:
+            record = read_record(MetricRecord, json.loads(line), str(file))
+        except (ValueError, MixLNError):
             if n == len(lines):
                 break  # written while the process was killed
             raise MixLNError(f"{file}: line {n} is damaged (not a training record); remove it to resume") from None
-        if record["step"] <= step:
+        if record.step <= step:
             kept.append(line)
     write_atomic(file, "".join(line + "\n" for line in kept))
 
@@ -88,9 +86,8 @@ def _plain(value):
 
 @dataclass(frozen=True, kw_only=True)
 class MetricRecord(Record):
-    """A line of metrics.jsonl (training) or heal_metrics.jsonl (a heal, its step 0 the figures before any step):
-    a logged step's figures in the order written, what was not measured at that step left out. A heal's validation
-    (healing.run.HealRun.validate) adds val_relative_error and val_doc_ppl, and its steps the seconds spent."""
+    """A line of metrics.jsonl or heal_metrics.jsonl (a heal's step 0: the figures before any step): a logged step's
+    figures in the order written, those not measured at that step left out."""
     SPARSE = True
 
     step: int = setting(kind=TOKENS_OR_ZERO)

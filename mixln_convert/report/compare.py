@@ -176,8 +176,8 @@ def model_numbers(model: Model, estimates: dict[str, Bootstrap]) -> ModelNumbers
                        initial_val_ppl=model.val_ppl("initial"), final_val_ppl=model.val_ppl("final"),
                        wall_time_s=model.summary and model.summary.wall_time_s, finished=bool(model.summary),
                        validation=model.summary and model.summary.validation)
-        if (norms := model.training_grad_norms()) is not None:
-            numbers.update(training_grad_norm_cv=float(coefficient_of_variation(norms)))
+        if last := model.last_norms():
+            numbers.update(training_grad_norm_cv=float(coefficient_of_variation(last.grad_norm_per_layer)))
     if analysis := model.analysis:
         numbers.update(perplexity=analysis.perplexity, evaluation=analysis.evaluation())
         if model.layered:  # what the layer sweep says of the deeper half of the blocks

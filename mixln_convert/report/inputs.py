@@ -82,8 +82,9 @@ class Model:
             points.insert(0, (0, self.summary.initial_val_loss))
         return [t for t, _ in points], [v for _, v in points]
 
-    def training_grad_norms(self) -> list[float] | None:
-        return next((r.grad_norm_per_layer for r in reversed(self.metrics) if r.grad_norm_per_layer is not None), None)
+    def last_norms(self) -> MetricRecord | None:
+        """The last logged training step with the gradient norm of each block."""
+        return next((r for r in reversed(self.metrics) if r.grad_norm_per_layer is not None), None)
 
 
 def load_inputs(paths, labels=()) -> list[Model]:
