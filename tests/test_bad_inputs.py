@@ -801,6 +801,7 @@ ROWS = [
     ("compare-metrics-lists", lambda i, o: ["compare", i.run("r", "[1, 2]\n"), "--out", o], "record 1: not a training record (not a JSON object)"),
     ("compare-metrics-null-record", lambda i, o: ["compare", i.run("r", '{"step": 1, "tokens": 8, "loss": 2.0}\n\nnull\n'), "--out", o], "record 2: not a training record (not a JSON object)"),
     ("compare-metrics-without-tokens", lambda i, o: ["compare", i.run("r", '{"step": 1, "loss": 2.0}\n'), "--out", o], "record 1: not a training record (missing tokens)"),
+    ("compare-metrics-skipped-not-a-flag", lambda i, o: ["compare", i.run("r", '{"step": 1, "tokens": 8, "loss": 2.0, "skipped": "yes"}\n'), "--out", o], "metrics.jsonl: record 1: skipped: must be true or false, got 'yes'"),
     ("compare-metrics-string-loss", lambda i, o: ["compare", i.run("r", '{"step": 1, "tokens": 8, "loss": "x"}\n'), "--out", o], "record 1: loss: must be a finite number, got 'x'"),
     ("compare-summary-string", lambda i, o: ["compare", i.run("r", '{"step": 1, "tokens": 8, "loss": 2.0}\n', summary={"final_val_ppl": "x"}), "--out", o], "summary.json: final_val_ppl: must be a number > 0, got 'x'"),
     ("compare-metrics-not-utf8", lambda i, o: ["compare", i.run("r", b"\xff\xfe"), "--out", o], "not UTF-8"),
