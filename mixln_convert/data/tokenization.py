@@ -354,9 +354,9 @@ def _build(wanted, out: Path, partial: Path, encoder: Encoder, train, validation
         for (i, n), train_ids, validation_ids, n_train, n_validation in _results(
                 _chunks(inputs, position), num_proc, (encoder, fraction, excluded, num_proc > 1)):
             before = sum(w.tokens for w in writers.values())
-            for split, ids, n in zip(TOKEN_SPLITS, (train_ids, validation_ids), (n_train, n_validation)):
+            for split, ids, count in zip(TOKEN_SPLITS, (train_ids, validation_ids), (n_train, n_validation)):
                 writers[split].append(ids)
-                documents[split] += n
+                documents[split] += count
             record = {"settings_sha256": key, "position": [i, n],
                       "splits": {s: {"shards": w.state(), "documents": documents[s]} for s, w in writers.items()}}
             write_atomic(partial / PROGRESS, json.dumps(record))
