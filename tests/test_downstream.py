@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from mixln_convert.analysis.result import Analysis
 from mixln_convert.evaluation.downstream import evaluate_tasks, task_manager
 from mixln_convert.surgery.loading import load_model, load_tokenizer
 from mixln_convert.evaluation.tasks import SHIPPED_TASKS, shipped_tasks_dir
@@ -146,10 +147,10 @@ def test_analyze_task_and_per_document_reach_the_report(cli, converted, tmp_path
     result = cli("analyze", converted, "--out", out, "--seq-len", "64", "--max-tokens", "256", "--task",
                  "mixln_langref_ppl", "--limit", "2", "--per-document")
     assert result.exit_code == 0, result.output
-    analysis = json.loads((out / "analysis.json").read_text())
-    drop = analysis["task_drop"]["mixln_langref_ppl"]
+    analysis = Analysis.read(out / "analysis.json")
+    drop = analysis.task_drop["mixln_langref_ppl"]
     assert drop.metric == "word_perplexity" and drop.higher_is_better is False and len(drop.layer_drop) == L
-    assert analysis["per_document"]["tokens"] >= 256 and analysis["per_document"]["token_perplexity"] > 1
+    assert analysis.per_document.tokens >= 256 and analysis.per_document.token_perplexity > 1
     assert (out / "task_drop_mixln_langref_ppl.png").is_file()
 
     report = tmp_path / "report"
@@ -161,7 +162,7 @@ def test_analyze_task_and_per_document_reach_the_report(cli, converted, tmp_path
     assert figures[0].endswith("(layer_drop.png)") and figures[1].endswith("(task_drop_mixln_langref_ppl.png)")
     numbers = json.loads((report / "comparison.json").read_text())["models"][0]
     assert numbers["tasks"]["mixln_langref_ppl"]["value"] == pytest.approx(drop.value)
-    assert numbers["per_document"]["token_perplexity"] == pytest.approx(analysis["per_document"]["token_perplexity"])
+    assert numbers["per_document"]["token_perplexity"] == pytest.approx(analysis.per_document.token_perplexity)
 
 
 def test_without_lm_eval_the_error_says_how_to_install_it(cli, converted, monkeypatch):

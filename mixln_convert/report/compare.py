@@ -16,7 +16,7 @@ from ..errors import MixLNError
 from ..io.paths import check_destination
 from ..io.records import NUMBER, OBJECT, STRINGS, Record, Result
 from ..options import OUT, CompareOptions, measured_on
-from ..schema import NONNEGATIVE, POSITIVE_NUMBER, TOKENS_OR_ZERO, Flag, Kind, Nested, String, setting
+from ..schema import NONNEGATIVE, POSITIVE_NUMBER, TOKENS_OR_ZERO, Flag, Kind, Nested, String, read_record, setting
 from ..training.summary import MEASURED_ON
 from . import uncertainty
 from .inputs import ARM_KINDS, PRUNE_FRACTIONS, Model, load_inputs
@@ -202,7 +202,7 @@ def model_numbers(model: Model, estimates: dict[str, Bootstrap]) -> ModelNumbers
                    interval_n={name: e.size for name, e in estimates.items()})  # what each interval rests on
     numbers.update(downstream_numbers(model))
     # as comparison.json holds them (a tuple a list, a key a string): what compare() returns is the file
-    return ModelNumbers(**json.loads(json.dumps(numbers)))
+    return read_record(ModelNumbers, json.loads(json.dumps(numbers, default=Record.to_dict)), Comparison.FILE)
 
 
 def _with_interval(text: str, found: Bootstrap | None, bound=lambda x: f"{x:.3g}") -> str:
