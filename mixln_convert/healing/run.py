@@ -24,8 +24,8 @@ from ..data.shards import is_tokens_folder
 from ..errors import MixLNError, warn
 from ..evaluation.perplexity import evaluate_documents, evaluate_perplexity
 from ..io.atomic import atomic_output_dir
-from ..io.records import MetricRecord
 from ..io.paths import check_destination, check_readable, checkpoint_path
+from ..io.records import MetricRecord
 from ..io.writer import tool_stamp, write_checkpoint
 from ..model.modeling_mixln import enable_checkpointing
 from ..options import EVAL_DATA, HEAL_BETAS, OUT, HealCommand, HealOptions
