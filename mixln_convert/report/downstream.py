@@ -1,7 +1,7 @@
 """The downstream part of a comparison: lm-evaluation-harness task metrics (``analyze --task``) and per-document
 perplexity (``analyze --per-document``) of each model, as numbers, tables and one task-drop figure per task."""
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -36,8 +36,7 @@ def downstream_numbers(model: Model) -> dict:
                                      "deep_layer_drop": float(np.mean(drop.layer_drop[deep]))}
                               for task, drop in analysis.task_drop.items()})
     if analysis and analysis.per_document is not None:
-        numbers.update(per_document=DocumentFigures(**{f.name: getattr(analysis.per_document, f.name)
-                                                       for f in fields(DocumentFigures)}))
+        numbers.update(per_document=analysis.per_document)  # read as DocumentFigures by model_numbers
     return numbers
 
 
