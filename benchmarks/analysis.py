@@ -104,7 +104,7 @@ folder, task, limit, batch_size = sys.argv[1], sys.argv[2], int(sys.argv[3]), in
 source = open_checkpoint(folder)
 model = source.model(dtype=torch.float32)
 print(json.dumps(task_layer_drop(model, source.tokenizer, task, task_manager([task]), limit=limit,
-                                 batch_size=batch_size, progress=False)))
+                                 batch_size=batch_size, progress=False).to_dict()))
 """
 
 

@@ -206,11 +206,11 @@ def strategies(argv):
     gguf = harness.source(None)
     windows = token_windows(load_tokenizer(gguf), read_texts(args.data, split="validation"), args.seq_len,
                             args.windows * args.seq_len)
-    rows = [("none (original Pre-LN)", evaluate_perplexity(load_model(gguf), windows)["perplexity"], 0.0)]
+    rows = [("none (original Pre-LN)", evaluate_perplexity(load_model(gguf), windows).perplexity, 0.0)]
     with tempfile.TemporaryDirectory() as tmp:
         for strategy in args.strategies.split(","):
             seconds, out = harness.timed(lambda: convert(gguf, Path(tmp) / strategy, alpha=args.alpha, strategy=strategy))
-            rows.append((strategy, evaluate_perplexity(load_model(out), windows)["perplexity"], seconds))
+            rows.append((strategy, evaluate_perplexity(load_model(out), windows).perplexity, seconds))
     base = rows[0][1]
     print(f"\nSmolLM2-135M-Instruct, alpha {args.alpha}, {windows.numel()} held-out tokens "
           f"({args.data or 'embedded validation split'})\n")

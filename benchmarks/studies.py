@@ -120,7 +120,7 @@ def demo_lr(argv):
             written = greedy_continuations(final.model(dtype=torch.float32, device="cpu"), final.tokenizer,
                                            progress=False)
         print(harness.row([arm, f"{lr:g}", f"{scale:g}", f"{summary.initial_val_ppl:.2f} -> "
-                           f"{summary.final_val_ppl:.2f}", f"{written['repeated_4gram_share']:.1%}"]), flush=True)
+                           f"{summary.final_val_ppl:.2f}", f"{written.repeated_4gram_share:.1%}"]), flush=True)
 
 
 SCRATCH_VOCAB = 4096

@@ -256,10 +256,10 @@ def analyze(ckpt, out, force, **settings):
         line += f"; cheapest block to skip {cheapest} ({result.layer_drop[cheapest]:+.3f})"
     click.echo(line)
     for task, drop in (result.task_drop or {}).items():
-        pick = min if drop["higher_is_better"] else max
-        worst = pick(range(result.num_layers), key=drop["layer_drop"].__getitem__)
-        click.echo(f"{ckpt}: {task} {drop['metric']} {drop['value']:.4g}; skipping block {worst} costs most "
-                   f"({drop['layer_drop'][worst]:+.4g})")
+        pick = min if drop.higher_is_better else max
+        worst = pick(range(result.num_layers), key=drop.layer_drop.__getitem__)
+        click.echo(f"{ckpt}: {task} {drop.metric} {drop.value:.4g}; skipping block {worst} costs most "
+                   f"({drop.layer_drop[worst]:+.4g})")
     click.echo(f"wrote {Path(out) / 'analysis.json'} and plots")
 
 

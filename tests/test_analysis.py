@@ -37,13 +37,13 @@ def test_layer_drop_equals_model_without_that_layer(which, request):
     model = load_model(request.getfixturevalue(which))
     windows = token_ids(n=6)
     sweep = removal_sweep(BlockRunner(model), windows, [[0], [1], [5], [L - 1]], batch_size=4, progress=False)
-    assert sweep["perplexity"] == pytest.approx(evaluate_perplexity(model, windows, progress=False)["perplexity"],
+    assert sweep.perplexity == pytest.approx(evaluate_perplexity(model, windows, progress=False).perplexity,
                                                 rel=1e-6)
-    for layer, ppl in zip([0, 1, 5, L - 1], sweep["removed"]):
+    for layer, ppl in zip([0, 1, 5, L - 1], sweep.removed):
         shallower = copy.deepcopy(model)
         del shallower.model.layers[layer]
-        assert ppl == pytest.approx(evaluate_perplexity(shallower, windows, progress=False)["perplexity"], rel=1e-6)
-    assert len(set(sweep["removed"])) == 4  # each removal really differs
+        assert ppl == pytest.approx(evaluate_perplexity(shallower, windows, progress=False).perplexity, rel=1e-6)
+    assert len(set(sweep.removed)) == 4  # each removal really differs
 
 
 def test_angular_distance_of_identical_and_opposite_representations():

@@ -116,11 +116,11 @@ def test_per_document_scoring_equals_a_plain_reference_loop(cli, converted):
             logits = model(input_ids=torch.tensor([context])).logits[0, -1].float()
             nll -= torch.log_softmax(logits, -1)[ids[i]].item()
             tokens += 1
-    assert result["tokens"] == tokens and result["documents"] == 4
-    assert result["token_perplexity"] == pytest.approx(math.exp(nll / tokens), rel=1e-4)
+    assert result.tokens == tokens and result.documents == 4
+    assert result.token_perplexity == pytest.approx(math.exp(nll / tokens), rel=1e-4)
     words = sum(len(t.split()) for t in texts)
-    assert result["word_perplexity"] == pytest.approx(math.exp(nll / words), rel=1e-4)
-    assert result["bits_per_byte"] == pytest.approx(nll / sum(len(t.encode()) for t in texts) / math.log(2), rel=1e-4)
+    assert result.word_perplexity == pytest.approx(math.exp(nll / words), rel=1e-4)
+    assert result.bits_per_byte == pytest.approx(nll / sum(len(t.encode()) for t in texts) / math.log(2), rel=1e-4)
 
     shown = cli("eval", converted, "--seq-len", "32", "--max-tokens", "128", "--per-document", "--json")
     assert shown.exit_code == 0, shown.output
@@ -163,8 +163,8 @@ def test_per_document_scoring_stops_at_its_budget_inside_one_huge_document(conve
     first = len(tokenizer("A short one.", add_special_tokens=False)["input_ids"])
     cut = tokenizer.decode(tokenizer(huge, add_special_tokens=False)["input_ids"][:100 - first])
     alone = evaluate_documents(model, tokenizer, ["A short one.", cut], max_length=32, progress=False)
-    assert result["tokens"] == 100 and result["documents"] == 2
-    assert result["loss"] == pytest.approx(alone["loss"], rel=1e-5) and result["bytes"] == alone["bytes"]
+    assert result.tokens == 100 and result.documents == 2
+    assert result.loss == pytest.approx(alone.loss, rel=1e-5) and result.bytes == alone.bytes
 
 
 FREED_RSS = """

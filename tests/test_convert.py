@@ -100,7 +100,7 @@ def test_move_keeps_weights_and_post_attention_gains(tiny_llama, tiny_convert):
 
 def test_calibrated_is_closer_to_the_source_than_move(tiny_llama, tiny_convert, converted):
     windows = token_windows(load_tokenizer(tiny_llama), read_texts(None, "validation"), seq_len=64, max_tokens=1024)
-    loss = lambda folder: evaluate_perplexity(load_model(folder), windows, progress=False)["loss"]  # noqa: E731
+    loss = lambda folder: evaluate_perplexity(load_model(folder), windows, progress=False).loss  # noqa: E731
     source, calibrated = loss(tiny_llama), loss(converted)
     moved = loss(tiny_convert(tiny_llama, alpha=0.25, strategy="move"))
     assert abs(calibrated - source) < abs(moved - source)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from mixln_convert.analysis.result import Analysis
 from mixln_convert.evaluation.downstream import evaluate_tasks, task_manager
 from mixln_convert.surgery.loading import load_model, load_tokenizer
 from mixln_convert.evaluation.tasks import SHIPPED_TASKS, shipped_tasks_dir
@@ -129,16 +130,16 @@ def test_task_layer_drop_equals_lm_eval_on_the_model_without_that_block(converte
     manager = task_manager([task], half_right_task[0])
     model, tokenizer = load_model(converted), load_tokenizer(converted)
     drop = task_layer_drop(model, tokenizer, task, manager, limit=4, batch_size=3, progress=False)
-    assert drop["task"] == task and drop["samples"] == 4 and len(drop["layer_drop"]) == L
-    full = evaluate_tasks(model, tokenizer, [task], manager, limit=4)["tasks"][task].metrics[drop["metric"]]
-    assert drop["value"] == pytest.approx(full, rel=1e-5)
+    assert drop.task == task and drop.samples == 4 and len(drop.layer_drop) == L
+    full = evaluate_tasks(model, tokenizer, [task], manager, limit=4)["tasks"][task].metrics[drop.metric]
+    assert drop.value == pytest.approx(full, rel=1e-5)
     for block in (0, 5):  # a Post-LN and a Pre-LN block
         shallower = copy.deepcopy(model)
         del shallower.model.layers[block]
         without = evaluate_tasks(shallower, tokenizer, [task], manager, limit=4)["tasks"][task].metrics
-        assert drop["value"] + drop["layer_drop"][block] == pytest.approx(without[drop["metric"]], rel=1e-5)
+        assert drop.value + drop.layer_drop[block] == pytest.approx(without[drop.metric], rel=1e-5)
     if task == "mixln_langref_ppl":
-        assert len(set(drop["layer_drop"])) == L  # every skipped block changes the perplexity differently
+        assert len(set(drop.layer_drop)) == L  # every skipped block changes the perplexity differently
 
 
 def test_analyze_task_and_per_document_reach_the_report(cli, converted, tmp_path):
@@ -146,10 +147,10 @@ def test_analyze_task_and_per_document_reach_the_report(cli, converted, tmp_path
     result = cli("analyze", converted, "--out", out, "--seq-len", "64", "--max-tokens", "256", "--task",
                  "mixln_langref_ppl", "--limit", "2", "--per-document")
     assert result.exit_code == 0, result.output
-    analysis = json.loads((out / "analysis.json").read_text())
-    drop = analysis["task_drop"]["mixln_langref_ppl"]
-    assert drop["metric"] == "word_perplexity" and drop["higher_is_better"] is False and len(drop["layer_drop"]) == L
-    assert analysis["per_document"]["tokens"] >= 256 and analysis["per_document"]["token_perplexity"] > 1
+    analysis = Analysis.read(out / "analysis.json")
+    drop = analysis.task_drop["mixln_langref_ppl"]
+    assert drop.metric == "word_perplexity" and drop.higher_is_better is False and len(drop.layer_drop) == L
+    assert analysis.per_document.tokens >= 256 and analysis.per_document.token_perplexity > 1
     assert (out / "task_drop_mixln_langref_ppl.png").is_file()
 
     report = tmp_path / "report"
@@ -160,8 +161,8 @@ def test_analyze_task_and_per_document_reach_the_report(cli, converted, tmp_path
     figures = [line for line in markdown.splitlines() if line.startswith("![")]
     assert figures[0].endswith("(layer_drop.png)") and figures[1].endswith("(task_drop_mixln_langref_ppl.png)")
     numbers = json.loads((report / "comparison.json").read_text())["models"][0]
-    assert numbers["tasks"]["mixln_langref_ppl"]["value"] == pytest.approx(drop["value"])
-    assert numbers["per_document"]["token_perplexity"] == pytest.approx(analysis["per_document"]["token_perplexity"])
+    assert numbers["tasks"]["mixln_langref_ppl"]["value"] == pytest.approx(drop.value)
+    assert numbers["per_document"]["token_perplexity"] == pytest.approx(analysis.per_document.token_perplexity)
 
 
 def test_without_lm_eval_the_error_says_how_to_install_it(cli, converted, monkeypatch):

@@ -22,16 +22,16 @@ def test_repeated_ngram_share(ids, share):
 def test_greedy_continuations_are_the_argmax_decode(converted):
     model, tokenizer = load_model(converted), load_tokenizer(converted)
     result = greedy_continuations(model, tokenizer, prompts=PROMPTS[:2], new_tokens=12, progress=False)
-    assert [c["prompt"] for c in result["continuations"]] == list(PROMPTS[:2])
+    assert [c.prompt for c in result.continuations] == list(PROMPTS[:2])
     ids = tokenizer(PROMPTS[1], return_tensors="pt")["input_ids"]
     with torch.no_grad():
         for _ in range(12):  # the plain loop: no cache, the argmax of the last position each time
             ids = torch.cat([ids, model(input_ids=ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     reference = ids[0, -12:].tolist()
-    assert result["continuations"][1]["text"] == tokenizer.decode(reference, skip_special_tokens=True)
-    assert result["continuations"][1]["repeated_4gram_share"] == pytest.approx(repeated_ngram_share(reference))
-    shares = [c["repeated_4gram_share"] for c in result["continuations"]]
-    assert result["repeated_4gram_share"] == pytest.approx(sum(shares) / 2)
+    assert result.continuations[1].text == tokenizer.decode(reference, skip_special_tokens=True)
+    assert result.continuations[1].repeated_4gram_share == pytest.approx(repeated_ngram_share(reference))
+    shares = [c.repeated_4gram_share for c in result.continuations]
+    assert result.repeated_4gram_share == pytest.approx(sum(shares) / 2)
 
 
 def test_eval_generate_json(cli, converted):

@@ -18,6 +18,8 @@ from mixln_convert.evaluation.perplexity import evaluate_documents, evaluate_per
 from mixln_convert.fetch import cache_dir
 from mixln_convert.healing import heal, losses, metrics
 from mixln_convert.healing import run as heal_run
+from mixln_convert.healing.state import HealState
+from mixln_convert.io.records import MetricRecord
 from mixln_convert.model.modeling_mixln import MixLNForCausalLM
 from mixln_convert.surgery.loading import load_tokenizer
 from mixln_convert.schema import flag, key_in
@@ -79,7 +81,7 @@ def test_output_reloads_and_measures_what_heal_reported(healed, tiny_llama):
     assert record["relative_error"] == result.record()["relative_error"]
     assert model.config.mixln_provenance["strategy"] == "move"  # the conversion's provenance is kept
     windows = token_windows(load_tokenizer(out), read_texts(None, split="validation"), SEQ_LEN, EVAL_TOKENS)
-    measured = evaluate_perplexity(model.eval(), windows, BATCH, progress=False)["perplexity"]
+    measured = evaluate_perplexity(model.eval(), windows, BATCH, progress=False).perplexity
     assert measured == pytest.approx(result.perplexity.after, rel=1e-4)
 
 
@@ -114,12 +116,12 @@ def test_eval_data_is_what_heal_scores_packed_and_per_document(moved, tiny_llama
     teacher = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
     tokenizer = load_tokenizer(tiny_llama)
     packed = evaluate_perplexity(teacher, token_windows(tokenizer, documents, SEQ_LEN, 64), BATCH, progress=False)
-    assert result.perplexity.teacher == pytest.approx(packed["perplexity"], rel=1e-4)
+    assert result.perplexity.teacher == pytest.approx(packed.perplexity, rel=1e-4)
     per_document = evaluate_documents(teacher, tokenizer, documents, SEQ_LEN, BATCH, 64, progress=False)
-    assert result.per_document_perplexity.teacher == pytest.approx(per_document["token_perplexity"], rel=1e-4)
+    assert result.per_document_perplexity.teacher == pytest.approx(per_document.token_perplexity, rel=1e-4)
     default = token_windows(tokenizer, read_texts(None, split="validation"), SEQ_LEN, 64)
-    assert evaluate_perplexity(teacher, default, BATCH, progress=False)["perplexity"] != pytest.approx(
-        packed["perplexity"], rel=1e-3)  # the default text would have given another figure
+    assert evaluate_perplexity(teacher, default, BATCH, progress=False).perplexity != pytest.approx(
+        packed.perplexity, rel=1e-3)  # the default text would have given another figure
 
 
 def test_teacher_figures_are_measured_once_across_runs(moved, tiny_llama, tmp_path, monkeypatch):
@@ -177,11 +179,28 @@ def test_bad_input_is_one_line_error_and_no_output(case, tiny_llama, moved, tmp_
 
 def test_a_diverged_heal_names_the_lr_as_its_caller_did():
     """train's heal takes its lr from the recipe's heal.lr: the message names that key, heal's own a flag."""
-    record = {"step": 3, "val_ppl": float("nan")}
+    record = MetricRecord(step=3, tokens=96, val_ppl=float("nan"))
     for named, lr in ((key_in("heal"), "heal.lr"), (flag, "--lr")):
         run = heal_run.HealRun("CONVERTED", "ORIGINAL", "OUT", named=named)
         with pytest.raises(MixLNError, match=rf"^{re.escape(lr)}: .*try a smaller {re.escape(lr)}$"):
             metrics.check_record_finite(record, 1.0, run._name)
+
+
+def test_heal_metrics_read_back_typed_and_a_damaged_field_is_named(tmp_path):
+    """A resumed heal reads its heal_metrics.jsonl back as MetricRecords: written and read, a line is the same; a
+    damaged figure is refused in one line naming the file, the line and the key."""
+    state = HealState(tmp_path / "out")
+    before = MetricRecord(step=0, tokens=0, val_relative_error=0.5, val_ppl=30.0)
+    state.start({"lr": 1.0}, before)
+    state.log(MetricRecord(step=1, tokens=64, loss=2.5, lr=1e-4, grad_norm=0.3, skipped=True, seconds=1.0))
+    lines = (state.folder / "heal_metrics.jsonl").read_text().splitlines()
+    assert lines[0] == '{"step": 0, "tokens": 0, "val_relative_error": 0.5, "val_ppl": 30.0}'
+    assert list(json.loads(lines[1])) == ["step", "tokens", "loss", "lr", "grad_norm", "skipped", "seconds"]
+    assert state.records() == [before, MetricRecord(step=1, tokens=64, loss=2.5, lr=1e-4, grad_norm=0.3, skipped=True,
+                                                  seconds=1.0)]
+    (state.folder / "heal_metrics.jsonl").write_text(lines[0] + "\n" + lines[1].replace("2.5", '"2.5"') + "\n")
+    with pytest.raises(MixLNError, match=r"heal_metrics.jsonl: record 2: loss: must be a finite number, got '2.5'$"):
+        state.records()
 
 
 def test_a_heal_that_makes_the_model_worse_says_so(moved, tiny_llama, tmp_path, cli, recwarn):

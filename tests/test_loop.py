@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from mixln_convert.errors import MixLNError
+from mixln_convert.io.records import MetricRecord
 from mixln_convert.surgery.loading import load_model
 from mixln_convert.training.loop import (NonFiniteStep, StepGuard, adamw, block_grad_norms, clip_gradients,
                                          parameter_groups, take_step, warmup_cosine)
@@ -71,7 +72,7 @@ def test_a_nonfinite_gradient_with_a_finite_loss_never_reaches_the_weights(conve
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     _one_backward(model, corrupt=bad)
     with pytest.raises(NonFiniteStep) as error:
-        take_step(optimizer, scheduler, StepGuard(), step=7, loss=3.0,
+        take_step(optimizer, scheduler, StepGuard(), MetricRecord(step=7, tokens=28), loss=3.0,
                   clip=lambda: clip_gradients(model.parameters(), 1.0),
                   block_norms=lambda: (block_grad_norms(layers), layers), samples=range(24, 28))
     assert str(error.value) == (f"gradient norm is {bad} at step 7 (non-finite gradients in 1 of {len(layers)} blocks, "
@@ -88,16 +89,16 @@ def test_a_loss_spike_is_skipped_and_a_run_of_them_stops(converted):
     optimizer = adamw(parameter_groups(layers, outside, lr=1e-3, weight_decay=0.0), betas=(0.9, 0.999))
     scheduler = warmup_cosine(optimizer, 0, 100)
 
-    def step(n: int, loss: float) -> dict:
+    def step(n: int, loss: float) -> MetricRecord:
         _one_backward(model, corrupt=None)
-        return take_step(optimizer, scheduler, guard, step=n, loss=loss,
+        return take_step(optimizer, scheduler, guard, MetricRecord(step=n, tokens=n), loss=loss,
                          clip=lambda: clip_gradients(model.parameters(), 1.0),
                          block_norms=lambda: (block_grad_norms(layers), layers), samples=range(n, n + 1))
 
     for n, loss in enumerate([4.0, 4.2, 3.9], 1):
-        assert "skipped" not in step(n, loss)
+        assert step(n, loss).skipped is None
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    assert step(4, 9.0)["skipped"]  # above 2 x 4.03
+    assert step(4, 9.0).skipped  # above 2 x 4.03
     assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())
     assert all(p.grad is None for p in model.parameters())
     assert guard.state_dict() == {"recent": [4.0, 4.2, 3.9], "skips_in_a_row": 1}

@@ -25,8 +25,8 @@ def test_smollm2_calibrated_conversion_keeps_perplexity_close(tmp_path):
     assert (out / "tokenizer.json").is_file() and (out / "tokenizer_config.json").is_file()
 
     windows = token_windows(load_tokenizer(out), read_texts(None, "validation"), seq_len=512, max_tokens=4 * 512)
-    original = evaluate_perplexity(load_model(gguf), windows, progress=False)["perplexity"]
-    converted = evaluate_perplexity(load_model(out), windows, progress=False)["perplexity"]
+    original = evaluate_perplexity(load_model(gguf), windows, progress=False).perplexity
+    converted = evaluate_perplexity(load_model(out), windows, progress=False).perplexity
     print(f"\nSmolLM2-135M perplexity on {windows.numel()} tokens: original {original:.2f}, "
           f"Mix-LN calibrated {converted:.2f} ({converted / original:.3f}x)")
     assert converted / original < 1.35
@@ -83,8 +83,8 @@ def test_smollm2_downstream_tasks_and_their_layer_drop(cli):
 
     drop = task_layer_drop(load_model(gguf), load_tokenizer(gguf), "mixln_langref_ppl",
                            task_manager(["mixln_langref_ppl"]), limit=2, batch_size=2, progress=False)
-    assert len(drop["layer_drop"]) == 30 and drop["value"] > 1
-    assert drop["layer_drop"][0] == max(drop["layer_drop"]) > 0 and sum(drop["layer_drop"]) > 0
+    assert len(drop.layer_drop) == 30 and drop.value > 1
+    assert drop.layer_drop[0] == max(drop.layer_drop) > 0 and sum(drop.layer_drop) > 0
 
 
 @pytest.mark.real_model

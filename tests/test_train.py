@@ -250,7 +250,7 @@ def test_final_folder_is_the_trained_model(finished):
         model = AutoModelForCausalLM.from_pretrained(out / arm / "final")
         assert model.config.model_type == kind
         assert model._no_split_modules == {type(model.model.layers[0]).__name__}  # what FSDP wraps
-        loss = evaluate_perplexity(model, torch.from_numpy(validation.astype("int64")), 2, progress=False)["loss"]
+        loss = evaluate_perplexity(model, torch.from_numpy(validation.astype("int64")), 2, progress=False).loss
         assert loss == pytest.approx(json.loads((out / arm / "summary.json").read_text())["final_val_loss"], abs=1e-5)
 
 

@@ -3,6 +3,8 @@ the Mix-LN paper's layer analysis (arXiv 2412.13795; docs/mixln.md): perplexity 
 is skipped, angular distance between block inputs (Gromov et al. 2024), block influence (ShortGPT)
 and gradient norms per block."""
 
+import dataclasses
+
 import torch
 
 from ..data import read_texts, token_windows
@@ -67,34 +69,31 @@ def measure(source, name: str, options: AnalyzeOptions, task_manager, progress: 
     # angles and small perplexity differences need float32; a GPU where there is one (every sweep is L forwards)
     model = source.model(dtype=torch.float32, device="cuda" if torch.cuda.is_available() else "cpu")
     post_ln_layers = getattr(model.config, "post_ln_layers", 0)
-    result = {
-        "checkpoint": name,
-        "data": str(data) if data else EVAL_DATA,
-        "seq_len": seq_len,
-        "num_layers": num_layers,
-        "post_ln_layers": post_ln_layers,
-        # LayerNorm Scaling: every block Pre-LN, its norm outputs scaled by 1/sqrt(l)
-        "layernorm_scaling": getattr(model.config, "layernorm_scaling", False),
-        "layout": ["Post-LN" if i < post_ln_layers else "Pre-LN" for i in range(num_layers)],
-        **(layer_metrics(model, windows, options.span, batch_size, progress)
-           if options.layer_sweep else perplexity_only(model, windows, batch_size, progress)),
-        "tokenizer_vocab_size": len(tokenizer),
-    }
-    check_finite_score(result["perplexity"], source.path, "perplexity")
+    # layernorm_scaling (LNS): every block Pre-LN, its norm outputs scaled by 1/sqrt(l)
+    result = Analysis(checkpoint=name, data=str(data) if data else EVAL_DATA, seq_len=seq_len,
+                      num_layers=num_layers, post_ln_layers=post_ln_layers,
+                      layernorm_scaling=getattr(model.config, "layernorm_scaling", False),
+                      layout=["Post-LN" if i < post_ln_layers else "Pre-LN" for i in range(num_layers)],
+                      **(layer_metrics(model, windows, options.span, batch_size, progress)
+                         if options.layer_sweep else perplexity_only(model, windows, batch_size, progress)),
+                      tokenizer_vocab_size=len(tokenizer))
+    check_finite_score(result.perplexity, source.path, "perplexity")
+    extras = {}
     if options.prune_curve:
-        result["prune_curve"] = pruning_curve(BlockRunner(model), windows, options.method, result, batch_size, progress)
+        extras.update(prune_curve=pruning_curve(BlockRunner(model), windows, options.method, vars(result), batch_size,
+                                                progress))
     if options.generate:
-        result["generation"] = greedy_continuations(model, tokenizer, progress=progress)
+        extras.update(generation=greedy_continuations(model, tokenizer, progress=progress))
     if options.per_document:
-        result["per_document"] = evaluate_documents(model, tokenizer, texts, seq_len, batch_size, options.max_tokens,
-                                                    progress)
+        extras.update(per_document=evaluate_documents(model, tokenizer, texts, seq_len, batch_size, options.max_tokens,
+                                                      progress))
     if options.tasks:
         from .task_drop import task_layer_drop
 
-        result["task_drop"] = {task: task_layer_drop(model, tokenizer, task, task_manager, limit=options.limit,
-                                                     batch_size=batch_size, progress=progress)
-                               for task in options.tasks}
-    return Analysis(**result)
+        extras.update(task_drop={task: task_layer_drop(model, tokenizer, task, task_manager, limit=options.limit,
+                                                       batch_size=batch_size, progress=progress)
+                                 for task in options.tasks})
+    return dataclasses.replace(result, **extras)
 
 
 def layer_metrics(model, windows: torch.Tensor, span: int, batch_size: int, progress: bool) -> dict:
@@ -106,9 +105,9 @@ def layer_metrics(model, windows: torch.Tensor, span: int, batch_size: int, prog
     matrix = statistics.angular_distance_matrix()
     grad_norms = grad_norm_per_layer(model, windows, batch_size)
     return {
-        "tokens": sweep["tokens"],
-        "perplexity": sweep["perplexity"],
-        "layer_drop": [p - sweep["perplexity"] for p in sweep["removed"]],
+        "tokens": sweep.tokens,
+        "perplexity": sweep.perplexity,
+        "layer_drop": [p - sweep.perplexity for p in sweep.removed],
         # the last span-1 blocks have no boundary span blocks ahead: null
         "angular_distance": [row[span - 1] if len(row) >= span else None for row in matrix],
         "angular_distance_matrix": matrix,
@@ -116,8 +115,8 @@ def layer_metrics(model, windows: torch.Tensor, span: int, batch_size: int, prog
         "block_influence": statistics.block_influence(),
         "grad_norm_per_layer": [sum(column) / len(grad_norms) for column in zip(*grad_norms)],  # mean over batches
         "per_window": PerWindow(  # evaluation window w (or batch b for gradients) -> one value per layer
-            loss=sweep["window_losses"],
-            loss_without_layer=[list(losses) for losses in zip(*sweep["removed_window_losses"])],
+            loss=sweep.window_losses,
+            loss_without_layer=[list(losses) for losses in zip(*sweep.removed_window_losses)],
             angular_distance=statistics.window_angles, grad_norm_per_layer=grad_norms),
     }
 
@@ -125,8 +124,7 @@ def layer_metrics(model, windows: torch.Tensor, span: int, batch_size: int, prog
 def perplexity_only(model, windows: torch.Tensor, batch_size: int, progress: bool) -> dict:
     """The perplexity, with the per-window losses its interval is bootstrapped from (no layer sweep)."""
     scored = evaluate_perplexity(model, windows, batch_size, progress)
-    return {"tokens": scored["tokens"], "perplexity": scored["perplexity"],
-            "per_window": PerWindow(loss=scored["window_losses"])}
+    return dict(tokens=scored.tokens, perplexity=scored.perplexity, per_window=PerWindow(loss=scored.window_losses))
 
 
 def pruning_curve(runner: BlockRunner, windows: torch.Tensor, method: str, scores: dict, batch_size: int,
@@ -135,5 +133,5 @@ def pruning_curve(runner: BlockRunner, windows: torch.Tensor, method: str, score
     counts = list(range(1, runner.num_layers // 2 + 1))
     removals = [choose_layers(method, n, runner.num_layers, scores) for n in counts]
     sweep = removal_sweep(runner, windows, removals, batch_size, progress=progress, desc=f"prune curve ({method})")
-    return PruneCurve(method=method, removed=counts, perplexity=sweep["removed"], layers=removals,
-                      window_losses=sweep["removed_window_losses"])
+    return PruneCurve(method=method, removed=counts, perplexity=sweep.removed, layers=removals,
+                      window_losses=sweep.removed_window_losses)

@@ -44,4 +44,4 @@ def layer_scores(model, windows, method: str, batch_size: int = 4, progress: boo
         removal_sweep(runner, windows, batch_size=batch_size, statistics=statistics, progress=progress)
         return {"angular_distance_matrix": statistics.angular_distance_matrix()}
     sweep = removal_sweep(runner, windows, [[l] for l in range(runner.num_layers)], batch_size, progress=progress)
-    return {"layer_drop": [p - sweep["perplexity"] for p in sweep["removed"]]}
+    return {"layer_drop": [p - sweep.perplexity for p in sweep.removed]}

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..architectures import architecture_of_model, model_blocks
-from ..evaluation.perplexity import window_nll
+from ..evaluation.perplexity import Packed, window_nll
 
 
 @dataclass
@@ -119,16 +119,22 @@ class RepresentationStatistics:
         return [1 - mean[l, l + 1].item() for l in range(self.num_layers)]
 
 
+@dataclass(frozen=True)
+class Sweep(Packed):
+    """The full model's scores and, per removal, the perplexity and window losses without those blocks."""
+    removed: list[float]
+    removed_window_losses: list[list[float]]
+
+
 @torch.no_grad()
 def removal_sweep(runner: BlockRunner, windows: torch.Tensor, removals=(), batch_size: int = 4,
                   statistics: RepresentationStatistics | None = None, progress: bool = True,
-                  desc: str = "layer sweep") -> dict:
+                  desc: str = "layer sweep") -> Sweep:
     """Perplexity of the full model and of the model with each set of blocks in ``removals`` skipped,
     in one pass over ``windows`` ([n, seq_len] token ids): each batch runs through the full model once,
     and each removal continues from the stored input of its first removed block rather than rerunning
     the blocks before it. Memory holds L+1 residual tensors of one batch; ``statistics``, if given,
-    sees every batch's stream. Returns ``perplexity``, ``removed`` (one per removal), ``tokens``
-    (positions scored) and each window's mean NLL: ``window_losses``, ``removed_window_losses``."""
+    sees every batch's stream."""
     full, removed = [], [[] for _ in removals]  # summed NLL of each window
     batches = range(0, len(windows), batch_size)
     with tqdm(total=len(batches) * (1 + len(removals)), desc=desc, disable=not progress, leave=False) as bar:
@@ -143,9 +149,8 @@ def removal_sweep(runner: BlockRunner, windows: torch.Tensor, removals=(), batch
                 bar.update()
     scored = windows.shape[1] - 1
     tokens = len(full) * scored
-    return {"perplexity": math.exp(sum(full) / tokens), "removed": [math.exp(sum(r) / tokens) for r in removed],
-            "tokens": tokens, "window_losses": [s / scored for s in full],
-            "removed_window_losses": [[s / scored for s in r] for r in removed]}
+    return Sweep(math.exp(sum(full) / tokens), sum(full) / tokens, tokens, [s / scored for s in full],
+                 [math.exp(sum(r) / tokens) for r in removed], [[s / scored for s in r] for r in removed])
 
 
 def grad_norm_per_layer(model, windows: torch.Tensor, batch_size: int = 4) -> list[list[float]]:

@@ -190,11 +190,11 @@ def task_drop_file(task: str) -> str:
 
 def plot_task_drop(result: Analysis, task: str, path: Path) -> None:
     drop = result.task_drop[task]
-    better = "higher" if drop["higher_is_better"] else "lower"
-    fig, ax = _layer_figure(result, f"Change of {task} {drop['metric']} when one block is skipped",
-                            f"{drop['metric']} change (full model {drop['value']:.4g}; {better} is better)")
-    _bars(ax, drop["layer_drop"], result.layout)
-    scale_layer_drop_axis(ax, drop["layer_drop"])
+    better = "higher" if drop.higher_is_better else "lower"
+    fig, ax = _layer_figure(result, f"Change of {task} {drop.metric} when one block is skipped",
+                            f"{drop.metric} change (full model {drop.value:.4g}; {better} is better)")
+    _bars(ax, drop.layer_drop, result.layout)
+    scale_layer_drop_axis(ax, drop.layer_drop)
     ax.axhline(0, color="black", linewidth=0.8)
     ax.legend()
     save(fig, path)

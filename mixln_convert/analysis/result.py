@@ -5,34 +5,30 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import MixLNError
+from ..evaluation.result import DocumentScores, Generation
 from ..io.records import LAYER_COUNT, NUMBER, NUMBER_LIST, POST_LN_COUNT, Record, Result
-from ..limits import MAX_TOKENS, is_finite_number
-from ..schema import POSITIVE_NUMBER, TOKENS_OR_ZERO, Count, Flag, Kind, Nested, Numbers, Shaped, String, setting
+from ..limits import MAX_TOKENS
+from ..schema import (POSITIVE_NUMBER, TOKENS, TOKENS_OR_ZERO, Count, Flag, Kind, Nested, Numbers, Shaped, String,
+                      setting)
 
-PER_DOCUMENT_KEYS = ("documents", "tokens", "token_perplexity", "word_perplexity", "bits_per_byte")
 # the layer sweep's results: all of them, or none in an analysis made without ``layer_sweep``
 PER_LAYER_KEYS = ("layer_drop", "angular_distance_matrix", "grad_norm_per_layer")
 PER_WINDOW_TABLES = ("loss_without_layer", "angular_distance", "grad_norm_per_layer")  # rows of one value per layer
-
-
-def _task_drop(value) -> bool:
-    """One task of ``analyze --task``: its metric, direction, full-model value, examples and per-layer drop."""
-    return (isinstance(value, dict) and isinstance(value.get("metric"), str)
-            and isinstance(value.get("higher_is_better"), bool) and is_finite_number(value.get("value"))
-            and TOKENS_OR_ZERO.ok(value.get("samples")) and NUMBER_LIST.ok(value.get("layer_drop")))
-
-
 NUMBER_ROWS = Shaped(lambda v: isinstance(v, list) and all(NUMBER_LIST.ok(row) and row for row in v),
                      "a list of non-empty lists of numbers")
-GENERATION = Shaped(lambda v: isinstance(v, dict) and is_finite_number(v.get("repeated_4gram_share"))
-                    and isinstance(v.get("continuations"), list)
-                    and all(isinstance(c, dict) and isinstance(c.get("prompt"), str) and isinstance(c.get("text"), str)
-                            for c in v["continuations"]),
-                    "an object with repeated_4gram_share and continuations ({prompt, text})")
-TASK_DROP = Shaped(lambda v: isinstance(v, dict) and all(_task_drop(d) for d in v.values()),
-                   "an object of tasks, each with metric, higher_is_better, value, samples and a layer_drop list")
-PER_DOCUMENT = Shaped(lambda v: isinstance(v, dict) and all(is_finite_number(v.get(k)) for k in PER_DOCUMENT_KEYS),
-                      f"an object with numbers {', '.join(PER_DOCUMENT_KEYS)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskDrop(Record):
+    """One task of ``analyze --task`` (``task_layer_drop``): ``layer_drop``, per block the metric skipping it minus
+    the full model's ``value``; ``samples``, the examples it ran (at most ``limit``)."""
+    task: str = setting(kind=String())
+    metric: str = setting(kind=String())
+    higher_is_better: bool = setting(kind=Flag())
+    value: float = setting(kind=NUMBER)
+    layer_drop: list = setting(kind=NUMBER_LIST)
+    samples: int = setting(kind=TOKENS_OR_ZERO)
+    limit: int | None = setting(None, TOKENS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,9 +82,9 @@ class Analysis(Result):
     per_window: PerWindow | None = setting(None, Nested(PerWindow, "the per-window values"))
     tokenizer_vocab_size: int | None = setting(None, TOKENS_OR_ZERO)
     prune_curve: PruneCurve | None = setting(None, Nested(PruneCurve, "a prune curve"))
-    generation: dict | None = setting(None, GENERATION)
-    per_document: dict | None = setting(None, PER_DOCUMENT)
-    task_drop: dict | None = setting(None, TASK_DROP)
+    generation: Generation | None = setting(None, Nested(Generation, "a generation"))
+    per_document: DocumentScores | None = setting(None, Nested(DocumentScores, "per-document scores"))
+    task_drop: dict[str, TaskDrop] | None = setting(None, Nested(TaskDrop, "a task's layer drop", many="names"))
 
     @property
     def layered(self) -> bool:
@@ -117,8 +113,8 @@ class Analysis(Result):
         if self.per_window is not None:
             self._check_per_window(file)
         for task, drop in (self.task_drop or {}).items():
-            if len(drop["layer_drop"]) != num_layers:
-                raise MixLNError(f"{file}: task_drop.{task}.layer_drop has {len(drop['layer_drop'])} entries for "
+            if len(drop.layer_drop) != num_layers:
+                raise MixLNError(f"{file}: task_drop.{task}.layer_drop has {len(drop.layer_drop)} entries for "
                                  f"{num_layers} layers")
 
     def _check_per_window(self, file: Path) -> None:

@@ -10,6 +10,7 @@ from tqdm.auto import tqdm
 
 from ..evaluation.downstream import hf_lm, primary_metric, run_tasks
 from .layers import BlockRunner
+from .result import TaskDrop
 
 
 class VariantScorer:
@@ -78,10 +79,9 @@ def _replaying_lm(model, tokenizer, batch_size: int, variants: list[frozenset], 
 
 
 def task_layer_drop(model, tokenizer, task: str, manager, *, limit: int | None = None, batch_size: int = 4,
-                    progress: bool = True) -> dict:
-    """``task``'s primary metric (the first its YAML lists) of the full model and with each block skipped:
-    {"task", "metric", "higher_is_better", "value" (full model), "layer_drop" (per block: skipped minus
-    full), "samples", "limit"}. ``manager``: a TaskManager that knows ``task``."""
+                    progress: bool = True) -> TaskDrop:
+    """``task``'s primary metric (the first its YAML lists) of the full model and with each block skipped.
+    ``manager``: a TaskManager that knows ``task``."""
     num_layers = model.config.num_hidden_layers
     variants = [frozenset(), *(frozenset({l}) for l in range(num_layers))]
     values = []
@@ -93,6 +93,5 @@ def task_layer_drop(model, tokenizer, task: str, manager, *, limit: int | None =
             result = run_tasks(lm, [task], manager, limit, bootstrap_iters=0)[task]
             values.append(result.metrics[primary_metric(result)])
     metric = primary_metric(result)
-    return {"task": task, "metric": metric, "higher_is_better": result.higher_is_better[metric],
-            "value": values[0], "layer_drop": [v - values[0] for v in values[1:]], "samples": result.samples,
-            "limit": limit}
+    return TaskDrop(task=task, metric=metric, higher_is_better=result.higher_is_better[metric], value=values[0],
+                    layer_drop=[v - values[0] for v in values[1:]], samples=result.samples, limit=limit)

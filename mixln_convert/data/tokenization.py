@@ -19,6 +19,7 @@ import os
 import shutil
 import signal
 from collections import deque
+from dataclasses import replace
 from functools import lru_cache
 from itertools import chain, islice
 from pathlib import Path
@@ -336,14 +337,13 @@ def _same_folder(fd: int, path: Path) -> bool:
 
 def _build(wanted, out: Path, partial: Path, encoder: Encoder, train, validation, num_proc: int,
            progress: bool) -> TokenManifest:
-    inputs = _inputs(train, validation)
-    limits = {"train": wanted["max_tokens"], "validation": wanted["max_validation_tokens"]}
-    writers = {s: TokenShardWriter(partial, s, wanted["dtype"], wanted["shard_tokens"], limits[s])
-               for s in TOKEN_SPLITS}
+    inputs, made = _inputs(train, validation), TokenManifest(**wanted, splits={})
+    writers = {s: TokenShardWriter(partial, s, made.dtype, made.shard_tokens, limit)
+               for s, limit in zip(TOKEN_SPLITS, (made.max_tokens, made.max_validation_tokens))}
     key = hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()
     position, documents = _resumed(partial, key, writers)
     excluded = frozenset(_digest(text) for role, item, _ in inputs if role == "validation" for text in _documents(item))
-    fraction = wanted["validation"].get("fraction")
+    fraction = made.validation.get("fraction")
     if not num_proc:  # auto: a worker per available core, for input worth it
         # a Hub dataset's size is known only once it is streamed, and rarely small
         big = (sum(record.get("bytes", 0) for _, _, record in inputs) >= PARALLEL_BYTES
@@ -355,9 +355,9 @@ def _build(wanted, out: Path, partial: Path, encoder: Encoder, train, validation
         for (i, n), train_ids, validation_ids, n_train, n_validation in _results(
                 _chunks(inputs, position), num_proc, (encoder, fraction, excluded, num_proc > 1)):
             before = sum(w.tokens for w in writers.values())
-            writers["train"].append(train_ids)
-            writers["validation"].append(validation_ids)
-            documents = {"train": documents["train"] + n_train, "validation": documents["validation"] + n_validation}
+            for split, ids, count in zip(TOKEN_SPLITS, (train_ids, validation_ids), (n_train, n_validation)):
+                writers[split].append(ids)
+                documents[split] += count
             record = {"settings_sha256": key, "position": [i, n],
                       "splits": {s: {"shards": w.state(), "documents": documents[s]} for s, w in writers.items()}}
             write_atomic(partial / PROGRESS, json.dumps(record))
@@ -372,7 +372,7 @@ def _build(wanted, out: Path, partial: Path, encoder: Encoder, train, validation
             raise MixLNError(f"{train or 'embedded:train'}: gives no {split} tokens"
                              + ("; give a validation source or a larger fraction" if split == "validation" else ""))
         splits[split] = SplitRecord(documents=documents[split], tokens=writer.tokens, shards=shards)
-    manifest = TokenManifest(**wanted, splits=splits)
+    manifest = replace(made, splits=splits)
     (partial / PROGRESS).unlink()
     write_atomic(partial / MANIFEST, json.dumps(manifest.to_dict(), indent=1) + "\n")
     replace_dir(partial, out)

@@ -6,6 +6,8 @@ this is the figure that shows it."""
 import torch
 from tqdm.auto import tqdm
 
+from .result import Continuation, Generation
+
 # Fixed, varied openings (facts, how-to, narrative, code prose); 24 of them so a share is not one prompt's.
 PROMPTS = (
     "The capital of France is",
@@ -57,7 +59,7 @@ class _DecodingSteps:
 
 @torch.no_grad()
 def greedy_continuations(model, tokenizer, prompts=PROMPTS, new_tokens: int = NEW_TOKENS,
-                         progress: bool = True, batch_size: int = 8) -> dict:
+                         progress: bool = True, batch_size: int = 8) -> Generation:
     """Each prompt's greedy continuation of ``new_tokens`` tokens (ending early only at EOS, which it
     keeps) and its repeated-4-gram share, and their mean. Prompts go ``batch_size`` at a time,
     left-padded: a decoding step costs about the same for 1 or 8 sequences on a CPU."""
@@ -79,8 +81,8 @@ def greedy_continuations(model, tokenizer, prompts=PROMPTS, new_tokens: int = NE
             for prompt, row in zip(prompts[start:], out[:, width:].tolist()):
                 if tokenizer.eos_token_id in row:  # what follows a finished row's EOS is padding
                     row = row[:row.index(tokenizer.eos_token_id) + 1]
-                results.append({"prompt": prompt, "text": tokenizer.decode(row, skip_special_tokens=True),
-                                "repeated_4gram_share": repeated_ngram_share(row)})
+                results.append(Continuation(prompt=prompt, text=tokenizer.decode(row, skip_special_tokens=True),
+                                            repeated_4gram_share=repeated_ngram_share(row)))
             bar.update(done * new_tokens - bar.n)  # the steps a batch ended early at EOS did not take
-    return {"continuations": results, "new_tokens": new_tokens,
-            "repeated_4gram_share": sum(r["repeated_4gram_share"] for r in results) / len(results)}
+    return Generation(continuations=results, new_tokens=new_tokens,
+                      repeated_4gram_share=sum(r.repeated_4gram_share for r in results) / len(results))

@@ -4,7 +4,6 @@ lm-evaluation-harness scores perplexity tasks); ``score_checkpoint`` runs both (
 
 import math
 import re
-from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -17,7 +16,7 @@ from ..runtime import map_large_allocations
 from ..schema import check_windows
 from .generation import greedy_continuations
 from .options import EVAL_DATA, EvalOptions
-from .result import Continuation, DocumentScores, Generation, PerplexityScores, TaskScores
+from .result import DocumentScores, PerplexityScores, TaskScores
 
 
 def window_nll(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -28,11 +27,19 @@ def window_nll(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     return nll.view(len(input_ids), -1).sum(-1)
 
 
+@dataclass(frozen=True)
+class Packed:
+    """``loss`` in nats; ``window_losses``, each window's mean NLL, are what the report bootstraps intervals from."""
+    perplexity: float
+    loss: float
+    tokens: int
+    window_losses: list[float]
+
+
 @torch.no_grad()
-def evaluate_perplexity(model, windows: torch.Tensor, batch_size: int = 4, progress: bool = True) -> dict:
+def evaluate_perplexity(model, windows: torch.Tensor, batch_size: int = 4, progress: bool = True) -> Packed:
     """Token-level perplexity of ``model`` on ``windows`` ([n, seq_len] token ids), every position but
-    the first predicted; ``loss`` is in nats, ``window_losses`` (each window's mean NLL) are what the
-    report bootstraps intervals from."""
+    the first predicted."""
     device = next(model.parameters()).device
     window_sums = []
     for start in tqdm(range(0, len(windows), batch_size), desc="evaluating", disable=not progress, leave=False):
@@ -40,13 +47,12 @@ def evaluate_perplexity(model, windows: torch.Tensor, batch_size: int = 4, progr
         window_sums += window_nll(model(input_ids=batch, use_cache=False).logits, batch).tolist()
     scored = windows.shape[1] - 1
     loss = sum(window_sums) / (len(window_sums) * scored)
-    return {"perplexity": math.exp(loss), "loss": loss, "tokens": len(window_sums) * scored,
-            "window_losses": [s / scored for s in window_sums]}
+    return Packed(math.exp(loss), loss, len(window_sums) * scored, [s / scored for s in window_sums])
 
 
 @torch.no_grad()
 def evaluate_documents(model, tokenizer, texts: list[str], max_length: int, batch_size: int = 4,
-                       max_tokens: int | None = None, progress: bool = True) -> dict:
+                       max_tokens: int | None = None, progress: bool = True) -> DocumentScores:
     """Each document scored on its own from its first token, as lm-evaluation-harness's
     ``loglikelihood_rolling`` does: the first token is predicted from the BOS token (EOS where
     there is none), and a document longer than ``max_length`` in windows that predict every token
@@ -55,22 +61,22 @@ def evaluate_documents(model, tokenizer, texts: list[str], max_length: int, batc
     document must not cost more than the budget). ``loss`` is in nats per token."""
     device = next(model.parameters()).device
     prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-    windows, counts = [], Counter(documents=0, tokens=0, words=0, bytes=0)
+    windows, documents, tokens, words, size = [], 0, 0, 0, 0
     for text in texts:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if not ids:
             continue
-        if max_tokens is not None and counts["tokens"] + len(ids) > max_tokens:
-            ids = ids[:max_tokens - counts["tokens"]]
+        if max_tokens is not None and tokens + len(ids) > max_tokens:
+            ids = ids[:max_tokens - tokens]
             text = tokenizer.decode(ids)  # words and bytes of the part scored
         full = [prefix, *ids]  # full[i] predicts ids[i]
         for done in range(0, len(ids), max_length):
             end = min(done + max_length, len(ids))
             start = max(0, end - max_length)  # as much context as the window holds
             windows.append((full[start:end], ids[start:end], done - start))  # inputs, targets, first scored
-        counts.update(documents=1, tokens=len(ids), words=len(re.split(r"\s+", text.strip())),
-                      bytes=len(text.encode("utf-8")))
-        if max_tokens is not None and counts["tokens"] >= max_tokens:
+        documents, tokens = documents + 1, tokens + len(ids)
+        words, size = words + len(re.split(r"\s+", text.strip())), size + len(text.encode("utf-8"))
+        if max_tokens is not None and tokens >= max_tokens:
             break
     total = 0.0
     for first in tqdm(range(0, len(windows), batch_size), desc="scoring documents", disable=not progress, leave=False):
@@ -84,11 +90,11 @@ def evaluate_documents(model, tokenizer, texts: list[str], max_length: int, batc
             targets[row, scored_from:len(target)] = torch.tensor(target[scored_from:])
         logits = model(input_ids=inputs.to(device), use_cache=False).logits.float()
         total += F.cross_entropy(logits.flatten(0, 1), targets.to(device).flatten(), reduction="sum").item()
-    if counts["tokens"] == 0:
+    if tokens == 0:
         raise MixLNError("the documents give no tokens to score")
-    return {**counts, "loss": total / counts["tokens"], "token_perplexity": math.exp(total / counts["tokens"]),
-            "word_perplexity": math.exp(total / counts["words"]), "byte_perplexity": math.exp(total / counts["bytes"]),
-            "bits_per_byte": total / counts["bytes"] / math.log(2)}
+    return DocumentScores(documents=documents, tokens=tokens, words=words, bytes=size, loss=total / tokens,
+                          token_perplexity=math.exp(total / tokens), word_perplexity=math.exp(total / words),
+                          byte_perplexity=math.exp(total / size), bits_per_byte=total / size / math.log(2))
 
 
 def check_finite_score(value: float, checkpoint, what: str) -> None:
@@ -136,24 +142,22 @@ def run_scoring(scoring: Scoring, model=None, *, progress: bool = True) -> Perpl
     source, options = scoring.source, scoring.options
     model = model if model is not None else source.model()
     packed = evaluate_perplexity(model, scoring.windows, options.batch_size, progress)
-    check_finite_score(packed["perplexity"], source.path, "perplexity")
+    check_finite_score(packed.perplexity, source.path, "perplexity")
     return PerplexityScores(checkpoint=str(source.path), data=str(options.data) if options.data else EVAL_DATA,
-                            seq_len=options.seq_len, **packed, **scored_extras(scoring, model, progress))
+                            seq_len=options.seq_len, **vars(packed), **scored_extras(scoring, model, progress))
 
 
 def scored_extras(scoring: Scoring, model, progress: bool) -> dict:
     """The parts of eval's result ``scoring``'s options ask for beside its figures: per_document, generation."""
     source, options = scoring.source, scoring.options
-    extras = {}
+    per_document = generation = None
     if options.per_document:
-        extras["per_document"] = DocumentScores(**evaluate_documents(
-            model, source.tokenizer, scoring.texts, options.seq_len, options.batch_size, options.max_tokens, progress))
-        check_finite_score(extras["per_document"].token_perplexity, source.path, "per-document perplexity")
+        per_document = evaluate_documents(model, source.tokenizer, scoring.texts, options.seq_len, options.batch_size,
+                                          options.max_tokens, progress)
+        check_finite_score(per_document.token_perplexity, source.path, "per-document perplexity")
     if options.generate:
-        generated = greedy_continuations(model, source.tokenizer, progress=progress)
-        extras["generation"] = Generation(**{**generated, "continuations": [
-            Continuation(**item) for item in generated["continuations"]]})
-    return extras
+        generation = greedy_continuations(model, source.tokenizer, progress=progress)
+    return {"per_document": per_document, "generation": generation}
 
 
 def score_checkpoint(ckpt, options: EvalOptions | None = None, *, task_manager=None, progress: bool = True,

@@ -4,7 +4,7 @@ field declared with its kind so a saved one reads back checked (``PerplexityScor
 
 from dataclasses import dataclass
 
-from ..io.records import NUMBER, NUMBER_LIST, Result
+from ..io.records import NUMBER, NUMBER_LIST, Record, Result
 from ..limits import is_finite_number
 from ..schema import POSITIVE_NUMBER, TOKENS, TOKENS_OR_ZERO, Nested, Shaped, String, setting
 
@@ -14,7 +14,7 @@ def _by_name(test, what: str) -> Shaped:
 
 
 @dataclass(frozen=True, kw_only=True)
-class DocumentScores:
+class DocumentScores(Record):
     """Each document scored on its own from its first token (``evaluate_documents``); loss in nats per token."""
     documents: int = setting(kind=TOKENS)
     tokens: int = setting(kind=TOKENS)

@@ -8,6 +8,7 @@ import math
 from ..errors import MixLNError, warn
 from ..fetch import cache_dir
 from ..io.atomic import write_atomic
+from ..io.records import MetricRecord
 from .options import HealOptions
 
 
@@ -32,13 +33,13 @@ def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def check_record_finite(record: dict, lr: float, name=HealOptions.flag) -> None:
-    """A heal whose held-out figures are no longer numbers has diverged: it must not be written (``name``: how
-    the caller names a setting, a flag or a recipe's heal.KEY)."""
+def check_record_finite(record: MetricRecord, lr: float, name=HealOptions.flag) -> None:
+    """A heal whose held-out figures (of a step's ``record``) are no longer numbers has diverged: it must not be
+    written (``name``: how the caller names a setting, a flag or a recipe's heal.KEY)."""
     for key in ("val_relative_error", "val_ppl", "val_doc_ppl"):
-        if key in record and not math.isfinite(record[key]):
-            raise MixLNError(f"{name('lr')}: the healed model's held-out {key} is {record[key]} at step "
-                             f"{record['step']}; the heal diverged at lr {lr}: try a smaller {name('lr')}")
+        if (value := getattr(record, key)) is not None and not math.isfinite(value):
+            raise MixLNError(f"{name('lr')}: the healed model's held-out {key} is {value} at step "
+                             f"{record.step}; the heal diverged at lr {lr}: try a smaller {name('lr')}")
 
 
 def rise(before: float, after: float) -> str:

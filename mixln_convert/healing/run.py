@@ -7,6 +7,7 @@ windows (a heal's evaluations are small), and the main process alone writes.
 """
 
 import contextlib
+import dataclasses
 import hashlib
 import shutil
 import time
@@ -25,6 +26,7 @@ from ..evaluation.options import EVAL_DATA
 from ..evaluation.perplexity import evaluate_documents, evaluate_perplexity
 from ..io.atomic import atomic_output_dir
 from ..io.paths import check_destination, check_readable, checkpoint_path
+from ..io.records import MetricRecord
 from ..io.writer import tool_stamp, write_checkpoint
 from ..model.modeling_mixln import enable_checkpointing
 from ..options import OUT
@@ -39,7 +41,7 @@ from .metrics import cached_teacher_metrics, check_record_finite, digest, warn_i
 from .options import HEAL_BETAS, HealCommand, HealOptions
 from .pair import load_models, open_pair, same_tokenizer
 from .result import ErrorChange, HealResult, HeldOut, Perplexities
-from .state import METRICS, HealState
+from .state import METRICS, HealState, Saved
 
 
 def heal(converted, teacher, out, options: HealOptions | None = None, **settings) -> HealResult:
@@ -225,31 +227,31 @@ class HealRun(HealOptions):
             teacher = self.models.teacher_model
             with self.precision():
                 return {"packed": evaluate_perplexity(teacher, self.eval_windows, self.batch_size,
-                                                      self.progress)["perplexity"],
+                                                      self.progress).perplexity,
                         "per_document": evaluate_documents(teacher, self.tokenizer, self.documents, self.seq_len,
                                                            self.batch_size, self.eval_tokens,
-                                                           self.progress)["token_perplexity"]}
+                                                           self.progress).token_perplexity}
 
         return cached_teacher_metrics(
             measure, teacher=self.teacher_source.fingerprint(), windows=digest(self.eval_windows.numpy().tobytes()),
             documents=digest("\0".join(self.documents).encode()), seq_len=self.seq_len, eval_tokens=self.eval_tokens,
             batch_size=self.batch_size, dtype=self.dtype, device=self.device.type, torch=torch.__version__)
 
-    def validate(self) -> dict:
-        """The student's held-out figures as they stand: ``val_relative_error`` of its prefix's stream;
-        with ``perplexity`` ``val_loss``, ``val_ppl`` (packed windows) and ``val_doc_ppl`` (per document)."""
+    def validate(self, record: MetricRecord = MetricRecord(step=0, tokens=0)) -> MetricRecord:
+        """``record`` with the student's held-out figures as they stand: ``val_relative_error`` of its prefix's
+        stream; with ``perplexity`` ``val_loss``, ``val_ppl`` (packed windows) and ``val_doc_ppl`` (per document)."""
         models, held_out, errors = self.models, self.eval_windows, []
         with self.precision(), torch.no_grad():
             for start in range(0, len(held_out), self.batch_size):
                 batch = held_out[start:start + self.batch_size].to(self.device)
                 errors.append(relative_error(*self.streams(batch)).item() * len(batch))
-            measured = {"val_relative_error": sum(errors) / len(held_out)}
+            record = dataclasses.replace(record, val_relative_error=sum(errors) / len(held_out))
             if self.perplexity:
                 packed = evaluate_perplexity(models.student_model, held_out, self.batch_size, self.progress)
-                measured.update(val_loss=packed["loss"], val_ppl=packed["perplexity"], val_doc_ppl=evaluate_documents(
-                    models.student_model, self.tokenizer, self.documents, self.seq_len, self.batch_size,
-                    self.eval_tokens, self.progress)["token_perplexity"])
-        return measured
+                record = dataclasses.replace(record, val_loss=packed.loss, val_ppl=packed.perplexity, val_doc_ppl=(
+                    evaluate_documents(models.student_model, self.tokenizer, self.documents, self.seq_len,
+                                       self.batch_size, self.eval_tokens, self.progress).token_perplexity))
+        return record
 
     def streams(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The student's and the teacher's residual streams as their Post-LN blocks hand them on: the prefixes'
@@ -284,7 +286,7 @@ class HealRun(HealOptions):
         set_state_dict(self.models.student_model, optimizer, model_state_dict=weights, optim_state_dict=state,
                        options=StateDictOptions(full_state_dict=True, strict=False))
 
-    def fit(self) -> dict:
+    def fit(self) -> MetricRecord:
         """The training loop: a line of the metrics per step (the figures before it first), validated after
         each ``eval_at`` token count and at the last step, checkpointed every ``checkpoint_interval``
         steps; from the last checkpoint when resumed. Returns the last line."""
@@ -298,17 +300,17 @@ class HealRun(HealOptions):
         start, spent = 0, 0.0
         if self.resumed:
             saved = self.state.load(self.process.is_main_process)
-            self.load_trained_state(optimizer, saved["blocks"], saved["optimizer"])
-            scheduler.load_state_dict(saved["scheduler"])
-            guard.load_state_dict(saved["guard"])
-            torch.set_rng_state(saved["rng"])
-            start, spent = saved["step"], saved["seconds"]
+            self.load_trained_state(optimizer, saved.blocks, saved.optimizer)
+            scheduler.load_state_dict(saved.scheduler)
+            guard.load_state_dict(saved.guard)
+            torch.set_rng_state(saved.rng)
+            start, spent = saved.step, saved.seconds
         self.started = time.time() - spent
         samples = PackedWindows(self.train_windows, self.steps * self.batch_size, self.seed)
         world, rank, main = self.process.num_processes, self.process.process_index, self.process.is_main_process
         share = self.batch_size // world  # this process's windows of each step
         record = self.before
-        losses = [r["loss"] for r in self.state.records()[1:]] if self.resumed else []
+        losses = [r.loss for r in self.state.records()[1:]] if self.resumed else []
         pending = sorted(t for t in self.eval_at if t > start * self.batch_size * self.seq_len)
         bar = tqdm(range(start + 1, self.steps + 1), initial=start, total=self.steps, desc="healing", unit="step",
                    disable=not (self.progress and main))
@@ -320,44 +322,44 @@ class HealRun(HealOptions):
             value.backward()  # a checkpointed block's recompute restores the forward's autocast state
             loss = _averaged(value.detach(), [] if self.fsdp else parameters, world)  # FSDP averages its own
             try:
-                taken = take_step(optimizer, scheduler, guard, step=step, loss=loss,
-                                  clip=lambda: clip_gradients(parameters, self.grad_clip),
-                                  block_norms=lambda: (block_grad_norms(layers, _summed if self.fsdp else None),
-                                                       layers),
-                                  samples=range((step - 1) * self.batch_size, step * self.batch_size))
+                record = take_step(optimizer, scheduler, guard,
+                                   MetricRecord(step=step, tokens=step * self.batch_size * self.seq_len), loss=loss,
+                                   clip=lambda: clip_gradients(parameters, self.grad_clip),
+                                   block_norms=lambda: (block_grad_norms(layers, _summed if self.fsdp else None),
+                                                        layers),
+                                   samples=range((step - 1) * self.batch_size, step * self.batch_size))
             except NonFiniteStep as e:
                 raise MixLNError(f"{self._name('lr')}: the heal's {self.loss} {e}; the heal diverged at lr "
                                  f"{self.lr:g}: try a smaller {self._name('lr')}") from None
-            record = {"step": step, "tokens": step * self.batch_size * self.seq_len, **taken,
-                      "seconds": round(time.time() - self.started, 2)}
-            if (pending and record["tokens"] >= pending[0]) or step == self.steps:
-                pending = [t for t in pending if t > record["tokens"]]
-                record.update(self.validate())
+            record = dataclasses.replace(record, seconds=round(time.time() - self.started, 2))
+            if (pending and record.tokens >= pending[0]) or step == self.steps:
+                pending = [t for t in pending if t > record.tokens]
+                record = self.validate(record)
                 check_record_finite(record, self.lr, self._name)
-            losses.append(record["loss"])
-            bar.set_postfix(loss=f"{record['loss']:.4f}")
+            losses.append(record.loss)
+            bar.set_postfix(loss=f"{record.loss:.4f}")
             if main:
                 self.state.log(record)
             if self.checkpoint_interval and step % self.checkpoint_interval == 0 and step < self.steps:
                 weights, state = self.trained_state(optimizer)
                 if main:
-                    self.state.save(step, {"step": step, "seconds": record["seconds"], "blocks": weights,
-                                           "optimizer": state, "scheduler": scheduler.state_dict(),
-                                           "guard": guard.state_dict(), "rng": torch.get_rng_state()})
+                    self.state.save(Saved(step, record.seconds, weights, state, scheduler.state_dict(),
+                                          guard.state_dict(), torch.get_rng_state()))
         if main:
-            warn_if_worse(losses, self.before.get("val_ppl"), record.get("val_ppl"), self.lr,
-                          self.before.get("val_doc_ppl"), record.get("val_doc_ppl"), self._name)
+            warn_if_worse(losses, self.before.val_ppl, record.val_ppl, self.lr, self.before.val_doc_ppl,
+                          record.val_doc_ppl, self._name)
         return record
 
-    def summary(self, before: dict, after: dict) -> HealResult:
+    def summary(self, before: MetricRecord, after: MetricRecord) -> HealResult:
         """:func:`heal`'s result (and the provenance's record), from the figures ``before`` and ``after``."""
         def compared(key: str, teacher: str):
-            return Perplexities(teacher=self.teacher_figures[teacher], before=before[key], after=after[key])
+            return Perplexities(teacher=self.teacher_figures[teacher], before=getattr(before, key),
+                                after=getattr(after, key))
 
         return HealResult(
-            out=str(self.out), post_ln_layers=self.post_ln_layers, steps=self.steps, tokens=after["tokens"],
+            out=str(self.out), post_ln_layers=self.post_ln_layers, steps=self.steps, tokens=after.tokens,
             loss=self.loss, lr=self.lr, dtype=self.dtype, activation_checkpointing=self.activation_checkpointing,
-            relative_error=ErrorChange(before=before["val_relative_error"], after=after["val_relative_error"]),
+            relative_error=ErrorChange(before=before.val_relative_error, after=after.val_relative_error),
             perplexity=compared("val_ppl", "packed") if self.perplexity else None,
             per_document_perplexity=compared("val_doc_ppl", "per_document") if self.perplexity else None,
             evaluation=HeldOut(data=str(self.eval_data) if self.eval_data else EVAL_DATA,

@@ -12,6 +12,7 @@ later run must continue.
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,13 +20,25 @@ import torch
 from ..errors import MixLNError, first_line, warn
 from ..io.atomic import write_atomic
 from ..io.paths import check_not_input
-from ..io.records import changed_setting, cut_metrics
+from ..io.records import MetricRecord, append_metrics, changed_setting, cut_metrics, read_metrics
 from ..options import FORCE, OUT, RESUME
 
 RECORD = "run.json"
 KIND = "mixln-convert heal"  # the record's "kind": a folder without it is not a heal's to remove
 METRICS = "heal_metrics.jsonl"
 KEEP = 2  # checkpoints kept: the last, and the one before it should the last be damaged
+
+
+@dataclass(frozen=True)
+class Saved:
+    """A checkpoint of the heal (``step-N.pt``): the Post-LN blocks' weights and the states it continues from."""
+    step: int
+    seconds: float
+    blocks: dict
+    optimizer: dict
+    scheduler: dict
+    guard: dict
+    rng: object
 
 
 class HealState:
@@ -76,18 +89,19 @@ class HealState:
             return None
         return record if isinstance(record, dict) and record.get("kind") == KIND else None
 
-    def start(self, settings: dict, before: dict) -> None:
-        """A fresh folder: the record, and the metrics' first line (the figures ``before`` any step)."""
+    def start(self, settings: dict, before: MetricRecord) -> None:
+        """A fresh folder: the record, and the metrics' first line (step 0's, the figures ``before`` any step)."""
         self.folder.mkdir()
         self.owned = True
         write_atomic(self.folder / RECORD, json.dumps({"kind": KIND, "settings": settings}, indent=1) + "\n")
-        write_atomic(self.folder / METRICS, json.dumps({"step": 0, "tokens": 0, **before}) + "\n")
+        write_atomic(self.folder / METRICS, json.dumps(before.to_dict()) + "\n")
 
-    def save(self, step: int, state: dict) -> None:
-        """Checkpoint ``state`` (tensors and plain values) as ``step``; the oldest beyond :data:`KEEP` go."""
+    def save(self, saved: Saved) -> None:
+        """Checkpoint ``saved`` as its step; the oldest beyond :data:`KEEP` go."""
+        step = saved.step
         tmp = self.folder / f".step-{step}.pt.tmp"
         try:
-            torch.save(state, tmp)
+            torch.save(vars(saved), tmp)
             os.replace(tmp, self.folder / f"step-{step}.pt")
         except OSError as e:
             tmp.unlink(missing_ok=True)
@@ -95,14 +109,14 @@ class HealState:
         for _, old in self.checkpoints()[:-KEEP]:
             old.unlink()
 
-    def load(self, main: bool = True) -> dict:
+    def load(self, main: bool = True) -> Saved:
         """The last checkpoint that loads (a damaged one is skipped with a warning); the ``main`` process keeps
         the metrics up to it."""
         for step, file in reversed(self.checkpoints()):
             try:
-                state = torch.load(file, map_location="cpu", weights_only=True)
-                if state.get("step") != step:
-                    raise ValueError(f"it holds step {state.get('step')}")
+                state = Saved(**torch.load(file, map_location="cpu", weights_only=True))
+                if state.step != step:
+                    raise ValueError(f"it holds step {state.step}")
             except Exception as e:  # torch and pickle each fail their own way on a damaged file
                 warn(f"{file} is damaged ({first_line(e)[:200]}); trying the checkpoint before it")
                 continue
@@ -111,12 +125,11 @@ class HealState:
             return state
         raise MixLNError(f"{self.folder}: no checkpoint loads; {FORCE} starts the heal afresh")
 
-    def records(self) -> list[dict]:
-        return [json.loads(line) for line in (self.folder / METRICS).read_text().splitlines() if line.strip()]
+    def records(self) -> list[MetricRecord]:
+        return read_metrics(self.folder / METRICS, "a heal record")
 
-    def log(self, record: dict) -> None:
-        with open(self.folder / METRICS, "a") as f:
-            f.write(json.dumps(record) + "\n")
+    def log(self, record: MetricRecord) -> None:
+        append_metrics(self.folder / METRICS, record)
 
     def remove(self, finished: bool) -> None:
         """The folder, once the heal is ``finished``, or when it failed before its first checkpoint (nothing to

@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from ..errors import MixLNError
 from ..limits import MAX_TOKENS
-from ..schema import TOKENS_OR_ZERO, Count, Number, Numbers, Shaped, read_record, setting
+from ..schema import TOKENS_OR_ZERO, Count, Flag, Number, Numbers, Shaped, read_record, setting
 from .atomic import write_atomic
 
 METRICS = "metrics.jsonl"
@@ -25,10 +25,10 @@ def write_json(file: Path, value, indent: int = 2) -> None:
     write_atomic(file, json.dumps(value, indent=indent) + "\n")
 
 
-def append_metrics(folder: Path, record: dict) -> None:
-    """One training record, a line of ``folder``/metrics.jsonl."""
-    with open(folder / METRICS, "a") as f:
-        f.write(json.dumps(record) + "\n")
+def append_metrics(file: Path, record: "Record") -> None:
+    """One record of a training or heal, a line of ``file`` (metrics.jsonl, heal_metrics.jsonl)."""
+    with open(file, "a") as f:
+        f.write(json.dumps(record.to_dict()) + "\n")
 
 
 def cut_metrics(file: Path, step: int) -> None:
@@ -38,24 +38,19 @@ def cut_metrics(file: Path, step: int) -> None:
     kept = []
     for n, line in enumerate(lines, 1):
         try:
-            record = json.loads(line)
-            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
-                raise ValueError
-        except ValueError:
+            record = read_record(MetricRecord, json.loads(line), str(file))
+        except (ValueError, MixLNError):
             if n == len(lines):
                 break  # written while the process was killed
             raise MixLNError(f"{file}: line {n} is damaged (not a training record); remove it to resume") from None
-        if record["step"] <= step:
+        if record.step <= step:
             kept.append(line)
     write_atomic(file, "".join(line + "\n" for line in kept))
 
 
-def read_metrics(file: Path) -> list[dict]:
-    """The records of ``file`` (a metrics.jsonl), each checked; blank lines are skipped."""
-    metrics = _read_jsonl(file)
-    for n, record in enumerate(metrics, 1):
-        read_record(MetricRecord, record, f"{file}: record {n}", "a training record")
-    return metrics
+def read_metrics(file: Path, what: str = "a training record") -> list["MetricRecord"]:
+    """The records of ``file`` (a metrics.jsonl or heal_metrics.jsonl), each checked; blank lines are skipped."""
+    return [read_record(MetricRecord, line, f"{file}: record {n}", what) for n, line in enumerate(_read_jsonl(file), 1)]
 
 
 # what a number of a result file may be: any finite one; a list of them, one per layer (or window)
@@ -64,19 +59,6 @@ STRINGS = Shaped(lambda v: isinstance(v, list) and all(isinstance(item, str) for
 OBJECT = Shaped(lambda v: isinstance(v, dict), "an object")  # its readers check what they use of it
 # a model's blocks, and its leading Post-LN ones, as a result file records them
 LAYER_COUNT, POST_LN_COUNT = Count(1, 10**6), Count(0, 10**6)
-
-
-@dataclass(frozen=True)
-class MetricRecord:
-    """The fields of a training record (a line of metrics.jsonl) its readers use; a record has more."""
-    step: int = setting(kind=TOKENS_OR_ZERO)
-    tokens: int = setting(kind=TOKENS_OR_ZERO)
-    loss: float | None = setting(None, NUMBER)
-    val_loss: float | None = setting(None, NUMBER)
-    val_ppl: float | None = setting(None, NUMBER)
-    lr: float | None = setting(None, NUMBER)
-    grad_norm: float | None = setting(None, NUMBER)
-    grad_norm_per_layer: list | None = setting(None, NUMBER_LIST)
 
 
 class Record:
@@ -100,6 +82,28 @@ def _plain(value):
     if isinstance(value, dict):
         return {key: _plain(item) for key, item in value.items()}
     return copy.deepcopy(value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricRecord(Record):
+    """A line of metrics.jsonl or heal_metrics.jsonl (a heal's step 0: the figures before any step): a logged step's
+    figures in the order written, those not measured at that step left out."""
+    SPARSE = True
+
+    step: int = setting(kind=TOKENS_OR_ZERO)
+    tokens: int = setting(kind=TOKENS_OR_ZERO)
+    grad_norm_per_layer: list | None = setting(None, NUMBER_LIST)
+    loss: float | None = setting(None, NUMBER)
+    lr: float | None = setting(None, NUMBER)
+    grad_norm: float | None = setting(None, NUMBER)
+    skipped: bool | None = setting(None, Flag())
+    tokens_per_s: float | None = setting(None, NUMBER)
+    seconds: float | None = setting(None, NUMBER)
+    val_relative_error: float | None = setting(None, NUMBER)
+    val_loss: float | None = setting(None, NUMBER)
+    val_ppl: float | None = setting(None, NUMBER)
+    val_doc_ppl: float | None = setting(None, NUMBER)
+    val_window_losses: list | None = setting(None, NUMBER_LIST)
 
 
 class Result(Record):

@@ -11,17 +11,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..analysis.measures import coefficient_of_variation, deep_half
-from ..analysis.result import PER_DOCUMENT, Analysis
+from ..analysis.result import Analysis
 from ..errors import MixLNError
 from ..evaluation.options import measured_on
 from ..io.paths import check_destination
 from ..io.records import NUMBER, OBJECT, STRINGS, Record, Result
 from ..options import OUT, CompareOptions
-from ..schema import NONNEGATIVE, POSITIVE_NUMBER, TOKENS_OR_ZERO, Flag, Kind, Nested, String, setting
+from ..schema import NONNEGATIVE, POSITIVE_NUMBER, TOKENS_OR_ZERO, Flag, Kind, Nested, String, read_record, setting
 from ..training.summary import MEASURED_ON
 from . import uncertainty
 from .inputs import ARM_KINDS, PRUNE_FRACTIONS, Model, load_inputs
-from .downstream import downstream_numbers
+from .downstream import DocumentFigures, downstream_numbers
 from .uncertainty import LEVEL, MIN_ROWS, PRACTICAL, Bootstrap, bootstrap, call
 
 PRUNE_VERDICT = "L/4"  # the pruning sentence compares models at this many removed blocks
@@ -70,7 +70,7 @@ class ModelNumbers(Record):
     intervals: dict = setting(kind=OBJECT)  # figure -> [low, high]
     interval_n: dict = setting(kind=OBJECT)  # figure -> what its interval rests on
     tasks: dict | None = setting(None, OBJECT)  # downstream_numbers
-    per_document: dict | None = setting(None, PER_DOCUMENT)
+    per_document: DocumentFigures | None = setting(None, Nested(DocumentFigures, "per-document scores"))
 
     def to_dict(self) -> dict:
         return {key: value for key, value in super().to_dict().items()
@@ -177,8 +177,8 @@ def model_numbers(model: Model, estimates: dict[str, Bootstrap]) -> ModelNumbers
                        initial_val_ppl=model.val_ppl("initial"), final_val_ppl=model.val_ppl("final"),
                        wall_time_s=model.summary and model.summary.wall_time_s, finished=bool(model.summary),
                        validation=model.summary and model.summary.validation)
-        if (norms := model.training_grad_norms()) is not None:
-            numbers.update(training_grad_norm_cv=float(coefficient_of_variation(norms)))
+        if last := model.last_norms():
+            numbers.update(training_grad_norm_cv=float(coefficient_of_variation(last.grad_norm_per_layer)))
     if analysis := model.analysis:
         numbers.update(perplexity=analysis.perplexity, evaluation=analysis.evaluation())
         if model.layered:  # what the layer sweep says of the deeper half of the blocks
@@ -196,14 +196,14 @@ def model_numbers(model: Model, estimates: dict[str, Bootstrap]) -> ModelNumbers
                 grad_norm_cv=float(coefficient_of_variation(analysis.grad_norm_per_layer)),
             )
         if analysis.generation is not None:
-            numbers.update(repeated_4gram_share=analysis.generation["repeated_4gram_share"])
+            numbers.update(repeated_4gram_share=analysis.generation.repeated_4gram_share)
         if analysis.prune_curve is not None:
             numbers.update(prune_method=analysis.prune_curve.method, prune=prune_points(analysis))
     numbers.update(intervals={name: e.interval for name, e in estimates.items()},
                    interval_n={name: e.size for name, e in estimates.items()})  # what each interval rests on
     numbers.update(downstream_numbers(model))
     # as comparison.json holds them (a tuple a list, a key a string): what compare() returns is the file
-    return ModelNumbers(**json.loads(json.dumps(numbers)))
+    return read_record(ModelNumbers, json.loads(json.dumps(numbers, default=Record.to_dict)), Comparison.FILE)
 
 
 def _with_interval(text: str, found: Bootstrap | None, bound=lambda x: f"{x:.3g}") -> str:

@@ -1,15 +1,27 @@
 """The downstream part of a comparison: lm-evaluation-harness task metrics (``analyze --task``) and per-document
 perplexity (``analyze --per-document``) of each model, as numbers, tables and one task-drop figure per task."""
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..analysis.measures import deep_half
 from ..analysis.plots import task_drop_file
-from ..analysis.result import PER_DOCUMENT_KEYS
+from ..io.records import NUMBER, Record
+from ..schema import POSITIVE_NUMBER, TOKENS, setting
 from .inputs import Model
 from .render import MISSING
+
+
+@dataclass(frozen=True, kw_only=True)
+class DocumentFigures(Record):
+    """What a comparison shows of an analysis's per-document scores."""
+    documents: int = setting(kind=TOKENS)
+    tokens: int = setting(kind=TOKENS)
+    token_perplexity: float = setting(kind=POSITIVE_NUMBER)
+    word_perplexity: float = setting(kind=POSITIVE_NUMBER)
+    bits_per_byte: float = setting(kind=NUMBER)
 
 
 def downstream_numbers(model: Model) -> dict:
@@ -19,12 +31,12 @@ def downstream_numbers(model: Model) -> dict:
     numbers = {}
     if analysis and analysis.task_drop is not None:
         deep = deep_half(analysis.num_layers)
-        numbers["tasks"] = {task: {"metric": drop["metric"], "value": drop["value"],
-                                   "higher_is_better": drop["higher_is_better"], "samples": drop["samples"],
-                                   "deep_layer_drop": float(np.mean(drop["layer_drop"][deep]))}
-                            for task, drop in analysis.task_drop.items()}
+        numbers.update(tasks={task: {"metric": drop.metric, "value": drop.value,
+                                     "higher_is_better": drop.higher_is_better, "samples": drop.samples,
+                                     "deep_layer_drop": float(np.mean(drop.layer_drop[deep]))}
+                              for task, drop in analysis.task_drop.items()})
     if analysis and analysis.per_document is not None:
-        numbers["per_document"] = {key: analysis.per_document[key] for key in PER_DOCUMENT_KEYS}
+        numbers.update(per_document=analysis.per_document)  # read as DocumentFigures by model_numbers
     return numbers
 
 
@@ -42,8 +54,8 @@ def downstream_blocks(numbers: dict) -> list:
                    ("p", "lm-evaluation-harness metrics of `mixln-convert analyze --task`; in brackets the mean "
                          "change of the metric when one block of the deeper half is skipped.")]
     if documents := [f for f in numbers.values() if f.per_document is not None]:
-        rows = [[f.label, f.layout, f"{d['documents']:,}", f"{d['tokens']:,}", f"{d['token_perplexity']:,.2f}",
-                 f"{d['word_perplexity']:,.2f}", f"{d['bits_per_byte']:.4f}"]
+        rows = [[f.label, f.layout, f"{d.documents:,}", f"{d.tokens:,}", f"{d.token_perplexity:,.2f}",
+                 f"{d.word_perplexity:,.2f}", f"{d.bits_per_byte:.4f}"]
                 for f in documents for d in [f.per_document]]
         blocks += [("h2", "Per-document perplexity"),
                    ("table", ["model", "layout", "documents", "tokens", "token perplexity", "word perplexity",
@@ -75,10 +87,10 @@ def plot_task_drops(models: list[Model], folder: Path) -> dict[str, str]:
         for i, m in enumerate(models):
             drop = ((m.analysis and m.analysis.task_drop) or {}).get(task)
             if drop:
-                ax.plot(drop["layer_drop"], color=f"C{i % 10}", marker="o",
-                        label=f"{m.label}, {m.layout} (full model {drop['value']:.4g})")
-                values += drop["layer_drop"]
-                metric = drop["metric"]
+                ax.plot(drop.layer_drop, color=f"C{i % 10}", marker="o",
+                        label=f"{m.label}, {m.layout} (full model {drop.value:.4g})")
+                values += drop.layer_drop
+                metric = drop.metric
         title = f"Change of {task} {metric} when one block is skipped"
         ax.set(title=title, xlabel="block (layer index)", ylabel=f"{metric} change")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

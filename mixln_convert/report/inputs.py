@@ -8,7 +8,7 @@ from pathlib import Path
 from ..errors import MixLNError
 from ..limits import MAX_COMPARED, check_at_most
 from ..analysis.result import Analysis
-from ..io.records import METRICS, read_metrics
+from ..io.records import METRICS, MetricRecord, read_metrics
 from ..options import CompareOptions
 from ..training.summary import TrainSummary
 
@@ -25,7 +25,7 @@ class Model:
     analysis: Analysis | None = None
     arm: str | None = None  # "mixln", "preln" or "lns" when ``source`` is a train output folder
     summary: TrainSummary | None = None  # the arm's summary.json; None while the run is unfinished
-    metrics: list[dict] = field(default_factory=list)  # the arm's metrics.jsonl records
+    metrics: list[MetricRecord] = field(default_factory=list)  # the arm's metrics.jsonl records
 
     @property
     def layered(self) -> bool:
@@ -66,23 +66,25 @@ class Model:
     def tokens_trained(self) -> int | None:
         if not self.arm:
             return None
-        return self.summary.tokens if self.summary else self.metrics[-1]["tokens"]
+        return self.summary.tokens if self.summary else self.metrics[-1].tokens
 
     def val_ppl(self, when: str) -> float | None:
         """The arm's validation perplexity ``when`` 'initial' or 'final' (the last evaluation so far)."""
         if self.summary:
             return getattr(self.summary, f"{when}_val_ppl")
-        return next((r["val_ppl"] for r in reversed(self.metrics) if "val_ppl" in r), None) if when == "final" else None
+        final = next((r.val_ppl for r in reversed(self.metrics) if r.val_ppl is not None), None)
+        return final if when == "final" else None
 
     def val_curve(self) -> tuple[list[int], list[float]]:
         """Tokens trained and validation loss at each evaluation, from 0 tokens where the summary has it."""
-        points = [(r["tokens"], r["val_loss"]) for r in self.metrics if "val_loss" in r]
+        points = [(r.tokens, r.val_loss) for r in self.metrics if r.val_loss is not None]
         if self.summary and self.summary.initial_val_loss is not None:
             points.insert(0, (0, self.summary.initial_val_loss))
         return [t for t, _ in points], [v for _, v in points]
 
-    def training_grad_norms(self) -> list[float] | None:
-        return next((r["grad_norm_per_layer"] for r in reversed(self.metrics) if "grad_norm_per_layer" in r), None)
+    def last_norms(self) -> MetricRecord | None:
+        """The last logged training step with the gradient norm of each block."""
+        return next((r for r in reversed(self.metrics) if r.grad_norm_per_layer is not None), None)
 
 
 def load_inputs(paths, labels=()) -> list[Model]:

@@ -55,7 +55,7 @@ def plot_training_curves(models: list[Model], path: Path) -> None:
     fig, ax = _figure("Loss during training", "tokens trained", "loss (nats per token)",
                       "validation: " + " / ".join(sorted(validations)) if validations else "")
     for m, color in trained:
-        tokens, losses = [r["tokens"] for r in m.metrics], [r["loss"] for r in m.metrics]
+        tokens, losses = [r.tokens for r in m.metrics], [r.loss for r in m.metrics]
         # each logged step's own minibatch: a line once there are enough to show a trend, else markers
         ax.plot(tokens, losses, color=color, alpha=0.4, linewidth=0.8, marker="." if len(tokens) < 20 else None,
                 label=f"{m.label} training loss (logged steps)")
@@ -128,11 +128,10 @@ def plot_grad_norms(models: list[Model], path: Path) -> None:
                              label=f"{m.label} (analysis, {spread_of})")
     analysis_ax.set_title(f"analysis: LM loss on held-out text\n{_analysed_on(models)}", fontsize="medium")
     _mark_post_ln(analysis_ax, analysed)
-    trained = _coloured(models, lambda m: m.training_grad_norms())
+    trained = _coloured(models, lambda m: m.last_norms())
     for m, color in trained:
-        step = next(r["step"] for r in reversed(m.metrics) if "grad_norm_per_layer" in r)
-        training_ax.plot(m.training_grad_norms(), color=color, marker="x", linestyle="--",
-                         label=f"{m.label} (training step {step})")
+        training_ax.plot(m.last_norms().grad_norm_per_layer, color=color, marker="x", linestyle="--",
+                         label=f"{m.label} (training step {m.last_norms().step})")
     training_ax.set_title("training: the last logged step's minibatch" if trained else "training: none logged",
                           fontsize="medium")
     _mark_post_ln(training_ax, trained, legend=not analysed)
@@ -160,7 +159,7 @@ def plot_report(models: list[Model], folder: Path) -> dict[str, str]:
         "training_curves.png": (trained, plot_training_curves, "Training and validation loss of the trained arms"),
         "layer_drop.png": (analysed, plot_layer_drop, "Perplexity increase when one block is skipped"),
         "angular_distance.png": (analysed, plot_angular_matrices, "Angular distance between block inputs"),
-        "grad_norm_per_layer.png": (analysed or any(m.training_grad_norms() for m in models), plot_grad_norms,
+        "grad_norm_per_layer.png": (analysed or any(m.last_norms() for m in models), plot_grad_norms,
                                     "Gradient norm per block"),
         "prune_curves.png": (any(m.analysis and m.analysis.prune_curve is not None for m in models), plot_prune_curves,
                              "Perplexity after removing N blocks"),

@@ -96,13 +96,13 @@ def prune_rows(numbers: dict[str, ModelNumbers]) -> list[list[str]]:
 
 def continuation_rows(models: list[Model], shown: int = 3) -> list[list[str]]:
     """The first ``shown`` prompts, one row each, with every generating model's continuation."""
-    writers = [m.analysis.generation["continuations"] for m in models if m.analysis and m.analysis.generation]
+    writers = [m.analysis.generation.continuations for m in models if m.analysis and m.analysis.generation]
     if not writers:
         return []
     rows = []
     for i, first in enumerate(writers[0][:shown]):
-        texts = [w[i]["text"] if i < len(w) and w[i]["prompt"] == first["prompt"] else MISSING for w in writers]
-        rows.append([first["prompt"], *(" ".join(t.split())[:160] for t in texts)])
+        texts = [w[i].text if i < len(w) and w[i].prompt == first.prompt else MISSING for w in writers]
+        rows.append([first.prompt, *(" ".join(t.split())[:160] for t in texts)])
     return rows
 
 

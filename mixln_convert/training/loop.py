@@ -13,12 +13,13 @@ so it can be replayed on CPU). A loss spike (``spike_factor`` times the mean of 
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from ..errors import MixLNError
+from ..io.records import MetricRecord
 
 
 def is_post_ln(layer) -> bool:
@@ -122,19 +123,18 @@ def clip_gradients(parameters, max_norm: float) -> float:
     return value
 
 
-def take_step(optimizer, scheduler, guard: StepGuard, *, step: int, loss: float, clip, block_norms,
-              samples: range) -> dict:
+def take_step(optimizer, scheduler, guard: StepGuard, record: MetricRecord, *, loss: float, clip, block_norms,
+              samples: range) -> MetricRecord:
     """The update after a backward: ``clip()`` (the global gradient norm, gradients clipped), the guard,
-    then AdamW and the schedule; the gradients are cleared either way. Returns the step's ``loss``,
-    ``grad_norm``, ``lr`` (the first group's) and ``skipped`` when the guard held the update back."""
-    record = {"loss": loss, "lr": scheduler.get_last_lr()[0], "grad_norm": clip()}
-    if guard.check(step, loss, record["grad_norm"], block_norms, samples):
+    then AdamW and the schedule; the gradients are cleared either way. Returns ``record`` (the step's) with
+    its ``loss``, ``grad_norm``, ``lr`` (the first group's) and ``skipped`` when the guard held the update back."""
+    lr, grad_norm = scheduler.get_last_lr()[0], clip()
+    taken = guard.check(record.step, loss, grad_norm, block_norms, samples)
+    if taken:
         optimizer.step()
-    else:
-        record["skipped"] = True
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return record
+    return replace(record, loss=loss, lr=lr, grad_norm=grad_norm, skipped=None if taken else True)
 
 
 def nonfinite_blocks(norms: list[float], layers) -> str:

@@ -12,7 +12,7 @@ import os
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +33,7 @@ from ..evaluation.perplexity import evaluate_perplexity
 from ..io.atomic import atomic_output_dir, write_atomic
 from ..io.lineage import add_record
 from ..io.model_card import write_card
-from ..io.records import METRICS, append_metrics, cut_metrics
+from ..io.records import METRICS, MetricRecord, append_metrics, cut_metrics
 from ..io.writer import copy_model_code, tool_stamp
 from ..model.modeling_mixln import enable_checkpointing
 from ..surgery.loading import load_model
@@ -90,21 +90,19 @@ def train_arm(recipe: Recipe, arm: str, folder: Path, source: str, splits: Split
     start = _restore(run, folder) if resume else 0
     record, train_time = fit(run, recipe, arm, folder, start, progress)
     validation = {"data": validation_source(recipe.data),
-                  "tokens": len(initial["val_window_losses"]) * (recipe.seq_len - 1), "seq_len": recipe.seq_len}
+                  "tokens": len(initial.val_window_losses) * (recipe.seq_len - 1), "seq_len": recipe.seq_len}
     # final/config.json records the training (as prune records a pruning), so an export of it keeps it
     trained = tool_stamp(source=str(source), arm=arm, steps=run.steps, tokens=run.steps * run.step_tokens,
                          data=str(recipe.data.train or "embedded:train"), precision=run.accelerator.mixed_precision,
-                         initial_val_ppl=initial["val_ppl"], final_val_ppl=record["val_ppl"], validation=validation,
+                         initial_val_ppl=initial.val_ppl, final_val_ppl=record.val_ppl, validation=validation,
                          recipe=recipe.to_dict())
     save(run, tokenizer, folder, trained)
     summary = TrainSummary(
         arm=arm, source=source, steps=run.steps, tokens=run.steps * run.step_tokens,
         wall_time_s=round(time.time() - started, 2), resumed_from_step=start,
-        final_val_loss=record["val_loss"], final_val_ppl=record["val_ppl"],
-        initial_val_loss=initial["val_loss"], initial_val_ppl=initial["val_ppl"],
-        validation=validation,
-        initial_val_window_losses=initial["val_window_losses"],
-        final_val_window_losses=record["val_window_losses"],
+        final_val_loss=record.val_loss, final_val_ppl=record.val_ppl,
+        initial_val_loss=initial.val_loss, initial_val_ppl=initial.val_ppl, validation=validation,
+        initial_val_window_losses=initial.val_window_losses, final_val_window_losses=record.val_window_losses,
         tokens_per_s=(run.steps - start) * run.step_tokens / train_time, parameters=run.parameters,
         num_layers=run.config.num_hidden_layers, post_ln_layers=getattr(run.config, "post_ln_layers", 0),
         layernorm_scaling=getattr(run.config, "layernorm_scaling", False),
@@ -200,13 +198,13 @@ def split_windows(recipe: Recipe, splits: Splits):
             windows(splits.validation, recipe.seq_len, validation_source(recipe.data)))
 
 
-def fit(run: Run, recipe: Recipe, arm: str, folder: Path, start: int, progress: bool) -> tuple[dict, float]:
+def fit(run: Run, recipe: Recipe, arm: str, folder: Path, start: int, progress: bool) -> tuple[MetricRecord, float]:
     """Optimizer steps ``start + 1 .. run.steps``, logging, validating and checkpointing as the
     recipe says; returns the last step's record and the seconds spent in steps."""
     accelerator = run.accelerator
     main = accelerator.is_main_process
     batches = iter(accelerator.skip_first_batches(run.loader, start * run.accumulation) if start else run.loader)
-    record, train_time = {}, 0.0
+    record, train_time = None, 0.0
     bar = tqdm(range(start + 1, run.steps + 1), initial=start, total=run.steps, desc=f"train {arm}", unit="step",
                disable=not (progress and main))
     for done in bar:  # `done` optimizer steps once this one is taken
@@ -214,34 +212,32 @@ def fit(run: Run, recipe: Recipe, arm: str, folder: Path, start: int, progress: 
         loss = torch.zeros((), device=accelerator.device)
         for micro in range(run.accumulation):
             loss += _micro_step(run, next(batches), last=micro == run.accumulation - 1) / run.accumulation
-        record = {"step": done, "tokens": done * run.step_tokens}
-        if done % recipe.grad_norm_interval == 0 or done == run.steps:
-            record["grad_norm_per_layer"] = run.block_norms()
+        last = done == run.steps
+        norms = run.block_norms() if done % recipe.grad_norm_interval == 0 or last else None
         try:
-            record.update(take_step(run.optimizer, run.scheduler, run.guard, step=done,
-                                    loss=accelerator.reduce(loss, "mean").item(),
-                                    clip=lambda: clip_gradients(run.model.parameters(), recipe.grad_clip),
-                                    block_norms=lambda: (record.get("grad_norm_per_layer") or run.block_norms(),
-                                                         run.layers),
-                                    samples=range((done - 1) * run.global_batch_size, done * run.global_batch_size)))
+            record = take_step(run.optimizer, run.scheduler, run.guard,
+                               MetricRecord(step=done, tokens=done * run.step_tokens, grad_norm_per_layer=norms),
+                               loss=accelerator.reduce(loss, "mean").item(),
+                               clip=lambda: clip_gradients(run.model.parameters(), recipe.grad_clip),
+                               block_norms=lambda: (norms or run.block_norms(), run.layers),
+                               samples=range((done - 1) * run.global_batch_size, done * run.global_batch_size))
         except MixLNError as e:
             found = _checkpoints(folder)
-            last = found[-1][1] if found else "none, the run starts from its source"
-            raise MixLNError(f"{arm}: {e}; training stopped (last good checkpoint: {last})") from None
+            good = found[-1][1] if found else "none, the run starts from its source"
+            raise MixLNError(f"{arm}: {e}; training stopped (last good checkpoint: {good})") from None
         if accelerator.device.type == "cuda":
             torch.cuda.synchronize()  # a step's time is its kernels', not their launches'
         elapsed = time.perf_counter() - tick
         train_time += elapsed
-        record["tokens_per_s"] = run.step_tokens / elapsed
-        if done % recipe.eval_interval == 0 or done == run.steps:
-            record.update(validate(run, recipe.micro_batch_size))
-        logged = (done % recipe.log_interval == 0 or "val_loss" in record or "grad_norm_per_layer" in record
-                  or record.get("skipped"))
-        if main and (logged or done == run.steps):
-            append_metrics(folder, record)
-            accelerator.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=done)
-        bar.set_postfix(loss=f"{record['loss']:.4f}")
-        if done % recipe.checkpoint_interval == 0 and done < run.steps:
+        record = replace(record, tokens_per_s=run.step_tokens / elapsed)
+        if done % recipe.eval_interval == 0 or last:
+            record = validate(run, recipe.micro_batch_size, record)
+        if main and (done % recipe.log_interval == 0 or record.val_loss is not None or norms is not None
+                     or record.skipped or last):
+            append_metrics(folder / METRICS, record)
+            accelerator.log({k: v for k, v in record.to_dict().items() if isinstance(v, (int, float))}, step=done)
+        bar.set_postfix(loss=f"{record.loss:.4f}")
+        if done % recipe.checkpoint_interval == 0 and not last:
             _save_checkpoint(run, folder, done, recipe.keep_checkpoints)
     return record, train_time
 
@@ -260,7 +256,7 @@ def _micro_step(run: Run, batch: torch.Tensor, last: bool) -> torch.Tensor:
     return loss.detach()
 
 
-def validate(run: Run, batch_size: int) -> dict:
+def validate(run: Run, batch_size: int, record: MetricRecord = MetricRecord(step=0, tokens=0)) -> MetricRecord:
     """Validation loss and the loss of each validation window (in window order), from which the
     report bootstraps intervals: each process scores an equal share of the windows (equal, so
     FSDP's collective forwards line up), then the shares are gathered."""
@@ -270,10 +266,10 @@ def validate(run: Run, batch_size: int) -> dict:
     model.eval()
     measured = evaluate_perplexity(model, torch.from_numpy(share.astype("int64")), batch_size, progress=False)
     model.train()
-    gathered = accelerator.gather(torch.tensor(measured["window_losses"], device=accelerator.device))
+    gathered = accelerator.gather(torch.tensor(measured.window_losses, device=accelerator.device))
     window_losses = gathered.view(world, -1).T.flatten().tolist()  # rank r held windows r, r + world, ...
     loss = sum(window_losses) / len(window_losses)
-    return {"val_loss": loss, "val_ppl": math.exp(loss), "val_window_losses": window_losses}
+    return replace(record, val_loss=loss, val_ppl=math.exp(loss), val_window_losses=window_losses)
 
 
 def validation_source(data) -> str:

@@ -148,7 +148,7 @@ def _slug(arm: str) -> str:
 
 def measure(arm_dir: Path, summary: TrainSummary, analysis: Analysis) -> dict:
     """The figures the claims are judged on (:data:`CLAIMS`), with the curves and profiles they summarize."""
-    curve = [(r["tokens"], r["val_ppl"]) for r in read_metrics(arm_dir / METRICS) if "val_ppl" in r]
+    curve = [(r.tokens, r.val_ppl) for r in read_metrics(arm_dir / METRICS) if r.val_ppl is not None]
     drop = [d / analysis.perplexity for d in analysis.layer_drop]
     grads = analysis.grad_norm_per_layer
     return {

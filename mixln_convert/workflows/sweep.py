@@ -223,7 +223,7 @@ def _train(recipe: Recipe, folder: Path, arm: str, progress: bool) -> TrainedRun
     summary = train(recipe, folder, arms=(arm,), progress=progress)[arm]
     records = read_metrics(folder / arm / METRICS)
     return TrainedRun(summary.final_val_ppl, summary.initial_val_ppl, summary.tokens, recipe.seed,
-                      [r["grad_norm_per_layer"] for r in records if "grad_norm_per_layer" in r][:FIRST_STEPS])
+                      [r.grad_norm_per_layer for r in records if r.grad_norm_per_layer is not None][:FIRST_STEPS])
 
 
 def _alpha(src, tmp: Path, post_ln_layers: int, given: list[float], stats, options: SweepOptions, training,
