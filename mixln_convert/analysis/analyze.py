@@ -30,7 +30,7 @@ def analyze(ckpt, out, options: AnalyzeOptions | None = None, *, force: bool = F
     """Measure ``ckpt`` (HF folder, LLaMA or Mix-LN, or .gguf) on held-out text and write
     ``out/analysis.json`` and PNG plots; returns the analysis.
 
-    ``options``: an :class:`~mixln_convert.options.AnalyzeOptions`, or its fields as ``settings``.
+    ``options``: an :class:`~mixln_convert.analysis.options.AnalyzeOptions`, or its fields as ``settings``.
     ``data`` (default the embedded validation split) is cut into ``max_tokens`` tokens in windows of
     ``seq_len``. Without ``layer_sweep`` the layer sweep and gradient norms (L forwards and a backward)
     are skipped. ``span``: the n of the angular distance between the inputs of blocks l and l+n.

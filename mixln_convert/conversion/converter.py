@@ -21,14 +21,14 @@ from .plan import ConversionPlan
 
 
 TORCH_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-                "float16": torch.float16, "fp16": torch.float16}  # options.DTYPES, as torch's
+                "float16": torch.float16, "fp16": torch.float16}  # conversion/options.py DTYPES, as torch's
 
 
 def convert(src, dst, options: ConvertOptions | None = None, *, force: bool = False, progress: bool = True,
             statistics: dict | None = None, **settings) -> Path:
     """Convert the Pre-LN checkpoint ``src`` (HF folder or .gguf) into a Mix-LN folder ``dst``; returns ``dst``.
 
-    ``options``: a :class:`~mixln_convert.options.ConvertOptions`, or its fields as ``settings``
+    ``options``: a :class:`~mixln_convert.conversion.options.ConvertOptions`, or its fields as ``settings``
     (with ``options`` too: those fields replaced). The first ``floor(alpha * L)`` blocks (or ``post_ln_layers``;
     default alpha 0.25) become Post-LN; ``strategy`` says what their weights become (see :mod:`.plan`).
     ``layout="lns"`` makes a LayerNorm Scaling model instead: every block's norm outputs scaled by

@@ -279,7 +279,7 @@ def tokenize(train, tokenizer, out, options: TokenizeOptions | None = None, *, m
     """Tokenize the documents of ``train`` (a file, folder or glob; None: the embedded corpus) with
     ``tokenizer`` (one in hand, or a checkpoint's: a folder, .gguf or Hub model name) into the
     tokenized folder ``out``; returns its manifest. ``options``: a
-    :class:`~mixln_convert.options.TokenizeOptions`, or its fields as keyword arguments (training
+    :class:`~mixln_convert.data.options.TokenizeOptions`, or its fields as keyword arguments (training
     never sees a validation document). ``max_tokens``/``max_validation_tokens`` stop once both
     splits have that many. ``out`` is written only when complete; an interrupted run resumes. Another run
     writing ``out`` is an error, or with ``wait`` (a shared cache) waited for, and its folder

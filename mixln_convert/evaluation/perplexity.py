@@ -117,7 +117,7 @@ class Scoring:
 def prepare_scoring(ckpt, options: EvalOptions | None = None, **settings) -> Scoring:
     """Open ``ckpt`` (a path or an open Checkpoint), check ``seq_len`` against it and read the
     held-out text ``data`` (default: the embedded validation split): every refusal comes here.
-    ``options``: an :class:`~mixln_convert.options.EvalOptions`, or its fields as ``settings``."""
+    ``options``: an :class:`~mixln_convert.evaluation.options.EvalOptions`, or its fields as ``settings``."""
     from ..data import read_texts, token_windows
     from ..io.loader import open_checkpoint
 

@@ -54,7 +54,7 @@ class ChunkedKL(KL):
 
 
 def distillation_loss(name: str, activation_checkpointing: bool) -> type:
-    """The loss class of ``--loss`` ``name`` (one of ``options.LOSSES``)."""
+    """The loss class of ``--loss`` ``name`` (one of ``healing.options.LOSSES``)."""
     if name == "residual":
         return Residual
     return ChunkedKL if activation_checkpointing else KL

@@ -46,7 +46,7 @@ from .state import METRICS, HealState, Saved
 
 def heal(converted, teacher, out, options: HealOptions | None = None, **settings) -> HealResult:
     """Heal the Mix-LN checkpoint ``converted`` against its Pre-LN original ``teacher``; write ``out``.
-    ``options``: a :class:`~mixln_convert.options.HealOptions`; ``settings``: :class:`HealRun`'s
+    ``options``: a :class:`~mixln_convert.healing.options.HealOptions`; ``settings``: :class:`HealRun`'s
     keyword fields (with ``options``, those replaced). Returns :meth:`HealRun.summary`."""
     given = {f.name: getattr(options, f.name) for f in fields(options)} if options is not None else {}
     return HealRun(converted, teacher, out, **{**given, **settings}).run()
@@ -55,7 +55,7 @@ def heal(converted, teacher, out, options: HealOptions | None = None, **settings
 @dataclass
 class HealRun(HealOptions):
     """A heal of ``converted``'s Post-LN blocks against ``teacher``, written to ``out``, with the
-    :class:`~mixln_convert.options.HealOptions` (``data`` also a list of documents or a 1-D token stream).
+    :class:`~mixln_convert.healing.options.HealOptions` (``data`` also a list of documents or a 1-D token stream).
     ``activation_checkpointing``: keep only each block's input through a training step and recompute
     the rest in the backward (one more forward, for activations that no longer grow with the depth: see
     :func:`_recomputing`), and with the ``kl`` loss the logits too (:class:`.losses.ChunkedKL`).

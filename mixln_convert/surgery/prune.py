@@ -45,7 +45,7 @@ def parse_layers(text: str, num_layers: int) -> list[int]:
 
 def prune(src, dst, options: PruneOptions | None = None, *, force: bool = False, progress: bool = True,
           **settings) -> Path:
-    """Write ``src`` to ``dst`` without the decoder blocks that its :class:`~mixln_convert.options.PruneOptions`
+    """Write ``src`` to ``dst`` without the decoder blocks that its :class:`~mixln_convert.surgery.options.PruneOptions`
     name or choose; returns ``dst``. The remaining blocks are renumbered; a Mix-LN model left with
     no Post-LN block stays a Mix-LN checkpoint with ``post_ln_layers`` 0 (numerically a LLaMA). What was
     removed, and why, is appended to ``mixln_provenance["pruned"]`` (Mix-LN) or to the top-level
