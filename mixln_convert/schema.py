@@ -4,6 +4,7 @@ range), default, help and flag. The commands' click options (:func:`click_option
 from it, so a setting's range, default and name are written once. Torch-free."""
 
 import dataclasses
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -194,14 +195,11 @@ class Text(Kind):
         return "a string"
 
 
-class String(Kind):
+class String(Text):
     """A string as a result file holds it (a setting's path or name is a :class:`Text`)."""
 
     def ok(self, value) -> bool:
         return isinstance(value, str)
-
-    def describe(self) -> str:
-        return "a string"
 
 
 @dataclass(frozen=True)
@@ -351,11 +349,8 @@ class CommaList(click.ParamType):
     def convert(self, value, param, ctx):
         if isinstance(value, (tuple, list)):
             return tuple(value)
-        items = comma_list(value)
-        if self.item is str:
-            return items
         try:
-            return tuple(self.item(item) for item in items)
+            return tuple(self.item(item) for item in comma_list(value))
         except ValueError:
             self.fail(f"{value!r} is not a comma-separated list of numbers", param, ctx)
 
@@ -477,12 +472,15 @@ def check_windows(obj, config: dict, name=flag) -> None:
                          f"{hint or ''}")
 
 
-def click_options(cls, *names: str):
-    """A decorator adding the click options of ``cls``'s settings ``names`` (default: every one with help)."""
+def click_options(cls, *names: str, into: str | None = None):
+    """A decorator adding the click options of ``cls``'s settings ``names`` (default: every one with help); with
+    ``into``, the command takes them made into one ``cls`` (checked) as its argument ``into``."""
     settings = declared(cls)
     chosen = names or [name for name, (_, found) in settings.items() if found.help is not None]
 
     def add(command):
+        if into is not None:
+            command = _made_into(cls, chosen, into, command)
         for name in reversed(chosen):
             f, found = settings[name]
             default = default_of(f)
@@ -503,6 +501,14 @@ def click_options(cls, *names: str):
             command = option(command)
         return command
     return add
+
+
+def _made_into(cls, names, into: str, command):
+    @functools.wraps(command)  # its click options so far too
+    def made(**given):
+        options = cls(**{name: given.pop(name) for name in names})
+        return command(**given, **{into: options})
+    return made
 
 
 def _default_text(default: tuple) -> str:
