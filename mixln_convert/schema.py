@@ -392,14 +392,10 @@ def flag(f: dataclasses.Field) -> str:
 def same_as(cls, name: str, **changes):
     """A field declaring the setting ``name`` of ``cls`` again, where another section holds it too (a recipe's
     data.num_proc is tokenize's --num-proc), but for a new ``default`` and ``changes`` of :class:`Setting`'s."""
-    f = field_of(cls, name)
+    f = declared(cls)[name][0]
     default = changes.pop("default", f.default)
     metadata = {"setting": dataclasses.replace(f.metadata["setting"], **changes)} if changes else f.metadata
     return dataclasses.field(default=default, default_factory=f.default_factory, metadata=metadata)
-
-
-def field_of(cls, name: str) -> dataclasses.Field:
-    return next(f for f in dataclasses.fields(cls) if f.name == name)
 
 
 class Declared:
@@ -408,7 +404,7 @@ class Declared:
     @classmethod
     def flag(cls, name: str) -> str:
         """The option naming the setting ``name`` (:func:`flag`), for a message written outside the declaration."""
-        return flag(field_of(cls, name))
+        return flag(declared(cls)[name][0])
 
 
 def default_of(f: dataclasses.Field):

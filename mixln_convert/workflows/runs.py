@@ -174,6 +174,12 @@ class Stages:
         mark_working()  # a finished stage is kept for a resume, whatever fails after it
         return result
 
+    def record(self, cls, what: str, name: str, folder: Path, work, atomic: bool = True):
+        """:meth:`run` of a stage whose ``work`` returns a record of ``cls``: written as its ``to_dict``, read back
+        (the same, or what a resume finds) as one, checked (``what`` it is, in errors)."""
+        result = self.run(name, folder, lambda tmp: work(tmp).to_dict(), atomic)
+        return read_record(cls, result, str(folder / STAGE_RESULT), what)
+
     def done(self, folder: Path, record: str = STAGE_RESULT) -> bool:
         """Whether a resumed run finds the stage in ``folder`` done (its result file there)."""
         return self.resume and (folder / record).is_file()

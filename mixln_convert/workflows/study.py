@@ -23,11 +23,10 @@ from ..data.shards import is_tokens_folder
 from ..io.paths import checkpoint_path
 from ..io.records import METRICS, read_metrics
 from ..report.study import CLAIMS, LNS_CLAIMS, StudyResult, StudyRow, write_study_report
-from ..schema import read_record
 from ..training.recipe import Conversion, Recipe
 from ..training.summary import TrainSummary
 from .options import STUDY_SCHEMES, StudyOptions
-from .runs import STAGE_RESULT, Stages, claim_run
+from .runs import Stages, claim_run
 
 LNS_ARM = "LNS"
 
@@ -98,9 +97,8 @@ def _study(out: Path, plans: list, options, source, resume: bool, progress: bool
     resume) typed."""
     data = plans[0].recipe.data
     started, stages = time.time(), Stages(resume)
-    runs = [read_record(StudyRow, stages.run(plan.name, plan.folder, lambda folder, plan=plan: _run(
-                plan, stages, options.eval_tokens, progress).to_dict(), atomic=False),
-                        str(plan.folder / STAGE_RESULT), "a study's run") for plan in plans]
+    runs = [stages.record(StudyRow, "a study's run", plan.name, plan.folder, lambda folder, plan=plan: _run(
+        plan, stages, options.eval_tokens, progress), atomic=False) for plan in plans]
     result = StudyResult(
         source=str(source), recipe=options.recipe, overrides=list(options.overrides), alpha=options.alpha,
         seeds=options.seeds,
@@ -126,10 +124,9 @@ def _run(plan: StudyRun, stages: Stages, eval_tokens: int, progress: bool) -> St
 
     summary = train(plan.recipe, plan.folder, arms=(plan.engine_arm,), resume=True, progress=progress)[plan.engine_arm]
     final = plan.folder / plan.engine_arm / "final"
-    folder = plan.folder / "analysis"
-    analysis = read_record(Analysis, stages.run(f"{plan.name} analysis", folder, lambda tmp: analyze(
-        final, tmp, data=analysis_text(plan.recipe), seq_len=plan.recipe.seq_len, max_tokens=eval_tokens,
-        force=True, progress=progress).to_dict()), str(folder / STAGE_RESULT), Analysis.WHAT)
+    analysis = stages.record(Analysis, Analysis.WHAT, f"{plan.name} analysis", plan.folder / "analysis", lambda tmp: (
+        analyze(final, tmp, data=analysis_text(plan.recipe), seq_len=plan.recipe.seq_len, max_tokens=eval_tokens,
+                force=True, progress=progress)))
     return StudyRow(scheme=plan.scheme, seed=plan.seed, arm=plan.arm, folder=str(plan.folder),
                     **measure(plan.folder / plan.engine_arm, summary, analysis))
 
