@@ -55,7 +55,6 @@ class ConvertOptions(Options, ShardSized):
     def check_combination(self):
         if self.alpha is not None and self.post_ln_layers is not None:
             raise MixLNError(f"{self.flag('alpha')} and {self.flag('post_ln_layers')} are exclusive: give one")
-        self.max_shard_bytes  # parsed: a bad size is refused when the options are made
         if self.lns:
             for name in ("alpha", "post_ln_layers"):
                 if getattr(self, name) is not None:

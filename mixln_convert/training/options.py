@@ -33,9 +33,6 @@ class EstimateOptions(Options):
     memory: str | None = setting(None, Size(), "Memory of each GPU (or the RAM of one CPU process), e.g. 80GB, "
                                  "141GB, 24GiB.", metavar="SIZE", default_help="the recipe's, else 80GB")
 
-    def check_combination(self):
-        self.memory_bytes  # parsed: a bad size is refused when the options are made, naming --memory
-
     @property
     def memory_bytes(self) -> int | None:
         return None if self.memory is None else parse_size(self.memory, self.flag("memory"))

@@ -129,8 +129,7 @@ def prepare(recipe: Recipe, arm: str, folder: Path, splits, resume: bool, progre
     healed = folder / "healed"
     if not (healed / "config.json").is_file():
         heal(converted, recipe.source, healed, data=splits.train, perplexity=False, seed=recipe.seed, resume=resume,
-             fsdp=recipe.fsdp,
-             progress=progress, named=key_in("heal"), checked=True,
+             fsdp=recipe.fsdp, progress=progress, named=key_in("heal"), checked=True,
              dtype="bf16" if mixed_precision(recipe.precision) == "bf16" else "fp32", **asdict(recipe.heal))
     return str(healed)
 
