@@ -24,8 +24,7 @@ def alpha(default=ALPHA, kind=FRACTION, **declared):
 
 @dataclass(frozen=True, kw_only=True)
 class ConvertOptions(Options, ShardSized):
-    """``mixln-convert convert``'s options (conversion/converter.py). ``alpha`` None: ``post_ln_layers``,
-    else ALPHA. The calibration options apply to the calibrated strategy of a Mix-LN layout only."""
+    """``mixln-convert convert``'s options (conversion/converter.py)."""
     alpha: float | None = alpha(None, default_help=f"{ALPHA}")  # None: --post-ln-layers may be given
     post_ln_layers: int | None = setting(None, Count(0), "Exact number of leading Post-LN layers (instead of "
                                          "--alpha).")
