@@ -399,8 +399,7 @@ def demo(out, force, resume, options):
     the original and the trained arms), one report."""
     from .workflows.demo import run_demo
 
-    comparison = run_demo(out, options, force=force, resume=resume)
-    for sentence in comparison.summary:
+    for sentence in run_demo(out, options, force=force, resume=resume).summary:
         click.echo(f"- {sentence}")
     click.echo(f"report: {Path(out) / 'report' / 'report.md'} (and report.html)")
 

@@ -154,8 +154,7 @@ def write_study_report(folder: Path, result: StudyResult) -> None:
               "study_profiles.png": (plot_profiles, "Layer drop and gradient norms per block")}
     for name, (plot, _) in images.items():
         plot(result, Path(folder) / name)
-    first = result.runs[0]
-    budget = (f"{first.tokens:,} training tokens per run, {result.seeds} seed(s) per arm and scheme, recipe "
+    budget = (f"{result.runs[0].tokens:,} training tokens per run, {result.seeds} seed(s) per arm and scheme, recipe "
               f"`{result.recipe}` with {' '.join(result.overrides) or 'no overrides'}; trained on "
               f"{result.train_data}, validation curves on {result.validation_data}, analyses on "
               f"{result.eval_tokens:,} tokens of {result.analysis_data}")

@@ -150,13 +150,12 @@ def _sweep(src: str, out: Path, options: SweepOptions, source, counts: dict, tra
                  + (f", healed {row.healed.perplexity:.2f}" if row.healed else ""))
         rows.append(row)
 
-    rule = Rule(options.max_ppl_increase, options.max_grad_ratio)
     result = SweepResult(
         source=str(src), num_layers=num_layers, eval_tokens=eval_tokens, heal_tokens=options.heal_tokens,
         train_tokens=options.train_tokens, seeds=options.seeds, data=str(data) if data else None,
         original=original, control=controls, lns=lns_runs, rows=rows,
-        recommendation=recommend(rows, original.scores.perplexity, rule,
-                                 "healed" if options.heal_tokens else "converted"),
+        recommendation=recommend(rows, original.scores.perplexity, Rule(options.max_ppl_increase,
+                                 options.max_grad_ratio), "healed" if options.heal_tokens else "converted"),
         times={**times, **{f"post-ln-{row.post_ln_layers}": row.times for row in rows}})
     with atomic_output_dir(out / "report", force=True) as tmp:
         write_sweep_report(tmp, result)
