@@ -483,7 +483,6 @@ def click_options(cls, *names: str, into: str | None = None):
             required = default is dataclasses.MISSING
             # a required option is given no default: click 8.3 takes an explicit None as one, and never asks for it
             given = {} if required else {"default": default}
-            default = None if required else default
             declaration = found.flag or f"--{name.replace('_', '-')}"
             if isinstance(found.kind, Flag) and "/" not in declaration:
                 option = click.option(declaration, name, is_flag=True, default=default, help=found.help)

@@ -68,7 +68,7 @@ def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool =
         train_tokens = max(recipe.steps * recipe.global_batch_size * recipe.seq_len, recipe.heal.tokens)
         stages = Stages(resume)  # an arm is a stage; its summary.json, written last, says it is done
         finished = {arm: _finished(out / arm / TrainSummary.FILE, arm) for arm in arms
-                    if stages.done(out / arm, TrainSummary.FILE)}
+                    if resume and (out / arm / TrainSummary.FILE).is_file()}
         with state.main_process_first():  # the main process tokenizes into the cache, the others read it
             splits = load_splits(recipe.data, source.tokenizer, train_tokens, progress)
         split_windows(recipe, splits)
