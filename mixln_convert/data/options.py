@@ -19,8 +19,7 @@ def text(help_text: str, default=None, **declared):
 
 @dataclass(frozen=True, kw_only=True)
 class TokenizeOptions(Options):
-    """``mixln-convert tokenize``'s options (data/tokenization.py): ``num_proc`` 0 is one process per core
-    for text over 16 MiB; shards of ``shard_tokens`` cut to whole windows of ``seq_len`` (None: any)."""
+    """``mixln-convert tokenize``'s options (data/tokenization.py)."""
     validation: str | None = setting(None, Text(), "Validation text (file, folder or glob); its documents are never "
                                      "trained on.", metavar="PATH", default_help="--validation-fraction of DATA's "
                                      "documents")

@@ -46,8 +46,7 @@ class Measurement(Options):
 
 @dataclass(frozen=True, kw_only=True)
 class EvalOptions(Measurement):
-    """``mixln-convert eval``'s options (evaluation/perplexity.py): the packed perplexity, or with ``tasks``
-    lm-eval tasks instead (at most ``limit`` examples each; ``include_path``: a folder of task YAML files)."""
+    """``mixln-convert eval``'s options (evaluation/perplexity.py; with ``tasks``, evaluation/downstream.py)."""
     allow_longer: bool = setting(False, Flag(), "Allow a --seq-len beyond the model's max_position_embeddings.")
     per_document: bool = setting(False, Flag(), "Also score each document on its own from its first token "
                                  "(lm-evaluation-harness's rolling loglikelihood: token and word perplexity, bits "

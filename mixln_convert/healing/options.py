@@ -63,9 +63,8 @@ class HealSettings:
 
 @dataclass(kw_only=True)
 class HealOptions(Options, HealSettings, ShardSized):
-    """``mixln-convert heal``'s options (healing/run.py's HealRun adds the models and the output): ``data``
-    a text path (the API also takes documents or tokens), measured on ``eval_tokens`` of ``eval_data``
-    before, after and at each token count in ``eval_at`` (with ``perplexity`` the whole model's too)."""
+    """``mixln-convert heal``'s options (healing/run.py's HealRun adds the models and the output): ``data`` a
+    text path (the API also takes documents or tokens)."""
     data: object = text("Training text (default split: train), best of the kind the model will be scored on: a "
                         "heal carries over to other kinds of text only in part. Or a `mixln-convert tokenize` "
                         "folder (its train split, memory-mapped: nothing is tokenized again).")

@@ -68,11 +68,8 @@ class StudyResult(Result):
     wall_time_s: float = setting(kind=NONNEGATIVE)
     times_s: dict = setting(kind=OBJECT)
     verdicts: dict = setting(kind=OBJECT)  # {scheme: {claim: verdict}} and {"scaled init helps <arm>": verdict}
-    lns_verdicts: dict | None = setting(None, OBJECT)  # with an LNS arm only: left out of the file without
-
-    def to_dict(self) -> dict:
-        found = super().to_dict()
-        return found if self.lns_verdicts is not None else {k: v for k, v in found.items() if k != "lns_verdicts"}
+    lns_verdicts: dict | None = setting(None, OBJECT)  # with an LNS arm only
+    SPARSE = True  # lns_verdicts, the one field that may be None, left out of the file without an LNS arm
 
 
 def table_rows(result: StudyResult) -> list[list[str]]:
@@ -157,8 +154,7 @@ def write_study_report(folder: Path, result: StudyResult) -> None:
               "study_profiles.png": (plot_profiles, "Layer drop and gradient norms per block")}
     for name, (plot, _) in images.items():
         plot(result, Path(folder) / name)
-    first = result.runs[0]
-    budget = (f"{first.tokens:,} training tokens per run, {result.seeds} seed(s) per arm and scheme, recipe "
+    budget = (f"{result.runs[0].tokens:,} training tokens per run, {result.seeds} seed(s) per arm and scheme, recipe "
               f"`{result.recipe}` with {' '.join(result.overrides) or 'no overrides'}; trained on "
               f"{result.train_data}, validation curves on {result.validation_data}, analyses on "
               f"{result.eval_tokens:,} tokens of {result.analysis_data}")

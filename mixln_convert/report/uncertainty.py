@@ -72,12 +72,6 @@ def bootstrap(statistic, samples, measured_on: str, rows: str = "windows") -> Bo
     return Bootstrap(float(statistic(samples[None])[0]), statistic(samples[resampled]), len(samples), rows)
 
 
-def differs(a: Bootstrap, b: Bootstrap) -> bool:
-    """Whether the LEVEL interval of a - b (paired where both were measured on the same windows) excludes 0."""
-    low, high = interval(a.draws - b.draws)
-    return low > 0 or high < 0
-
-
 def call(difference: float, draws=None) -> str:
     """What the report may say of ``difference`` (in the units PRACTICAL is of), given bootstrap ``draws``
     of it (None where there is no interval that decides): 'differs' only where it is larger than PRACTICAL

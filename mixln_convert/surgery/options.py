@@ -12,9 +12,7 @@ from ..schema import TOKENS, Choice, Count, Size, Text, Window, setting
 
 @dataclass(frozen=True, kw_only=True)
 class PruneOptions(Measurement, ShardSized):
-    """``mixln-convert prune``'s options (surgery/prune.py): either ``layers`` names the blocks to
-    remove ('20-23,27'), or ``remove`` blocks are chosen by ``method`` (angular and drop measure the
-    model on the Measurement's text, default the embedded calibration split)."""
+    """``mixln-convert prune``'s options (surgery/prune.py): the blocks ``layers`` names, or ``remove`` chosen."""
     data: str | None = text("Calibration text for --method angular/drop (default split: calibration).")
     seq_len: int = setting(SEQ_LEN, Window(), "Tokens per measured window.")
     max_tokens: int = setting(8 * SEQ_LEN, TOKENS, "Tokens measured for --method angular/drop.")

@@ -20,8 +20,7 @@ DEVICES = ("gpu", "cpu")  # training/memory.py: what a recipe's hardware is
 
 @dataclass(frozen=True, kw_only=True)
 class EstimateOptions(Options):
-    """The hardware ``mixln-convert estimate`` sizes a recipe for (training/memory.py), each None where
-    the recipe's "Sized for" comment (else one 80 GB GPU) decides; ``memory`` of each process."""
+    """The hardware ``mixln-convert estimate`` sizes a recipe for (training/memory.py)."""
     processes: int | None = setting(None, Count(1, MAX_PROCESSES), "Processes, one per GPU.", metavar="N",
                                     default_help="the recipe's 'Sized for' comment, else 1")
     parallelism: str | None = setting(None, Choice(PARALLELISMS),
@@ -33,9 +32,6 @@ class EstimateOptions(Options):
     memory: str | None = setting(None, Size(), "Memory of each GPU (or the RAM of one CPU process), e.g. 80GB, "
                                  "141GB, 24GiB.", metavar="SIZE", default_help="the recipe's, else 80GB")
 
-    def check_combination(self):
-        self.memory_bytes  # parsed: a bad size is refused when the options are made, naming --memory
-
     @property
     def memory_bytes(self) -> int | None:
         return None if self.memory is None else parse_size(self.memory, self.flag("memory"))
@@ -43,8 +39,7 @@ class EstimateOptions(Options):
 
 @dataclass(frozen=True, kw_only=True)
 class TrainOptions(Options):
-    """``mixln-convert train``'s options beside its RECIPE (workflows/train.py): ``overrides`` of its keys, the
-    arms to train, the output folder (None: out/<recipe name>), ``resume``; ``list_recipes``: list them instead."""
+    """``mixln-convert train``'s options beside its RECIPE (workflows/train.py)."""
     overrides: tuple[str, ...] = same_as(Overrides, "overrides")
     arm_names: tuple[str, ...] = setting(
         (), Choice((*ARMS, "both"), "arm"), "An arm to train (repeatable; one after the other, on the same data, "

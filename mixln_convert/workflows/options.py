@@ -28,8 +28,7 @@ STUDY_SCHEMES = {"scaled": True, "plain": False}  # a study's initialization sch
 
 @dataclass(frozen=True, kw_only=True)
 class SweepOptions(HealsConversion, Options):
-    """What ``mixln-convert sweep`` measures (workflows/sweep.py): per alpha a calibrated conversion, a heal and a
-    training (``heal_tokens``, ``train_tokens`` 0: none); ``lns``: the LNS retrofit trained like the control."""
+    """What ``mixln-convert sweep`` measures (workflows/sweep.py)."""
     alphas: tuple[float, ...] = setting((0.0, 0.0625, 0.125, 0.25, 0.5), Numbers(FRACTION, 1, MAX_ALPHAS), "Post-LN "
                                         "ratios to try, comma-separated (alphas giving the same block count run "
                                         "once).", metavar="LIST")
@@ -58,9 +57,7 @@ class SweepOptions(HealsConversion, Options):
 
 @dataclass(frozen=True, kw_only=True)
 class StudyOptions(Options):
-    """What ``mixln-convert study`` trains (workflows/study.py): ``recipe`` with the ``overrides`` (``--set`` items),
-    ``seeds`` seeds of each scheme in ``schemes``, the Mix-LN arm at ``alpha`` beside Pre-LN (with
-    ``post_ln`` and ``lns`` those arms too), each final model analyzed on ``eval_tokens``."""
+    """What ``mixln-convert study`` trains (workflows/study.py)."""
     recipe: str = setting(CPU_RECIPE, Text(), "Training recipe of every run (a shipped name or a YAML file).",
                           metavar="RECIPE")
     overrides: tuple[str, ...] = same_as(Overrides, "overrides")
@@ -81,8 +78,7 @@ class StudyOptions(Options):
 
 @dataclass(frozen=True, kw_only=True)
 class DemoOptions(Options):
-    """What ``mixln-convert demo`` runs (workflows/demo.py): ``source`` (None: SmolLM2-135M) converted at ``alpha``,
-    healed on ``heal_tokens`` (0: no heal), both arms trained on ``train_tokens``."""
+    """What ``mixln-convert demo`` runs (workflows/demo.py)."""
     alpha: float = alpha()
     heal_tokens: int = HealSettings.budget(CPU_RECIPE_KEYS["heal"]["tokens"])
     # the demo's budget (2 CPU cores, minutes): 8 steps per arm, every stage measured on the same 8 windows

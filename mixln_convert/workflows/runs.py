@@ -81,13 +81,6 @@ class Claim:
 _HELD: list[Claim] = []  # this process's claims, outermost first (a demo holds its folder, then its train folder)
 
 
-def mark_working() -> None:
-    """Every claim this process holds is now working (:meth:`Claim.working`): a stage inside it finished
-    or began what a resume continues."""
-    for claim in _HELD:
-        claim.working()
-
-
 @contextmanager
 def claim_run(out, kind: str, settings: dict, inputs: dict, resume: bool, force: bool = False,
               force_hint: bool = True, held: bool = True):
@@ -171,12 +164,15 @@ class Stages:
                 result = work(folder)
                 if checked:
                     write_checked(done, result)
-        mark_working()  # a finished stage is kept for a resume, whatever fails after it
+        for claim in _HELD:  # a finished stage is kept for a resume, whatever fails after it
+            claim.working()
         return result
 
-    def done(self, folder: Path, record: str = STAGE_RESULT) -> bool:
-        """Whether a resumed run finds the stage in ``folder`` done (its result file there)."""
-        return self.resume and (folder / record).is_file()
+    def record(self, cls, what: str, name: str, folder: Path, work, atomic: bool = True):
+        """:meth:`run` of a stage whose ``work`` returns a record of ``cls``: written as its ``to_dict``, read back
+        (the same, or what a resume finds) as one, checked (``what`` it is, in errors)."""
+        result = self.run(name, folder, lambda tmp: work(tmp).to_dict(), atomic)
+        return read_record(cls, result, str(folder / STAGE_RESULT), what)
 
 
 def write_checked(file: Path, result) -> None:

@@ -23,11 +23,10 @@ from ..data.shards import is_tokens_folder
 from ..io.paths import checkpoint_path
 from ..io.records import METRICS, read_metrics
 from ..report.study import CLAIMS, LNS_CLAIMS, StudyResult, StudyRow, write_study_report
-from ..schema import read_record
 from ..training.recipe import Conversion, Recipe
 from ..training.summary import TrainSummary
 from .options import STUDY_SCHEMES, StudyOptions
-from .runs import STAGE_RESULT, Stages, claim_run
+from .runs import Stages, claim_run
 
 LNS_ARM = "LNS"
 
@@ -71,23 +70,22 @@ def study(source, out, options: StudyOptions | None = None, *, resume: bool = Fa
     options = StudyOptions.given(options, settings)
     check_launch()
     source = checkpoint_path(source, "SRC")
-    recipe, overrides, alpha, seeds = options.recipe, options.overrides, options.alpha, options.seeds
-    schemes, post_ln, lns, eval_tokens = options.schemes, options.post_ln, options.lns, options.eval_tokens
     out = Path(out).absolute()
     plans = [  # every run's recipe first: a bad override is refused before any training
         StudyRun(scheme, seed, name, engine_arm, out / scheme / f"seed-{seed}" / _slug(name),
-                 load_recipe(recipe, overrides, changed_by="study", changes={"source": str(source), "seed": seed,
-                             "conversion": Conversion(arm_alpha, "scratch", STUDY_SCHEMES[scheme])}))
-        for scheme in schemes for seed in range(seeds)
-        for name, (engine_arm, arm_alpha) in arms_for(alpha, post_ln, lns).items()]
+                 load_recipe(options.recipe, options.overrides, changed_by="study", changes={
+                     "source": str(source), "seed": seed,
+                     "conversion": Conversion(arm_alpha, "scratch", STUDY_SCHEMES[scheme])}))
+        for scheme in options.schemes for seed in range(options.seeds)
+        for name, (engine_arm, arm_alpha) in arms_for(options.alpha, options.post_ln, options.lns).items()]
     data = plans[0].recipe.data
     for key, text in (("train", data.train), ("validation", data.validation)):  # the runs read it at their turn only
         if text is not None and not is_tokens_folder(text):
             check_text(text, f"data.{key}")
     settings = {"SRC": str(Path(source).absolute()), "SRC's files": open_checkpoint(source).fingerprint(),
-                "--recipe and --set": plans[0].recipe.to_dict(), "--alpha": alpha, "--seeds": seeds,
-                "--init": list(schemes), "--post-ln": post_ln, "--eval-tokens": eval_tokens}
-    if lns:  # recorded only when given: a study begun before the LNS arm existed still resumes
+                "--recipe and --set": plans[0].recipe.to_dict(), "--alpha": options.alpha, "--seeds": options.seeds,
+                "--init": list(options.schemes), "--post-ln": options.post_ln, "--eval-tokens": options.eval_tokens}
+    if options.lns:  # recorded only when given: a study begun before the LNS arm existed still resumes
         settings["--lns"] = True
     with claim_run(out, "study", settings, {"SRC": source}, resume, force_hint=False) as claim:
         claim.start()
@@ -97,23 +95,22 @@ def study(source, out, options: StudyOptions | None = None, *, resume: bool = Fa
 def _study(out: Path, plans: list, options, source, resume: bool, progress: bool) -> StudyResult:
     """The study's runs into ``out``, claimed for it, and its report; each run's result (JSON, read back on a
     resume) typed."""
-    recipe, alpha, seeds, schemes = options.recipe, options.alpha, options.seeds, options.schemes
-    post_ln, lns, eval_tokens, overrides = options.post_ln, options.lns, options.eval_tokens, options.overrides
     data = plans[0].recipe.data
     started, stages = time.time(), Stages(resume)
-    runs = [read_record(StudyRow, stages.run(plan.name, plan.folder, lambda folder, plan=plan: _run(
-                plan, stages, eval_tokens, progress).to_dict(), atomic=False),
-                        str(plan.folder / STAGE_RESULT), "a study's run") for plan in plans]
+    runs = [stages.record(StudyRow, "a study's run", plan.name, plan.folder, lambda folder, plan=plan: _run(
+        plan, stages, options.eval_tokens, progress), atomic=False) for plan in plans]
     result = StudyResult(
-        source=str(source), recipe=recipe, overrides=list(overrides), alpha=alpha, seeds=seeds,
+        source=str(source), recipe=options.recipe, overrides=list(options.overrides), alpha=options.alpha,
+        seeds=options.seeds,
         train_data=data.train or "the embedded corpus's train split",
         validation_data=data.validation or (f"a held-out {data.validation_fraction:.0%} of data.train's documents"
                                             if data.train else "the embedded validation split"),
         analysis_data=analysis_text(plans[0].recipe) or "the embedded validation split",
-        schemes=list(schemes), arms=list(arms_for(alpha, post_ln, lns)), eval_tokens=eval_tokens,
+        schemes=list(options.schemes), arms=list(arms_for(options.alpha, options.post_ln, options.lns)),
+        eval_tokens=options.eval_tokens,
         runs=runs, wall_time_s=round(time.time() - started, 1), times_s=stages.times, verdicts={})
     # the verdicts are judged on the runs the result holds
-    result = replace(result, verdicts=verdicts(result), lns_verdicts=lns_verdicts(result) if lns else None)
+    result = replace(result, verdicts=verdicts(result), lns_verdicts=lns_verdicts(result) if options.lns else None)
     result.write(out)
     (out / "report").mkdir(exist_ok=True)
     write_study_report(out / "report", result)
@@ -127,10 +124,9 @@ def _run(plan: StudyRun, stages: Stages, eval_tokens: int, progress: bool) -> St
 
     summary = train(plan.recipe, plan.folder, arms=(plan.engine_arm,), resume=True, progress=progress)[plan.engine_arm]
     final = plan.folder / plan.engine_arm / "final"
-    folder = plan.folder / "analysis"
-    analysis = read_record(Analysis, stages.run(f"{plan.name} analysis", folder, lambda tmp: analyze(
-        final, tmp, data=analysis_text(plan.recipe), seq_len=plan.recipe.seq_len, max_tokens=eval_tokens,
-        force=True, progress=progress).to_dict()), str(folder / STAGE_RESULT), Analysis.WHAT)
+    analysis = stages.record(Analysis, Analysis.WHAT, f"{plan.name} analysis", plan.folder / "analysis", lambda tmp: (
+        analyze(final, tmp, data=analysis_text(plan.recipe), seq_len=plan.recipe.seq_len, max_tokens=eval_tokens,
+                force=True, progress=progress)))
     return StudyRow(scheme=plan.scheme, seed=plan.seed, arm=plan.arm, folder=str(plan.folder),
                     **measure(plan.folder / plan.engine_arm, summary, analysis))
 

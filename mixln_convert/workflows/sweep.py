@@ -25,7 +25,6 @@ from ..io.records import METRICS, read_metrics
 from ..options import check_force_or_resume
 from ..report.sweep import (AlphaRow, Original, Profile, Recommendation, Scores, SweepResult, TrainedRun,
                             write_sweep_report)
-from ..schema import read_record
 from ..training import Recipe, load_recipe
 from .options import CPU_RECIPE, MAX_GRAD_RATIO, MAX_PPL_INCREASE, SweepOptions
 from .runs import STAGE_RESULT, Stages, claim_run, timed
@@ -125,17 +124,12 @@ def _sweep(src: str, out: Path, options: SweepOptions, source, counts: dict, tra
     data, eval_tokens, num_layers = options.data, options.eval_tokens, source.config["num_hidden_layers"]
     stages = Stages(resume)
     times = {"stages_s": stages.times}
-
-    def stage(cls, what: str, name: str, folder: Path, work):
-        return read_record(cls, stages.run(name, folder, lambda tmp: work(tmp).to_dict()), str(folder / STAGE_RESULT),
-                           what)
-
-    original = stage(Original, "the original's stage", "original", out / "original", lambda tmp: Original(
+    original = stages.record(Original, "the original's stage", "original", out / "original", lambda tmp: Original(
         _scores(src, eval_tokens, progress), _analysis(src, tmp, eval_tokens, progress)))
 
     def seeded(arm: str, name: str) -> list[TrainedRun]:
         """``arm`` trained once per seed from the source, on the data and order of the alphas' seeds."""
-        return [stage(TrainedRun, "a training run", f"{name} (seed {seed})", out / f"{name}-seed{seed}",
+        return [stages.record(TrainedRun, "a training run", f"{name} (seed {seed})", out / f"{name}-seed{seed}",
                       lambda tmp, recipe=training.replace(options.flag("seeds"), seed=seed):
                       _train(recipe, tmp / "train", arm, progress))
                 for seed in range(options.seeds)]
@@ -150,19 +144,18 @@ def _sweep(src: str, out: Path, options: SweepOptions, source, counts: dict, tra
     for i, (n, given) in enumerate(sorted(counts.items()), 1):
         log.info(f"[alpha {i}/{len(counts)}] alpha {', '.join(f'{a:g}' for a in given)}: {n} of {num_layers} blocks "
                  "Post-LN")
-        row = stage(AlphaRow, "a sweep's row", f"post-ln-{n}", _folder(out, n), lambda tmp, n=n, given=given: _alpha(
-            src, tmp, n, given, stats, options, training, original, controls, progress))
+        row = stages.record(AlphaRow, "a sweep's row", f"post-ln-{n}", _folder(out, n), lambda tmp, n=n, given=given:
+                            _alpha(src, tmp, n, given, stats, options, training, original, controls, progress))
         log.info(f"      converted {row.converted.perplexity:.2f} (original {original.scores.perplexity:.2f})"
                  + (f", healed {row.healed.perplexity:.2f}" if row.healed else ""))
         rows.append(row)
 
-    rule = Rule(options.max_ppl_increase, options.max_grad_ratio)
     result = SweepResult(
         source=str(src), num_layers=num_layers, eval_tokens=eval_tokens, heal_tokens=options.heal_tokens,
         train_tokens=options.train_tokens, seeds=options.seeds, data=str(data) if data else None,
         original=original, control=controls, lns=lns_runs, rows=rows,
-        recommendation=recommend(rows, original.scores.perplexity, rule,
-                                 "healed" if options.heal_tokens else "converted"),
+        recommendation=recommend(rows, original.scores.perplexity, Rule(options.max_ppl_increase,
+                                 options.max_grad_ratio), "healed" if options.heal_tokens else "converted"),
         times={**times, **{f"post-ln-{row.post_ln_layers}": row.times for row in rows}})
     with atomic_output_dir(out / "report", force=True) as tmp:
         write_sweep_report(tmp, result)

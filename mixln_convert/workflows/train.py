@@ -68,7 +68,7 @@ def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool =
         train_tokens = max(recipe.steps * recipe.global_batch_size * recipe.seq_len, recipe.heal.tokens)
         stages = Stages(resume)  # an arm is a stage; its summary.json, written last, says it is done
         finished = {arm: _finished(out / arm / TrainSummary.FILE, arm) for arm in arms
-                    if stages.done(out / arm, TrainSummary.FILE)}
+                    if resume and (out / arm / TrainSummary.FILE).is_file()}
         with state.main_process_first():  # the main process tokenizes into the cache, the others read it
             splits = load_splits(recipe.data, source.tokenizer, train_tokens, progress)
         split_windows(recipe, splits)
@@ -129,8 +129,7 @@ def prepare(recipe: Recipe, arm: str, folder: Path, splits, resume: bool, progre
     healed = folder / "healed"
     if not (healed / "config.json").is_file():
         heal(converted, recipe.source, healed, data=splits.train, perplexity=False, seed=recipe.seed, resume=resume,
-             fsdp=recipe.fsdp,
-             progress=progress, named=key_in("heal"), checked=True,
+             fsdp=recipe.fsdp, progress=progress, named=key_in("heal"), checked=True,
              dtype="bf16" if mixed_precision(recipe.precision) == "bf16" else "fp32", **asdict(recipe.heal))
     return str(healed)
 
