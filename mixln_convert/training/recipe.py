@@ -289,33 +289,31 @@ def _resolve_path(key: str, value: str | None, where: str) -> str | None:
     return path
 
 
-def _check(r: dict, where: str, origin: dict) -> None:
-    """The typed flat values ``r``: each key's range (its kind's), then what keys say of each other; a
-    message names what set the key (``origin``: the file or a --set item), else ``where``, the recipe."""
+def _check(recipe: "Recipe", flat: dict, where: str, origin: dict) -> None:
+    """``recipe`` (``flat``: its typed values by key): each key's range (its kind's), then what keys say of each
+    other; a message names what set the key (``origin``: the file or a --set item), else ``where``, the recipe."""
     def need(ok: bool, message: str, key: str | None = None):
         if not ok:
             raise MixLNError(f"{origin.get(key, where)}: {message}")
 
-    need(r["source"] is not None, f"source is required: {SET} source=PATH (a Pre-LN checkpoint folder, a .gguf, a Hub "
-                                  "model ORG/NAME, or smollm2)")
+    need(recipe.source is not None, f"source is required: {SET} source=PATH (a Pre-LN checkpoint folder, a .gguf, a "
+                                    "Hub model ORG/NAME, or smollm2)")
     for key, (kind, default) in FIELDS.items():
-        if not (r[key] is None and default is None):
+        if not (flat[key] is None and default is None):
             try:
-                kind.check(key, r[key])
+                kind.check(key, flat[key])
             except MixLNError as e:
                 need(False, str(e), key)
-    need(r["global_batch_size"] % r["micro_batch_size"] == 0,
-         f"global_batch_size {r['global_batch_size']} is not a multiple of micro_batch_size {r['micro_batch_size']}",
-         "global_batch_size")
-    step_tokens = r["global_batch_size"] * r["seq_len"]
-    need(r["max_tokens"] >= step_tokens, f"max_tokens {r['max_tokens']} is less than one optimizer step "
-                                         f"(global_batch_size x seq_len = {step_tokens} tokens)", "max_tokens")
-    heal = Heal(**{key.removeprefix("heal."): value for key, value in r.items() if key.startswith("heal.")})
+    need(recipe.global_batch_size % recipe.micro_batch_size == 0, f"global_batch_size {recipe.global_batch_size} "
+         f"is not a multiple of micro_batch_size {recipe.micro_batch_size}", "global_batch_size")
+    step_tokens = recipe.global_batch_size * recipe.seq_len
+    need(recipe.max_tokens >= step_tokens, f"max_tokens {recipe.max_tokens} is less than one optimizer step "
+                                           f"(global_batch_size x seq_len = {step_tokens} tokens)", "max_tokens")
     try:
-        heal.check_one_step(key_in("heal"))
+        recipe.heal.check_one_step(key_in("heal"))
     except MixLNError as e:
         need(False, f"{e}; 0 skips the heal", "heal.tokens")
-    trackers = r["trackers"] or ()
+    trackers = recipe.trackers or ()
     need(NO_TRACKER not in trackers or len(trackers) == 1,
          f"trackers: {NO_TRACKER} logs to no tracker, so it comes alone, got {list(trackers)!r}", "trackers")
     for name in (name for name in trackers if name != NO_TRACKER):
@@ -353,9 +351,9 @@ def _complete(values: dict, origin: dict, where: str, reads_data: bool = True) -
         typed[key] = _typed(key, value, at)
         if key in PATH_KEYS and (reads_data or key in CHECKPOINT_KEYS):
             typed[key] = _resolve_path(key, typed[key], at)
-    _check(typed, where, origin)
-    typed["trackers"] = _resolve_trackers(typed["trackers"])
-    return _build(Recipe, typed)
+    recipe = _build(Recipe, typed)
+    _check(recipe, typed, where, origin)
+    return dataclasses.replace(recipe, trackers=_resolve_trackers(recipe.trackers))
 
 
 RECIPES = resources.files("mixln_convert") / "recipes"
