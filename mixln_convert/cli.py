@@ -198,7 +198,7 @@ def inspect(ckpt, as_json):
     from .inspect_checkpoint import describe, format_description
 
     summary = describe(ckpt)
-    click.echo(json.dumps(summary, indent=2) if as_json else format_description(summary))
+    click.echo(json.dumps(summary.to_dict(), indent=2) if as_json else format_description(summary))
 
 
 @main.command()
