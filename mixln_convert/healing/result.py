@@ -1,24 +1,15 @@
 """What :func:`~mixln_convert.healing.heal` returns; less ``out``, the record it leaves in the healed
-checkpoint's ``mixln_provenance["heal"]`` (config.json), which its model card reads. Its perplexities and
+checkpoint's ``mixln_provenance["heal"]`` (config.json), which its model card reads. Its figures and
 held-out text are the records :mod:`..io.lineage` reads them back as."""
 
-import dataclasses
 from dataclasses import dataclass
 
 from ..io.lineage import Figures, Windows
-from ..io.records import NUMBER
-from ..schema import setting
+from ..io.records import Record
 
 
 @dataclass(frozen=True, kw_only=True)
-class ErrorChange:
-    """The relative error of the Post-LN blocks' output to the teacher's, before and after the heal."""
-    before: float = setting(kind=NUMBER)
-    after: float = setting(kind=NUMBER)
-
-
-@dataclass(frozen=True, kw_only=True)
-class HealResult:
+class HealResult(Record):
     out: str  # the healed checkpoint
     post_ln_layers: int
     steps: int
@@ -27,7 +18,7 @@ class HealResult:
     lr: float
     dtype: str  # of the frozen weights
     activation_checkpointing: bool
-    relative_error: ErrorChange
+    relative_error: Figures  # of the Post-LN blocks' output to the teacher's (no teacher's figure)
     perplexity: Figures | None  # packed windows (with the teacher's); None without the evaluation
     per_document_perplexity: Figures | None  # each document from its first token, likewise
     evaluation: Windows  # the held-out text the figures were measured on
@@ -37,4 +28,4 @@ class HealResult:
 
     def record(self) -> dict:
         """The provenance's record (the output's path is not the checkpoint's to say)."""
-        return {key: value for key, value in dataclasses.asdict(self).items() if key != "out"}
+        return {key: value for key, value in self.to_dict().items() if key != "out"}

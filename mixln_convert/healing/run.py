@@ -40,7 +40,7 @@ from .losses import KL, distillation_loss, relative_error
 from .metrics import cached_teacher_metrics, check_record_finite, digest, warn_if_worse
 from .options import HEAL_BETAS, HealCommand, HealOptions
 from .pair import load_models, open_pair, same_tokenizer
-from .result import ErrorChange, Figures, HealResult, Windows
+from .result import Figures, HealResult, Windows
 from .state import METRICS, HealState, Saved
 
 
@@ -358,7 +358,7 @@ class HealRun(HealOptions):
         return HealResult(
             out=str(self.out), post_ln_layers=self.post_ln_layers, steps=self.steps, tokens=after.tokens,
             loss=self.loss, lr=self.lr, dtype=self.dtype, activation_checkpointing=self.activation_checkpointing,
-            relative_error=ErrorChange(before=before.val_relative_error, after=after.val_relative_error),
+            relative_error=Figures(before=before.val_relative_error, after=after.val_relative_error),
             perplexity=compared("val_ppl", "packed") if self.perplexity else None,
             per_document_perplexity=compared("val_doc_ppl", "per_document") if self.perplexity else None,
             evaluation=Windows(data=str(self.eval_data) if self.eval_data else EVAL_DATA,
