@@ -40,7 +40,7 @@ from .losses import KL, distillation_loss, relative_error
 from .metrics import cached_teacher_metrics, check_record_finite, digest, warn_if_worse
 from .options import HEAL_BETAS, HealCommand, HealOptions
 from .pair import load_models, open_pair, same_tokenizer
-from .result import ErrorChange, HealResult, HeldOut, Perplexities
+from .result import Figures, HealResult, Windows
 from .state import METRICS, HealState, Saved
 
 
@@ -215,7 +215,6 @@ class HealRun(HealOptions):
             if self.process.is_main_process:
                 self.state.start(self.record, self.before)
 
-
     def precision(self):
         """bf16 compute over bf16 frozen weights (autocast; the trained blocks stay float32 masters)."""
         return torch.autocast(self.device.type, torch.bfloat16) if self.dtype == "bf16" else contextlib.nullcontext()
@@ -353,16 +352,16 @@ class HealRun(HealOptions):
     def summary(self, before: MetricRecord, after: MetricRecord) -> HealResult:
         """:func:`heal`'s result (and the provenance's record), from the figures ``before`` and ``after``."""
         def compared(key: str, teacher: str):
-            return Perplexities(teacher=self.teacher_figures[teacher], before=getattr(before, key),
-                                after=getattr(after, key))
+            return Figures(before=getattr(before, key), after=getattr(after, key),
+                           teacher=self.teacher_figures[teacher])
 
         return HealResult(
             out=str(self.out), post_ln_layers=self.post_ln_layers, steps=self.steps, tokens=after.tokens,
             loss=self.loss, lr=self.lr, dtype=self.dtype, activation_checkpointing=self.activation_checkpointing,
-            relative_error=ErrorChange(before=before.val_relative_error, after=after.val_relative_error),
+            relative_error=Figures(before=before.val_relative_error, after=after.val_relative_error),
             perplexity=compared("val_ppl", "packed") if self.perplexity else None,
             per_document_perplexity=compared("val_doc_ppl", "per_document") if self.perplexity else None,
-            evaluation=HeldOut(data=str(self.eval_data) if self.eval_data else EVAL_DATA,
+            evaluation=Windows(data=str(self.eval_data) if self.eval_data else EVAL_DATA,
                                tokens=self.eval_windows[:, 1:].numel(), seq_len=self.seq_len),
             data_passes=round(self.passes, 4), processes=self.process.num_processes,
             seconds=round(time.time() - self.started, 2),

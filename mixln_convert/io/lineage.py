@@ -52,7 +52,9 @@ class Windows(Record):
 
 @dataclass(frozen=True)
 class Figures(Record):
-    """A heal's figure: the student's before and after the heal, the teacher's."""
+    """A heal's figure: the student's before and after the heal, the teacher's (where it has one: not of the
+    relative error, whose record leaves it out)."""
+    SPARSE = True
     before: float | None = setting(None, FIGURE)
     after: float | None = setting(None, FIGURE)
     teacher: float | None = setting(None, FIGURE)

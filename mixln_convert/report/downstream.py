@@ -104,8 +104,7 @@ def plot_task_drops(models: list[Model], folder: Path) -> dict[str, str]:
 
 
 def beside_layer_drop(images: dict[str, str], task_images: dict[str, str]) -> dict[str, str]:
-    """``images`` with ``task_images`` right after the perplexity layer-drop figure (at the end
-    if there is none)."""
+    """``images`` with ``task_images`` right after layer_drop.png (at the end if there is none)."""
     names = list(images)
     at = names.index("layer_drop.png") + 1 if "layer_drop.png" in names else len(names)
     return {**{n: images[n] for n in names[:at]}, **task_images, **{n: images[n] for n in names[at:]}}

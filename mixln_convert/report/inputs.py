@@ -33,8 +33,7 @@ class Model:
         return bool(self.analysis) and self.analysis.layered
 
     def _layout(self, key: str):
-        """The analysis's ``key`` (post_ln_layers, num_layers, layernorm_scaling), else the summary's; None
-        for neither."""
+        """The analysis's ``key`` (post_ln_layers, num_layers, layernorm_scaling), else the summary's."""
         if self.analysis:
             return getattr(self.analysis, key)
         return getattr(self.summary, key) if self.summary else None
