@@ -313,6 +313,8 @@ def with_per_window(folder, per_window):
     ({"intervals": None}, "models[1]: not a model's numbers (missing intervals)"),
     ({"per_document": {"documents": 2, "tokens": 9, "token_perplexity": 0, "word_perplexity": 3.0,
                        "bits_per_byte": 1.0}}, "models[1].per_document.token_perplexity: must be a number > 0, got 0"),
+    ({"tasks": {"arc": {"metric": "acc", "value": 0.5, "higher_is_better": "yes", "samples": 10,
+                        "deep_layer_drop": 0.0}}}, "models[1].tasks.arc.higher_is_better: must be true or false, got 'yes'"),
 ])
 def test_a_damaged_model_row_of_a_comparison_is_refused_naming_file_and_key(change, error, tmp_path):
     from mixln_convert.errors import MixLNError

@@ -21,7 +21,7 @@ from ..schema import NONNEGATIVE, POSITIVE_NUMBER, TOKENS_OR_ZERO, Flag, Kind, N
 from ..training.summary import MEASURED_ON
 from . import uncertainty
 from .inputs import ARM_KINDS, PRUNE_FRACTIONS, Model, load_inputs
-from .downstream import DocumentFigures, downstream_numbers
+from .downstream import DocumentFigures, TaskNumbers, downstream_numbers
 from .uncertainty import LEVEL, MIN_ROWS, PRACTICAL, Bootstrap, bootstrap, call
 
 PRUNE_VERDICT = "L/4"  # the pruning sentence compares models at this many removed blocks
@@ -68,7 +68,7 @@ class ModelNumbers(Record):
     prune: dict | None = setting(None, OBJECT)  # PRUNE_FRACTIONS name -> [blocks removed, perplexity] or None
     intervals: dict = setting(kind=OBJECT)  # figure -> [low, high]
     interval_n: dict = setting(kind=OBJECT)  # figure -> what its interval rests on
-    tasks: dict | None = setting(None, OBJECT)  # downstream_numbers
+    tasks: dict | None = setting(None, Nested(TaskNumbers, "a task's numbers", "names"))
     per_document: DocumentFigures | None = setting(None, Nested(DocumentFigures, "per-document scores"))
 
     def to_dict(self) -> dict:

@@ -9,7 +9,7 @@ import numpy as np
 from ..analysis.measures import deep_half
 from ..analysis.plots import task_drop_file
 from ..io.records import NUMBER, Record
-from ..schema import POSITIVE_NUMBER, TOKENS, setting
+from ..schema import POSITIVE_NUMBER, TOKENS, TOKENS_OR_ZERO, Flag, String, setting
 from .inputs import Model
 from .render import MISSING
 
@@ -24,6 +24,16 @@ class DocumentFigures(Record):
     bits_per_byte: float = setting(kind=NUMBER)
 
 
+@dataclass(frozen=True, kw_only=True)
+class TaskNumbers(Record):
+    """What a comparison shows of an analysis's task: its metric and the mean drop over the deeper half."""
+    metric: str = setting(kind=String())
+    value: float = setting(kind=NUMBER)
+    higher_is_better: bool = setting(kind=Flag())
+    samples: int = setting(kind=TOKENS_OR_ZERO)
+    deep_layer_drop: float = setting(kind=NUMBER)
+
+
 def downstream_numbers(model: Model) -> dict:
     """{"tasks": {task: metric, value, mean drop over the deeper half}, "per_document": ...}, the
     keys present only where the model's analysis has them."""
@@ -31,9 +41,9 @@ def downstream_numbers(model: Model) -> dict:
     numbers = {}
     if analysis and analysis.task_drop is not None:
         deep = deep_half(analysis.num_layers)
-        numbers.update(tasks={task: {"metric": drop.metric, "value": drop.value,
-                                     "higher_is_better": drop.higher_is_better, "samples": drop.samples,
-                                     "deep_layer_drop": float(np.mean(drop.layer_drop[deep]))}
+        numbers.update(tasks={task: TaskNumbers(metric=drop.metric, value=drop.value,
+                                                higher_is_better=drop.higher_is_better, samples=drop.samples,
+                                                deep_layer_drop=float(np.mean(drop.layer_drop[deep])))
                               for task, drop in analysis.task_drop.items()})
     if analysis and analysis.per_document is not None:
         numbers.update(per_document=analysis.per_document)  # read as DocumentFigures by model_numbers
@@ -46,7 +56,7 @@ def downstream_blocks(numbers: dict) -> list:
     blocks = []
     if tasks := list(dict.fromkeys(task for f in numbers.values() for task in f.tasks or {})):
         metrics = {task: next(f.tasks[task] for f in numbers.values() if task in (f.tasks or {})) for task in tasks}
-        header = ["model", "layout", *(f"{task} {m['metric']} ({'higher' if m['higher_is_better'] else 'lower'} "
+        header = ["model", "layout", *(f"{task} {m.metric} ({'higher' if m.higher_is_better else 'lower'} "
                                        "is better)" for task, m in metrics.items())]
         rows = [[f.label, f.layout, *(_task_cell(f.tasks.get(task)) for task in tasks)]
                 for f in numbers.values() if f.tasks is not None]
@@ -65,10 +75,8 @@ def downstream_blocks(numbers: dict) -> list:
     return blocks
 
 
-def _task_cell(task: dict | None) -> str:
-    if task is None:
-        return MISSING
-    return f"{task['value']:.4g} ({task['deep_layer_drop']:+.3g}; n={task['samples']})"
+def _task_cell(task: TaskNumbers | None) -> str:
+    return MISSING if task is None else f"{task.value:.4g} ({task.deep_layer_drop:+.3g}; n={task.samples})"
 
 
 def plot_task_drops(models: list[Model], folder: Path) -> dict[str, str]:
