@@ -337,10 +337,10 @@ def test_a_pruned_export_keeps_the_history_from_before_the_export(tiny_llama, ti
     (lambda config: config.update(mixln_provenance=["not", "a", "record"]),
      "config.json: mixln_provenance: not a provenance record (not a JSON object)"),
 ])
-def test_a_damaged_provenance_record_is_refused_in_one_line_naming_the_file_and_key(converted, tmp_path, damage,
-                                                                                    message):
+def test_a_damaged_provenance_record_is_refused_in_one_line_naming_the_file_and_key(converted, tiny_llama, tmp_path,
+                                                                                    damage, message):
     """A record of config.json's mixln_provenance is read once, where it enters: a wrong type is one line naming
-    the file and the key's path, before any work (prune) and when a card is written from it."""
+    the file and the key's path, before any work (prune, heal) and when a card is written from it."""
     from mixln_convert.errors import MixLNError
     from mixln_convert.io.model_card import write_card
 
@@ -353,6 +353,9 @@ def test_a_damaged_provenance_record_is_refused_in_one_line_naming_the_file_and_
         prune(source, tmp_path / "pruned", layers="6", progress=False)
     assert str(raised.value).startswith(f"{source / 'config.json'}: ") and message in str(raised.value)
     assert "\n" not in str(raised.value) and not (tmp_path / "pruned").exists()
+    with pytest.raises(MixLNError, match=re.escape(message)):
+        heal(source, tiny_llama, tmp_path / "healed", tokens=4 * 32, lr=0.01, loss="residual", **HEAL)
+    assert not (tmp_path / "healed").exists()
     with pytest.raises(MixLNError, match=re.escape(message)):
         write_card(source)
 

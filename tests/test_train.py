@@ -279,6 +279,21 @@ def test_a_refused_run_leaves_the_empty_out_it_was_given_empty(converted, corpus
     assert out.is_dir() and list(out.iterdir()) == []
 
 
+def test_a_source_with_a_damaged_record_is_refused_before_the_run_claims_its_folder(tiny_llama, corpus, cli,
+                                                                                     tmp_path):
+    """The records a trained arm's card carries on are read before any work: a damaged one is one line naming
+    the source's config.json and the key, and --out is not made."""
+    source = tmp_path / "source"
+    shutil.copytree(tiny_llama, source)
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, "pruned": [{"removed_layers": "6"}]}))
+    result = cli("train", "smollm2-135m-cpu", *(f"--set={s}" for s in tiny(source, corpus)), "--out",
+                 tmp_path / "run")
+    assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+    assert f"{source / 'config.json'}: pruned[0].removed_layers: must be a list of numbers" in result.output
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("case", ["converted-source", "too-little-text", "accelerate-fsdp-config"])
 def test_a_refusal_after_the_claim_leaves_nothing_and_the_corrected_run_goes(case, converted, tiny_llama_tied, corpus,
                                                                            cli, tmp_path, monkeypatch):

@@ -25,6 +25,7 @@ from ..errors import MixLNError, warn
 from ..evaluation.options import EVAL_DATA
 from ..evaluation.perplexity import evaluate_documents, evaluate_perplexity
 from ..io.atomic import atomic_output_dir
+from ..io.lineage import history
 from ..io.paths import check_destination, check_readable, checkpoint_path
 from ..io.records import MetricRecord
 from ..io.writer import tool_stamp, write_checkpoint
@@ -133,6 +134,7 @@ class HealRun(HealOptions):
             check_readable(inputs[name], name)
         check_destination(self.out, inputs, self.force, flag=OUT)
         self.student_source, self.teacher_source = open_pair(self.converted, self.teacher)
+        history(self.student_source.config, where=self.student_source.where)  # what the card reads, checked now
         if not self.checked:
             check_windows(self, self.student_source.config, self.named)
         self.tokenizer = same_tokenizer(self.student_source, self.teacher_source)

@@ -13,6 +13,7 @@ import yaml
 from ..conversion.options import ConvertHealOptions, ConvertOptions
 from ..errors import MixLNError, warn
 from ..io.atomic import scratch_dir, write_atomic
+from ..io.lineage import history
 from ..io.loader import open_checkpoint
 from ..io.paths import check_destination, check_readable, checkpoint_path
 from ..runtime import map_large_allocations
@@ -48,6 +49,7 @@ def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool =
         raise MixLNError("fsdp: true shards over several processes, and this run has one; launch it with "
                          "accelerate launch --config_file \"$(mixln-convert recipes --path fsdp)\" (or torchrun)")
     source = open_checkpoint(recipe.source)
+    history(source.config, where=source.where)  # the records the arms' cards carry on, checked before any work
     check_windows(recipe, source.config)  # seq_len; the heal's below, which the heal then checks no more
     if recipe.heal.tokens and "mixln" in arms:
         check_windows(recipe.heal, source.config, key_in("heal"))
