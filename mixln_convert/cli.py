@@ -265,13 +265,14 @@ def analyze(ckpt, out, force, options):
 @click_options(Output, "force")
 def prune(ckpt, out, force, options):
     """Remove decoder blocks from the checkpoint CKPT (folder or .gguf, LLaMA or Mix-LN) into the folder OUT."""
+    from .io.lineage import history
     from .surgery.prune import prune as run
 
     run(ckpt, out, options, force=force)
-    config = json.loads((Path(out) / "config.json").read_text())
-    record = (config.get("mixln_provenance") or config)["pruned"][-1]
-    click.echo(f"removed blocks {record['removed_layers']} ({record['method']}); "
-               f"{config['num_hidden_layers']} left; wrote {out}")
+    written = history(json.loads((Path(out) / "config.json").read_text()))
+    record = written.records("pruned")[-1]
+    click.echo(f"removed blocks {record.removed_layers} ({record.method}); {written.num_hidden_layers} left; "
+               f"wrote {out}")
 
 
 @main.command()
