@@ -258,7 +258,7 @@ def synthetic_checkpoint(folder: Path, shape: str, max_shard_size: str) -> Path:
                          dtype="bfloat16")
     with torch.device("meta"):  # names and shapes only
         shapes = {name: p.shape for name, p in LlamaForCausalLM(config).state_dict().items()}
-    shards, shard_bytes, limit = [[]], 0, parse_size(max_shard_size)
+    shards, shard_bytes, limit = [[]], 0, parse_size(max_shard_size, "max_shard_size")
     for name, size in shapes.items():
         if shards[-1] and shard_bytes + 2 * size.numel() > limit:
             shards, shard_bytes = shards + [[]], 0

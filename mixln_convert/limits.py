@@ -60,7 +60,7 @@ _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
 MAX_SIZE = 2**50  # 1 PiB: a size (shard, memory) past anything real, so a typo's extra zeros are refused
 
 
-def parse_size(text: str | int, flag: str = "--max-shard-size") -> int:
+def parse_size(text: str | int, flag: str) -> int:
     """'5GB' -> 5e9, '500MiB' -> 500 * 2**20, 1000 -> 1000 (transformers' conventions), at most 1 PiB;
     an error names ``flag``."""
     if is_integral(text):

@@ -43,7 +43,7 @@ class ShardSized:
 
     @property
     def max_shard_bytes(self) -> int | None:
-        return None if self.max_shard_size is None else parse_size(self.max_shard_size)
+        return None if self.max_shard_size is None else parse_size(self.max_shard_size, self.flag("max_shard_size"))
 
 
 # The options several commands take, each declared once in a group that the commands compose (cli.py:

@@ -61,7 +61,7 @@ def convert(src, dst, options: ConvertOptions | None = None, *, force: bool = Fa
     if strategy == "calibrated" and post_ln_layers > 0:
         check_windows(options, config)
     if max_shard_bytes is None:  # the writer buffers one output shard of computed tensors
-        max_shard_bytes = min(parse_size(MAX_SHARD_SIZE), source.largest_shard_bytes())
+        max_shard_bytes = min(parse_size(MAX_SHARD_SIZE, "MAX_SHARD_SIZE"), source.largest_shard_bytes())
     out_dtype = TORCH_DTYPES.get(options.dtype) or source.dtype()
 
     with atomic_output_dir(dst, force=force, protect=inputs) as tmp:

@@ -91,7 +91,7 @@ def write_plain(source, arch, dst, inputs: dict, *, force: bool, progress: bool)
     """The plain transformers folder ``dst`` of ``source`` (tokenizer and generation files carried over),
     written atomically; the export's record in :data:`~..io.lineage.EXPORT_FILE` (a file transformers never reads)."""
     names = plain_names(source)
-    max_shard_bytes = min(parse_size(MAX_SHARD_SIZE), source.largest_shard_bytes())
+    max_shard_bytes = min(parse_size(MAX_SHARD_SIZE, "MAX_SHARD_SIZE"), source.largest_shard_bytes())
     record = export_record(source, "llama", architecture=arch.name)
     with atomic_output_dir(dst, force=force, protect=inputs) as tmp:
         # the card tells the source's history (the record), not a bare plain model's
