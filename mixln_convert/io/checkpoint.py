@@ -87,16 +87,12 @@ class Checkpoint(ABC):
     @abstractmethod
     def _load_model(self, dtype): ...
 
-    def _tokenizer_args(self) -> tuple[Path, dict]:
-        return self.path, {}
-
     def _read_tokenizer(self):
         """transformers' reading of the tokenizer, unchecked: AutoTokenizer picks its class by the tokenizer
         config and by the config's model type (a ``qwen2`` config reads any declared class as Qwen2Tokenizer)."""
         from transformers import AutoTokenizer
 
-        folder, kwargs = self._tokenizer_args()
-        return AutoTokenizer.from_pretrained(folder, **kwargs)
+        return AutoTokenizer.from_pretrained(self.path)
 
     def _tokenizer_sources(self) -> str:
         """The files a tokenizer is built from, and which of them the checkpoint holds: what a refusal names."""

@@ -130,9 +130,6 @@ class GGUFCheckpoint(Checkpoint):
             raise MixLNError(f"{self.path}: cannot load the model ({first_line(e)})") from None
         return model.to(dtype) if dtype not in (None, "auto") else model
 
-    def _tokenizer_args(self) -> tuple[Path, dict]:
-        return self.path.parent, {"gguf_file": self.path.name}
-
     def _read_tokenizer(self):
         """transformers' reading of the GGUF's tokenizer as its saved files read back: what every output holds.
         Read from the metadata, a Qwen2Tokenizer keeps the pipeline transformers converts (no NFC normalizer);
@@ -140,7 +137,7 @@ class GGUFCheckpoint(Checkpoint):
         from transformers import AutoTokenizer
 
         with tempfile.TemporaryDirectory() as folder:
-            super()._read_tokenizer().save_pretrained(folder)
+            AutoTokenizer.from_pretrained(self.path.parent, gguf_file=self.path.name).save_pretrained(folder)
             if isinstance(self._token_count, int):
                 _drop_tokens_past(Path(folder), self._token_count)
             if self._pre in DIGIT_SPLIT_PRES:
