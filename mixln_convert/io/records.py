@@ -50,7 +50,17 @@ def cut_metrics(file: Path, step: int) -> None:
 
 def read_metrics(file: Path, what: str = "a training record") -> list["MetricRecord"]:
     """The records of ``file`` (a metrics.jsonl or heal_metrics.jsonl), each checked; blank lines are skipped."""
-    return [read_record(MetricRecord, line, f"{file}: record {n}", what) for n, line in enumerate(_read_jsonl(file), 1)]
+    try:
+        lines = file.read_text().splitlines()
+    except OSError as e:
+        raise MixLNError(f"{file}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise MixLNError(f"{file}: not UTF-8 text") from None
+    try:
+        records = [json.loads(line) for line in lines if line.strip()]
+    except json.JSONDecodeError as e:
+        raise MixLNError(f"{file}: not one JSON object per line ({e})") from None
+    return [read_record(MetricRecord, record, f"{file}: record {n}", what) for n, record in enumerate(records, 1)]
 
 
 # what a number of a result file may be: any finite one; a list of them, one per layer (or window)
@@ -146,16 +156,3 @@ def read_json(file: Path):
         raise MixLNError(f"{file}: not found") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise MixLNError(f"{file}: unreadable JSON ({e})") from None
-
-
-def _read_jsonl(file: Path) -> list[dict]:
-    try:
-        lines = file.read_text().splitlines()
-    except OSError as e:
-        raise MixLNError(f"{file}: cannot read ({e.strerror})") from None
-    except UnicodeDecodeError:
-        raise MixLNError(f"{file}: not UTF-8 text") from None
-    try:
-        return [json.loads(line) for line in lines if line.strip()]
-    except json.JSONDecodeError as e:
-        raise MixLNError(f"{file}: not one JSON object per line ({e})") from None
