@@ -24,6 +24,7 @@ from .checkpoint_files import CARD_FILE
 from .hub import snapshot_model
 from .lineage import Export, Facts, Heal, History, Pruning, Training, history as read_history, read_facts
 from .markdown import to_markdown
+from .records import read_json
 
 TOOL_TAG = "mixln-convert"
 LAYOUTS = {"mix-ln": "Mix-LN", "layernorm-scaling": "LayerNorm Scaling", "pre-ln": "Pre-LN"}  # tag -> name
@@ -49,8 +50,6 @@ def write_card(folder: Path, config: dict | None = None, source=None, exported: 
                where: str | None = None) -> None:
     """``folder``/README.md: :func:`model_card` of ``config`` (default: the folder's config.json), its records
     read from ``where`` (default: that file)."""
-    from .records import read_json
-
     folder = Path(folder)
     config = read_json(folder / "config.json") if config is None else config
     write_atomic(folder / CARD_FILE, str(model_card(config, source, exported, where or str(folder / "config.json"))))
@@ -67,10 +66,12 @@ def model_card(config: dict, source=None, exported: Export | None = None, where:
     trained = next(reversed(history.records("trained")), None)
     layout = layout_tag(config)
     family = architecture_of_any(config, "config.json").model_type
-    sources = _sources(history, source)
     data = ModelCardData(base_model=base_model(history, source), library_name="transformers",
-                         tags=[TOOL_TAG, layout, family], pipeline_tag="text-generation", **_license(history, sources))
+                         tags=[TOOL_TAG, layout, family], pipeline_tag="text-generation",
+                         **carried_license(history, source))
     origin = _origin(history, source)  # what the first command read
+    license_text = (f"`{data.license}`, carried from the source's card or config." if data.license
+                    else "No license was found in the source's card or config: check the source's own terms.")
     blocks = [("h1", title(history, source, config)),
               ("p", f"Written by {_tool()} {__version__}, which converts a pretrained Pre-LN model "
                     f"to [Mix-LN]({METHOD_URL}) (Post-LN in the first blocks, Pre-LN in the rest) or to "
@@ -81,7 +82,7 @@ def model_card(config: dict, source=None, exported: Export | None = None, where:
               ("h2", "How it was made"), *_commands(history, origin, trained, exported),
               ("h2", "Measured"), *_measured(history.provenance.heal, trained),
               ("h2", "How to load"), *_loading(config, layout),
-              ("h2", "License"), ("p", _license_text(data.license))]
+              ("h2", "License"), ("p", license_text)]
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{to_markdown(blocks)}")
 
 
@@ -457,9 +458,3 @@ def _loading(config: dict, layout: str) -> list:
         note = "A plain transformers checkpoint: no remote code is needed."
     return [("p", code), ("p", f"Replace `{PLACEHOLDER}` with this folder's path, or its Hub id once uploaded. "
                                + note)]
-
-
-def _license_text(license: str | None) -> str:
-    if license:
-        return f"`{license}`, carried from the source's card or config."
-    return "No license was found in the source's card or config: check the source's own terms."
