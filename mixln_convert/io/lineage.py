@@ -190,15 +190,10 @@ def source_facts(source) -> dict:
         from gguf import GGUFReader, GGUFValueType
 
         reader = GGUFReader(path)
-        facts = {}
-        for key, name in GGUF_FACTS.items():
-            field = reader.fields.get(key)
-            if field is not None and list(field.types) == [GGUFValueType.STRING]:
-                value = " ".join(str(field.contents()).split())
-                if value:
-                    facts[name] = value[:MAX_FACT]
-        facts["stored_types"] = sorted({tensor.tensor_type.name for tensor in reader.tensors})
-        return {"source_gguf": facts}
+        strings = {name: " ".join(str(field.contents()).split()) for key, name in GGUF_FACTS.items()
+                   if (field := reader.fields.get(key)) is not None and list(field.types) == [GGUFValueType.STRING]}
+        facts = {name: value[:MAX_FACT] for name, value in strings.items() if value}
+        return {"source_gguf": {**facts, "stored_types": sorted({t.tensor_type.name for t in reader.tensors})}}
     except Exception:  # noqa: BLE001  (a foreign or damaged file: nothing known of it)
         return {}
 
