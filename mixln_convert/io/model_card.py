@@ -189,9 +189,7 @@ def _text(data, trained: Training | None = None) -> str:
 
 def _text_name(data: str) -> str:
     """A text path by its last part (a glob keeps its pattern), a Hub dataset or the embedded corpus by name."""
-    if data.startswith("embedded:") or not Path(data).is_absolute():
-        return data
-    return Path(data).name
+    return Path(data).name if Path(data).is_absolute() else data  # "embedded:train" is no absolute path
 
 
 def _license(history: History, sources: list[str]) -> dict:
