@@ -375,3 +375,33 @@ def test_a_damaged_export_record_is_refused_in_one_line_naming_the_file_and_key(
             command()
         assert str(raised.value) == (f"{exported / 'mixln_export.json'}: source_config: must be an object, "
                                      "got ['damaged']"), str(raised.value)
+
+
+def test_card_commands_parse_with_the_cli():
+    """Each command a card writes, for every kind of step it records, is one the CLI accepts as written: its flags
+    come from the commands' declarations, so a renamed flag cannot leave a card that no longer runs."""
+    import shlex
+    from types import SimpleNamespace as Record
+
+    from mixln_convert.cli import main
+    from mixln_convert.io.model_card import _commands
+
+    heal = Record(teacher="/models/teacher", data="/texts/heal.txt", tokens=4096, loss="kl", lr=3e-5, seq_len=256,
+                  batch_size=4)
+    calibration = Record(tokens=1000, data="/texts/calibration.txt", seq_len=128)
+    prunings = [Record(exported=Record(exported_to="llama"), method="explicit", removed_layers=[3, 4]),
+                Record(exported=None, method="angular", removed_layers=[1])]
+    for layernorm_scaling, alpha, strategy in [(False, None, "reinit-post"), (False, 0.25, "calibrated"),
+                                               (True, None, "scratch")]:
+        history = Record(layernorm_scaling=layernorm_scaling, alpha=alpha, post_ln_layers=2,
+                         provenance=Record(strategy=strategy, calibration=calibration, seed=7, scaled_init=False,
+                                           heal=heal, source="/models/source"),
+                         records=lambda kind: prunings)
+        trained = Record(source="/elsewhere", arm="mixln", recipe=None)
+        blocks = _commands(history, "/models/source", trained, Record(exported_to="gguf"))
+        lines = blocks[1][1].strip("`\n").removeprefix("bash\n").splitlines()
+        assert [line.split()[1] for line in lines] == ["convert", "heal", "train", "export", "prune", "prune",
+                                                       "export"]
+        for line in lines:
+            words = shlex.split(line.split("#")[0])[1:]
+            main.commands[words[0]].make_context(words[0], words[1:])  # a flag or choice not taken: UsageError

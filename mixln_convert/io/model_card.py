@@ -18,7 +18,12 @@ from pathlib import Path
 
 from .. import __version__
 from ..architectures import architecture_of_any
+from ..conversion.options import ConvertOptions
 from ..errors import shown, warn
+from ..export.options import ExportOptions
+from ..healing.options import HealCommand, HealOptions
+from ..surgery.options import PruneOptions
+from ..training.options import TrainOptions
 from .atomic import write_atomic
 from .checkpoint_files import CARD_FILE
 from .hub import snapshot_model
@@ -307,25 +312,26 @@ def _commands(history: History, origin: str | None, trained: Training | None, ex
         last = "converted/"
         if heal := provenance.heal:
             teacher = _name(heal.teacher).strip("`") if heal.teacher else source
-            data = ("" if str(heal.data or "").startswith(("embedded:", "a stream of"))
-                    else f" --data {_text_name(str(heal.data))}")
-            lines.append(f"mixln-convert heal {last} --teacher {teacher} --out healed/ --tokens {heal.tokens} "
-                         f"--loss {heal.loss} --lr {heal.lr} --seq-len {heal.seq_len} "
-                         f"--batch-size {heal.batch_size}{data}")
+            data = ({} if str(heal.data or "").startswith(("embedded:", "a stream of"))
+                    else {"data": _text_name(str(heal.data))})
+            given = _given(HealOptions, tokens=heal.tokens, loss=heal.loss, lr=heal.lr, seq_len=heal.seq_len,
+                           batch_size=heal.batch_size, **data)
+            lines.append(f"mixln-convert heal {last} {_given(HealCommand, teacher=teacher, out='healed/')} {given}")
             last = "healed/"
     if trained:
-        lines.append(f"mixln-convert train recipe.yaml --arm {trained.arm} --out run/   # the recipe below")
+        lines.append(f"mixln-convert train recipe.yaml {_given(TrainOptions, arm_names=trained.arm, out='run/')}"
+                     "   # the recipe below")
         last = f"run/{trained.arm}/final"
     for record in history.records("pruned"):
         if record.exported:  # pruned after an export: the export came first
-            lines.append(f"mixln-convert export {last} exported/ --to {record.exported.exported_to or 'llama'}")
+            lines.append(f"mixln-convert export {last} exported/ {_export_to(record.exported)}")
             last = "exported/"
-        how = (f"--layers {','.join(map(str, record.removed_layers))}" if record.method == "explicit"
-               else f"--remove {len(record.removed_layers)} --method {record.method}")
+        how = (_given(PruneOptions, layers=",".join(map(str, record.removed_layers))) if record.method == "explicit"
+               else _given(PruneOptions, remove=len(record.removed_layers), method=record.method))
         lines.append(f"mixln-convert prune {last} pruned/ {how}")
         last = "pruned/"
     if exported:
-        lines.append(f"mixln-convert export {last} exported/ --to {exported.exported_to or 'llama'}")
+        lines.append(f"mixln-convert export {last} exported/ {_export_to(exported)}")
     if not lines:
         return [("p", "No command of mixln-convert is recorded for this folder.")]
     blocks = [("p", "As recorded (inputs by name, each output named by its step; the last is this folder):"),
@@ -337,6 +343,16 @@ def _commands(history: History, origin: str | None, trained: Training | None, ex
                    ("p", "```yaml\n" + yaml.safe_dump(_named_paths(trained.recipe), sort_keys=False).rstrip()
                     + "\n```")]
     return blocks
+
+
+def _given(options, **values) -> str:
+    """``--flag value`` for each of a command's settings in ``values``, each flag as its ``options`` class declares it:
+    a card's commands follow a renamed flag."""
+    return " ".join(f"{options.flag(name)} {value}" for name, value in values.items())
+
+
+def _export_to(exported: Export) -> str:
+    return _given(ExportOptions, to=exported.exported_to or "llama")
 
 
 def _named_paths(value):
@@ -353,17 +369,20 @@ def _named_paths(value):
 def _convert_options(history: History) -> str:
     provenance, strategy = history.provenance, history.provenance.strategy
     if history.layernorm_scaling:
-        options = "--layout lns" + (" --strategy scratch" if strategy == "scratch" else "")
+        given = {"layout": "lns", **({"strategy": strategy} if strategy == "scratch" else {})}
+    elif history.alpha is not None:
+        given = {"alpha": f"{history.alpha:g}", "strategy": strategy}
     else:
-        options = (f"--alpha {history.alpha:g}" if history.alpha is not None
-                   else f"--post-ln-layers {history.post_ln_layers}") + f" --strategy {strategy}"
+        given = {"post_ln_layers": history.post_ln_layers, "strategy": strategy}
     if (calibration := provenance.calibration) and calibration.tokens:
         if not str(calibration.data or "").startswith("embedded:"):
-            options += f" --calibration-data {_text_name(str(calibration.data))}"
-        options += f" --calibration-tokens {calibration.tokens} --calibration-seq-len {calibration.seq_len}"
+            given["calibration_data"] = _text_name(str(calibration.data))
+        given |= {"calibration_tokens": calibration.tokens, "calibration_seq_len": calibration.seq_len}
     if provenance.seed is not None and strategy in ("reinit-post", "scratch"):
-        options += f" --seed {provenance.seed}"
-    return options + (" --no-scaled-init" if provenance.scaled_init is False else "")
+        given["seed"] = provenance.seed
+    # a switch is declared on side first: --scaled-init/--no-scaled-init
+    no_scaled_init = f" --no-{ConvertOptions.flag('scaled_init')[2:]}" if provenance.scaled_init is False else ""
+    return _given(ConvertOptions, **given) + no_scaled_init
 
 
 def _conversion(history: History, command: str = "convert") -> str:
