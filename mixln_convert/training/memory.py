@@ -33,7 +33,7 @@ from ..healing.options import KL_CHUNK_TOKENS
 from ..io.records import read_json
 from ..io.loader import open_checkpoint
 from ..io.validate import check_config, check_config_loads
-from ..limits import MAX_PROCESSES, MAX_SIZE
+from ..limits import MAX_PROCESSES, MAX_SIZE, parse_size
 from .options import EstimateOptions
 from .recipe import Recipe, load_recipe, recipe_path
 
@@ -88,7 +88,8 @@ def choose_hardware(stated: Hardware | None, options: EstimateOptions | None = N
     if parallelism == "single" and processes > 1:
         raise MixLNError(f"{options.flag('parallelism')} single runs one process, not {processes} (ddp or fsdp for "
                          "several)")
-    return Hardware(processes, parallelism, options.device or stated.device, options.memory_bytes or stated.memory)
+    memory = stated.memory if options.memory is None else parse_size(options.memory, options.flag("memory"))
+    return Hardware(processes, parallelism, options.device or stated.device, memory)
 
 
 @dataclass(frozen=True)

@@ -297,10 +297,8 @@ def save(run: Run, tokenizer, folder: Path, trained: dict) -> None:
 
 
 def mixed_precision(precision: str) -> str:
-    """accelerate's name for a recipe's ``precision``."""
-    if precision == "auto":
-        return "bf16" if torch.cuda.is_available() else "no"
-    return {"bf16": "bf16", "fp32": "no"}[precision]
+    """accelerate's name for a recipe's ``precision`` (auto: bf16 on a GPU)."""
+    return "bf16" if precision == "bf16" or (precision == "auto" and torch.cuda.is_available()) else "no"
 
 
 CHECKSUMS = "mixln-checksums.json"  # in each checkpoint: every file's size and sha256
