@@ -235,7 +235,6 @@ def _flatten(tree: dict, prefix: str = "") -> dict:
 
 
 def _assign(values: dict, origin: dict, dotted: str, value, where: str) -> None:
-    """``values[dotted] = value`` and ``origin[dotted] = where`` for a key of the recipe; else a one-line error."""
     if dotted not in FIELDS:
         inside = [key for key in FIELDS if key.startswith(f"{dotted}.")]
         if inside:
