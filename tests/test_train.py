@@ -651,6 +651,46 @@ def test_checkpoint_damage_checks_every_size_before_reading_any_file(tmp_path, m
     assert trainer._damage(checkpoint) == "extra.bin was not saved there"
 
 
+@pytest.mark.parametrize("record, damage", [
+    ("{", "mixln-checksums.json is unreadable"),
+    ("[]", "mixln-checksums.json is unreadable"),
+    ('{"model.safetensors": 4}', "mixln-checksums.json: model.safetensors: not a file's size and sha256 "
+                                 "(not a JSON object)"),
+    ('{"model.safetensors": {"bytes": 4}}', "mixln-checksums.json: model.safetensors: not a file's size and sha256 "
+                                            "(missing sha256)"),
+    ('{"model.safetensors": {"bytes": "4", "sha256": "0"}}',
+     "mixln-checksums.json: model.safetensors.bytes: must be an integer in [0, 2^63), got '4'"),
+    ('{"model.safetensors": {"bytes": 4, "sha256": null}}',
+     "mixln-checksums.json: model.safetensors.sha256: must be a string, got None"),
+])
+def test_a_damaged_checksum_record_skips_to_the_checkpoint_before_it(record, damage, tmp_path):
+    from types import SimpleNamespace
+
+    from mixln_convert.training import trainer
+
+    loaded = []
+    accelerator = SimpleNamespace(is_main_process=True, num_processes=1, load_state=loaded.append,
+                                  wait_for_everyone=lambda: None)
+    run = SimpleNamespace(accelerator=accelerator, sharded=False)
+    for step in (4, 8):
+        checkpoint = tmp_path / "checkpoints" / f"step-{step}"
+        checkpoint.mkdir(parents=True)
+        (checkpoint / "model.safetensors").write_bytes(os.urandom(64))
+        (checkpoint / trainer.CHECKSUMS).write_text(json.dumps(trainer._file_digests(checkpoint), indent=1) + "\n")
+    step_8 = tmp_path / "checkpoints" / "step-8"
+    assert json.loads((step_8 / trainer.CHECKSUMS).read_text())["model.safetensors"] == {
+        "bytes": 64, "sha256": hashlib.sha256((step_8 / "model.safetensors").read_bytes()).hexdigest()}
+    (step_8 / trainer.CHECKSUMS).write_text(record)
+    assert trainer._damage(step_8) == damage
+    with pytest.warns(Warning, match=re.escape(f"{step_8} is damaged ({damage})")):
+        assert trainer._restore(run, tmp_path) == 4
+    assert loaded == [tmp_path / "checkpoints" / "step-4"]
+
+    (tmp_path / "checkpoints" / "step-4" / trainer.CHECKSUMS).write_text(record)  # none loads: refused
+    with pytest.warns(Warning), pytest.raises(MixLNError, match="step-8: damaged, and no earlier checkpoint loads"):
+        trainer._restore(run, tmp_path)
+
+
 def test_a_run_with_a_heal_opens_each_checkpoint_once(tiny_llama_tied, corpus, tmp_path, monkeypatch):
     """One train run (convert, heal, both arms): the source and the converted model are each
     opened and validated once, and each tokenizer is loaded once."""

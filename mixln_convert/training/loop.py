@@ -152,12 +152,9 @@ def block_grad_norms(layers, reduce=None) -> list[float]:
     FSDP2) contributes its local shard, and ``reduce`` (a sum over processes) completes the squares."""
     squares = []
     for layer in layers:
-        total = None
-        for p in layer.parameters():
-            if p.grad is not None:
-                grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-                total = grad.float().square().sum() + (0 if total is None else total)
-        squares.append(total if total is not None else torch.zeros(()))
+        grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+                 for p in layer.parameters() if p.grad is not None]
+        squares.append(sum((grad.float().square().sum() for grad in grads), torch.zeros(())))
     device = next((s.device for s in squares if s.device.type != "cpu"), torch.device("cpu"))
     squares = torch.stack([s.to(device) for s in squares])
     if reduce is not None:

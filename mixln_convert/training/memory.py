@@ -33,7 +33,7 @@ from ..healing.options import KL_CHUNK_TOKENS
 from ..io.records import read_json
 from ..io.loader import open_checkpoint
 from ..io.validate import check_config, check_config_loads
-from ..limits import MAX_PROCESSES, MAX_SIZE
+from ..limits import MAX_PROCESSES, MAX_SIZE, parse_size
 from .options import EstimateOptions
 from .recipe import Recipe, load_recipe, recipe_path
 
@@ -88,7 +88,8 @@ def choose_hardware(stated: Hardware | None, options: EstimateOptions | None = N
     if parallelism == "single" and processes > 1:
         raise MixLNError(f"{options.flag('parallelism')} single runs one process, not {processes} (ddp or fsdp for "
                          "several)")
-    return Hardware(processes, parallelism, options.device or stated.device, options.memory_bytes or stated.memory)
+    memory = stated.memory if options.memory is None else parse_size(options.memory, options.flag("memory"))
+    return Hardware(processes, parallelism, options.device or stated.device, memory)
 
 
 @dataclass(frozen=True)
@@ -215,6 +216,7 @@ class Memory:
     state: dict[str, int]
     activations: dict[bool, int]
     checkpointing: bool
+    compute: int  # bytes of the compute dtype (and of a heal's frozen weights): 2 (bf16) or 4 (fp32)
 
     def total(self, checkpointing: bool) -> int:
         return sum(self.state.values()) + self.activations[checkpointing]
@@ -228,7 +230,6 @@ class HealEstimate(Memory):
     """The heal of the recipe's Mix-LN arm, before it trains: its first ``blocks`` blocks distilled with ``loss``."""
     loss: str
     blocks: int
-    compute: int  # bytes of the compute dtype and of the frozen weights: 2 (bf16) or 4 (fp32)
     windows: tuple[int, int]  # windows per step: (per process, all processes together)
     seq_len: int
     steps: int
@@ -249,7 +250,6 @@ class HealEstimate(Memory):
 @dataclass(frozen=True)
 class Estimate(Memory):
     shapes: Shapes
-    compute: int  # bytes of the compute dtype: 2 (bf16 autocast) or 4 (fp32)
     micro_batch: tuple[int, int]  # (sequences, seq_len) per forward pass and process
     global_batch: int  # sequences per optimizer step, all processes together
     heal: HealEstimate | None = None  # None: the recipe heals nothing
@@ -296,7 +296,7 @@ def estimate(recipe: Recipe, hardware: Hardware, shapes: Shapes) -> Estimate:
         state["bf16 weight copies (autocast)"] = 2 * shapes.matmul_parameters
     tokens = recipe.micro_batch_size * recipe.seq_len
     return Estimate(hardware, state, {ac: activation_bytes(shapes, tokens, compute, ac) for ac in (False, True)},
-                    recipe.activation_checkpointing, shapes, compute, (recipe.micro_batch_size, recipe.seq_len),
+                    recipe.activation_checkpointing, compute, shapes, (recipe.micro_batch_size, recipe.seq_len),
                     recipe.global_batch_size, heal_estimate(recipe, hardware, shapes))
 
 
@@ -344,7 +344,7 @@ def heal_estimate(recipe: Recipe, hardware: Hardware, shapes: Shapes) -> HealEst
     return HealEstimate(
         hardware, state, {ac: heal_activation_bytes(s, k, tokens, compute, kl, ac, chunked=not sharded)
                           for ac in (False, True)},
-        heal.activation_checkpointing, heal.loss, k, compute, (windows, heal.batch_size), heal.seq_len,
+        heal.activation_checkpointing, compute, heal.loss, k, (windows, heal.batch_size), heal.seq_len,
         heal.tokens // (heal.batch_size * heal.seq_len),
         (s.parameters - s.lookup_parameters if kl else trained, trained))
 

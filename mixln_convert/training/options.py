@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from ..limits import MAX_PROCESSES, parse_size
+from ..limits import MAX_PROCESSES
 from ..options import Options, Output, Overrides, Resume
 from ..schema import Choice, Count, Flag, Names, Size, Text, same_as, setting
 
@@ -31,10 +31,6 @@ class EstimateOptions(Options):
                                  default_help="the recipe's, else gpu")
     memory: str | None = setting(None, Size(), "Memory of each GPU (or the RAM of one CPU process), e.g. 80GB, "
                                  "141GB, 24GiB.", metavar="SIZE", default_help="the recipe's, else 80GB")
-
-    @property
-    def memory_bytes(self) -> int | None:
-        return None if self.memory is None else parse_size(self.memory, self.flag("memory"))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -230,15 +230,11 @@ def _refuse_duplicate_keys(node, prefix: str = "") -> None:
 def _flatten(tree: dict, prefix: str = "") -> dict:
     flat = {}
     for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
+        flat.update(_flatten(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
     return flat
 
 
 def _assign(values: dict, origin: dict, dotted: str, value, where: str) -> None:
-    """``values[dotted] = value`` and ``origin[dotted] = where`` for a key of the recipe; else a one-line error."""
     if dotted not in FIELDS:
         inside = [key for key in FIELDS if key.startswith(f"{dotted}.")]
         if inside:

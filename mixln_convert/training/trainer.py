@@ -33,9 +33,10 @@ from ..evaluation.perplexity import evaluate_perplexity
 from ..io.atomic import atomic_output_dir, write_atomic
 from ..io.lineage import add_record
 from ..io.model_card import write_card
-from ..io.records import METRICS, MetricRecord, append_metrics, cut_metrics
+from ..io.records import METRICS, MetricRecord, Record, append_metrics, cut_metrics
 from ..io.writer import copy_model_code, tool_stamp
 from ..model.modeling_mixln import enable_checkpointing
+from ..schema import Count, String, read_record, setting
 from ..surgery.loading import load_model
 from .loop import StepGuard, adamw, block_grad_norms, clip_gradients, parameter_groups, take_step, warmup_cosine
 from .recipe import Recipe
@@ -296,10 +297,8 @@ def save(run: Run, tokenizer, folder: Path, trained: dict) -> None:
 
 
 def mixed_precision(precision: str) -> str:
-    """accelerate's name for a recipe's ``precision``."""
-    if precision == "auto":
-        return "bf16" if torch.cuda.is_available() else "no"
-    return {"bf16": "bf16", "fp32": "no"}[precision]
+    """accelerate's name for a recipe's ``precision`` (auto: bf16 on a GPU)."""
+    return "bf16" if precision == "bf16" or (precision == "auto" and torch.cuda.is_available()) else "no"
 
 
 CHECKSUMS = "mixln-checksums.json"  # in each checkpoint: every file's size and sha256
@@ -324,10 +323,17 @@ def _sha256s(files: dict[str, Path]) -> dict[str, str]:
         return dict(zip(files, pool.map(file_sha256, files.values())))
 
 
+@dataclass(frozen=True)
+class SavedFile(Record):
+    """A checkpoint file as :data:`CHECKSUMS` records it, by its path in the checkpoint."""
+    bytes: int = setting(kind=Count(0, 2**63 - 1))
+    sha256: str = setting(kind=String())
+
+
 def _file_digests(checkpoint: Path) -> dict:
     files = _saved_files(checkpoint)
     hashes = _sha256s(files)
-    return {name: {"bytes": f.stat().st_size, "sha256": hashes[name]} for name, f in files.items()}
+    return {name: SavedFile(f.stat().st_size, hashes[name]).to_dict() for name, f in files.items()}
 
 
 GUARD_STATE = "step_guard.json"  # in each checkpoint: the loss-spike guard's recent losses
@@ -365,8 +371,12 @@ def _damage(checkpoint: Path) -> str | None:
         recorded = json.loads((checkpoint / CHECKSUMS).read_text())
         if not isinstance(recorded, dict):
             raise ValueError("not a JSON object")
+        recorded = {name: read_record(SavedFile, item, CHECKSUMS, "a file's size and sha256", name)
+                    for name, item in recorded.items()}
     except (OSError, ValueError):
         return f"{CHECKSUMS} is unreadable"
+    except MixLNError as e:  # an entry that is no size and sha256: one line naming its key
+        return str(e)
     found = _saved_files(checkpoint)
     for name in sorted(set(recorded) | set(found)):
         if name not in found:
@@ -375,10 +385,10 @@ def _damage(checkpoint: Path) -> str | None:
             return f"{name} was not saved there"
     # every size before any hash: a truncated file is found without reading gigabytes of the others
     for name, f in found.items():
-        if not isinstance(recorded[name], dict) or recorded[name].get("bytes") != f.stat().st_size:
+        if recorded[name].bytes != f.stat().st_size:
             return f"{name} is not the file that was saved"
     for name, sha256 in _sha256s(found).items():
-        if recorded[name].get("sha256") != sha256:
+        if recorded[name].sha256 != sha256:
             return f"{name} is not the file that was saved"
     return None
 
