@@ -203,6 +203,40 @@ def test_heal_metrics_read_back_typed_and_a_damaged_field_is_named(tmp_path):
         state.records()
 
 
+def test_the_work_folders_record_is_read_typed_and_a_damaged_one_is_named(tmp_path):
+    """run.json is written as before (its kind, then the settings) and read back as a record: a heal's record whose
+    settings are damaged is refused for --resume in one line naming the file and the key (--force still removes it);
+    one of another kind, or no JSON, makes the folder no heal's, never removed."""
+    out = tmp_path / "out"
+    state = HealState(out)
+    state.start({"lr": 1.0}, MetricRecord(step=0, tokens=0))
+    record = state.folder / "run.json"
+    assert record.read_text() == '{\n "kind": "mixln-convert heal",\n "settings": {\n  "lr": 1.0\n }\n}\n'
+    (state.folder / "step-3.pt").write_bytes(b"checkpoint")
+    assert HealState(out).check({"lr": 1.0}, True, False, out, {}) is True
+    with pytest.raises(MixLNError, match=r"--resume: the heal in .* started with lr 1.0, not 2.0"):
+        HealState(out).check({"lr": 2.0}, True, False, out, {})
+    record.write_text('{"kind": "mixln-convert heal", "settings": 3}')
+    damaged = (rf"^{re.escape(str(record))}: damaged \(settings: must be an object, got 3\); it holds the settings "
+               r"--resume must match: --force starts afresh$")
+    with pytest.raises(MixLNError, match=damaged):
+        HealState(out).check({"lr": 1.0}, True, False, out, {})
+    record.write_text('{"kind": "mixln-convert heal"}')
+    with pytest.raises(MixLNError, match=r"run.json: damaged \(not a heal's record \(missing settings\)\)"):
+        HealState(out).check({"lr": 1.0}, True, False, out, {})
+    with pytest.raises(MixLNError, match="a heal of it was interrupted at step 3"):
+        HealState(out).check({"lr": 1.0}, False, False, out, {})
+    assert HealState(out).check({"lr": 1.0}, True, True, out, {}) is False and not state.folder.exists()
+    for foreign in ('{"kind": "mixln-convert train", "settings": {"lr": 1.0}}', "{not json"):
+        state.folder.mkdir()
+        record.write_text(foreign)
+        for force in (False, True):
+            with pytest.raises(MixLNError, match="exists and is not a heal's work folder"):
+                HealState(out).check({"lr": 1.0}, True, force, out, {})
+        assert record.read_text() == foreign
+        shutil.rmtree(state.folder)
+
+
 def test_a_heal_that_makes_the_model_worse_says_so(moved, tiny_llama, tmp_path, cli, recwarn):
     # a tiny random model sits at chance perplexity, so no lr reliably makes it worse: the rule itself
     metrics.warn_if_worse([1.0, 2.0, 3.0], 300.0, 310.0, 30.0)

@@ -72,8 +72,7 @@ def convert(src, dst, options: ConvertOptions | None = None, *, force: bool = Fa
                 source, arch, post_ln_layers, calibration_data, options.calibration_tokens, options.calibration_seq_len,
                 progress)
         plan = ConversionPlan(arch, config, post_ln_layers, strategy, options.scaled_init, options.seed, stats,
-                              out_dtype,
-                              lns_gains=options.lns and strategy != "scratch")
+                              out_dtype, lns_gains=options.lns and strategy != "scratch")
         # the fitted gain vectors are in the weights, their means here
         calibration = None if stats is None else {k: [v.mean().item() for v in vs] if k.endswith("_gain") else vs
                                                   for k, vs in stats.items()}
@@ -83,9 +82,18 @@ def convert(src, dst, options: ConvertOptions | None = None, *, force: bool = Fa
                                 seed=options.seed, calibration=calibration, **scaled_init)
 
         def finished_config() -> dict:
-            alpha = None if options.lns else options.resolved_alpha
-            return converted_config(config, arch, post_ln_layers, alpha, out_dtype,
-                                    {**provenance, "seconds": round(time.time() - started, 2)}, options.lns)
+            """config.json of the converted model: the source's, with the Mix-LN model type and layout."""
+            return {
+                **config,
+                "model_type": arch.converted["model_type"],
+                "architectures": [arch.converted["architecture"]],
+                "auto_map": arch.converted["auto_map"],
+                "post_ln_layers": post_ln_layers,
+                "layernorm_scaling": options.lns,
+                "alpha": None if options.lns else options.resolved_alpha,
+                "dtype": str(out_dtype).removeprefix("torch."),
+                "mixln_provenance": {**provenance, "seconds": round(time.time() - started, 2)},
+            }
 
         write_checkpoint(tmp, plan.tensors(source), finished_config, source, max_shard_bytes, desc="converting",
                          total=len(source.names()), progress=progress)
@@ -118,19 +126,3 @@ def first_blocks(stats: dict, post_ln_layers: int) -> dict:
         raise MixLNError(f"calibration statistics of {len(stats['input_scale'])} blocks cannot convert "
                          f"{post_ln_layers}")
     return {key: value[:post_ln_layers] if isinstance(value, list) else value for key, value in stats.items()}
-
-
-def converted_config(source_config: dict, arch, post_ln_layers: int, alpha, dtype, provenance: dict,
-                     layernorm_scaling: bool) -> dict:
-    """config.json of the converted model: the source's, with the Mix-LN model type and layout."""
-    return {
-        **source_config,
-        "model_type": arch.converted["model_type"],
-        "architectures": [arch.converted["architecture"]],
-        "auto_map": arch.converted["auto_map"],
-        "post_ln_layers": post_ln_layers,
-        "layernorm_scaling": layernorm_scaling,
-        "alpha": alpha,
-        "dtype": str(dtype).removeprefix("torch."),
-        "mixln_provenance": provenance,
-    }

@@ -28,16 +28,14 @@ class ConvertOptions(Options, ShardSized):
     alpha: float | None = alpha(None, default_help=f"{ALPHA}")  # None: --post-ln-layers may be given
     post_ln_layers: int | None = setting(None, Count(0), "Exact number of leading Post-LN layers (instead of "
                                          "--alpha).")
-    layout: str = setting("mixln", Choice(LAYOUTS),
-                          "mixln: the first blocks Post-LN (--alpha); lns: LayerNorm Scaling (arXiv 2502.05795), "
-                          "every block Pre-LN with its norm outputs scaled by 1/sqrt(l) in the forward and its norm "
-                          "gains multiplied by sqrt(l): exactly the source's function (with --strategy scratch: fresh "
-                          "weights).")
-    strategy: str = setting("calibrated", Choice(STRATEGIES),
-                            "calibrated (fold norms, calibrate gains: close to the original's perplexity at once; "
-                            "heal before generating text), move (paper layout, weights carried over; needs "
-                            "training), reinit-post (re-initialize the Post-LN layers; needs training), scratch "
-                            "(fresh Mix-LN model).")
+    layout: str = setting("mixln", Choice(LAYOUTS), "mixln: the first blocks Post-LN (--alpha); lns: LayerNorm Scaling "
+                          "(arXiv 2502.05795), every block Pre-LN with its norm outputs scaled by 1/sqrt(l) in the "
+                          "forward and its norm gains multiplied by sqrt(l): exactly the source's function (with "
+                          "--strategy scratch: fresh weights).")
+    strategy: str = setting("calibrated", Choice(STRATEGIES), "calibrated (fold norms, calibrate gains: close to the "
+                            "original's perplexity at once; heal before generating text), move (paper layout, weights "
+                            "carried over; needs training), reinit-post (re-initialize the Post-LN layers; needs "
+                            "training), scratch (fresh Mix-LN model).")
     scaled_init: bool = setting(True, Flag(), "o_proj/down_proj of initialized layers use std "
                                 "initializer_range/sqrt(2L).", flag="--scaled-init/--no-scaled-init")
     calibration_data: str | None = setting(None, Text(), "Text for the calibration statistics (default: embedded "

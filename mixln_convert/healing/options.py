@@ -27,22 +27,19 @@ class HealSettings:
     seq_len: int = setting(SEQ_LEN, Window(), "Tokens per training window.")
     batch_size: int = setting(HEAL_BATCH_SIZE, BATCH, "Windows per step.")
     lr: float = setting(HEAL_LR, POSITIVE_NUMBER, "Peak learning rate (warmup, then cosine).")
-    loss: str = setting("kl", Choice(LOSSES),
-                        "kl (KL divergence of the final logits; runs both whole models, ~3.5x the FLOPs of a residual "
-                        "step, but recovers far more per token) or residual (relative error of the stream entering "
-                        "the first Pre-LN block; runs the Post-LN blocks only).")
+    loss: str = setting("kl", Choice(LOSSES), "kl (KL divergence of the final logits; runs both whole models, ~3.5x "
+                        "the FLOPs of a residual step, but recovers far more per token) or residual (relative error of "
+                        "the stream entering the first Pre-LN block; runs the Post-LN blocks only).")
     activation_checkpointing: bool = setting(
         False, Flag(), "Keep only each block's input through a step and recompute the rest in the backward (with "
         "--loss kl the logits too, 128 tokens at a time): a step's activations stop growing with the depth, for one "
         "more forward per step. Pays when activations, not weights, set the peak (long --seq-len, large "
         "--batch-size).", flag="--activation-checkpointing/--no-activation-checkpointing")
     spike_factor: float = setting(
-        0.0, SpikeFactor(), "Skip the update of a step whose loss exceeds X times the mean of the last 20 steps' "
-        "(more than 5 in a row stop the heal); 0: no check. Non-finite losses and gradients always stop it.",
-        metavar="X")
-    checkpoint_interval: int = setting(
-        100, Count(0), "Save what --resume continues from (the Post-LN blocks, AdamW's "
-        "state, the schedule) every N steps, beside --out; 0: never.", metavar="N")
+        0.0, SpikeFactor(), "Skip the update of a step whose loss exceeds X times the mean of the last 20 steps' (more "
+        "than 5 in a row stop the heal); 0: no check. Non-finite losses and gradients always stop it.", metavar="X")
+    checkpoint_interval: int = setting(100, Count(0), "Save what --resume continues from (the Post-LN blocks, AdamW's "
+                                       "state, the schedule) every N steps, beside --out; 0: never.", metavar="N")
 
     @staticmethod
     def budget(default: int = 0):
@@ -68,22 +65,18 @@ class HealOptions(Options, HealSettings, ShardSized):
     data: object = text("Training text (default split: train), best of the kind the model will be scored on: a "
                         "heal carries over to other kinds of text only in part. Or a `mixln-convert tokenize` "
                         "folder (its train split, memory-mapped: nothing is tokenized again).")
-    dtype: str = setting("fp32", Choice(("fp32", "bf16"), "dtype"),
-                         "Of the frozen weights (everything but the Post-LN blocks, which train in fp32); bf16 "
-                         "halves them and computes under bf16 autocast.")
+    dtype: str = setting("fp32", Choice(("fp32", "bf16"), "dtype"), "Of the frozen weights (everything but the "
+                         "Post-LN blocks, which train in fp32); bf16 halves them and computes under bf16 autocast.")
     warmup_ratio: float = setting(0.1, Number(0, 1, high_open=True))
     grad_clip: float = setting(1.0, NONNEGATIVE)
     eval_tokens: int = setting(EVAL_TOKENS, TOKENS, "Held-out tokens measured before and after.")
-    eval_data: str | None = setting(None, Text(), "Held-out text measured before and after, packed and each "
-                                    "document on its own: a file, folder or glob (default: embedded corpus, "
-                                    "validation split), or a `mixln-convert tokenize` folder (its validation split).",
-                                    metavar="PATH")
-    perplexity: bool = setting(True, Flag(), "Also measure whole-model perplexity (the teacher's and CONVERTED's "
-                               "whole models, over one copy of the layers they share).",
-                               flag="--perplexity/--no-perplexity")
-    fsdp: bool = setting(False, Flag(), "Shard the teacher and the student per block over the processes of a "
-                         "launch (FSDP2), for a heal that does not fit one device; --loss kl only.",
-                         flag="--fsdp/--no-fsdp")
+    eval_data: str | None = setting(None, Text(), "Held-out text measured before and after, packed and each document "
+                                    "on its own: a file, folder or glob (default: embedded corpus, validation split), "
+                                    "or a `mixln-convert tokenize` folder (its validation split).", metavar="PATH")
+    perplexity: bool = setting(True, Flag(), "Also measure whole-model perplexity (the teacher's and CONVERTED's whole "
+                               "models, over one copy of the layers they share).", flag="--perplexity/--no-perplexity")
+    fsdp: bool = setting(False, Flag(), "Shard the teacher and the student per block over the processes of a launch "
+                         "(FSDP2), for a heal that does not fit one device; --loss kl only.", flag="--fsdp/--no-fsdp")
     eval_at: tuple = setting((), TOKENS, multiple=True)  # the API's: validation once this many tokens are trained
     max_shard_size: str | int = setting(MAX_SHARD_SIZE, Size(), "Largest output shard, e.g. 5GB, 500MB.")
     seed: int = setting(0, SEED)

@@ -83,8 +83,7 @@ class HealRun(HealOptions):
             try:
                 self.read_data()
                 self.record = self.settings() if main else None
-                self.resumed = _agreed(lambda: self.state.check(self.record, self.resume, self.force, self.out,
-                                                                inputs))
+                self.resumed = _agreed(lambda: self.state.check(self.record, self.resume, self.force, self.out, inputs))
                 self.setup()
                 after = self.fit()
                 result = self.summary(self.before, after)
@@ -164,9 +163,8 @@ class HealRun(HealOptions):
         self.train_windows = windows(stream, self.seq_len, _describe(self.data), self.named and self._name("seq_len"))
         self.passes = self.steps * self.batch_size / len(self.train_windows)
         if self.passes > 1 and self.process.is_main_process:
-            warn(f"{_describe(self.data)}: holds "
-                 f"{len(self.train_windows):,} windows of {self.seq_len} tokens; a heal of {self.tokens:,} tokens "
-                 f"passes over them {self.passes:.3g} times")
+            warn(f"{_describe(self.data)}: holds {len(self.train_windows):,} windows of {self.seq_len} tokens; a heal "
+                 f"of {self.tokens:,} tokens passes over them {self.passes:.3g} times")
         if is_tokens_folder(self.eval_data):
             held_out = open_tokens(self.eval_data, self.tokenizer)[1]
             held_out = np.asarray(held_out[: max(1, self.eval_tokens // self.seq_len) * self.seq_len])
@@ -206,9 +204,8 @@ class HealRun(HealOptions):
                 shard(model, bf16=self.dtype == "bf16")
         if self.models.unshared and self.process.is_main_process:
             warn(f"{HealCommand.flag('teacher')} {self.teacher}: {len(self.models.unshared)} tensors outside the first "
-                 f"{self.post_ln_layers} "
-                 f"blocks differ from {self.converted}'s (the first: {self.models.unshared[0]}); the teacher keeps "
-                 "its own copies of those")
+                 f"{self.post_ln_layers} blocks differ from {self.converted}'s (the first: {self.models.unshared[0]}); "
+                 "the teacher keeps its own copies of those")
         self.teacher_figures = self.measure_teacher() if self.perplexity else None
         if self.resumed:
             self.before = self.state.records()[0]
@@ -227,11 +224,10 @@ class HealRun(HealOptions):
         def measure() -> dict:
             teacher = self.models.teacher_model
             with self.precision():
-                return {"packed": evaluate_perplexity(teacher, self.eval_windows, self.batch_size,
-                                                      self.progress).perplexity,
-                        "per_document": evaluate_documents(teacher, self.tokenizer, self.documents, self.seq_len,
-                                                           self.batch_size, self.eval_tokens,
-                                                           self.progress).token_perplexity}
+                packed = evaluate_perplexity(teacher, self.eval_windows, self.batch_size, self.progress)
+                documents = evaluate_documents(teacher, self.tokenizer, self.documents, self.seq_len, self.batch_size,
+                                               self.eval_tokens, self.progress)
+            return {"packed": packed.perplexity, "per_document": documents.token_perplexity}
 
         return cached_teacher_metrics(
             measure, teacher=self.teacher_source.fingerprint(), windows=digest(self.eval_windows.numpy().tobytes()),
@@ -366,8 +362,7 @@ class HealRun(HealOptions):
             evaluation=Windows(data=str(self.eval_data) if self.eval_data else EVAL_DATA,
                                tokens=self.eval_windows[:, 1:].numel(), seq_len=self.seq_len),
             data_passes=round(self.passes, 4), processes=self.process.num_processes,
-            seconds=round(time.time() - self.started, 2),
-        )
+            seconds=round(time.time() - self.started, 2))
 
     def save(self, folder: Path | None, result: HealResult) -> None:
         """The converted checkpoint into ``folder`` (None: another process writes it), its Post-LN blocks the

@@ -9,6 +9,7 @@ when the healed checkpoint is in place; a heal killed before its first checkpoin
 later run must continue.
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -20,8 +21,10 @@ import torch
 from ..errors import MixLNError, first_line, warn
 from ..io.atomic import write_atomic
 from ..io.paths import check_not_input
-from ..io.records import MetricRecord, append_metrics, changed_setting, cut_metrics, read_metrics
+from ..io.records import MetricRecord, append_metrics, changed_setting, cut_metrics, read_metrics, write_json
 from ..options import FORCE, OUT, RESUME
+from ..schema import read_record
+from ..workflows.runs import RunRecord
 
 RECORD = "run.json"
 KIND = "mixln-convert heal"  # the record's "kind": a folder without it is not a heal's to remove
@@ -59,8 +62,14 @@ class HealState:
         if not (self.folder.exists() or self.folder.is_symlink()):
             return False
         check_not_input(self.folder, inputs, f"{OUT} {out}: the heal's work folder")
-        started = self._record()
-        if self.folder.is_symlink() or not self.folder.is_dir() or (started is None and any(self.folder.iterdir())):
+        file = self.folder / RECORD
+        try:
+            record = json.loads(file.read_text())
+        except (OSError, ValueError):
+            record = None
+        # a heal's by its kind alone: one whose settings are damaged is still the heal's, for force to remove
+        ours = isinstance(record, dict) and record.get("kind") == KIND
+        if self.folder.is_symlink() or not self.folder.is_dir() or (not ours and any(self.folder.iterdir())):
             raise MixLNError(f"{OUT} {out}: {self.folder} exists and is not a heal's work folder; remove it or "
                              f"choose another {OUT}")
         if not self.checkpoints() or force:
@@ -70,10 +79,12 @@ class HealState:
         if not resume:
             raise MixLNError(f"{OUT} {out}: a heal of it was interrupted at step {step} ({self.folder}); {RESUME} "
                              f"continues it, {FORCE} starts afresh")
-        if not isinstance(started.get("settings"), dict):
-            raise MixLNError(f"{self.folder / RECORD}: damaged; it holds the settings {RESUME} must match: "
-                             f"{FORCE} starts afresh")
-        changed = changed_setting(settings, started["settings"])
+        try:
+            started = read_record(RunRecord, record, str(file), "a heal's record")
+        except MixLNError as e:
+            raise MixLNError(f"{file}: damaged ({str(e).removeprefix(f'{file}: ')}); it holds the settings {RESUME} "
+                             f"must match: {FORCE} starts afresh") from None
+        changed = changed_setting(settings, started.settings)
         if changed:
             key, was, now = changed
             raise MixLNError(f"{RESUME}: the heal in {self.folder} started with {key} {json.dumps(was)}, not "
@@ -81,19 +92,11 @@ class HealState:
         self.owned = True
         return True
 
-    def _record(self) -> dict | None:
-        """The folder's record, None if it holds none of a heal's (absent, damaged or another kind)."""
-        try:
-            record = json.loads((self.folder / RECORD).read_text())
-        except (OSError, ValueError):
-            return None
-        return record if isinstance(record, dict) and record.get("kind") == KIND else None
-
     def start(self, settings: dict, before: MetricRecord) -> None:
         """A fresh folder: the record, and the metrics' first line (step 0's, the figures ``before`` any step)."""
         self.folder.mkdir()
         self.owned = True
-        write_atomic(self.folder / RECORD, json.dumps({"kind": KIND, "settings": settings}, indent=1) + "\n")
+        write_json(self.folder / RECORD, dataclasses.asdict(RunRecord(KIND, settings)), indent=1)
         write_atomic(self.folder / METRICS, json.dumps(before.to_dict()) + "\n")
 
     def save(self, saved: Saved) -> None:

@@ -53,21 +53,20 @@ def prune(src, dst, options: PruneOptions | None = None, *, force: bool = False,
     """
     map_large_allocations()
     options = PruneOptions.given(options, settings)
-    layers, remove, method, data = options.layers, options.remove, options.method, options.data
     src = checkpoint_path(src, "CKPT")
-    check_readable(data, options.flag("data"))
-    inputs = {"CKPT": src, options.flag("data"): data}
+    check_readable(options.data, options.flag("data"))
+    inputs = {"CKPT": src, options.flag("data"): options.data}
     check_destination(dst, inputs, force, flag="OUT")
     source = open_checkpoint(src)
     # an exported folder: its history is in its mixln_export.json, which the pruned one keeps in its record
     exported = read_export(src) if Path(src).is_dir() else None
     history(source.config, exported, source.where)  # a damaged record is refused before the work
     num_layers = source.config["num_hidden_layers"]
-    if layers is not None:
-        parse_layers(layers, num_layers)
+    if options.layers is not None:
+        parse_layers(options.layers, num_layers)
     else:
-        check_count(remove, num_layers)
-        if method != "last":
+        check_count(options.remove, num_layers)
+        if options.method != "last":
             check_windows(options, source.config)
     with atomic_output_dir(dst, force=force, protect=inputs) as tmp:
         started = time.time()
