@@ -1,7 +1,7 @@
 """heal(): distilling the Post-LN blocks of a converted model against its original."""
 
-import math
 import json
+import math
 import re
 import shutil
 
@@ -143,6 +143,12 @@ def test_teacher_figures_are_measured_once_across_runs(moved, tiny_llama, tmp_pa
     for entry in (cache_dir() / "teacher-metrics").iterdir():
         entry.write_text("{damaged")
     assert run("damaged").perplexity.teacher == first.perplexity.teacher and len(scored) == 11
+    entries = list((cache_dir() / "teacher-metrics").iterdir())
+    kept = [json.loads(text) for entry in entries if (text := entry.read_text()) != "{damaged"]
+    assert [set(figures) for figures in kept] == [{"packed", "per_document"}]  # the damaged run's, kept again
+    for entry in entries:  # JSON, but no positive perplexities: measured again too
+        entry.write_text(json.dumps({"packed": -1.0, "per_document": "2"}))
+    assert run("wrong-kinds").perplexity.teacher == first.perplexity.teacher and len(scored) == 14
 
 
 def _other_tokenizer(tiny_llama, tmp_path):

@@ -106,7 +106,13 @@ def test_a_loss_spike_is_skipped_and_a_run_of_them_stops(converted):
         step(5, 9.5)
     restored = StepGuard(spike_factor=2.0, spike_window=3)
     restored.load_state_dict(guard.state_dict())
-    assert restored.recent == guard.recent
+    assert restored.recent == guard.recent and restored.skips_in_a_row == guard.skips_in_a_row == 2
+    for damaged, key in [({"recent": "4.0", "skips_in_a_row": 0}, "recent"), ({"recent": [4.0]}, "missing"),
+                         ({"recent": [float("nan")], "skips_in_a_row": 0}, "recent"),
+                         ({"recent": [], "skips_in_a_row": -1}, "skips_in_a_row")]:
+        with pytest.raises(MixLNError, match=f"^step_guard.json: .*{key}"):
+            restored.load_state_dict(damaged, "step_guard.json")
+    assert restored.recent == guard.recent  # a refused state leaves the guard as it was
 
 
 def test_batches_go_to_a_gpu_through_pinned_memory_and_workers():

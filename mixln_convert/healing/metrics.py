@@ -4,26 +4,33 @@ import contextlib
 import hashlib
 import json
 import math
+from dataclasses import dataclass
 
 from ..errors import MixLNError, warn
 from ..fetch import cache_dir
 from ..io.atomic import write_atomic
-from ..io.records import MetricRecord
+from ..io.records import MetricRecord, Record
+from ..schema import POSITIVE_NUMBER, read_record, setting
 from .options import HealOptions
 
 
-def cached_teacher_metrics(measure, **key) -> dict:
+@dataclass(frozen=True)
+class TeacherFigures(Record):
+    """The teacher's held-out perplexities, packed and each document on its own, as the cache keeps them."""
+    packed: float = setting(kind=POSITIVE_NUMBER)
+    per_document: float = setting(kind=POSITIVE_NUMBER)
+
+
+def cached_teacher_metrics(measure, **key) -> TeacherFigures:
     """``measure()``'s figures, kept in the user cache under ``key`` (everything they depend on): a sweep or
     a rerun heals against the same teacher many times. An unreadable cache entry is measured again."""
     path = cache_dir() / "teacher-metrics" / f"{digest(json.dumps(key, sort_keys=True).encode())}.json"
-    with contextlib.suppress(OSError, ValueError):
-        figures = json.loads(path.read_text())
-        if isinstance(figures, dict) and all(isinstance(figures.get(k), float) for k in ("packed", "per_document")):
-            return figures
+    with contextlib.suppress(OSError, ValueError, MixLNError):
+        return read_record(TeacherFigures, json.loads(path.read_text()), str(path))
     figures = measure()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, json.dumps(figures) + "\n")
+        write_atomic(path, json.dumps(figures.to_dict()) + "\n")
     except OSError as e:  # a cache that cannot be written costs the next run a measurement, nothing more
         warn(f"{path.parent}: cannot keep the teacher's figures ({e.strerror})")
     return figures

@@ -38,7 +38,7 @@ from ..training.loop import (NonFiniteStep, StepGuard, adamw, block_grad_norms, 
                              take_step, warmup_cosine)
 from ..training.sharding import shard, sharded_state_dict
 from .losses import KL, distillation_loss, relative_error
-from .metrics import cached_teacher_metrics, check_record_finite, digest, warn_if_worse
+from .metrics import TeacherFigures, cached_teacher_metrics, check_record_finite, digest, warn_if_worse
 from .options import HEAL_BETAS, HealCommand, HealOptions
 from .pair import load_models, open_pair, same_tokenizer
 from .result import Figures, HealResult, Windows
@@ -218,16 +218,16 @@ class HealRun(HealOptions):
         """bf16 compute over bf16 frozen weights (autocast; the trained blocks stay float32 masters)."""
         return torch.autocast(self.device.type, torch.bfloat16) if self.dtype == "bf16" else contextlib.nullcontext()
 
-    def measure_teacher(self) -> dict:
+    def measure_teacher(self) -> TeacherFigures:
         """The teacher's perplexity, packed and per document: it does not change, so it is measured
         once and kept for the next heal against it."""
-        def measure() -> dict:
+        def measure() -> TeacherFigures:
             teacher = self.models.teacher_model
             with self.precision():
                 packed = evaluate_perplexity(teacher, self.eval_windows, self.batch_size, self.progress)
                 documents = evaluate_documents(teacher, self.tokenizer, self.documents, self.seq_len, self.batch_size,
                                                self.eval_tokens, self.progress)
-            return {"packed": packed.perplexity, "per_document": documents.token_perplexity}
+            return TeacherFigures(packed.perplexity, documents.token_perplexity)
 
         return cached_teacher_metrics(
             measure, teacher=self.teacher_source.fingerprint(), windows=digest(self.eval_windows.numpy().tobytes()),
@@ -351,7 +351,7 @@ class HealRun(HealOptions):
         """:func:`heal`'s result (and the provenance's record), from the figures ``before`` and ``after``."""
         def compared(key: str, teacher: str):
             return Figures(before=getattr(before, key), after=getattr(after, key),
-                           teacher=self.teacher_figures[teacher])
+                           teacher=getattr(self.teacher_figures, teacher))
 
         return HealResult(
             out=str(self.out), post_ln_layers=self.post_ln_layers, steps=self.steps, tokens=after.tokens,

@@ -19,7 +19,8 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from ..errors import MixLNError
-from ..io.records import MetricRecord
+from ..io.records import NUMBER_LIST, MetricRecord, Record
+from ..schema import Count, read_record, setting
 
 
 def is_post_ln(layer) -> bool:
@@ -69,6 +70,13 @@ class NonFiniteStep(MixLNError):
     """A step whose loss or gradient norm is not a number; raised before the update."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class GuardState(Record):
+    """:class:`StepGuard`'s state as a checkpoint keeps it: what a resumed run decides from."""
+    recent: list[float] = setting(kind=NUMBER_LIST)
+    skips_in_a_row: int = setting(kind=Count(0))
+
+
 @dataclass
 class StepGuard:
     """Checks a step before its update (see the module's docstring); its state (the recent losses
@@ -104,10 +112,12 @@ class StepGuard:
         return True
 
     def state_dict(self) -> dict:
-        return {"recent": list(self.recent), "skips_in_a_row": self.skips_in_a_row}
+        return GuardState(recent=list(self.recent), skips_in_a_row=self.skips_in_a_row).to_dict()
 
-    def load_state_dict(self, state: dict) -> None:
-        self.recent, self.skips_in_a_row = deque(state["recent"]), state["skips_in_a_row"]
+    def load_state_dict(self, state: dict, where: str = "the step guard's state") -> None:
+        """``state`` as :meth:`state_dict` gave it (read from ``where``), checked."""
+        state = read_record(GuardState, state, where, "a step guard's state")
+        self.recent, self.skips_in_a_row = deque(state.recent), state.skips_in_a_row
 
 
 def clip_gradients(parameters, max_norm: float) -> float:

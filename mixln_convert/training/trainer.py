@@ -411,7 +411,7 @@ def _restore(run: Run, folder: Path) -> int:
             else:
                 accelerator.load_state(checkpoint)
             if (checkpoint / GUARD_STATE).is_file():  # saved before the guard was checkpointed: it starts afresh
-                run.guard.load_state_dict(json.loads((checkpoint / GUARD_STATE).read_text()))
+                run.guard.load_state_dict(json.loads((checkpoint / GUARD_STATE).read_text()), GUARD_STATE)
         except Exception as e:  # torch, safetensors and pickle each fail their own way on a damaged file
             warn(f"{checkpoint} is damaged ({first_line(e)[:200]}); trying the checkpoint before it")
             continue
