@@ -35,23 +35,19 @@ def export(ckpt, out, *, to: str, type: str | None = None, force: bool = False, 
     if to == "llama":
         check_destination(out, inputs, force, flag="OUT")
     else:
-        from .gguf import check_gguf_destination
+        from .gguf import check_gguf_destination, write_gguf
 
         check_gguf_destination(out, inputs, force)
     from ..io.loader import open_checkpoint
-    from .plain import plain_architecture
+    from .plain import plain_architecture, write_plain
 
     source = open_checkpoint(src)
     arch = plain_architecture(source)
     if source.path.is_file():  # a GGUF's tokenizer is transformers' reading of its metadata: both outputs carry it
         source.tokenizer  # noqa: B018  (built and checked now, before any work)
     if to == "llama":
-        from .plain import write_plain
-
         write_plain(source, arch, out, inputs, force=force, progress=progress)
     else:
-        from .gguf import write_gguf
-
         write_gguf(source, arch, out, tensor_type, inputs, force=force, progress=progress)
     return Path(out)
 
