@@ -310,11 +310,10 @@ def study(src, out, resume, options):
     of SRC's shape and tokenizer (its weights are not used), each initialized by the same seeded
     plan, trained on the same tokens, analyzed; each claim gets a verdict against the spread
     between seeds. DIR/report/report.md."""
+    from .report.study import verdict_sentences
     from .workflows.study import study as run
 
     result = run(src, out, options, resume=resume)
-    from .report.study import verdict_sentences
-
     for sentence in verdict_sentences(result):
         click.echo(f"- {sentence.replace('**', '')}")
     click.echo(f"report: {Path(out) / 'report' / 'report.md'} (and report.html); all figures in "
@@ -415,11 +414,10 @@ def sweep(src, out, resume, force, options):
     """Measure Mix-LN at several Post-LN ratios for SRC (HF folder, .gguf or Hub id) and recommend one: per
     alpha a calibrated conversion (one calibration pass for all), optional heal and training,
     perplexity (packed and per document), layer drop and gradient norms; DIR/report/report.md."""
+    from .report.sweep import verdict_sentences
     from .workflows.sweep import sweep as run
 
     result = run(src, out, options, resume=resume, force=force)
-    from .report.sweep import verdict_sentences
-
     for sentence in verdict_sentences(result):
         click.echo(f"- {sentence}")
     times = result.times

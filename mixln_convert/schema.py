@@ -411,17 +411,17 @@ def default_of(f: dataclasses.Field):
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
-def check_settings(obj, name=flag) -> None:
-    """Each declared setting of the dataclass ``obj`` checked against its kind, an error naming it by
-    ``name(field)``; a setting whose default is None may be None (left to the command to work out)."""
+def check_settings(obj) -> None:
+    """Each declared setting of the dataclass ``obj`` checked against its kind, an error naming its flag; a
+    setting whose default is None may be None (left to the command to work out)."""
     for f, found in declared(type(obj)).values():
         value = getattr(obj, f.name)
         if value is None and default_of(f) is None:
             continue
         if found.multiple and not isinstance(value, (list, tuple)):
-            raise MixLNError(f"{name(f)}: must be a list, got {shown(repr(value))}")
+            raise MixLNError(f"{flag(f)}: must be a list, got {shown(repr(value))}")
         for item in value if found.multiple else (value,):
-            found.kind.check(name(f), item)
+            found.kind.check(flag(f), item)
 
 
 def read_record(cls, record, where: str, what: str = "a record", key: str = ""):

@@ -14,8 +14,6 @@ import sys
 import types
 from pathlib import Path
 
-from ..errors import MixLNError
-
 TARGETS = ("llama", "gguf")  # --to: a plain transformers folder, a llama.cpp file
 GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")  # --type of a GGUF's matrices (vectors stay f32, as llama.cpp writes them)
 DEFAULT_GGUF_TYPE = "f16"
@@ -28,51 +26,30 @@ def export(ckpt, out, *, to: str, type: str | None = None, force: bool = False, 
     complete (an existing one is replaced only with ``force``). Returns ``out``."""
     from ..io.paths import check_destination, checkpoint_path
     from ..runtime import map_large_allocations
+    from .options import ExportOptions  # which imports this module's choices
 
     map_large_allocations()
-    tensor_type = _checked_type(to, type)
+    tensor_type = ExportOptions(to=to, tensor_type=type).gguf_type  # each checked, and the two together
     src = checkpoint_path(ckpt, "CKPT")
     inputs = {"CKPT": src}
     if to == "llama":
         check_destination(out, inputs, force, flag="OUT")
     else:
-        from .gguf import check_gguf_destination
+        from .gguf import check_gguf_destination, write_gguf
 
         check_gguf_destination(out, inputs, force)
     from ..io.loader import open_checkpoint
-    from .plain import plain_architecture
+    from .plain import plain_architecture, write_plain
 
     source = open_checkpoint(src)
     arch = plain_architecture(source)
     if source.path.is_file():  # a GGUF's tokenizer is transformers' reading of its metadata: both outputs carry it
         source.tokenizer  # noqa: B018  (built and checked now, before any work)
     if to == "llama":
-        from .plain import write_plain
-
         write_plain(source, arch, out, inputs, force=force, progress=progress)
     else:
-        from .gguf import write_gguf
-
         write_gguf(source, arch, out, tensor_type, inputs, force=force, progress=progress)
     return Path(out)
-
-
-def _checked_type(to: str, tensor_type: str | None) -> str | None:
-    """The GGUF tensor type of the options ``--to`` and ``--type``, each checked; None for a folder."""
-    from .options import ExportOptions  # which imports this module's choices
-
-    to_flag, type_flag = ExportOptions.flag("to"), ExportOptions.flag("tensor_type")
-    if to not in TARGETS:
-        raise MixLNError(f"{to_flag} {to!r}: expected one of {', '.join(TARGETS)}")
-    if to != "gguf":
-        if tensor_type is not None:
-            raise MixLNError(f"{type_flag} {tensor_type}: only {to_flag} gguf takes a tensor type; {to_flag} {to} "
-                             "keeps the checkpoint's dtype")
-        return None
-    tensor_type = DEFAULT_GGUF_TYPE if tensor_type is None else tensor_type
-    if tensor_type not in GGUF_TYPES:
-        raise MixLNError(f"{type_flag} {tensor_type!r}: expected one of {', '.join(GGUF_TYPES)}")
-    return tensor_type
 
 
 class _CallableModule(types.ModuleType):

@@ -101,11 +101,6 @@ def gguf_tensor_names(source, arch, names: list[str]) -> dict[str, str]:
     return {name: to_gguf[name] for name in names}
 
 
-def head_dim(hf_config) -> int:
-    """The attention head size: a config's own, else hidden_size / heads (Qwen2's config states none)."""
-    return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-
-
 def model_fields(source, arch, hf_config, tensor_type: str) -> list[Field]:
     """The general and ``<arch>.*`` metadata llama.cpp's loader reads: the sizes by the JSON ``config``
     table, the rope and norm constants, the file type."""
@@ -113,7 +108,8 @@ def model_fields(source, arch, hf_config, tensor_type: str) -> list[Field]:
 
     prefix = arch.gguf_architecture
     sizes = {key: getattr(hf_config, key, None) for key in arch.gguf["config"]}
-    sizes["head_dim"] = head_dim(hf_config)
+    # the attention head size: a config's own, else hidden_size / heads (Qwen2's config states none)
+    sizes["head_dim"] = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
     sizes["num_key_value_heads"] = hf_config.num_key_value_heads or hf_config.num_attention_heads
     u32, f32 = GGUFValueType.UINT32, GGUFValueType.FLOAT32
     fields = [Field("general.type", "model", GGUFValueType.STRING),
@@ -193,18 +189,11 @@ def stored_type(shape: tuple[int, ...], tensor_type: str):
     return wanted if shape[-1] % block == 0 else GGMLQuantizationType.F16
 
 
-def stored_bytes(shape: tuple[int, ...], qtype) -> int:
-    from gguf import GGML_QUANT_SIZES
-
-    block, size = GGML_QUANT_SIZES[qtype]
-    return math.prod(shape[:-1]) * (shape[-1] // block) * size
-
-
 def write_file(path: Path, source, arch, hf_config, names, gguf_names, metadata, tensor_type, progress) -> None:
     """The GGUF at ``path``: header, metadata and tensor table first (from shapes alone), then each
     tensor as :func:`plain_tensors` streams it, encoded."""
     import numpy as np
-    from gguf import GGUFWriter
+    from gguf import GGML_QUANT_SIZES, GGUFWriter
     from tqdm.auto import tqdm
 
     qtypes = {name: stored_type(source.shape(name), tensor_type) for name in names}
@@ -215,9 +204,10 @@ def write_file(path: Path, source, arch, hf_config, names, gguf_names, metadata,
         for field in metadata:
             writer.add_key_value(*field)
         for name in names:
-            shape = source.shape(name)
-            writer.add_tensor_info(gguf_names[name], shape, np.dtype(np.float32), stored_bytes(shape, qtypes[name]),
-                                   raw_dtype=qtypes[name])
+            shape, qtype = source.shape(name), qtypes[name]
+            block, size = GGML_QUANT_SIZES[qtype]  # its bytes as stored
+            writer.add_tensor_info(gguf_names[name], shape, np.dtype(np.float32),
+                                   math.prod(shape[:-1]) * (shape[-1] // block) * size, raw_dtype=qtype)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()

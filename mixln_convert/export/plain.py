@@ -49,18 +49,13 @@ def plain_names(source) -> list[str]:
             if not name.endswith(IGNORED_SUFFIXES) and not (tied and name == source.arch.lm_head)]
 
 
-def lns_factors(source) -> dict[str, float]:
-    """{norm gain tensor: what it is multiplied by} folding an LNS model's 1/sqrt(l) away; empty otherwise."""
-    if not folds_lns(source):
-        return {}
-    arch, depth = source.arch, source.config["num_hidden_layers"]
-    return {arch.layer_tensor(i, role): 1 / lns_gain(i) for i in range(depth) for role in LNS_NORM_ROLES}
-
-
 def plain_tensors(source):
-    """(name, tensor) of each of :func:`plain_names`, streamed: the folded gains computed in float64 and
-    stored in the source's dtype, every other tensor as stored (copied file to file where it can be)."""
-    factors = lns_factors(source)
+    """(name, tensor) of each of :func:`plain_names`, streamed: the folded gains (an LNS model's 1/sqrt(l) folded
+    away) computed in float64 and stored in the source's dtype, every other tensor as stored (copied file to file
+    where it can be)."""
+    arch, depth = source.arch, source.config["num_hidden_layers"]
+    factors = ({arch.layer_tensor(i, role): 1 / lns_gain(i) for i in range(depth) for role in LNS_NORM_ROLES}
+               if folds_lns(source) else {})
     for name in plain_names(source):
         if name in factors:
             gains = source.get(name)

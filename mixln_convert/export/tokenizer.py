@@ -32,16 +32,12 @@ class Field(NamedTuple):
 def tokenizer_fields(source, vocab_size: int) -> list[Field]:
     """The tokenizer metadata of ``source`` for a model of ``vocab_size`` embedding rows; a tokenizer
     llama.cpp cannot hold is refused, naming the checkpoint, before anything is written."""
-    if source.path.is_file():  # a GGUF: its fields are llama.cpp's already
-        return gguf_tokenizer_fields(source.path)
-    return folder_tokenizer_fields(source.tokenizer, vocab_size, str(source.path))
-
-
-def gguf_tokenizer_fields(path) -> list[Field]:
-    """The ``tokenizer.*`` fields of the GGUF file ``path``, as stored."""
+    if not source.path.is_file():
+        return folder_tokenizer_fields(source.tokenizer, vocab_size, str(source.path))
     from gguf import GGUFReader, GGUFValueType
 
-    fields = GGUFReader(path).fields.items()
+    # a GGUF: its ``tokenizer.*`` fields are llama.cpp's already, copied as stored
+    fields = GGUFReader(source.path).fields.items()
     return [Field(key, f.contents(), f.types[0], f.types[-1] if f.types[0] == GGUFValueType.ARRAY else None)
             for key, f in fields if key.startswith("tokenizer.") and f.types]
 

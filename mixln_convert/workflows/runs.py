@@ -15,9 +15,9 @@ from pathlib import Path
 from ..errors import MixLNError
 from ..io.atomic import atomic_output_dir, hold
 from ..io.paths import check_destination
-from ..io.records import changed_setting, read_json, write_json
+from ..io.records import OBJECT, changed_setting, read_json, write_json
 from ..options import FORCE, OUT, RESUME
-from ..schema import Kind, Shaped, String, read_record, setting
+from ..schema import Kind, String, read_record, setting
 
 RECORD = "run.json"
 STAGE_RESULT = "result.json"  # in each stage's folder: what a resume reads instead of running it again
@@ -27,7 +27,7 @@ STAGE_RESULT = "result.json"  # in each stage's folder: what a resume reads inst
 class RunRecord:
     """``run.json``: the kind of run begun in a folder and its settings ({flag: JSON value}), what --resume matches."""
     kind: str = setting(kind=String())
-    settings: dict = setting(kind=Shaped(lambda v: isinstance(v, dict), "an object"))
+    settings: dict = setting(kind=OBJECT)
 
 
 @dataclass(frozen=True)
@@ -119,8 +119,7 @@ def _check_resume(out, target: Path, kind: str, settings: dict, resume: bool, fo
     started = _read(RunRecord, record, "a run's record", f"it holds the settings {RESUME} must match")
     if started.kind != kind:
         raise MixLNError(f"{OUT} {out}: holds a {started.kind}, not a {kind}; choose another {OUT}")
-    changed = changed_setting(settings, started.settings)
-    if changed:
+    if changed := changed_setting(settings, started.settings):
         key, was, now = changed
         raise MixLNError(f"{RESUME}: the {kind} in {out} started with {key} {_shown(was)}, not {_shown(now)}; give "
                          f"the same, or another {OUT}")

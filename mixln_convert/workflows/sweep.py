@@ -226,34 +226,30 @@ def _alpha(src, tmp: Path, post_ln_layers: int, given: list[float], stats, optio
     from ..conversion.converter import convert
     from ..healing import heal
 
-    heal_tokens, train_tokens, eval_tokens = options.heal_tokens, options.train_tokens, options.eval_tokens
-    if post_ln_layers == 0:  # no Post-LN block: the original's weights, measured once as "original" and the control
-        scores = original.scores
-        return AlphaRow(post_ln_layers=0, alphas=given, converted=scores, healed=scores if heal_tokens else None,
-                        trained=controls or None, analysis=original.analysis, times={},
-                        gradients_from="training steps" if controls else "analysis batches",
-                        **gradient_figures(controls[0].grad_norm_steps if controls else
-                                           original.analysis.grad_norm_batches, 0))
+    heal_tokens, eval_tokens = options.heal_tokens, options.eval_tokens
     times, healed, trained = {}, None, None
-    with timed(times, "convert_s"):
-        stage = convert(src, tmp / "converted", post_ln_layers=post_ln_layers, statistics=stats, progress=progress)
-    converted = _scores(stage, eval_tokens, progress)
-    if heal_tokens:
-        stage = tmp / "healed"
-        with timed(times, "heal_s"):
-            heal(tmp / "converted", src, stage, data=options.data, perplexity=False, progress=progress, named=None,
-                 checked=True, **asdict(options.heal))
-            healed = _scores(stage, eval_tokens, progress)
-    final = stage
-    if train_tokens:
-        with timed(times, "train_s"):
-            trained = [_train(training.replace("sweep", converted=str(stage.absolute()), seed=seed),
-                              tmp / f"train-seed{seed}", "mixln", progress) for seed in range(options.seeds)]
-        final = tmp / "train-seed0" / "mixln" / "final"
-    with timed(times, "analysis_s"):
-        analysis = _analysis(final, tmp, eval_tokens, progress)
+    if post_ln_layers == 0:  # no Post-LN block: the original's weights, measured once as "original" and the control
+        converted, analysis, trained = original.scores, original.analysis, controls or None
+        healed = converted if heal_tokens else None
+    else:
+        with timed(times, "convert_s"):
+            stage = convert(src, tmp / "converted", post_ln_layers=post_ln_layers, statistics=stats, progress=progress)
+        converted = _scores(stage, eval_tokens, progress)
+        if heal_tokens:
+            stage = tmp / "healed"
+            with timed(times, "heal_s"):
+                heal(tmp / "converted", src, stage, data=options.data, perplexity=False, progress=progress,
+                     named=None, checked=True, **asdict(options.heal))
+                healed = _scores(stage, eval_tokens, progress)
+        final = stage
+        if options.train_tokens:
+            with timed(times, "train_s"):
+                trained = [_train(training.replace("sweep", converted=str(stage.absolute()), seed=seed),
+                                  tmp / f"train-seed{seed}", "mixln", progress) for seed in range(options.seeds)]
+            final = tmp / "train-seed0" / "mixln" / "final"
+        with timed(times, "analysis_s"):
+            analysis = _analysis(final, tmp, eval_tokens, progress)
     return AlphaRow(post_ln_layers=post_ln_layers, alphas=given, converted=converted, healed=healed, trained=trained,
-                    analysis=analysis, times=times,
-                    gradients_from="training steps" if train_tokens else "analysis batches",
+                    analysis=analysis, times=times, gradients_from="training steps" if trained else "analysis batches",
                     **gradient_figures(trained[0].grad_norm_steps if trained else analysis.grad_norm_batches,
                                        post_ln_layers))

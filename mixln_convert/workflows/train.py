@@ -44,7 +44,11 @@ def train(recipe: Recipe, out, arms=None, resume: bool = False, progress: bool =
     ARM_NAMES.check("arms", arms)  # the recipe's are checked; an API caller's "mixln" would train five arms, m, i, x...
     # Accelerator reads `accelerate launch --cpu` (ACCELERATE_USE_CPU) itself; PartialState does not.
     state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
-    accumulation = _accumulation(recipe, state.num_processes)
+    per_pass = recipe.micro_batch_size * state.num_processes
+    if recipe.global_batch_size % per_pass:
+        raise MixLNError(f"global_batch_size {recipe.global_batch_size} is not a multiple of micro_batch_size x "
+                         f"processes = {recipe.micro_batch_size} x {state.num_processes}")
+    accumulation = recipe.global_batch_size // per_pass
     if recipe.fsdp and state.num_processes < 2:
         raise MixLNError("fsdp: true shards over several processes, and this run has one; launch it with "
                          "accelerate launch --config_file \"$(mixln-convert recipes --path fsdp)\" (or torchrun)")
@@ -176,14 +180,6 @@ def convert_and_heal(src, dst, options: ConvertOptions | None = None, healing: C
         converted = convert(src, work / "converted", options, progress=progress)
         return heal(converted, src, dst, data=heal_data, force=force, progress=progress, named=None, checked=True,
                     **asdict(healing.heal))
-
-
-def _accumulation(recipe: Recipe, processes: int) -> int:
-    per_pass = recipe.micro_batch_size * processes
-    if recipe.global_batch_size % per_pass:
-        raise MixLNError(f"global_batch_size {recipe.global_batch_size} is not a multiple of micro_batch_size x "
-                         f"processes = {recipe.micro_batch_size} x {processes}")
-    return recipe.global_batch_size // per_pass
 
 
 def _finished(file: Path, arm: str) -> TrainSummary:
