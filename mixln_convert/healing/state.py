@@ -21,10 +21,10 @@ import torch
 from ..errors import MixLNError, first_line, warn
 from ..io.atomic import write_atomic
 from ..io.paths import check_not_input
-from ..io.records import MetricRecord, append_metrics, changed_setting, cut_metrics, read_metrics, write_json
+from ..io.records import (MetricRecord, RunRecord, append_metrics, changed_setting, cut_metrics, read_metrics,
+                          write_json)
 from ..options import FORCE, OUT, RESUME
 from ..schema import read_record
-from ..workflows.runs import RunRecord
 
 RECORD = "run.json"
 KIND = "mixln-convert heal"  # the record's "kind": a folder without it is not a heal's to remove
@@ -86,9 +86,9 @@ class HealState:
                              f"must match: {FORCE} starts afresh") from None
         changed = changed_setting(settings, started.settings)
         if changed:
-            key, was, now = changed
+            key, was, now = changed  # a long value is cut by MixLNError
             raise MixLNError(f"{RESUME}: the heal in {self.folder} started with {key} {json.dumps(was)}, not "
-                             f"{json.dumps(now)}; give the same, or {FORCE} to start afresh")  # MixLNError cuts a long value
+                             f"{json.dumps(now)}; give the same, or {FORCE} to start afresh")
         self.owned = True
         return True
 

@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from ..errors import MixLNError
 from ..limits import MAX_TOKENS
-from ..schema import TOKENS_OR_ZERO, Count, Flag, Number, Numbers, Shaped, read_record, setting
+from ..schema import TOKENS_OR_ZERO, Count, Flag, Number, Numbers, Shaped, String, read_record, setting
 from .atomic import write_atomic
 
 METRICS = "metrics.jsonl"
@@ -136,6 +136,14 @@ class Result(Record):
 
     def check(self, file: Path) -> None:
         """What the fields say of each other, checked (a MixLNError naming ``file``)."""
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """``run.json``: the kind of run begun in a folder (a workflow's, or a heal's work folder) and its settings
+    ({flag: JSON value}), what --resume matches."""
+    kind: str = setting(kind=String())
+    settings: dict = setting(kind=OBJECT)
 
 
 def changed_setting(settings: dict, recorded: dict) -> tuple[str, object, object] | None:

@@ -15,19 +15,12 @@ from pathlib import Path
 from ..errors import MixLNError
 from ..io.atomic import atomic_output_dir, hold
 from ..io.paths import check_destination
-from ..io.records import OBJECT, changed_setting, read_json, write_json
+from ..io.records import RunRecord, changed_setting, read_json, write_json
 from ..options import FORCE, OUT, RESUME
 from ..schema import Kind, String, read_record, setting
 
 RECORD = "run.json"
 STAGE_RESULT = "result.json"  # in each stage's folder: what a resume reads instead of running it again
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    """``run.json``: the kind of run begun in a folder and its settings ({flag: JSON value}), what --resume matches."""
-    kind: str = setting(kind=String())
-    settings: dict = setting(kind=OBJECT)
 
 
 @dataclass(frozen=True)
