@@ -13,7 +13,7 @@ import numpy as np
 from ..analysis.measures import coefficient_of_variation, deep_half
 from ..analysis.result import Analysis
 from ..errors import MixLNError
-from ..evaluation.options import measured_on
+from ..evaluation.options import Evaluated, Measured, measured_on
 from ..io.paths import check_destination
 from ..io.records import NUMBER, OBJECT, STRINGS, Record, Result
 from ..options import OUT, CompareOptions
@@ -53,10 +53,10 @@ class ModelNumbers(Record):
     final_val_ppl: float | None = setting(None, POSITIVE_NUMBER)
     wall_time_s: float | None = setting(None, NONNEGATIVE)
     finished: bool | None = setting(None, Flag())
-    validation: dict | None = setting(None, MEASURED_ON)
+    validation: Measured | None = setting(None, MEASURED_ON)
     training_grad_norm_cv: float | None = setting(None, NUMBER)  # the last logged training step's
     perplexity: float | None = setting(None, POSITIVE_NUMBER)
-    evaluation: dict | None = setting(None, OBJECT)  # Analysis.evaluation()
+    evaluation: Evaluated | None = setting(None, Nested(Evaluated, "what a figure was measured on"))
     deep_layer_drop: float | None = setting(None, NUMBER)
     deep_layer_drop_median: float | None = setting(None, NUMBER)
     deep_layer_drop_relative: float | None = setting(None, NUMBER)
@@ -313,7 +313,7 @@ def _pair_sentences(m: Model, p: Model, numbers: dict[str, ModelNumbers], estima
         verdict = f"the same within {PRACTICAL:.0%} {OF[RATIO]}" + (f" ({why})" if why else "")
     elif why.endswith("includes 0"):
         verdict = (f"too close to call: {tested.tokens_trained:,} training tokens per arm and "
-                   f"{tested.validation['tokens']:,} validation tokens cannot decide between them")
+                   f"{tested.validation.tokens:,} validation tokens cannot decide between them")
     else:
         verdict = f"too close to call ({why})"
     sentence += f": {verdict}."
