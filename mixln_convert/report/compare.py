@@ -21,7 +21,7 @@ from ..schema import NONNEGATIVE, POSITIVE_NUMBER, TOKENS_OR_ZERO, Flag, Kind, N
 from ..training.summary import MEASURED_ON
 from . import uncertainty
 from .inputs import ARM_KINDS, PRUNE_FRACTIONS, Model, load_inputs
-from .downstream import DocumentFigures, TaskNumbers, downstream_numbers
+from .downstream import DocumentFigures, TaskNumbers, beside_layer_drop, downstream_numbers, plot_task_drops
 from .uncertainty import LEVEL, MIN_ROWS, PRACTICAL, Bootstrap, bootstrap, call
 
 PRUNE_VERDICT = "L/4"  # the pruning sentence compares models at this many removed blocks
@@ -94,7 +94,6 @@ def compare(inputs, out, options: CompareOptions | None = None, *, force: bool =
     its fields as ``settings``. Analyses made with different tokenizers are refused unless ``allow_mismatch``."""
     options = CompareOptions.given(options, settings)
     from ..io.atomic import atomic_output_dir
-    from .downstream import beside_layer_drop, plot_task_drops
     from .plots import plot_report
     from .render import write_report
     from .tables import report_blocks
@@ -303,9 +302,7 @@ def _pair_sentences(m: Model, p: Model, numbers: dict[str, ModelNumbers], estima
     if a is not None and b is not None:
         low, high = uncertainty.interval(a.draws / b.draws - 1)
         sentence += (f", {LEVEL:.0%} bootstrap interval [{_percent(low)}, {_percent(high)}] over the {a.n} "
-                     "validation windows)")
-    else:
-        sentence += ")"
+                     "validation windows")
     outcome, why = judge(RATIO, tested.final_val_ppl, base.final_val_ppl, a, b)
     if outcome == "differs":
         verdict = f"{name if change < 0 else base_name} wins by {_percent(abs(change)).lstrip('+')}"
@@ -316,7 +313,7 @@ def _pair_sentences(m: Model, p: Model, numbers: dict[str, ModelNumbers], estima
                    f"{tested.validation.tokens:,} validation tokens cannot decide between them")
     else:
         verdict = f"too close to call ({why})"
-    sentence += f": {verdict}."
+    sentence += f"): {verdict}."
     if tested.tokens_trained != base.tokens_trained:
         sentence += (f" They trained on different token counts ({tested.tokens_trained:,} vs "
                      f"{base.tokens_trained:,}), so this is not like for like.")
