@@ -209,12 +209,10 @@ def plot_perplexity(result: SweepResult, path: Path) -> None:
         ax.plot(alphas, values, marker="o", linestyle="none", label=name)
     scores = result.original.scores
     ax.axhline(scores.perplexity, color="grey", linestyle="--", label="original (Pre-LN)")
-    if result.control:
-        ax.axhline(np.mean(_ppls(result.control)), color="black", linestyle=":",
-                   label="Pre-LN control, trained (validation)")
-    if result.lns:
-        ax.axhline(np.mean(_ppls(result.lns)), color="tab:green", linestyle="-.",
-                   label="LNS retrofit, trained (validation)")
+    for runs, color, style, name in ((result.control, "black", ":", "Pre-LN control"),
+                                     (result.lns, "tab:green", "-.", "LNS retrofit")):
+        if runs:
+            ax.axhline(np.mean(_ppls(runs)), color=color, linestyle=style, label=f"{name}, trained (validation)")
     ax.set(title=f"Perplexity by Post-LN ratio\n{scores.data}, {scores.tokens:,} tokens in windows of "
                  f"{scores.seq_len}", xlabel="Post-LN blocks / L", ylabel="perplexity")
     ax.grid(alpha=0.3)
