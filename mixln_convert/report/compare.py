@@ -32,9 +32,6 @@ PRUNE_VERDICT = "L/4"  # the pruning sentence compares models at this many remov
 RATIO, POINTS, RELATIVE = "ratio", "points", "relative"
 OF = {RATIO: "of perplexity", POINTS: "of perplexity", RELATIVE: "of the larger value"}
 NO_VALUES = "no per-window values to bootstrap an interval from"
-
-
-# the fields of a trained arm: all written for an arm, None where not measured yet
 ARM_FIELDS = ("arm", "tokens_trained", "initial_val_ppl", "final_val_ppl", "wall_time_s", "finished", "validation")
 
 
