@@ -351,7 +351,8 @@ def test_an_analysis_of_unknown_windows_compares_and_its_comparison_reads_back(c
     written = json.loads(file.read_text())
     assert written["models"][0]["evaluation"] == {"data": "unknown data", "tokens": 0, "seq_len": "unknown length"}
     assert Comparison.read(file).to_dict() == written
-    assert "unknown data, 0 tokens scored in windows of unknown length" in (tmp_path / "report" / "report.md").read_text()
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "unknown data, 0 tokens scored in windows of unknown length" in md
 
 
 def test_interval_holds_the_figure_and_equal_windows_resample_alike():
