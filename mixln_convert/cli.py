@@ -2,7 +2,6 @@
 typed options (:mod:`.options`), hands them to the API function and prints its result. Torch and
 transformers are imported inside the commands that need them, so ``--help`` and bad options answer at once."""
 
-import dataclasses
 import json
 import logging
 import os
@@ -176,7 +175,7 @@ def eval_(ckpt, as_json, options):
         for line in format_task_table(result.tasks):
             click.echo(f"  {line}")
     else:
-        click.echo(f"{ckpt}: perplexity {result.perplexity:.3f} on {measured_on(result.to_dict())} (packed)")
+        click.echo(f"{ckpt}: perplexity {result.perplexity:.3f} on {measured_on(result)} (packed)")
     if options.per_document:
         d = result.per_document
         click.echo(f"{ckpt}: per document ({d.documents} documents, {d.tokens} tokens, each from its first "
@@ -458,7 +457,7 @@ def heal(converted, teacher, out, force, resume, options):
     click.echo(f"healed {result.post_ln_layers} Post-LN blocks on {result.tokens} tokens ({result.steps} "
                f"steps, {result.seconds:.0f} s): residual relative error {error.before:.4f} -> {error.after:.4f}")
     if result.perplexity:
-        for what, p in ((f" ({measured_on(dataclasses.asdict(result.evaluation))})", result.perplexity),
+        for what, p in ((f" ({measured_on(result.evaluation)})", result.perplexity),
                         (", each document from its first token", result.per_document_perplexity)):
             click.echo(f"held-out perplexity{what}: teacher {p.teacher:.3f}, "
                        f"converted {p.before:.3f} ({p.before / p.teacher:.3f}x) -> healed "

@@ -315,6 +315,14 @@ def with_per_window(folder, per_window):
                        "bits_per_byte": 1.0}}, "models[1].per_document.token_perplexity: must be a number > 0, got 0"),
     ({"tasks": {"arc": {"metric": "acc", "value": 0.5, "higher_is_better": "yes", "samples": 10,
                         "deep_layer_drop": 0.0}}}, "models[1].tasks.arc.higher_is_better: must be true or false, got 'yes'"),
+    ({"evaluation": {"data": "d", "tokens": 3, "seq_len": "long"}},
+     "models[1].evaluation.seq_len: must be an integer in [2, 10^13] or 'unknown length', got 'long'"),
+    ({"evaluation": {"data": "d", "seq_len": 256}}, "models[1].evaluation: not what a figure was measured on "
+                                                     "(missing tokens)"),
+    ({"validation": {"data": "d", "tokens": "3", "seq_len": 256}},
+     "models[1].validation.tokens: must be an integer in [0, 10^13], got '3'"),
+    ({"validation": {"data": "d", "tokens": 3, "seq_len": "unknown length"}},
+     "models[1].validation.seq_len: must be an integer in [2, 10^13], got 'unknown length'"),
 ])
 def test_a_damaged_model_row_of_a_comparison_is_refused_naming_file_and_key(change, error, tmp_path):
     from mixln_convert.errors import MixLNError
@@ -327,6 +335,24 @@ def test_a_damaged_model_row_of_a_comparison_is_refused_naming_file_and_key(chan
     file.write_text(json.dumps({"summary": [], "notes": [], "models": [row, damaged]}))
     with pytest.raises(MixLNError, match="^" + re.escape(f"{file}: {error}") + "$"):
         Comparison.read(file)
+
+
+def test_an_analysis_of_unknown_windows_compares_and_its_comparison_reads_back(cli, tmp_path):
+    """The oldest analyses record no data, tokens or window length: compare says so, and its comparison.json
+    reads back as written."""
+    from mixln_convert.report.compare import Comparison
+
+    folder = write_analysis(tmp_path / "old")
+    analysis = json.loads((folder / "analysis.json").read_text())
+    (folder / "analysis.json").write_text(json.dumps({k: v for k, v in analysis.items()
+                                                      if k not in ("data", "tokens", "seq_len")}))
+    assert cli("compare", folder, "--out", tmp_path / "report").exit_code == 0
+    file = tmp_path / "report" / "comparison.json"
+    written = json.loads(file.read_text())
+    assert written["models"][0]["evaluation"] == {"data": "unknown data", "tokens": 0, "seq_len": "unknown length"}
+    assert Comparison.read(file).to_dict() == written
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "unknown data, 0 tokens scored in windows of unknown length" in md
 
 
 def test_interval_holds_the_figure_and_equal_windows_resample_alike():
@@ -565,15 +591,15 @@ def test_the_mixln_start_row_says_whether_it_was_healed(heal_tokens, stage, cli,
 def test_token_counts_say_how_many_windows_and_why_fewer_are_scored(cli, tmp_path):
     """The demo's console said 2,048 tokens (--eval-tokens: the windows hold them), results record 2,040
     (what is scored): one wording, in the console and the report, gives both and why."""
-    from mixln_convert.evaluation.options import measured_on
+    from mixln_convert.evaluation.options import Measured, measured_on
 
     seq_len, windows = 256, 8
-    where = {"data": "embedded:validation", "tokens": windows * (seq_len - 1), "seq_len": seq_len}
+    where = Measured(data="embedded:validation", tokens=windows * (seq_len - 1), seq_len=seq_len)
     text = measured_on(where)
     shown = re.fullmatch(r"embedded:validation, (\d+) windows of (\d+) = ([\d,]+) tokens, ([\d,]+) scored", text)
     assert shown, text
     w, s, held, scored = (int(g.replace(",", "")) for g in shown.groups())
-    assert (w, s) == (windows, seq_len) and held == w * s and scored == w * (s - 1) == where["tokens"]
+    assert (w, s) == (windows, seq_len) and held == w * s and scored == w * (s - 1) == where.tokens
     assert "2,048 tokens" in text and "2,040 scored" in text
 
     folder = with_per_window(write_analysis(tmp_path / "a"), per_window_values(20.0, 0.3, seed=1))

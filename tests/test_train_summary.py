@@ -6,6 +6,7 @@ import json
 import pytest
 
 from mixln_convert.errors import MixLNError
+from mixln_convert.evaluation.options import Measured
 from mixln_convert.training.summary import TrainSummary
 
 FINISHED = {"arm": "mixln", "steps": 4, "tokens": 512, "wall_time_s": 1.5, "initial_val_ppl": 30.0,
@@ -21,7 +22,7 @@ def written(tmp_path, record: dict):
 def test_a_summary_reads_back_as_written(tmp_path):
     summary = TrainSummary(**FINISHED, source="src", final_val_loss=3.0, initial_val_loss=3.4, num_layers=8,
                            post_ln_layers=2, layernorm_scaling=False, heal_tokens=0, final_val_window_losses=[3.0, 3.1],
-                           validation={"data": "embedded:validation", "tokens": 62, "seq_len": 32})
+                           validation=Measured(data="embedded:validation", tokens=62, seq_len=32))
     summary.write(tmp_path)
     assert TrainSummary.read(tmp_path / "summary.json") == summary
     assert list(json.loads((tmp_path / "summary.json").read_text()))[:3] == ["arm", "source", "steps"]  # the file's order
@@ -42,7 +43,13 @@ def test_an_older_summary_reads_with_what_it_lacks_unknown(tmp_path):
     ({"layernorm_scaling": "no"}, "layernorm_scaling: must be true or false"),
     ({"final_val_window_losses": []}, "final_val_window_losses: give 1 to"),
     ({"final_val_window_losses": [1.0, "x"]}, "final_val_window_losses: 'x' is not a finite number"),
-    ({"validation": {"data": "d", "tokens": 3, "seq_len": 1}}, "validation: must be an object with data"),
+    ({"validation": {"data": "d", "tokens": 3, "seq_len": 1}},
+     "validation.seq_len: must be an integer in [2, 10^13], got 1"),
+    ({"validation": {"data": "d", "tokens": -1, "seq_len": 32}}, "validation.tokens: must be an integer in [0, 10^13]"),
+    ({"validation": {"data": 3, "tokens": 3, "seq_len": 32}}, "validation.data: must be a string, got 3"),
+    ({"validation": {"data": "d", "tokens": 3, "seq_len": "unknown length"}}, "validation.seq_len: must be an integer"),
+    ({"validation": {"data": "d", "seq_len": 32}}, "validation: not what a figure was measured on (missing tokens)"),
+    ({"validation": [1]}, "validation: not what a figure was measured on (not a JSON object)"),
     ({"num_layers": 2, "post_ln_layers": 3}, "post_ln_layers 3 exceeds num_layers 2"),
 ])
 def test_a_bad_field_is_one_line_naming_the_file_and_key(change, said, tmp_path):

@@ -82,8 +82,7 @@ def _layer_figure(result: Analysis, title: str, ylabel: str, shade_post_ln: bool
     if shade_post_ln and result.post_ln_layers:
         ax.axvspan(-0.5, result.post_ln_layers - 0.5, color=POST_LN, alpha=0.12, label="Post-LN blocks")
     ax.set(title=f"{title}\n{checkpoint_name(result.checkpoint)}: {measured_on(result.evaluation())}",
-           xlabel="block (layer index)",
-           ylabel=ylabel, xlim=(-0.5, result.num_layers - 0.5))
+           xlabel="block (layer index)", ylabel=ylabel, xlim=(-0.5, result.num_layers - 0.5))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     return fig, ax

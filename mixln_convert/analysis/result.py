@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import MixLNError
+from ..evaluation.options import UNKNOWN_LENGTH, Evaluated
 from ..evaluation.result import DocumentScores, Generation
 from ..io.records import LAYER_COUNT, NUMBER, NUMBER_LIST, POST_LN_COUNT, Record, Result
 from ..limits import MAX_TOKENS
@@ -91,10 +92,10 @@ class Analysis(Result):
         """Whether it holds the layer sweep (layer drop, angular distances, gradient norms)."""
         return self.layer_drop is not None
 
-    def evaluation(self) -> dict:
+    def evaluation(self) -> Evaluated:
         """The data, tokens and window length it was measured on (as the oldest analyses say: unknown)."""
-        return {"data": self.data or "unknown data", "tokens": self.tokens or 0,
-                "seq_len": self.seq_len or "unknown length"}
+        return Evaluated(data=self.data or "unknown data", tokens=self.tokens or 0,
+                         seq_len=self.seq_len or UNKNOWN_LENGTH)
 
     def check(self, file: Path) -> None:
         """The per-layer lists one entry per layer, the layer sweep whole, and the per-window tables."""

@@ -4,9 +4,11 @@ from dataclasses import dataclass
 
 from ..data.options import text
 from ..errors import MixLNError
+from ..io.records import Record
 from ..limits import MAX_EXAMPLES, MAX_TASKS
 from ..options import BATCH_SIZE, SEQ_LEN, Options
-from ..schema import BATCH, TOKENS, Count, Flag, Folder, Names, Window, comma_list, setting
+from ..schema import (BATCH, TOKENS, TOKENS_OR_ZERO, Count, Flag, Folder, Names, Shaped, String, Window, comma_list,
+                      setting)
 
 # The one evaluation definition: every perplexity the tool reports is measured on the first EVAL_TOKENS
 # tokens of the held-out text in packed windows of SEQ_LEN unless a flag or recipe key says
@@ -17,19 +19,38 @@ TASKS_HELP = ("lm-evaluation-harness tasks (`pip install 'lm_eval>=0.4.13'`): th
               "mixln_langref_ppl and mixln_langref_next (they ship with the package), lm-eval's own "
               "(e.g. hellaswag,arc_easy, from your datasets cache) or yours in --include-path.")
 LIMIT = Count(1, MAX_EXAMPLES)  # examples of one lm-eval task (--limit)
+MEASURED_WINDOW = Count(2)  # a measured window scores its tokens after the first: at least one
+UNKNOWN_LENGTH = "unknown length"  # an analysis made before its window length was recorded
 
 
-def measured_on(where: dict) -> str:
-    """What a figure was measured on, from a result's {data, tokens (scored), seq_len}, in one wording for the
-    console, the report and the model cards: 'DATA, 8 windows of 256 = 2,048 tokens, 2,040 scored'. A window
-    of S tokens scores S - 1 next-token predictions (its first token has nothing before it), so both counts
-    are said; a count that is no whole number of windows reads 'DATA, N tokens scored in windows of S'."""
-    seq_len, tokens = where.get("seq_len"), where.get("tokens")
+@dataclass(frozen=True, kw_only=True)
+class Measured(Record):
+    """What a figure was measured on: the text's name, the tokens scored and the window length."""
+    data: str = setting(kind=String())
+    tokens: int = setting(kind=TOKENS_OR_ZERO)
+    seq_len: int = setting(kind=MEASURED_WINDOW)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Evaluated(Measured):
+    """What an analysis was measured on (``Analysis.evaluation``): the oldest analyses recorded no window length,
+    which reads as UNKNOWN_LENGTH."""
+    seq_len: int | str = setting(kind=Shaped(lambda v: v == UNKNOWN_LENGTH or MEASURED_WINDOW.ok(v),
+                                             f"{MEASURED_WINDOW.describe()} or '{UNKNOWN_LENGTH}'"))
+
+
+def measured_on(where: Measured) -> str:
+    """What a figure was measured on (``where``: a :class:`Measured`, or another record of its data, tokens
+    (scored) and seq_len: eval's scores, a heal's windows), in one wording for the console, the report and the
+    model cards: 'DATA, 8 windows of 256 = 2,048 tokens, 2,040 scored'. A window of S tokens scores S - 1
+    next-token predictions (its first token has nothing before it), so both counts are said; a count that is no
+    whole number of windows reads 'DATA, N tokens scored in windows of S'."""
+    seq_len, tokens = where.seq_len, where.tokens
     if not (isinstance(seq_len, int) and seq_len > 1 and isinstance(tokens, int) and tokens > 0
             and tokens % (seq_len - 1) == 0):
-        return f"{where['data']}, {tokens:,} tokens scored in windows of {seq_len}"
+        return f"{where.data}, {tokens:,} tokens scored in windows of {seq_len}"
     windows = tokens // (seq_len - 1)
-    return (f"{where['data']}, {windows:,} window{'s' if windows > 1 else ''} of {seq_len} = {windows * seq_len:,} "
+    return (f"{where.data}, {windows:,} window{'s' if windows > 1 else ''} of {seq_len} = {windows * seq_len:,} "
             f"tokens, {tokens:,} scored")
 
 

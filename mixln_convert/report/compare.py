@@ -13,7 +13,7 @@ import numpy as np
 from ..analysis.measures import coefficient_of_variation, deep_half
 from ..analysis.result import Analysis
 from ..errors import MixLNError
-from ..evaluation.options import measured_on
+from ..evaluation.options import Evaluated, Measured, measured_on
 from ..io.paths import check_destination
 from ..io.records import NUMBER, OBJECT, STRINGS, Record, Result
 from ..options import OUT, CompareOptions
@@ -21,7 +21,7 @@ from ..schema import NONNEGATIVE, POSITIVE_NUMBER, TOKENS_OR_ZERO, Flag, Kind, N
 from ..training.summary import MEASURED_ON
 from . import uncertainty
 from .inputs import ARM_KINDS, PRUNE_FRACTIONS, Model, load_inputs
-from .downstream import DocumentFigures, TaskNumbers, downstream_numbers
+from .downstream import DocumentFigures, TaskNumbers, beside_layer_drop, downstream_numbers, plot_task_drops
 from .uncertainty import LEVEL, MIN_ROWS, PRACTICAL, Bootstrap, bootstrap, call
 
 PRUNE_VERDICT = "L/4"  # the pruning sentence compares models at this many removed blocks
@@ -32,9 +32,6 @@ PRUNE_VERDICT = "L/4"  # the pruning sentence compares models at this many remov
 RATIO, POINTS, RELATIVE = "ratio", "points", "relative"
 OF = {RATIO: "of perplexity", POINTS: "of perplexity", RELATIVE: "of the larger value"}
 NO_VALUES = "no per-window values to bootstrap an interval from"
-
-
-# the fields of a trained arm: all written for an arm, None where not measured yet
 ARM_FIELDS = ("arm", "tokens_trained", "initial_val_ppl", "final_val_ppl", "wall_time_s", "finished", "validation")
 
 
@@ -53,10 +50,10 @@ class ModelNumbers(Record):
     final_val_ppl: float | None = setting(None, POSITIVE_NUMBER)
     wall_time_s: float | None = setting(None, NONNEGATIVE)
     finished: bool | None = setting(None, Flag())
-    validation: dict | None = setting(None, MEASURED_ON)
+    validation: Measured | None = setting(None, MEASURED_ON)
     training_grad_norm_cv: float | None = setting(None, NUMBER)  # the last logged training step's
     perplexity: float | None = setting(None, POSITIVE_NUMBER)
-    evaluation: dict | None = setting(None, OBJECT)  # Analysis.evaluation()
+    evaluation: Evaluated | None = setting(None, Nested(Evaluated, "what a figure was measured on"))
     deep_layer_drop: float | None = setting(None, NUMBER)
     deep_layer_drop_median: float | None = setting(None, NUMBER)
     deep_layer_drop_relative: float | None = setting(None, NUMBER)
@@ -94,7 +91,6 @@ def compare(inputs, out, options: CompareOptions | None = None, *, force: bool =
     its fields as ``settings``. Analyses made with different tokenizers are refused unless ``allow_mismatch``."""
     options = CompareOptions.given(options, settings)
     from ..io.atomic import atomic_output_dir
-    from .downstream import beside_layer_drop, plot_task_drops
     from .plots import plot_report
     from .render import write_report
     from .tables import report_blocks
@@ -303,9 +299,7 @@ def _pair_sentences(m: Model, p: Model, numbers: dict[str, ModelNumbers], estima
     if a is not None and b is not None:
         low, high = uncertainty.interval(a.draws / b.draws - 1)
         sentence += (f", {LEVEL:.0%} bootstrap interval [{_percent(low)}, {_percent(high)}] over the {a.n} "
-                     "validation windows)")
-    else:
-        sentence += ")"
+                     "validation windows")
     outcome, why = judge(RATIO, tested.final_val_ppl, base.final_val_ppl, a, b)
     if outcome == "differs":
         verdict = f"{name if change < 0 else base_name} wins by {_percent(abs(change)).lstrip('+')}"
@@ -313,10 +307,10 @@ def _pair_sentences(m: Model, p: Model, numbers: dict[str, ModelNumbers], estima
         verdict = f"the same within {PRACTICAL:.0%} {OF[RATIO]}" + (f" ({why})" if why else "")
     elif why.endswith("includes 0"):
         verdict = (f"too close to call: {tested.tokens_trained:,} training tokens per arm and "
-                   f"{tested.validation['tokens']:,} validation tokens cannot decide between them")
+                   f"{tested.validation.tokens:,} validation tokens cannot decide between them")
     else:
         verdict = f"too close to call ({why})"
-    sentence += f": {verdict}."
+    sentence += f"): {verdict}."
     if tested.tokens_trained != base.tokens_trained:
         sentence += (f" They trained on different token counts ({tested.tokens_trained:,} vs "
                      f"{base.tokens_trained:,}), so this is not like for like.")

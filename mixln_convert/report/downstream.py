@@ -5,9 +5,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from ..analysis.measures import deep_half
-from ..analysis.plots import task_drop_file
+from ..analysis.plots import save, scale_layer_drop_axis, task_drop_file
 from ..io.records import NUMBER, Record
 from ..schema import POSITIVE_NUMBER, TOKENS, TOKENS_OR_ZERO, Flag, String, setting
 from .inputs import Model
@@ -81,11 +83,6 @@ def _task_cell(task: TaskNumbers | None) -> str:
 
 def plot_task_drops(models: list[Model], folder: Path) -> dict[str, str]:
     """One figure per task, every model with that task overlaid; returns {file name: caption}."""
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
-    from ..analysis.plots import save, scale_layer_drop_axis
-
     tasks = list(dict.fromkeys(task for m in models if m.analysis for task in m.analysis.task_drop or {}))
     written = {}
     for task in tasks:

@@ -93,9 +93,7 @@ def load_inputs(paths, labels=()) -> list[Model]:
     if labels and len(labels) != len(paths):
         raise MixLNError(f"{CompareOptions.flag('labels')}: {len(labels)} labels for {len(paths)} inputs; give one per "
                          "input or none")
-    models = []
-    for path, label in zip(map(Path, paths), labels or [None] * len(paths)):
-        models += _load(path, label)
+    models = [m for path, label in zip(map(Path, paths), labels or [None] * len(paths)) for m in _load(path, label)]
     seen = {}
     for model in models:  # two folders of the same name stay apart in legends and tables
         seen[model.label] = seen.get(model.label, 0) + 1

@@ -11,8 +11,7 @@ from matplotlib.ticker import MaxNLocator
 from ..analysis.measures import verdict
 from ..analysis.plots import scale_layer_drop_axis
 from ..analysis.result import NUMBER_ROWS
-from ..io.records import LAYER_COUNT, NUMBER, NUMBER_LIST, POST_LN_COUNT, Record, Result
-from ..limits import MAX_TOKENS
+from ..io.records import LAYER_COUNT, NUMBER, NUMBER_LIST, POST_LN_COUNT, STRINGS, Record, Result
 from ..schema import (NONNEGATIVE, POSITIVE_NUMBER, SEED, TOKENS, TOKENS_OR_ZERO, Count, Kind, Nested, Shaped, String,
                       setting)
 from .render import MISSING, mean_and_range, write_report
@@ -27,7 +26,7 @@ class Scores(Record):
     perplexity: float = setting(kind=POSITIVE_NUMBER)
     per_document_perplexity: float = setting(kind=POSITIVE_NUMBER)
     tokens: int = setting(kind=TOKENS_OR_ZERO)
-    seq_len: int = setting(kind=Count(2, MAX_TOKENS))
+    seq_len: int = setting(kind=Count(2))
     data: str = setting(kind=String())
 
 
@@ -94,9 +93,8 @@ class Recommendation(Record):
     max_grad_ratio: float = setting(kind=POSITIVE_NUMBER)
     post_ln_layers: int | None = setting(None, POST_LN_COUNT)
     alphas: list | None = setting(None, NUMBER_LIST)
-    failures: dict = setting(kind=Shaped(lambda v: isinstance(v, dict) and all(
-        isinstance(reasons, list) and all(isinstance(r, str) for r in reasons) for reasons in v.values()),
-        "an object of lists of reasons"))  # by Post-LN count, as a string
+    failures: dict = setting(kind=Shaped(lambda v: isinstance(v, dict) and all(map(STRINGS.ok, v.values())),
+                                         "an object of lists of reasons"))  # by Post-LN count, as a string
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,11 +137,9 @@ def table_rows(result: SweepResult) -> list[list[str]]:
     for row in result.rows:
         grad = row.post_pre_grad_ratio
         failures = result.recommendation.failures[str(row.post_ln_layers)]
-        stages = [(row.converted.perplexity, row.converted.per_document_perplexity),
-                  (row.healed.perplexity, row.healed.per_document_perplexity) if row.healed else (None, None)]
         rows.append([", ".join(f"{a:g}" for a in row.alphas), f"{row.post_ln_layers} / {result.num_layers}",
-                     *(_ratio(value, of) for values in stages
-                       for value, of in zip(values, (original.perplexity, original.per_document_perplexity))),
+                     *(_ratio(stage and getattr(stage, key), getattr(original, key))
+                       for stage in (row.converted, row.healed) for key in ("perplexity", "per_document_perplexity")),
                      mean_and_range(_ppls(row.trained), "{:,.2f}") if row.trained else MISSING,
                      f"{row.grad_norm_cv:.3f}", MISSING if grad is None else f"{grad:.2f}",
                      "passes" if not failures else "; ".join(failures)])
@@ -213,12 +209,10 @@ def plot_perplexity(result: SweepResult, path: Path) -> None:
         ax.plot(alphas, values, marker="o", linestyle="none", label=name)
     scores = result.original.scores
     ax.axhline(scores.perplexity, color="grey", linestyle="--", label="original (Pre-LN)")
-    if result.control:
-        ax.axhline(np.mean(_ppls(result.control)), color="black", linestyle=":",
-                   label="Pre-LN control, trained (validation)")
-    if result.lns:
-        ax.axhline(np.mean(_ppls(result.lns)), color="tab:green", linestyle="-.",
-                   label="LNS retrofit, trained (validation)")
+    for runs, color, style, name in ((result.control, "black", ":", "Pre-LN control"),
+                                     (result.lns, "tab:green", "-.", "LNS retrofit")):
+        if runs:
+            ax.axhline(np.mean(_ppls(runs)), color=color, linestyle=style, label=f"{name}, trained (validation)")
     ax.set(title=f"Perplexity by Post-LN ratio\n{scores.data}, {scores.tokens:,} tokens in windows of "
                  f"{scores.seq_len}", xlabel="Post-LN blocks / L", ylabel="perplexity")
     ax.grid(alpha=0.3)

@@ -1,7 +1,7 @@
 """The compare report's tables and the order of its blocks (rendered by :mod:`.render`)."""
 
 from ..analysis.plots import checkpoint_name
-from ..evaluation.options import measured_on
+from ..evaluation.options import Measured, measured_on
 from .compare import ModelNumbers
 from .downstream import downstream_blocks
 from .inputs import PRUNE_FRACTIONS, Model
@@ -37,7 +37,7 @@ def _ppl_interval(f: ModelNumbers, name: str) -> str:
     return f"{_ppl(value)} [{interval[0]:,.2f}, {interval[1]:,.2f}{size}]"
 
 
-def _where(where: dict | None) -> str:
+def _where(where: Measured | None) -> str:
     return measured_on(where) if where else MISSING
 
 

@@ -6,15 +6,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import MixLNError
+from ..evaluation.options import Measured
 from ..io.records import LAYER_COUNT, NUMBER, POST_LN_COUNT, Result
-from ..limits import MAX_TOKENS, is_integral
-from ..schema import NONNEGATIVE, POSITIVE_NUMBER, TOKENS_OR_ZERO, Count, Flag, Numbers, Shaped, String, setting
+from ..limits import MAX_TOKENS
+from ..schema import NONNEGATIVE, POSITIVE_NUMBER, TOKENS_OR_ZERO, Count, Flag, Nested, Numbers, String, setting
 
-
-# what a perplexity was measured on: the text's name, the tokens scored and the window length
-MEASURED_ON = Shaped(lambda v: isinstance(v, dict) and isinstance(v.get("data"), str) and is_integral(v.get("tokens"))
-                     and v["tokens"] >= 0 and is_integral(v.get("seq_len")) and v["seq_len"] > 1,
-                     "an object with data (a string), tokens and seq_len (integers)")
+MEASURED_ON = Nested(Measured, "what a figure was measured on")
 WINDOW_LOSSES = Numbers(NUMBER, 1, MAX_TOKENS)  # one per validation window
 
 
@@ -34,7 +31,7 @@ class TrainSummary(Result):
     final_val_ppl: float = setting(kind=POSITIVE_NUMBER)
     initial_val_loss: float | None = setting(None, NUMBER)
     initial_val_ppl: float = setting(kind=POSITIVE_NUMBER)
-    validation: dict | None = setting(None, MEASURED_ON)
+    validation: Measured | None = setting(None, MEASURED_ON)
     initial_val_window_losses: list[float] | None = setting(None, WINDOW_LOSSES)
     final_val_window_losses: list[float] | None = setting(None, WINDOW_LOSSES)
     tokens_per_s: float | None = setting(None, NONNEGATIVE)

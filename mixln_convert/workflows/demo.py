@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..evaluation.options import EVAL_DATA, measured_on
+from ..evaluation.options import EVAL_DATA, Measured, measured_on
 from ..fetch import cache_dir
 from ..io.loader import open_checkpoint
 from ..io.paths import checkpoint_path
@@ -53,7 +53,7 @@ def _demo(out: Path, options: DemoOptions, recipe: Recipe, resume: bool) -> "Com
     # training validation and every analysis score the same windows, so their perplexities agree
     # as the results record it: the tokens scored, seq_len - 1 of each window
     scored = eval_tokens // recipe.seq_len * (recipe.seq_len - 1)
-    where = measured_on({"data": EVAL_DATA, "tokens": scored, "seq_len": recipe.seq_len})
+    where = measured_on(Measured(data=EVAL_DATA, tokens=scored, seq_len=recipe.seq_len))
     log.info(f"[1/4] source model: {recipe.source}")
     healing = f"heal ({heal_tokens:,} tokens) + " if heal_tokens else ""
     log.info(f"[2/4] convert + {healing}recovery training of both arms ({recipe.max_tokens:,} tokens each) "
