@@ -171,8 +171,8 @@ def test_a_trained_arm_final_card_has_its_training_and_validation_figures(tiny_l
     assert "mixln-convert train recipe.yaml --arm mixln --out run/" in body and "max_tokens: 128" in body
     validation = summary.validation
     assert (f"validation perplexity {summary.initial_val_ppl:.2f} before the first step and "
-            f"{summary.final_val_ppl:.2f} after the last, on `{Path(validation['data']).name}` "
-            f"({validation['tokens']:,} tokens in windows of 32)") in body
+            f"{summary.final_val_ppl:.2f} after the last, on `{Path(validation.data).name}` "
+            f"({validation.tokens:,} tokens in windows of 32)") in body
     assert "trust_remote_code=True" in body and SENTINEL not in body
 
 

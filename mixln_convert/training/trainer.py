@@ -28,7 +28,7 @@ from ..architectures import model_blocks
 from ..data import PackedWindows, Splits, windows
 from ..data.shards import file_sha256
 from ..errors import MixLNError, first_line, warn
-from ..evaluation.options import EVAL_DATA
+from ..evaluation.options import EVAL_DATA, Measured
 from ..evaluation.perplexity import evaluate_perplexity
 from ..io.atomic import atomic_output_dir, write_atomic
 from ..io.lineage import add_record
@@ -90,12 +90,12 @@ def train_arm(recipe: Recipe, arm: str, folder: Path, source: str, splits: Split
     initial = validate(run, recipe.micro_batch_size)
     start = _restore(run, folder) if resume else 0
     record, train_time = fit(run, recipe, arm, folder, start, progress)
-    validation = {"data": validation_source(recipe.data),
-                  "tokens": len(initial.val_window_losses) * (recipe.seq_len - 1), "seq_len": recipe.seq_len}
+    validation = Measured(data=validation_source(recipe.data),
+                          tokens=len(initial.val_window_losses) * (recipe.seq_len - 1), seq_len=recipe.seq_len)
     # final/config.json records the training (as prune records a pruning), so an export of it keeps it
     trained = tool_stamp(source=str(source), arm=arm, steps=run.steps, tokens=run.steps * run.step_tokens,
                          data=str(recipe.data.train or "embedded:train"), precision=run.accelerator.mixed_precision,
-                         initial_val_ppl=initial.val_ppl, final_val_ppl=record.val_ppl, validation=validation,
+                         initial_val_ppl=initial.val_ppl, final_val_ppl=record.val_ppl, validation=validation.to_dict(),
                          recipe=recipe.to_dict())
     save(run, tokenizer, folder, trained)
     summary = TrainSummary(
