@@ -215,6 +215,21 @@ class Shaped(Kind):
         return self.description
 
 
+@dataclass(frozen=True)
+class ByName(Kind):
+    """An object of values of the kind ``item`` by name (a figure's interval, a stage's seconds); ``or_none``: a
+    value may be null (not measured)."""
+    item: Kind
+    or_none: bool = False
+
+    def ok(self, value) -> bool:
+        return isinstance(value, dict) and all((item is None and self.or_none) or self.item.ok(item)
+                                               for item in value.values())
+
+    def describe(self) -> str:
+        return f"an object, each {self.item.describe()}{' or null' if self.or_none else ''}"
+
+
 class PathText(Text):
     """A path a command writes or reads, as click takes it (its metavar PATH)."""
     click_type = click.Path(path_type=str)

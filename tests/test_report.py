@@ -323,6 +323,14 @@ def with_per_window(folder, per_window):
      "models[1].validation.tokens: must be an integer in [0, 10^13], got '3'"),
     ({"validation": {"data": "d", "tokens": 3, "seq_len": "unknown length"}},
      "models[1].validation.seq_len: must be an integer in [2, 10^13], got 'unknown length'"),
+    ({"intervals": {"perplexity": [1.0]}}, "models[1].intervals: must be an object, each a list of numbers, got "
+                                           "{'perplexity': [1.0]}"),
+    ({"interval_n": {"perplexity": 8}}, "models[1].interval_n: must be an object, each a string, got "
+                                        "{'perplexity': 8}"),
+    ({"prune": {"L/8": [1, "high"]}}, "models[1].prune: must be an object, each a list of numbers or null, got "
+                                      "{'L/8': [1, 'high']}"),
+    ({"prune": {"L/8": None, "L/4": [2, 30.5]}, "prune_method": "angular", "intervals": {"perplexity": [19, 21]},
+      "interval_n": {"perplexity": "n=8 windows"}}, None),
 ])
 def test_a_damaged_model_row_of_a_comparison_is_refused_naming_file_and_key(change, error, tmp_path):
     from mixln_convert.errors import MixLNError
@@ -333,6 +341,9 @@ def test_a_damaged_model_row_of_a_comparison_is_refused_naming_file_and_key(chan
     damaged = {key: value for key, value in {**row, **change}.items() if value is not None}
     file = tmp_path / "comparison.json"
     file.write_text(json.dumps({"summary": [], "notes": [], "models": [row, damaged]}))
+    if error is None:  # well formed: read back as written
+        assert Comparison.read(file).models[1].to_dict() == damaged
+        return
     with pytest.raises(MixLNError, match="^" + re.escape(f"{file}: {error}") + "$"):
         Comparison.read(file)
 

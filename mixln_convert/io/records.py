@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from ..errors import MixLNError
 from ..limits import MAX_TOKENS
-from ..schema import TOKENS_OR_ZERO, Count, Flag, Number, Numbers, Shaped, String, read_record, setting
+from ..schema import TOKENS_OR_ZERO, ByName, Count, Flag, Number, Numbers, Shaped, String, read_record, setting
 from .atomic import write_atomic
 
 METRICS = "metrics.jsonl"
@@ -65,6 +65,8 @@ def read_metrics(file: Path, what: str = "a training record") -> list["MetricRec
 
 # what a number of a result file may be: any finite one; a list of them, one per layer (or window)
 NUMBER, NUMBER_LIST = Number(), Numbers(Number(), 0, MAX_TOKENS)
+PAIR = Numbers(Number(), 2, 2)  # an interval [low, high], a point [x, y]
+SECONDS = ByName(Number(0))  # the seconds of each stage, by its name
 STRINGS = Shaped(lambda v: isinstance(v, list) and all(isinstance(item, str) for item in v), "a list of strings")
 OBJECT = Shaped(lambda v: isinstance(v, dict), "an object")  # its readers check what they use of it
 # a model's blocks, and its leading Post-LN ones, as a result file records them

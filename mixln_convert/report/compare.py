@@ -15,9 +15,10 @@ from ..analysis.result import Analysis
 from ..errors import MixLNError
 from ..evaluation.options import Evaluated, Measured, measured_on
 from ..io.paths import check_destination
-from ..io.records import NUMBER, OBJECT, STRINGS, Record, Result
+from ..io.records import NUMBER, PAIR, STRINGS, Record, Result
 from ..options import OUT, CompareOptions
-from ..schema import NONNEGATIVE, POSITIVE_NUMBER, TOKENS_OR_ZERO, Flag, Kind, Nested, String, read_record, setting
+from ..schema import (NONNEGATIVE, POSITIVE_NUMBER, TOKENS_OR_ZERO, ByName, Flag, Kind, Nested, String, read_record,
+                      setting)
 from ..training.summary import MEASURED_ON
 from . import uncertainty
 from .inputs import ARM_KINDS, PRUNE_FRACTIONS, Model, load_inputs
@@ -62,9 +63,9 @@ class ModelNumbers(Record):
     grad_norm_cv: float | None = setting(None, NUMBER)
     repeated_4gram_share: float | None = setting(None, NUMBER)
     prune_method: str | None = setting(None, String())
-    prune: dict | None = setting(None, OBJECT)  # PRUNE_FRACTIONS name -> [blocks removed, perplexity] or None
-    intervals: dict = setting(kind=OBJECT)  # figure -> [low, high]
-    interval_n: dict = setting(kind=OBJECT)  # figure -> what its interval rests on
+    prune: dict | None = setting(None, ByName(PAIR, or_none=True))  # PRUNE_FRACTIONS name -> [blocks removed, ppl]
+    intervals: dict = setting(kind=ByName(PAIR))  # figure -> [low, high]
+    interval_n: dict = setting(kind=ByName(String()))  # figure -> what its interval rests on
     tasks: dict | None = setting(None, Nested(TaskNumbers, "a task's numbers", "names"))
     per_document: DocumentFigures | None = setting(None, Nested(DocumentFigures, "per-document scores"))
 

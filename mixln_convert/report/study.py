@@ -8,7 +8,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from ..analysis.plots import scale_layer_drop_axis
-from ..io.records import NUMBER, NUMBER_LIST, OBJECT, STRINGS, Record, Result
+from ..io.records import NUMBER, NUMBER_LIST, OBJECT, SECONDS, STRINGS, Record, Result
 from ..schema import NONNEGATIVE, POSITIVE_NUMBER, SEED, TOKENS, TOKENS_OR_ZERO, Count, Nested, Shaped, String, setting
 from .render import mean_and_range, write_report
 
@@ -66,7 +66,7 @@ class StudyResult(Result):
     eval_tokens: int = setting(kind=TOKENS)
     runs: list[StudyRow] = setting(kind=Nested(StudyRow, "a study's run", many="list"))
     wall_time_s: float = setting(kind=NONNEGATIVE)
-    times_s: dict = setting(kind=OBJECT)
+    times_s: dict = setting(kind=SECONDS)
     verdicts: dict = setting(kind=OBJECT)  # {scheme: {claim: verdict}} and {"scaled init helps <arm>": verdict}
     lns_verdicts: dict | None = setting(None, OBJECT)  # with an LNS arm only
     SPARSE = True  # lns_verdicts, the one field that may be None, left out of the file without an LNS arm

@@ -11,13 +11,10 @@ from matplotlib.ticker import MaxNLocator
 from ..analysis.measures import verdict
 from ..analysis.plots import scale_layer_drop_axis
 from ..analysis.result import NUMBER_ROWS
-from ..io.records import LAYER_COUNT, NUMBER, NUMBER_LIST, POST_LN_COUNT, STRINGS, Record, Result
-from ..schema import (NONNEGATIVE, POSITIVE_NUMBER, SEED, TOKENS, TOKENS_OR_ZERO, Count, Kind, Nested, Shaped, String,
+from ..io.records import LAYER_COUNT, NUMBER, NUMBER_LIST, POST_LN_COUNT, SECONDS, STRINGS, Record, Result
+from ..schema import (NONNEGATIVE, POSITIVE_NUMBER, SEED, TOKENS, TOKENS_OR_ZERO, ByName, Count, Kind, Nested, String,
                       setting)
 from .render import MISSING, mean_and_range, write_report
-
-SECONDS = Shaped(lambda v: isinstance(v, dict) and all(NONNEGATIVE.ok(t) for t in v.values()),
-                 "an object of times in seconds")
 
 
 @dataclass(frozen=True)
@@ -93,8 +90,7 @@ class Recommendation(Record):
     max_grad_ratio: float = setting(kind=POSITIVE_NUMBER)
     post_ln_layers: int | None = setting(None, POST_LN_COUNT)
     alphas: list | None = setting(None, NUMBER_LIST)
-    failures: dict = setting(kind=Shaped(lambda v: isinstance(v, dict) and all(map(STRINGS.ok, v.values())),
-                                         "an object of lists of reasons"))  # by Post-LN count, as a string
+    failures: dict = setting(kind=ByName(STRINGS))  # a Post-LN count's (as a string) reasons
 
 
 @dataclass(frozen=True, kw_only=True)
