@@ -34,7 +34,6 @@ def shard_name(split: str, index: int) -> str:
 
 
 def file_sha256(path: Path) -> str:
-    """sha256 of ``path``, read 16 MiB at a time."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while piece := f.read(2**24):

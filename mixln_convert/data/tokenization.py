@@ -243,18 +243,6 @@ def settings(tokenizer, train, options: TokenizeOptions = TokenizeOptions(), max
     }
 
 
-def up_to_date(out: Path, wanted: dict) -> bool:
-    """Whether ``out`` is a complete tokenized folder made with the settings ``wanted``; a damaged
-    one (bad manifest, a shard's size or sha256) is an error naming the file."""
-    if not (out / MANIFEST).is_file():
-        return False
-    manifest = read_manifest(out)
-    if manifest.settings() != wanted:
-        return False
-    check_shards(out, manifest, hashes=True)
-    return True
-
-
 def _resumed(partial: Path, key: str, writers: dict) -> tuple[tuple[int, int], dict]:
     """Where an earlier run to ``partial`` stopped, its writers resumed; (0, 0) and a fresh folder
     if there is no such run, or it had other settings, or its files disagree with its record."""
@@ -318,9 +306,11 @@ def tokenize(train, tokenizer, out, options: TokenizeOptions | None = None, *, m
     wanted = settings(tokenizer, train, options, max_tokens, max_validation_tokens)
     partial = out.with_name(f".{out.name}.partial")
     while True:  # until the folder is there, made by another run, or this run holds the lock to write it
-        try:
-            if up_to_date(out, wanted):
-                return read_manifest(out)
+        try:  # a complete folder of these settings; a damaged one (manifest, a shard's size or sha256) is an error
+            manifest = read_manifest(out) if (out / MANIFEST).is_file() else None
+            if manifest is not None and manifest.settings() == wanted:
+                check_shards(out, manifest, hashes=True)
+                return manifest
         except MixLNError:
             if not force:  # a damaged folder: --force rebuilds it
                 raise
