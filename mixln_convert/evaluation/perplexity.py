@@ -135,19 +135,6 @@ def prepare_scoring(ckpt, options: EvalOptions | None = None, **settings) -> Sco
     return Scoring(source, options, texts, windows)
 
 
-def scored_extras(scoring: Scoring, model, progress: bool) -> dict:
-    """The parts of eval's result ``scoring``'s options ask for beside its figures: per_document, generation."""
-    source, options = scoring.source, scoring.options
-    per_document = generation = None
-    if options.per_document:
-        per_document = evaluate_documents(model, source.tokenizer, scoring.texts, options.seq_len, options.batch_size,
-                                          options.max_tokens, progress)
-        check_finite_score(per_document.token_perplexity, source.path, "per-document perplexity")
-    if options.generate:
-        generation = greedy_continuations(model, source.tokenizer, progress=progress)
-    return {"per_document": per_document, "generation": generation}
-
-
 def score_checkpoint(ckpt, options: EvalOptions | None = None, *, task_manager=None, progress: bool = True,
                      **settings) -> PerplexityScores | TaskScores:
     """What ``mixln-convert eval`` prints: the prepared text (:func:`prepare_scoring`) scored in packed windows, or
@@ -163,11 +150,20 @@ def score_checkpoint(ckpt, options: EvalOptions | None = None, *, task_manager=N
     scoring = prepare_scoring(ckpt, options)
     source, model = scoring.source, scoring.source.model()  # with tasks, one load for them and the scoring both
     if options.tasks:
-        return TaskScores(checkpoint=str(source.path), batch_size=options.batch_size,
-                          **evaluate_tasks(model, source.tokenizer, list(options.tasks), task_manager,
-                                           limit=options.limit, batch_size=options.batch_size),
-                          **scored_extras(scoring, model, progress))
-    packed = evaluate_perplexity(model, scoring.windows, options.batch_size, progress)
-    check_finite_score(packed.perplexity, source.path, "perplexity")
-    return PerplexityScores(checkpoint=str(source.path), data=str(options.data) if options.data else EVAL_DATA,
-                            seq_len=options.seq_len, **vars(packed), **scored_extras(scoring, model, progress))
+        figures = {"batch_size": options.batch_size, **evaluate_tasks(
+            model, source.tokenizer, list(options.tasks), task_manager, limit=options.limit,
+            batch_size=options.batch_size)}
+    else:
+        packed = evaluate_perplexity(model, scoring.windows, options.batch_size, progress)
+        check_finite_score(packed.perplexity, source.path, "perplexity")
+        figures = {"data": str(options.data) if options.data else EVAL_DATA, "seq_len": options.seq_len,
+                   **vars(packed)}
+    per_document = generation = None
+    if options.per_document:
+        per_document = evaluate_documents(model, source.tokenizer, scoring.texts, options.seq_len, options.batch_size,
+                                          options.max_tokens, progress)
+        check_finite_score(per_document.token_perplexity, source.path, "per-document perplexity")
+    if options.generate:
+        generation = greedy_continuations(model, source.tokenizer, progress=progress)
+    return (TaskScores if options.tasks else PerplexityScores)(checkpoint=str(source.path), **figures,
+                                                               per_document=per_document, generation=generation)
