@@ -43,8 +43,7 @@ def file_sha256(path: Path) -> str:
 
 @dataclass(kw_only=True)
 class ShardRecord:
-    """One shard file of a split: its tokens and sha256 (None while the writer fills it; a manifest's
-    :meth:`TokenManifest.check` refuses it there)."""
+    """One shard file of a split: its tokens and sha256 (None while the writer fills it; never in a manifest)."""
     file: str = setting(kind=String())
     tokens: int = setting(kind=TOKENS)
     sha256: str | None = setting(None, String())
