@@ -108,6 +108,31 @@ def test_the_manifest_reads_back_as_written_and_a_damaged_one_is_refused_naming_
         assert str(refused.value).startswith(f"{copy / MANIFEST}: damaged ({key}") and "\n" not in str(refused.value)
 
 
+def test_the_hold_out_rule_is_a_record_written_as_read_and_a_damaged_one_is_refused_naming_file_and_key(
+        tokenized, tmp_path):
+    import shutil
+
+    from mixln_convert.data.shards import HoldOut, read_manifest
+    from mixln_convert.errors import MixLNError
+
+    rule = "sha256(document)[:8] < fraction * 2**64"
+    assert read_manifest(tokenized).validation == HoldOut(rule=rule, fraction=0.1)
+    # the validation sources' rule has no fraction: none is written
+    assert HoldOut(rule="the documents of the validation sources").to_dict() == {
+        "rule": "the documents of the validation sources"}
+    written = (tokenized / MANIFEST).read_text()
+    copy = tmp_path / "copy"
+    shutil.copytree(tokenized, copy)
+    for validation, key in [({"fraction": 0.1}, "validation: not a hold-out rule (missing rule)"),
+                            ({"rule": 7}, "validation.rule: must be a string"),
+                            ({"rule": rule, "fraction": 2}, "validation.fraction: must be in (0, 1)"),
+                            ([rule], "validation: not a hold-out rule (not a JSON object)")]:
+        (copy / MANIFEST).write_text(json.dumps({**json.loads(written), "validation": validation}))
+        with pytest.raises(MixLNError) as refused:
+            read_manifest(copy)
+        assert str(refused.value).startswith(f"{copy / MANIFEST}: damaged ({key}") and "\n" not in str(refused.value)
+
+
 def test_two_processes_write_the_same_shards(tokenized, corpus, tokenizer, tmp_path):
     out = tmp_path / "two"
     tokenize(corpus, tokenizer, out, validation_fraction=0.1, num_proc=2, shard_tokens=SHARD, progress=False)
@@ -271,6 +296,45 @@ def test_a_damaged_partial_folder_starts_afresh(corpus, tokenizer, tmp_path, mon
                  progress=False)
     assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == {
         p.name: p.read_bytes() for p in whole.iterdir()}
+
+
+@pytest.mark.parametrize("damage, key", [
+    (lambda p: p["splits"]["train"]["shards"][0].update(tokens="many"),
+     "splits.train.shards[0].tokens: must be an integer"),
+    (lambda p: p["splits"].pop("validation"), "splits: validation is missing"),
+    (lambda p: p.update(position=[0]), "position: give 2 numbers, got 1"),
+    (lambda p: p.pop("settings_sha256"), "not a tokenize run's progress (missing settings_sha256)")])
+def test_a_stopped_run_s_progress_is_a_record_and_a_damaged_one_starts_afresh_naming_file_and_key(
+        corpus, tokenizer, tmp_path, monkeypatch, damage, key):
+    from mixln_convert.data import tokenization as module
+
+    partial, results = tmp_path / ".out.partial", module._results
+
+    def stop_after_three_chunks(*args):  # a run that stops (as if killed) after 3 chunks
+        for n, result in enumerate(results(*args)):
+            if n == 3:
+                raise KeyboardInterrupt
+            yield result
+
+    monkeypatch.setattr(module, "CHUNK_CHARS", 2000)
+    monkeypatch.setattr(module, "_results", stop_after_three_chunks)
+    with pytest.raises(KeyboardInterrupt):
+        tokenize(corpus, tokenizer, tmp_path / "out", validation_fraction=0.1, num_proc=1, shard_tokens=1000,
+                 progress=False)
+    monkeypatch.setattr(module, "_results", results)
+    file = partial / module.PROGRESS
+    written = file.read_text()
+    progress = module.Progress.read(file)
+    assert progress.splits["train"].shards[0].sha256 is not None and progress.splits["train"].shards[-1].sha256 is None
+    assert json.dumps(progress.to_dict()) == written  # key for key, byte for byte
+    record = json.loads(written)
+    damage(record)
+    file.write_text(json.dumps(record))
+    with pytest.warns(MixLNWarning, match="does not resume") as warned:
+        tokenize(corpus, tokenizer, tmp_path / "out", validation_fraction=0.1, num_proc=1, shard_tokens=1000,
+                 progress=False)
+    assert f"({file}: {key}" in str(warned[0].message)
+    assert not partial.exists() and (tmp_path / "out" / MANIFEST).is_file()
 
 
 def test_a_full_disk_keeps_the_partial_folder_and_says_so_and_a_rerun_resumes(corpus, tokenizer, tmp_path,

@@ -6,7 +6,6 @@ the settings they were made with and each shard's token count and sha256. The la
 ``.bin`` token files: a training process memory-maps only the windows it trains on.
 """
 
-import dataclasses
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,9 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import MixLNError
-from ..io.records import Result
+from ..io.records import Record, Result
 from ..options import FORCE
-from ..schema import TOKENS, TOKENS_OR_ZERO, Choice, Count, Nested, Shaped, String, setting
+from ..schema import OPEN_FRACTION, TOKENS, TOKENS_OR_ZERO, Choice, Count, Nested, Shaped, String, setting
 
 MANIFEST = "mixln-tokens.json"
 FORMAT = "mixln-convert tokens"
@@ -35,7 +34,6 @@ def shard_name(split: str, index: int) -> str:
 
 
 def file_sha256(path: Path) -> str:
-    """sha256 of ``path``, read 16 MiB at a time."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while piece := f.read(2**24):
@@ -45,10 +43,10 @@ def file_sha256(path: Path) -> str:
 
 @dataclass(kw_only=True)
 class ShardRecord:
-    """One shard file of a split: its tokens and sha256 (None while the writer fills it)."""
+    """One shard file of a split: its tokens and sha256 (None while the writer fills it; never in a manifest)."""
     file: str = setting(kind=String())
     tokens: int = setting(kind=TOKENS)
-    sha256: str | None = setting(kind=String())
+    sha256: str | None = setting(None, String())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,9 +56,17 @@ class SplitRecord:
     shards: list[ShardRecord] = setting(kind=Nested(ShardRecord, "a shard's record", many="list"))
 
 
-# the hold-out rule ({rule, fraction}) and each source's record (a file's or a Hub dataset's): compared whole
-# with what a rerun would record, never read field by field
-HOLD_OUT = Shaped(lambda v: isinstance(v, dict) and isinstance(v.get("rule"), str), "an object with a rule")
+@dataclass(frozen=True, kw_only=True)
+class HoldOut(Record):
+    """Which documents are validation (tokenization.settings): those of the validation sources, or by content
+    hash under ``fraction`` (:func:`~.tokenization.held_out`)."""
+    SPARSE = True
+    rule: str = setting(kind=String())
+    fraction: float | None = setting(None, OPEN_FRACTION)
+
+
+# each source's record (a file's or a Hub dataset's): compared whole with what a rerun would record, never read
+# field by field
 SOURCES = Shaped(lambda v: isinstance(v, list) and all(isinstance(s, dict) for s in v), "a list of objects")
 
 
@@ -80,7 +86,7 @@ class TokenManifest(Result):
     seq_len: int | None = setting(None, TOKENS)
     max_tokens: int | None = setting(None, TOKENS)
     max_validation_tokens: int | None = setting(None, TOKENS)
-    validation: dict = setting(kind=HOLD_OUT)
+    validation: HoldOut = setting(kind=Nested(HoldOut, "a hold-out rule"))
     sources: list[dict] = setting(kind=SOURCES)
     splits: dict[str, SplitRecord] = setting(kind=Nested(SplitRecord, "a split's record", many="names"))
 
@@ -111,11 +117,10 @@ class TokenShardWriter:
         self.tokens = 0
         self._digest = None  # sha256 of the shard being filled
 
-    def resume(self, shards: list[dict]) -> None:
-        """Continue after ``shards`` (a :meth:`state` of a killed run): the full shards checked, the last
-        cut back to its recorded length (the run may have written past it); ValueError (TypeError: not shard
-        records) if the files disagree."""
-        self.shards = [ShardRecord(**shard) for shard in shards]
+    def resume(self, shards: list[ShardRecord]) -> None:
+        """Continue after ``shards`` (the :attr:`shards` a killed run recorded): the full shards checked, the last
+        cut back to its recorded length (the run may have written past it); ValueError if the files disagree."""
+        self.shards = list(shards)
         for shard in self.shards[:-1]:
             path = self.folder / shard.file
             if shard.tokens != self.shard_tokens or path.stat().st_size != shard.tokens * self.dtype.itemsize \
@@ -148,7 +153,7 @@ class TokenShardWriter:
             raise MixLNError(f"token id {int(ids.max())} does not fit the {self.dtype.name} shards")
         while len(ids):
             if not self.shards or self.shards[-1].tokens == self.shard_tokens:
-                self.shards.append(ShardRecord(file=shard_name(self.split, len(self.shards)), tokens=0, sha256=None))
+                self.shards.append(ShardRecord(file=shard_name(self.split, len(self.shards)), tokens=0))
                 self._digest = hashlib.sha256()
                 (self.folder / self.shards[-1].file).write_bytes(b"")
             shard = self.shards[-1]
@@ -162,10 +167,6 @@ class TokenShardWriter:
             ids = ids[taken:]
             if shard.tokens == self.shard_tokens:
                 shard.sha256 = self._digest.hexdigest()
-
-    def state(self) -> list[dict]:
-        """The shards so far, as a killed run's progress records them for :meth:`resume`."""
-        return [dataclasses.asdict(s) for s in self.shards]
 
     def close(self) -> list[ShardRecord]:
         """The finished split's shards, the last one's sha256 included."""

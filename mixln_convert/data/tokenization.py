@@ -19,7 +19,7 @@ import os
 import shutil
 import signal
 from collections import deque
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from itertools import chain, islice
 from pathlib import Path
@@ -31,17 +31,41 @@ from ..errors import MixLNError, warn
 from ..io.atomic import replace_dir, try_lock, wait_for_lock, write_atomic, write_failure
 from ..io.paths import check_not_input, check_readable, checkpoint_path, resolved
 from ..io.hub import HubDataset
+from ..io.records import Record, Result
 from ..options import FORCE, OUT
-from ..schema import TOKENS
+from ..schema import TOKENS, TOKENS_OR_ZERO, Nested, Numbers, String, setting
 from .corpus import embedded_corpus, file_documents, source_files
 from .options import TokenizeCommand, TokenizeOptions
-from .shards import (FORMAT, MANIFEST, TOKEN_SPLITS, VERSION, SplitRecord, TokenManifest, TokenShardWriter,
-                     check_shards, file_sha256, read_manifest, token_dtype)
+from .shards import (FORMAT, MANIFEST, TOKEN_SPLITS, VERSION, HoldOut, ShardRecord, SplitRecord, TokenManifest,
+                     TokenShardWriter, check_shards, file_sha256, read_manifest, token_dtype)
 
 CHUNK_CHARS = 2**20  # text per worker task: small enough to bound memory, large enough to amortize a task
 PARALLEL_BYTES = 2**24  # below 16 MiB of input, starting worker processes costs more than it saves
 PROGRESS = "progress.json"
 log = logging.getLogger(__name__)  # notices of a resumed or waiting run
+
+
+@dataclass(frozen=True, kw_only=True)
+class SplitProgress(Record):
+    shards: list[ShardRecord] = setting(kind=Nested(ShardRecord, "a shard's record", many="list"))
+    documents: int = setting(kind=TOKENS_OR_ZERO)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Progress(Result):
+    """``progress.json``: how far a run got (after input ``position[0]``'s document ``position[1]``) with the
+    settings of sha256 ``settings_sha256``, and each split's shards so far (the last one's sha256 None)."""
+    FILE = PROGRESS
+    WHAT = "a tokenize run's progress"
+
+    settings_sha256: str = setting(kind=String())
+    position: list[int] = setting(kind=Numbers(TOKENS_OR_ZERO, 2, 2))
+    splits: dict[str, SplitProgress] = setting(kind=Nested(SplitProgress, "a split's progress", many="names"))
+
+    def check(self, file: Path) -> None:
+        for split in TOKEN_SPLITS:
+            if split not in self.splits:
+                raise MixLNError(f"{file}: splits: {split} is missing")
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -219,32 +243,21 @@ def settings(tokenizer, train, options: TokenizeOptions = TokenizeOptions(), max
     }
 
 
-def up_to_date(out: Path, wanted: dict) -> bool:
-    """Whether ``out`` is a complete tokenized folder made with the settings ``wanted``; a damaged
-    one (bad manifest, a shard's size or sha256) is an error naming the file."""
-    if not (out / MANIFEST).is_file():
-        return False
-    manifest = read_manifest(out)
-    if manifest.settings() != wanted:
-        return False
-    check_shards(out, manifest, hashes=True)
-    return True
-
-
 def _resumed(partial: Path, key: str, writers: dict) -> tuple[tuple[int, int], dict]:
     """Where an earlier run to ``partial`` stopped, its writers resumed; (0, 0) and a fresh folder
     if there is no such run, or it had other settings, or its files disagree with its record."""
     try:
-        progress = json.loads((partial / PROGRESS).read_text())
-        if progress["settings_sha256"] != key:
-            raise ValueError("other settings")
-        for split, writer in writers.items():
-            writer.resume(progress["splits"][split]["shards"])
-        log.info(f"resuming {partial.name} at input {progress['position'][0] + 1}, document {progress['position'][1]}")
-        return tuple(progress["position"]), {s: progress["splits"][s]["documents"] for s in TOKEN_SPLITS}
-    except FileNotFoundError:
+        if (partial / PROGRESS).exists():  # none: no run, or one stopped before its first chunk
+            progress = Progress.read(partial / PROGRESS)
+            if progress.settings_sha256 != key:
+                raise ValueError("other settings")
+            for split, writer in writers.items():
+                writer.resume(progress.splits[split].shards)
+            log.info(f"resuming {partial.name} at input {progress.position[0] + 1}, document {progress.position[1]}")
+            return tuple(progress.position), {s: progress.splits[s].documents for s in TOKEN_SPLITS}
+    except FileNotFoundError:  # a shard the record names is gone: started afresh, as a missing record
         pass
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, TypeError, MixLNError) as e:  # TypeError: a count like 5.0 in the record
         warn(f"{partial} holds a run that does not resume ({str(e)[:200]}); starting afresh")
     for writer in writers.values():
         writer.resume([])
@@ -293,9 +306,11 @@ def tokenize(train, tokenizer, out, options: TokenizeOptions | None = None, *, m
     wanted = settings(tokenizer, train, options, max_tokens, max_validation_tokens)
     partial = out.with_name(f".{out.name}.partial")
     while True:  # until the folder is there, made by another run, or this run holds the lock to write it
-        try:
-            if up_to_date(out, wanted):
-                return read_manifest(out)
+        try:  # a complete folder of these settings; a damaged one (manifest, a shard's size or sha256) is an error
+            manifest = read_manifest(out) if (out / MANIFEST).is_file() else None
+            if manifest is not None and manifest.settings() == wanted:
+                check_shards(out, manifest, hashes=True)
+                return manifest
         except MixLNError:
             if not force:  # a damaged folder: --force rebuilds it
                 raise
@@ -337,13 +352,14 @@ def _same_folder(fd: int, path: Path) -> bool:
 
 def _build(wanted, out: Path, partial: Path, encoder: Encoder, train, validation, num_proc: int,
            progress: bool) -> TokenManifest:
-    inputs, made = _inputs(train, validation), TokenManifest(**wanted, splits={})
+    inputs = _inputs(train, validation)
+    made = TokenManifest(**{**wanted, "validation": HoldOut(**wanted["validation"])}, splits={})
     writers = {s: TokenShardWriter(partial, s, made.dtype, made.shard_tokens, limit)
                for s, limit in zip(TOKEN_SPLITS, (made.max_tokens, made.max_validation_tokens))}
     key = hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()
     position, documents = _resumed(partial, key, writers)
     excluded = frozenset(_digest(text) for role, item, _ in inputs if role == "validation" for text in _documents(item))
-    fraction = made.validation.get("fraction")
+    fraction = made.validation.fraction
     if not num_proc:  # auto: a worker per available core, for input worth it
         # a Hub dataset's size is known only once it is streamed, and rarely small
         big = (sum(record.get("bytes", 0) for _, _, record in inputs) >= PARALLEL_BYTES
@@ -358,9 +374,9 @@ def _build(wanted, out: Path, partial: Path, encoder: Encoder, train, validation
             for split, ids, count in zip(TOKEN_SPLITS, (train_ids, validation_ids), (n_train, n_validation)):
                 writers[split].append(ids)
                 documents[split] += count
-            record = {"settings_sha256": key, "position": [i, n],
-                      "splits": {s: {"shards": w.state(), "documents": documents[s]} for s, w in writers.items()}}
-            write_atomic(partial / PROGRESS, json.dumps(record))
+            record = Progress(settings_sha256=key, position=[i, n], splits={
+                s: SplitProgress(shards=w.shards, documents=documents[s]) for s, w in writers.items()})
+            write_atomic(partial / PROGRESS, json.dumps(record.to_dict()))
             bar.update(sum(w.tokens for w in writers.values()) - before)
             bar.set_postfix_str(f"input {i + 1}/{len(inputs)}", refresh=False)
             if all(w.full for w in writers.values()):

@@ -45,16 +45,13 @@ def repeated_ngram_share(ids: list[int], n: int = NGRAM) -> float:
     return (len(grams) - len(set(grams))) / len(grams) if grams else 0.0
 
 
-class _DecodingSteps:
+def _decoding_steps(bar):
     """A stopping criterion that never stops: it moves ``bar`` one decoding step on, so a slow CPU shows
     progress every few seconds, not once per batch of prompts (minutes)."""
-
-    def __init__(self, bar):
-        self.bar = bar
-
-    def __call__(self, input_ids, scores, **kwargs):
-        self.bar.update(1)
+    def step(input_ids, scores, **kwargs):
+        bar.update(1)
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+    return step
 
 
 @torch.no_grad()
@@ -77,7 +74,7 @@ def greedy_continuations(model, tokenizer, prompts=PROMPTS, new_tokens: int = NE
             ids = torch.tensor([[pad] * (width - len(row)) + row for row in batch], device=device)
             mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in batch], device=device)
             out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
-                                 pad_token_id=pad, stopping_criteria=StoppingCriteriaList([_DecodingSteps(bar)]))
+                                 pad_token_id=pad, stopping_criteria=StoppingCriteriaList([_decoding_steps(bar)]))
             for prompt, row in zip(prompts[start:], out[:, width:].tolist()):
                 if tokenizer.eos_token_id in row:  # what follows a finished row's EOS is padding
                     row = row[:row.index(tokenizer.eos_token_id) + 1]

@@ -135,21 +135,29 @@ def prepare_scoring(ckpt, options: EvalOptions | None = None, **settings) -> Sco
     return Scoring(source, options, texts, windows)
 
 
-def run_scoring(scoring: Scoring, model=None, *, progress: bool = True) -> PerplexityScores:
-    """The prepared text scored in packed windows, with ``per_document`` each document on its own as well,
-    with ``generate`` greedy continuations of fixed prompts. ``model``: the checkpoint's model when the caller
-    has it loaded."""
-    source, options = scoring.source, scoring.options
-    model = model if model is not None else source.model()
-    packed = evaluate_perplexity(model, scoring.windows, options.batch_size, progress)
-    check_finite_score(packed.perplexity, source.path, "perplexity")
-    return PerplexityScores(checkpoint=str(source.path), data=str(options.data) if options.data else EVAL_DATA,
-                            seq_len=options.seq_len, **vars(packed), **scored_extras(scoring, model, progress))
+def score_checkpoint(ckpt, options: EvalOptions | None = None, *, task_manager=None, progress: bool = True,
+                     **settings) -> PerplexityScores | TaskScores:
+    """What ``mixln-convert eval`` prints: the prepared text (:func:`prepare_scoring`) scored in packed windows, or
+    with ``tasks`` lm-evaluation-harness tasks instead (known, and the text read, before the model loads); with
+    ``per_document`` each document on its own as well, with ``generate`` greedy continuations of fixed prompts.
+    ``task_manager``, if given, is the :func:`~.downstream.known_tasks` of the options'."""
+    map_large_allocations()
+    options = EvalOptions.given(options, settings)
+    if options.tasks:
+        from .downstream import evaluate_tasks, known_tasks
 
-
-def scored_extras(scoring: Scoring, model, progress: bool) -> dict:
-    """The parts of eval's result ``scoring``'s options ask for beside its figures: per_document, generation."""
-    source, options = scoring.source, scoring.options
+        task_manager = task_manager or known_tasks(options)
+    scoring = prepare_scoring(ckpt, options)
+    source, model = scoring.source, scoring.source.model()  # with tasks, one load for them and the scoring both
+    if options.tasks:
+        figures = {"batch_size": options.batch_size, **evaluate_tasks(
+            model, source.tokenizer, list(options.tasks), task_manager, limit=options.limit,
+            batch_size=options.batch_size)}
+    else:
+        packed = evaluate_perplexity(model, scoring.windows, options.batch_size, progress)
+        check_finite_score(packed.perplexity, source.path, "perplexity")
+        figures = {"data": str(options.data) if options.data else EVAL_DATA, "seq_len": options.seq_len,
+                   **vars(packed)}
     per_document = generation = None
     if options.per_document:
         per_document = evaluate_documents(model, source.tokenizer, scoring.texts, options.seq_len, options.batch_size,
@@ -157,24 +165,5 @@ def scored_extras(scoring: Scoring, model, progress: bool) -> dict:
         check_finite_score(per_document.token_perplexity, source.path, "per-document perplexity")
     if options.generate:
         generation = greedy_continuations(model, source.tokenizer, progress=progress)
-    return {"per_document": per_document, "generation": generation}
-
-
-def score_checkpoint(ckpt, options: EvalOptions | None = None, *, task_manager=None, progress: bool = True,
-                     **settings) -> PerplexityScores | TaskScores:
-    """What ``mixln-convert eval`` prints (see :func:`run_scoring`); with ``tasks``, lm-evaluation-harness
-    tasks on the model loaded once (the tasks known, and the text read, before it loads) instead of the
-    packed perplexity. ``task_manager``, if given, is the :func:`~.downstream.known_tasks` of the options'."""
-    map_large_allocations()
-    options = EvalOptions.given(options, settings)
-    if not options.tasks:
-        return run_scoring(prepare_scoring(ckpt, options), progress=progress)
-    from .downstream import evaluate_tasks, known_tasks
-
-    manager = task_manager or known_tasks(options)
-    scoring = prepare_scoring(ckpt, options)
-    model = scoring.source.model()  # one load for the tasks and the scoring both
-    return TaskScores(checkpoint=str(scoring.source.path), batch_size=options.batch_size,
-                      **evaluate_tasks(model, scoring.source.tokenizer, list(options.tasks), manager,
-                                       limit=options.limit, batch_size=options.batch_size),
-                      **scored_extras(scoring, model, progress))
+    return (TaskScores if options.tasks else PerplexityScores)(checkpoint=str(source.path), **figures,
+                                                               per_document=per_document, generation=generation)
