@@ -3,6 +3,7 @@ their defaults, so one model gets one perplexity; every result says what it was 
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -88,3 +89,26 @@ def test_gradient_norms_are_those_of_each_batch_alone(tiny_llama):
     model(input_ids=second, labels=second).loss.backward()
     reference = [torch.cat([p.grad.flatten() for p in layer.parameters()]).norm().item() for layer in model.model.layers]
     assert norms[1] == pytest.approx(reference, rel=1e-5)
+
+
+@pytest.mark.parametrize("damage, message", [
+    ({"metrics": {"acc": "0.5"}}, "tasks.arc.metrics: must be an object, each a finite number, got"),
+    ({"stderr": {"acc": "n/a"}}, "tasks.arc.stderr: must be an object, each a finite number or null, got"),
+    ({"higher_is_better": {"acc": 1}}, "tasks.arc.higher_is_better: must be an object, each true or false, got"),
+    ({}, None),
+])
+def test_a_task_result_reads_back_its_figures_by_name_and_a_damaged_one_is_refused(damage, message, tmp_path):
+    from mixln_convert.errors import MixLNError
+    from mixln_convert.evaluation.result import TaskScores
+
+    task = {"metrics": {"acc": 0.5, "acc_norm": 0.25}, "stderr": {"acc": 0.01, "acc_norm": None},
+            "higher_is_better": {"acc": True, "acc_norm": True}, "samples": 10, "output_type": "multiple_choice"}
+    record = {"checkpoint": "model", "batch_size": 8, "tasks": {"arc": {**task, **damage}}, "limit": 10,
+              "lm_eval_version": "0.4.13"}
+    saved = tmp_path / "eval.json"
+    saved.write_text(json.dumps(record))
+    if message is None:
+        assert TaskScores.read(saved).to_dict() == record
+        return
+    with pytest.raises(MixLNError, match="^" + re.escape(f"{saved}: {message}")):
+        TaskScores.read(saved)

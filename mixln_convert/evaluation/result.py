@@ -5,12 +5,7 @@ field declared with its kind so a saved one reads back checked (``PerplexityScor
 from dataclasses import dataclass
 
 from ..io.records import NUMBER, NUMBER_LIST, Record, Result
-from ..limits import is_finite_number
-from ..schema import POSITIVE_NUMBER, TOKENS, TOKENS_OR_ZERO, Nested, Shaped, String, setting
-
-
-def _by_name(test, what: str) -> Shaped:
-    return Shaped(lambda v: isinstance(v, dict) and all(test(x) for x in v.values()), f"an object of {what} by name")
+from ..schema import POSITIVE_NUMBER, TOKENS, TOKENS_OR_ZERO, ByName, Flag, Nested, String, setting
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,10 +40,9 @@ class Generation:
 @dataclass(frozen=True, kw_only=True)
 class TaskScore:
     """One lm-evaluation-harness task's figures (``run_tasks``): a standard error is None where lm-eval gives none."""
-    metrics: dict[str, float] = setting(kind=_by_name(is_finite_number, "numbers"))
-    stderr: dict[str, float | None] = setting(kind=_by_name(lambda x: x is None or is_finite_number(x),
-                                                            "numbers or nulls"))
-    higher_is_better: dict[str, bool] = setting(kind=_by_name(lambda x: isinstance(x, bool), "true or false"))
+    metrics: dict[str, float] = setting(kind=ByName(NUMBER))
+    stderr: dict[str, float | None] = setting(kind=ByName(NUMBER, or_none=True))
+    higher_is_better: dict[str, bool] = setting(kind=ByName(Flag()))
     samples: int = setting(kind=TOKENS_OR_ZERO)
     output_type: str = setting(kind=String())
 
