@@ -267,28 +267,32 @@ def test_a_killed_run_resumes_to_identical_shards(corpus, tokenizer, tmp_path, m
     assert not partial.exists()
 
 
+def _stopped_after_three_chunks(module, monkeypatch, corpus, tokenizer, out):
+    """A tokenize run into ``out`` stopped (as if killed) after 3 chunks of 2,000 characters: its partial folder
+    holds their shards and progress.json."""
+    results = module._results
+
+    def stop_after_three_chunks(*args):
+        for n, result in enumerate(results(*args)):
+            if n == 3:
+                raise KeyboardInterrupt
+            yield result
+
+    monkeypatch.setattr(module, "CHUNK_CHARS", 2000)
+    monkeypatch.setattr(module, "_results", stop_after_three_chunks)
+    with pytest.raises(KeyboardInterrupt):
+        tokenize(corpus, tokenizer, out, validation_fraction=0.1, num_proc=1, shard_tokens=1000, progress=False)
+    monkeypatch.setattr(module, "_results", results)
+
+
 def test_a_damaged_partial_folder_starts_afresh(corpus, tokenizer, tmp_path, monkeypatch):
     from mixln_convert.data import tokenization as module
 
     whole = tmp_path / "whole"
     tokenize(corpus, tokenizer, whole, validation_fraction=0.1, num_proc=1, shard_tokens=1000, progress=False)
     partial = tmp_path / ".out.partial"
-    record = {}
-
-    def stop_after_three_chunks(*args):  # a run that stops (as if killed) after 3 chunks
-        for n, result in enumerate(results(*args)):
-            if n == 3:
-                record.update(json.loads((partial / "progress.json").read_text()))
-                raise KeyboardInterrupt
-            yield result
-
-    results = module._results
-    monkeypatch.setattr(module, "CHUNK_CHARS", 2000)
-    monkeypatch.setattr(module, "_results", stop_after_three_chunks)
-    with pytest.raises(KeyboardInterrupt):
-        tokenize(corpus, tokenizer, tmp_path / "out", validation_fraction=0.1, num_proc=1, shard_tokens=1000,
-                 progress=False)
-    monkeypatch.setattr(module, "_results", results)
+    _stopped_after_three_chunks(module, monkeypatch, corpus, tokenizer, tmp_path / "out")
+    record = json.loads((partial / "progress.json").read_text())
     first = partial / record["splits"]["train"]["shards"][0]["file"]
     first.write_bytes(b"\0\0" + first.read_bytes()[2:])  # a full shard, tampered
     with pytest.warns(MixLNWarning, match="does not resume"):
@@ -308,20 +312,8 @@ def test_a_stopped_run_s_progress_is_a_record_and_a_damaged_one_starts_afresh_na
         corpus, tokenizer, tmp_path, monkeypatch, damage, key):
     from mixln_convert.data import tokenization as module
 
-    partial, results = tmp_path / ".out.partial", module._results
-
-    def stop_after_three_chunks(*args):  # a run that stops (as if killed) after 3 chunks
-        for n, result in enumerate(results(*args)):
-            if n == 3:
-                raise KeyboardInterrupt
-            yield result
-
-    monkeypatch.setattr(module, "CHUNK_CHARS", 2000)
-    monkeypatch.setattr(module, "_results", stop_after_three_chunks)
-    with pytest.raises(KeyboardInterrupt):
-        tokenize(corpus, tokenizer, tmp_path / "out", validation_fraction=0.1, num_proc=1, shard_tokens=1000,
-                 progress=False)
-    monkeypatch.setattr(module, "_results", results)
+    partial = tmp_path / ".out.partial"
+    _stopped_after_three_chunks(module, monkeypatch, corpus, tokenizer, tmp_path / "out")
     file = partial / module.PROGRESS
     written = file.read_text()
     progress = module.Progress.read(file)
