@@ -172,6 +172,48 @@ def compare(base: Path, head: Path, ignored=()) -> list[str]:
     return differences
 
 
+def package_size(argv):
+    """How long the package is at two revisions, and where the lines are.
+
+    Counts the lines of mixln_convert/*.py at ``--base`` and at ``--head`` (default: HEAD) and splits them into the
+    declarations of dataclasses (their decorators, class lines, docstrings, fields and constants, not their methods:
+    settings and records), module headers (docstring and imports before the first statement) and the rest (the
+    code that does the work). Reads git objects only: nothing is run.
+    """
+    import ast
+
+    p = harness.parser(package_size)
+    p.add_argument("--base", required=True, help="git revision to compare with")
+    p.add_argument("--head", default="HEAD", help="git revision to count (default: HEAD, as committed)")
+    args = p.parse_args(argv)
+
+    def git(*command) -> str:
+        return subprocess.run(["git", *command], cwd=harness.ROOT, capture_output=True, text=True, check=True).stdout
+
+    def counts(rev: str) -> dict[str, int]:
+        found = dict.fromkeys(("modules", "lines", "dataclass declarations", "module headers"), 0)
+        for name in (f for f in git("ls-tree", "-r", "--name-only", rev, "mixln_convert").split() if f.endswith(".py")):
+            text = git("show", f"{rev}:{name}")
+            tree = ast.parse(text)
+            found["modules"] += 1
+            found["lines"] += len(text.splitlines())
+            header = (n for n in tree.body if not isinstance(n, (ast.Import, ast.ImportFrom))
+                      and not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)))
+            found["module headers"] += next((n.lineno for n in header), len(text.splitlines()) + 1) - 1
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ClassDef) and any("dataclass" in ast.unparse(d) for d in node.decorator_list):
+                    start = min([d.lineno for d in node.decorator_list] + [node.lineno])
+                    declared = [s for s in node.body if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))]
+                    found["dataclass declarations"] += (node.body[0].lineno - start
+                                                        + sum(s.end_lineno - s.lineno + 1 for s in declared))
+        found["the rest"] = found["lines"] - found["dataclass declarations"] - found["module headers"]
+        return found
+
+    base, head = counts(args.base), counts(args.head)
+    rows = [[name, f"{base[name]:,}", f"{head[name]:,}", f"{head[name] - base[name]:+,}"] for name in base]
+    print(harness.table(["mixln_convert/", args.base, args.head, "change"], rows))
+
+
 def startup(argv):
     """How fast the command line answers (--help, refusals) against `python` and `import torch`.
 
@@ -200,5 +242,6 @@ def startup(argv):
 
 CASES = {
     "same-outputs": harness.Case(same_outputs, "~5 min", None, needs="--base REV"),
+    "package-size": harness.Case(package_size, "~10 s", None, needs="--base REV"),
     "startup": harness.Case(startup, "~1 min", ["--repeats", "1"]),
 }
