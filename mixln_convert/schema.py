@@ -229,6 +229,12 @@ class ByName(Kind):
     def describe(self) -> str:
         return f"an object, each {self.item.describe()}{' or null' if self.or_none else ''}"
 
+    def record(self, value, where: str, key: str):
+        if not isinstance(value, dict):
+            raise MixLNError(f"{where}: {key}: must be {self.describe()}, got {shown(repr(value))}")
+        return {name: item if item is None and self.or_none else self.item.record(item, where, f"{key}.{name}")
+                for name, item in value.items()}
+
 
 class PathText(Text):
     """A path a command writes or reads, as click takes it (its metavar PATH)."""
@@ -237,25 +243,21 @@ class PathText(Text):
 
 @dataclass(frozen=True)
 class Nested(Kind):
-    """An object of a result file held as the dataclass ``cls`` (``what`` it is, in errors); ``many``: a list
-    of them ("list") or an object of them by name ("names")."""
+    """An object of a result file held as the dataclass ``cls`` (``what`` it is, in errors); ``many``: a list of
+    them (an object of them by name is a :class:`ByName` of one)."""
     cls: type
     what: str = "an object"
-    many: str | None = None
+    many: bool = False
 
     def describe(self) -> str:
-        return {None: self.what, "list": f"a list, each {self.what}", "names": f"an object, each {self.what}"}[self.many]
+        return f"a list, each {self.what}" if self.many else self.what
 
     def record(self, value, where: str, key: str):
-        if self.many is None:
+        if not self.many:
             return read_record(self.cls, value, where, self.what, key)
-        shape = list if self.many == "list" else dict
-        if not isinstance(value, shape):
+        if not isinstance(value, list):
             raise MixLNError(f"{where}: {key}: must be {self.describe()}, got {shown(repr(value))}")
-        items = enumerate(value) if shape is list else value.items()
-        read = {name: read_record(self.cls, item, where, self.what, f"{key}[{name}]" if shape is list else
-                                  f"{key}.{name}") for name, item in items}
-        return list(read.values()) if shape is list else read
+        return [read_record(self.cls, item, where, self.what, f"{key}[{n}]") for n, item in enumerate(value)]
 
 
 class Folder(Text):

@@ -92,9 +92,10 @@ def test_gradient_norms_are_those_of_each_batch_alone(tiny_llama):
 
 
 @pytest.mark.parametrize("damage, message", [
-    ({"metrics": {"acc": "0.5"}}, "tasks.arc.metrics: must be an object, each a finite number, got"),
-    ({"stderr": {"acc": "n/a"}}, "tasks.arc.stderr: must be an object, each a finite number or null, got"),
-    ({"higher_is_better": {"acc": 1}}, "tasks.arc.higher_is_better: must be an object, each true or false, got"),
+    ({"metrics": {"acc": "0.5"}}, "tasks.arc.metrics.acc: must be a finite number, got '0.5'"),
+    ({"stderr": {"acc": "n/a"}}, "tasks.arc.stderr.acc: must be a finite number, got 'n/a'"),
+    ({"higher_is_better": {"acc": 1}}, "tasks.arc.higher_is_better.acc: must be true or false, got 1"),
+    ({"metrics": [0.5]}, "tasks.arc.metrics: must be an object, each a finite number, got [0.5]"),
     ({}, None),
 ])
 def test_a_task_result_reads_back_its_figures_by_name_and_a_damaged_one_is_refused(damage, message, tmp_path):

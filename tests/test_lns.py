@@ -173,11 +173,11 @@ def test_lns_is_judged_against_pre_ln_on_its_papers_claims():
     result = SimpleNamespace(arms=list(figures), schemes=["scaled", "plain"], runs=[SimpleNamespace(**r) for r in runs])
     found = lns_verdicts(result)
     assert set(found["scaled"]) == set(LNS_CLAIMS)
-    assert found["scaled"]["perplexity"]["outcome"] == "reproduced"  # 18.15 vs 20.1, spread 0.3
-    assert found["scaled"]["perplexity"]["tested"] == pytest.approx(18.15)
-    assert found["scaled"]["deep blocks matter more"]["outcome"] == "too close to call"  # equal drops
-    assert verdicts(result)["scaled init helps LNS"]["outcome"] == "reproduced"  # 1 lower on every seed
-    assert verdicts(result)["scaled"]["perplexity"]["outcome"] == "not reproduced"  # Mix-LN's, as before
+    assert found["scaled"]["perplexity"].outcome == "reproduced"  # 18.15 vs 20.1, spread 0.3
+    assert found["scaled"]["perplexity"].tested == pytest.approx(18.15)
+    assert found["scaled"]["deep blocks matter more"].outcome == "too close to call"  # equal drops
+    assert verdicts(result)["scaled init helps LNS"].outcome == "reproduced"  # 1 lower on every seed
+    assert verdicts(result)["scaled"]["perplexity"].outcome == "not reproduced"  # Mix-LN's, as before
 
 
 def test_sweep_lns_needs_training(tiny_llama, tmp_path, cli):

@@ -323,12 +323,10 @@ def with_per_window(folder, per_window):
      "models[1].validation.tokens: must be an integer in [0, 10^13], got '3'"),
     ({"validation": {"data": "d", "tokens": 3, "seq_len": "unknown length"}},
      "models[1].validation.seq_len: must be an integer in [2, 10^13], got 'unknown length'"),
-    ({"intervals": {"perplexity": [1.0]}}, "models[1].intervals: must be an object, each a list of numbers, got "
-                                           "{'perplexity': [1.0]}"),
-    ({"interval_n": {"perplexity": 8}}, "models[1].interval_n: must be an object, each a string, got "
-                                        "{'perplexity': 8}"),
-    ({"prune": {"L/8": [1, "high"]}}, "models[1].prune: must be an object, each a list of numbers or null, got "
-                                      "{'L/8': [1, 'high']}"),
+    ({"intervals": {"perplexity": [1.0]}}, "models[1].intervals.perplexity: give 2 numbers, got 1"),
+    ({"intervals": [[1.0, 2.0]]}, "models[1].intervals: must be an object, each a list of numbers, got [[1.0, 2.0]]"),
+    ({"interval_n": {"perplexity": 8}}, "models[1].interval_n.perplexity: must be a string, got 8"),
+    ({"prune": {"L/8": [1, "high"]}}, "models[1].prune.L/8: 'high' is not a finite number"),
     ({"prune": {"L/8": None, "L/4": [2, 30.5]}, "prune_method": "angular", "intervals": {"perplexity": [19, 21]},
       "interval_n": {"perplexity": "n=8 windows"}}, None),
 ])

@@ -1,6 +1,7 @@
 """`mixln-convert study`: the from-scratch comparison through train/analyze, and its verdicts."""
 
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -17,13 +18,13 @@ TINY = ["seq_len=32", "micro_batch_size=2", "global_batch_size=4", f"max_tokens=
 
 
 def test_verdicts_decide_only_beyond_the_spread_between_seeds():
-    assert verdict([10.0, 10.2], [12.0, 12.1], "lower")["outcome"] == "reproduced"
-    assert verdict([12.0, 12.1], [10.0, 10.2], "lower")["outcome"] == "not reproduced"
-    assert verdict([0.3, 0.31], [0.1, 0.12], "higher")["outcome"] == "reproduced"
+    assert verdict([10.0, 10.2], [12.0, 12.1], "lower").outcome == "reproduced"
+    assert verdict([12.0, 12.1], [10.0, 10.2], "lower").outcome == "not reproduced"
+    assert verdict([0.3, 0.31], [0.1, 0.12], "higher").outcome == "reproduced"
     close = verdict([10.0, 11.5], [10.5, 10.6], "lower")  # gap 0.2, spread 1.5
-    assert close["outcome"] == "too close to call"
-    assert close["gap"] == pytest.approx(0.2) and close["spread"] == pytest.approx(1.5)
-    assert verdict([10.0], [12.0], "lower")["outcome"] == "too close to call"  # one seed: no spread to judge by
+    assert close.outcome == "too close to call"
+    assert close.gap == pytest.approx(0.2) and close.spread == pytest.approx(1.5)
+    assert verdict([10.0], [12.0], "lower").outcome == "too close to call"  # one seed: no spread to judge by
 
 
 def test_scaled_init_is_judged_for_each_arm_when_both_schemes_ran():
@@ -35,11 +36,11 @@ def test_scaled_init_is_judged_for_each_arm_when_both_schemes_ran():
             for seed, ppl in enumerate(ppls)]
     found = verdicts(SimpleNamespace(arms=["Pre-LN", "Mix-LN (alpha 0.25)"], schemes=["scaled", "plain"],
                                      runs=[SimpleNamespace(**run) for run in runs]))
-    assert found["scaled"]["perplexity"]["outcome"] == "not reproduced"  # 110.5 vs 100.5, spread 1
-    assert found["plain"]["perplexity"]["outcome"] == "reproduced"
-    assert found["scaled init helps Pre-LN"]["outcome"] == "reproduced"
-    assert found["scaled init helps Mix-LN"]["outcome"] == "too close to call"
-    assert found["scaled"]["deep blocks matter more"]["outcome"] == "too close to call"
+    assert found["scaled"]["perplexity"].outcome == "not reproduced"  # 110.5 vs 100.5, spread 1
+    assert found["plain"]["perplexity"].outcome == "reproduced"
+    assert found["scaled init helps Pre-LN"].outcome == "reproduced"
+    assert found["scaled init helps Mix-LN"].outcome == "too close to call"
+    assert found["scaled"]["deep blocks matter more"].outcome == "too close to call"
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +63,7 @@ def test_study_trains_every_arm_and_seed_and_writes_its_report(finished):
     assert set(result.verdicts["scaled"]) == {"perplexity", "deep blocks matter more",
                                                  "more uniform gradient norms"}
     report = (out / "report" / "report.md").read_text()
-    assert all(f["outcome"] in report for f in result.verdicts["scaled"].values())
+    assert all(f.outcome in report for f in result.verdicts["scaled"].values())
     assert set(result.lns_verdicts["scaled"]) == {"perplexity", "deep blocks matter more"}
     assert "(LNS, scaled init)" in report and "the LNS paper" in report and "| scaled | LNS |" in report
     assert (out / "report" / "study_curves.png").stat().st_size > 0
@@ -137,3 +138,24 @@ def test_an_existing_study_folder_needs_resume(cli, finished, tiny_llama_tied):
     out, _ = finished
     result = cli("study", tiny_llama_tied, "--out", out)
     assert result.exit_code != 0 and "--out" in result.output and "Traceback" not in result.output
+
+
+def test_study_verdicts_read_back_as_records_and_a_damaged_one_is_named_by_key():
+    from mixln_convert.analysis.measures import Verdict
+    from mixln_convert.errors import MixLNError
+    from mixln_convert.report.study import BY_SCHEME, VERDICTS
+
+    found = {"scaled": {"perplexity": verdict([10.0, 10.2], [12.0, 12.1], "lower").to_dict()},
+             "scaled init helps Pre-LN": verdict([10.0], [12.0], "lower").to_dict()}
+    read = VERDICTS.record(json.loads(json.dumps(found)), "study.json", "verdicts")
+    assert read["scaled"]["perplexity"] == Verdict(**found["scaled"]["perplexity"])
+    assert read["scaled init helps Pre-LN"].outcome == "too close to call"
+    assert BY_SCHEME.record({"plain": {}}, "study.json", "lns_verdicts") == {"plain": {}}
+    for damaged, message in [
+            ({"scaled": {"perplexity": {**found["scaled"]["perplexity"], "outcome": "maybe"}}},
+             "verdicts.scaled.perplexity.outcome: unknown outcome 'maybe'"),
+            ({"scaled init helps LNS": {"outcome": "reproduced"}}, "verdicts.scaled init helps LNS: not a verdict"),
+            ({"scaled": [1]}, "verdicts.scaled: must be an object, each a verdict"),
+            ([], "verdicts: must be an object of verdicts")]:
+        with pytest.raises(MixLNError, match="^" + re.escape(f"study.json: {message}")):
+            VERDICTS.record(damaged, "study.json", "verdicts")

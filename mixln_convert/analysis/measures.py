@@ -3,8 +3,14 @@ run, and the verdict on a difference between seeded runs, each defined once."""
 
 import math
 import statistics
+from dataclasses import dataclass
 
 import numpy as np
+
+from ..io.records import FIGURE, Record
+from ..schema import Choice, setting
+
+OUTCOMES = ("reproduced", "not reproduced", "too close to call")
 
 
 def deep_half(num_layers: int) -> slice:
@@ -19,7 +25,18 @@ def coefficient_of_variation(values, axis: int = -1) -> np.ndarray:
     return values.std(axis=axis) / values.mean(axis=axis)
 
 
-def verdict(tested: list[float], baseline: list[float], direction: str) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class Verdict(Record):
+    """A claim's :func:`verdict`, with the gap and spread it was decided on and both means."""
+    outcome: str = setting(kind=Choice(OUTCOMES, "outcome"))
+    gap: float = setting(kind=FIGURE)
+    spread: float = setting(kind=FIGURE)
+    tested: float = setting(kind=FIGURE)
+    baseline: float = setting(kind=FIGURE)
+    direction: str = setting(kind=Choice(("lower", "higher"), "direction"))
+
+
+def verdict(tested: list[float], baseline: list[float], direction: str) -> Verdict:
     """``tested``'s values against ``baseline``'s (one per seed). The gap (difference of the
     means) decides only when it exceeds the spread between seeds (the larger of the two ranges):
     then the claim is reproduced when the gap points the claimed ``direction``, else not
@@ -32,5 +49,5 @@ def verdict(tested: list[float], baseline: list[float], direction: str) -> dict:
         outcome = "reproduced"
     else:
         outcome = "not reproduced"
-    return {"outcome": outcome, "gap": gap, "spread": spread, "tested": statistics.mean(tested),
-            "baseline": statistics.mean(baseline), "direction": direction}
+    return Verdict(outcome=outcome, gap=gap, spread=spread, tested=statistics.mean(tested),
+                   baseline=statistics.mean(baseline), direction=direction)

@@ -9,8 +9,8 @@ from ..evaluation.options import UNKNOWN_LENGTH, Evaluated
 from ..evaluation.result import DocumentScores, Generation
 from ..io.records import LAYER_COUNT, NUMBER, NUMBER_LIST, POST_LN_COUNT, Record, Result
 from ..limits import MAX_TOKENS
-from ..schema import (POSITIVE_NUMBER, TOKENS, TOKENS_OR_ZERO, Count, Flag, Kind, Nested, Numbers, Shaped, String,
-                      setting)
+from ..schema import (POSITIVE_NUMBER, TOKENS, TOKENS_OR_ZERO, ByName, Count, Flag, Kind, Nested, Numbers, Shaped,
+                      String, setting)
 
 # the layer sweep's results: all of them, or none in an analysis made without ``layer_sweep``
 PER_LAYER_KEYS = ("layer_drop", "angular_distance_matrix", "grad_norm_per_layer")
@@ -85,7 +85,7 @@ class Analysis(Result):
     prune_curve: PruneCurve | None = setting(None, Nested(PruneCurve, "a prune curve"))
     generation: Generation | None = setting(None, Nested(Generation, "a generation"))
     per_document: DocumentScores | None = setting(None, Nested(DocumentScores, "per-document scores"))
-    task_drop: dict[str, TaskDrop] | None = setting(None, Nested(TaskDrop, "a task's layer drop", many="names"))
+    task_drop: dict[str, TaskDrop] | None = setting(None, ByName(Nested(TaskDrop, "a task's layer drop")))
 
     @property
     def layered(self) -> bool:

@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import MixLNError
 from ..io.records import Record, Result
 from ..options import FORCE
-from ..schema import OPEN_FRACTION, TOKENS, TOKENS_OR_ZERO, Choice, Count, Nested, Shaped, String, setting
+from ..schema import OPEN_FRACTION, TOKENS, TOKENS_OR_ZERO, ByName, Choice, Count, Nested, Shaped, String, setting
 
 MANIFEST = "mixln-tokens.json"
 FORMAT = "mixln-convert tokens"
@@ -53,7 +53,7 @@ class ShardRecord:
 class SplitRecord:
     documents: int = setting(kind=TOKENS_OR_ZERO)
     tokens: int = setting(kind=TOKENS_OR_ZERO)
-    shards: list[ShardRecord] = setting(kind=Nested(ShardRecord, "a shard's record", many="list"))
+    shards: list[ShardRecord] = setting(kind=Nested(ShardRecord, "a shard's record", many=True))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,7 +88,7 @@ class TokenManifest(Result):
     max_validation_tokens: int | None = setting(None, TOKENS)
     validation: HoldOut = setting(kind=Nested(HoldOut, "a hold-out rule"))
     sources: list[dict] = setting(kind=SOURCES)
-    splits: dict[str, SplitRecord] = setting(kind=Nested(SplitRecord, "a split's record", many="names"))
+    splits: dict[str, SplitRecord] = setting(kind=ByName(Nested(SplitRecord, "a split's record")))
 
     def check(self, file: Path) -> None:
         for split in TOKEN_SPLITS:

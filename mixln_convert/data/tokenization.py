@@ -33,7 +33,7 @@ from ..io.paths import check_not_input, check_readable, checkpoint_path, resolve
 from ..io.hub import HubDataset
 from ..io.records import Record, Result
 from ..options import FORCE, OUT
-from ..schema import TOKENS, TOKENS_OR_ZERO, Nested, Numbers, String, setting
+from ..schema import TOKENS, TOKENS_OR_ZERO, ByName, Nested, Numbers, String, setting
 from .corpus import embedded_corpus, file_documents, source_files
 from .options import TokenizeCommand, TokenizeOptions
 from .shards import (FORMAT, MANIFEST, TOKEN_SPLITS, VERSION, HoldOut, ShardRecord, SplitRecord, TokenManifest,
@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)  # notices of a resumed or waiting run
 
 @dataclass(frozen=True, kw_only=True)
 class SplitProgress(Record):
-    shards: list[ShardRecord] = setting(kind=Nested(ShardRecord, "a shard's record", many="list"))
+    shards: list[ShardRecord] = setting(kind=Nested(ShardRecord, "a shard's record", many=True))
     documents: int = setting(kind=TOKENS_OR_ZERO)
 
 
@@ -60,7 +60,7 @@ class Progress(Result):
 
     settings_sha256: str = setting(kind=String())
     position: list[int] = setting(kind=Numbers(TOKENS_OR_ZERO, 2, 2))
-    splits: dict[str, SplitProgress] = setting(kind=Nested(SplitProgress, "a split's progress", many="names"))
+    splits: dict[str, SplitProgress] = setting(kind=ByName(Nested(SplitProgress, "a split's progress")))
 
     def check(self, file: Path) -> None:
         for split in TOKEN_SPLITS:

@@ -32,7 +32,7 @@ class Continuation:
 @dataclass(frozen=True, kw_only=True)
 class Generation:
     """Greedy continuations of fixed prompts (``greedy_continuations``) and their mean repeated-4-gram share."""
-    continuations: list[Continuation] = setting(kind=Nested(Continuation, "a continuation", many="list"))
+    continuations: list[Continuation] = setting(kind=Nested(Continuation, "a continuation", many=True))
     new_tokens: int = setting(kind=TOKENS)
     repeated_4gram_share: float = setting(kind=NUMBER)
 
@@ -79,6 +79,6 @@ class PerplexityScores(EvalResult):
 class TaskScores(EvalResult):
     """lm-evaluation-harness tasks (``evaluate_tasks``) run with ``limit`` examples each (None: all)."""
     batch_size: int = setting(kind=TOKENS)
-    tasks: dict[str, TaskScore] = setting(kind=Nested(TaskScore, "a task's scores", many="names"))
+    tasks: dict[str, TaskScore] = setting(kind=ByName(Nested(TaskScore, "a task's scores")))
     limit: int | None = setting(None, TOKENS)
     lm_eval_version: str = setting(kind=String())

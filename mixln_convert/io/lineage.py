@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..schema import SEED, TOKENS, TOKENS_OR_ZERO, Flag, Kind, Nested, Shaped, String, read_record, setting
-from .records import LAYER_COUNT, NUMBER, NUMBER_LIST, OBJECT, POST_LN_COUNT, STRINGS, Record, read_json
+from ..schema import SEED, TOKENS, TOKENS_OR_ZERO, Flag, Kind, Nested, String, read_record, setting
+from .records import FIGURE, LAYER_COUNT, NUMBER, NUMBER_LIST, OBJECT, POST_LN_COUNT, STRINGS, Record, read_json
 
 EXPORT_FILE = "mixln_export.json"  # an exported folder's record (export/plain.py writes it)
 # config.json keys holding this package's layout and records (a plain export leaves them out of config.json)
@@ -26,7 +26,7 @@ GGUF_FACTS = {"general.name": "name", "general.organization": "organization", "g
               "general.source.url": "source_url", "general.source.repo_url": "source_repo_url",
               "tokenizer.ggml.pre": "pre"}
 MAX_FACT = 200  # characters of a GGUF string kept: the metadata is the file author's text
-TEXT, FIGURE = String(), Shaped(lambda v: isinstance(v, (int, float)), "a number")  # a figure may be inf
+TEXT = String()
 
 
 @dataclass(frozen=True)
@@ -133,8 +133,8 @@ class Provenance(Record):
     scaled_init: bool | None = setting(None, Flag())
     calibration: Windows | None = setting(None, Nested(Windows, "a text's windows"))
     heal: Heal | None = setting(None, Nested(Heal, "a heal's record"))
-    pruned: list = setting((), Nested(Pruning, "a pruning's record", "list"))
-    trained: list = setting((), Nested(Training, "a training's record", "list"))
+    pruned: list = setting((), Nested(Pruning, "a pruning's record", many=True))
+    trained: list = setting((), Nested(Training, "a training's record", many=True))
     source_gguf: Facts | None = setting(None, Nested(Facts, "a GGUF file's facts"))
 
 
@@ -148,8 +148,8 @@ class History(Record):
     alpha: float | None = setting(None, NUMBER)
     license: object = setting(None, Kind())  # checked where it is carried (io/model_card.py)
     mixln_provenance: Provenance | None = setting(None, Nested(Provenance, "a provenance record"))
-    pruned: list = setting((), Nested(Pruning, "a pruning's record", "list"))
-    trained: list = setting((), Nested(Training, "a training's record", "list"))
+    pruned: list = setting((), Nested(Pruning, "a pruning's record", many=True))
+    trained: list = setting((), Nested(Training, "a training's record", many=True))
 
     @property
     def provenance(self) -> Provenance:

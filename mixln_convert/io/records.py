@@ -69,6 +69,7 @@ PAIR = Numbers(Number(), 2, 2)  # an interval [low, high], a point [x, y]
 SECONDS = ByName(Number(0))  # the seconds of each stage, by its name
 STRINGS = Shaped(lambda v: isinstance(v, list) and all(isinstance(item, str) for item in v), "a list of strings")
 OBJECT = Shaped(lambda v: isinstance(v, dict), "an object")  # its readers check what they use of it
+FIGURE = Shaped(lambda v: isinstance(v, (int, float)), "a number")  # a figure may be inf or nan (a diverged run)
 # a model's blocks, and its leading Post-LN ones, as a result file records them
 LAYER_COUNT, POST_LN_COUNT = Count(1, 10**6), Count(0, 10**6)
 

@@ -66,7 +66,7 @@ class ModelNumbers(Record):
     prune: dict | None = setting(None, ByName(PAIR, or_none=True))  # PRUNE_FRACTIONS name -> [blocks removed, ppl]
     intervals: dict = setting(kind=ByName(PAIR))  # figure -> [low, high]
     interval_n: dict = setting(kind=ByName(String()))  # figure -> what its interval rests on
-    tasks: dict | None = setting(None, Nested(TaskNumbers, "a task's numbers", "names"))
+    tasks: dict | None = setting(None, ByName(Nested(TaskNumbers, "a task's numbers")))
     per_document: DocumentFigures | None = setting(None, Nested(DocumentFigures, "per-document scores"))
 
     def to_dict(self) -> dict:
@@ -82,7 +82,7 @@ class Comparison(Result):
 
     summary: list[str] = setting(kind=STRINGS)  # the sentences of the report's summary
     notes: list[str] = setting(kind=STRINGS)  # warnings (analyses made with different tokenizers)
-    models: list[ModelNumbers] = setting(kind=Nested(ModelNumbers, "a model's numbers", many="list"))
+    models: list[ModelNumbers] = setting(kind=Nested(ModelNumbers, "a model's numbers", many=True))
 
 
 def compare(inputs, out, options: CompareOptions | None = None, *, force: bool = False, **settings) -> Comparison:

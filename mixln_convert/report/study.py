@@ -7,9 +7,12 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from ..analysis.measures import Verdict
 from ..analysis.plots import scale_layer_drop_axis
-from ..io.records import NUMBER, NUMBER_LIST, OBJECT, SECONDS, STRINGS, Record, Result
-from ..schema import NONNEGATIVE, POSITIVE_NUMBER, SEED, TOKENS, TOKENS_OR_ZERO, Count, Nested, Shaped, String, setting
+from ..errors import MixLNError, shown
+from ..io.records import NUMBER, NUMBER_LIST, SECONDS, STRINGS, Record, Result
+from ..schema import (NONNEGATIVE, POSITIVE_NUMBER, SEED, TOKENS, TOKENS_OR_ZERO, ByName, Count, Kind, Nested, Shaped,
+                      String, setting)
 from .render import mean_and_range, write_report
 
 CLAIMS = {  # claim -> (figure, the direction the paper claims for Mix-LN against Pre-LN)
@@ -18,6 +21,7 @@ CLAIMS = {  # claim -> (figure, the direction the paper claims for Mix-LN agains
     "more uniform gradient norms": ("grad_norm_cv", "lower"),
 }
 LNS_CLAIMS = ("perplexity", "deep blocks matter more")  # the LNS paper's, of CLAIMS, for LNS against Pre-LN
+SCALED_INIT = "scaled init helps"  # the claim judged for each arm when both schemes ran: "scaled init helps Pre-LN"
 COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red")
 LINESTYLES = {"scaled": "-", "plain": "--"}
 MARKERS = ("o", "s", "^", "D", "v")
@@ -26,6 +30,27 @@ FIGURES = {"final_val_ppl": ("final validation perplexity", "{:.2f}"),
            "grad_norm_cv": ("gradient-norm CV across blocks", "{:.3f}")}
 CURVE = Shaped(lambda v: isinstance(v, list) and all(NUMBER_LIST.ok(point) and len(point) == 2 for point in v),
                "a list of [tokens, perplexity] points")
+
+
+VERDICT = Nested(Verdict, "a verdict")
+BY_CLAIM = ByName(VERDICT)
+BY_SCHEME = ByName(BY_CLAIM)  # {scheme: {claim: Verdict}}
+
+
+class Verdicts(Kind):
+    """study.json's verdicts: :data:`BY_SCHEME`'s, and beside them a verdict by each ":data:`SCALED_INIT` ARM"."""
+
+    def describe(self) -> str:
+        return "an object of verdicts by claim, by scheme"
+
+    def record(self, value, where: str, key: str):
+        if not isinstance(value, dict):
+            raise MixLNError(f"{where}: {key}: must be {self.describe()}, got {shown(repr(value))}")
+        return {name: (VERDICT if name.startswith(SCALED_INIT) else BY_CLAIM).record(item, where, f"{key}.{name}")
+                for name, item in value.items()}
+
+
+VERDICTS = Verdicts()
 
 
 # kw_only: the fields keep the file's order
@@ -64,11 +89,11 @@ class StudyResult(Result):
     schemes: list[str] = setting(kind=STRINGS)
     arms: list[str] = setting(kind=STRINGS)  # Pre-LN first, Mix-LN second (workflows.study.arms_for)
     eval_tokens: int = setting(kind=TOKENS)
-    runs: list[StudyRow] = setting(kind=Nested(StudyRow, "a study's run", many="list"))
+    runs: list[StudyRow] = setting(kind=Nested(StudyRow, "a study's run", many=True))
     wall_time_s: float = setting(kind=NONNEGATIVE)
     times_s: dict = setting(kind=SECONDS)
-    verdicts: dict = setting(kind=OBJECT)  # {scheme: {claim: verdict}} and {"scaled init helps <arm>": verdict}
-    lns_verdicts: dict | None = setting(None, OBJECT)  # with an LNS arm only
+    verdicts: dict = setting(kind=VERDICTS)  # {scheme: {claim: Verdict}} and {"scaled init helps ARM": Verdict}
+    lns_verdicts: dict | None = setting(None, BY_SCHEME)  # with an LNS arm only
     SPARSE = True  # lns_verdicts, the one field that may be None, left out of the file without an LNS arm
 
 
@@ -92,9 +117,9 @@ def _claim_sentences(result: StudyResult, found_by_scheme: dict, tested: str, pa
         for claim, found in found_by_scheme[scheme].items():
             form = FIGURES[CLAIMS[claim][0]][1]
             sentences.append(
-                f"**{claim}** ({tested}, {scheme} init): {found['outcome']}. {tested} {form.format(found['tested'])} "
-                f"vs Pre-LN {form.format(found['baseline'])} ({paper}: {found['direction']} for {tested}); gap "
-                f"{form.format(found['gap'])}, spread between seeds {form.format(found['spread'])}.")
+                f"**{claim}** ({tested}, {scheme} init): {found.outcome}. {tested} {form.format(found.tested)} "
+                f"vs Pre-LN {form.format(found.baseline)} ({paper}: {found.direction} for {tested}); gap "
+                f"{form.format(found.gap)}, spread between seeds {form.format(found.spread)}.")
     return sentences
 
 
@@ -103,10 +128,10 @@ def verdict_sentences(result: StudyResult) -> list[str]:
     if result.lns_verdicts is not None:
         sentences += _claim_sentences(result, result.lns_verdicts, "LNS", "the LNS paper")
     for key, found in result.verdicts.items():
-        if key.startswith("scaled init helps"):
-            sentences.append(f"**{key}**: {found['outcome']}. Final validation perplexity {found['tested']:.2f} "
-                             f"scaled vs {found['baseline']:.2f} plain; gap {found['gap']:.2f}, spread between "
-                             f"seeds {found['spread']:.2f}.")
+        if key.startswith(SCALED_INIT):
+            sentences.append(f"**{key}**: {found.outcome}. Final validation perplexity {found.tested:.2f} "
+                             f"scaled vs {found.baseline:.2f} plain; gap {found.gap:.2f}, spread between "
+                             f"seeds {found.spread:.2f}.")
     return sentences
 
 

@@ -54,7 +54,7 @@ class TrainedRun(Record):
     grad_norm_steps: list = setting(kind=NUMBER_ROWS)  # per-block norms of the first steps
 
 
-TRAINED_RUNS = Nested(TrainedRun, "a training run", many="list")
+TRAINED_RUNS = Nested(TrainedRun, "a training run", many=True)
 # the row of no Post-LN block (the original's scores again) has its fields in this order in the file
 ZERO_ROW_ORDER = ("post_ln_layers", "alphas", "converted", "healed", "trained", "analysis", "times", "gradients_from",
                   "grad_norm_cv", "post_pre_grad_ratio", "grad_steps")
@@ -110,7 +110,7 @@ class SweepResult(Result):
     original: Original = setting(kind=Nested(Original, "the original's stage"))
     control: list[TrainedRun] = setting(kind=TRAINED_RUNS)  # Pre-LN, one per seed ([] without training)
     lns: list[TrainedRun] = setting(kind=TRAINED_RUNS)  # the LNS retrofit likewise ([] without --lns)
-    rows: list[AlphaRow] = setting(kind=Nested(AlphaRow, "a sweep's row", many="list"))
+    rows: list[AlphaRow] = setting(kind=Nested(AlphaRow, "a sweep's row", many=True))
     recommendation: Recommendation = setting(kind=Nested(Recommendation, "a recommendation"))
     times: dict = setting(kind=Kind())  # stage -> seconds; an alpha's -> {its step: seconds}
 
@@ -184,12 +184,11 @@ def verdict_sentences(result: SweepResult) -> list[str]:
 def _lns_sentence(result: SweepResult) -> str:
     """The LNS retrofit against the Pre-LN control: a difference is called only beyond the spread between seeds."""
     found = verdict(_ppls(result.lns), _ppls(result.control), "lower")
-    outcome = {"reproduced": "LNS is lower", "not reproduced": "LNS is higher"}.get(found["outcome"],
-                                                                                    found["outcome"])
+    outcome = {"reproduced": "LNS is lower", "not reproduced": "LNS is higher"}.get(found.outcome, found.outcome)
     return (f"The LNS retrofit (every block's norm gains x sqrt(l): the original's function until trained), "
-            f"trained like the control: validation perplexity {found['tested']:.2f} vs Pre-LN control "
-            f"{found['baseline']:.2f} ({len(result.lns)} seed(s)); {outcome} (gap {found['gap']:+.2f}, spread "
-            f"between seeds {found['spread']:.2f}).")
+            f"trained like the control: validation perplexity {found.tested:.2f} vs Pre-LN control "
+            f"{found.baseline:.2f} ({len(result.lns)} seed(s)); {outcome} (gap {found.gap:+.2f}, spread "
+            f"between seeds {found.spread:.2f}).")
 
 
 def plot_perplexity(result: SweepResult, path: Path) -> None:

@@ -22,7 +22,7 @@ from ..data.corpus import check_text
 from ..data.shards import is_tokens_folder
 from ..io.paths import checkpoint_path
 from ..io.records import METRICS, read_metrics
-from ..report.study import CLAIMS, LNS_CLAIMS, StudyResult, StudyRow, write_study_report
+from ..report.study import CLAIMS, LNS_CLAIMS, SCALED_INIT, StudyResult, StudyRow, write_study_report
 from ..training.recipe import Conversion, Recipe
 from ..training.summary import TrainSummary
 from .options import STUDY_SCHEMES, StudyOptions
@@ -176,7 +176,7 @@ def verdicts(result: StudyResult) -> dict:
     found = _claims(result, mix_arm, CLAIMS)
     if set(STUDY_SCHEMES) <= set(result.schemes):
         for arm in (pre_arm, mix_arm, *(a for a in result.arms if a == LNS_ARM)):
-            found[f"scaled init helps {arm.split(' ')[0]}"] = verdict(
+            found[f"{SCALED_INIT} {arm.split(' ')[0]}"] = verdict(
                 _values(result, "scaled", arm, "final_val_ppl"), _values(result, "plain", arm, "final_val_ppl"),
                 "lower")
     return found
