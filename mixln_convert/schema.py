@@ -232,8 +232,8 @@ class ByName(Kind):
     def record(self, value, where: str, key: str):
         if not isinstance(value, dict):
             raise MixLNError(f"{where}: {key}: must be {self.describe()}, got {shown(repr(value))}")
-        return {name: item if item is None and self.or_none else self.item.record(item, where, f"{key}.{name}")
-                for name, item in value.items()}
+        return {name: item if item is None and self.or_none else self.item.record(
+            item, where, f"{key}.{name}" if key else name) for name, item in value.items()}
 
 
 class PathText(Text):

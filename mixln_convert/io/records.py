@@ -80,20 +80,20 @@ class Record:
     SPARSE: ClassVar[bool] = False  # a field that is None (not measured) is left out of the file
 
     def to_dict(self) -> dict:
-        return {f.name: _plain(value) for f in dataclasses.fields(self)
+        return {f.name: plain(value) for f in dataclasses.fields(self)
                 if not ((value := getattr(self, f.name)) is None and self.SPARSE)}
 
 
-def _plain(value):
-    """A field's value as JSON holds it: a nested record (or a list or object of them) as its own ``to_dict`` says."""
+def plain(value):
+    """A value as JSON holds it: a record (or a list or object of them) as its own ``to_dict`` says."""
     if isinstance(value, Record):
         return value.to_dict()
     if dataclasses.is_dataclass(value):
         return dataclasses.asdict(value)
     if isinstance(value, list):
-        return [_plain(item) for item in value]
+        return [plain(item) for item in value]
     if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
+        return {key: plain(item) for key, item in value.items()}
     return copy.deepcopy(value)
 
 

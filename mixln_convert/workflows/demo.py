@@ -7,12 +7,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..analysis.result import Analysis
 from ..evaluation.options import EVAL_DATA, Measured, measured_on
 from ..fetch import cache_dir
 from ..io.loader import open_checkpoint
 from ..io.paths import checkpoint_path
 from ..options import check_force_or_resume
+from ..schema import ByName, Nested
 from ..training.recipe import Recipe, load_recipe
+from ..training.summary import TrainSummary
 from .options import CPU_RECIPE, CPU_STEP_TOKENS, DemoOptions
 from .runs import Stages, claim_run
 from .train import check_launch, train
@@ -60,11 +63,11 @@ def _demo(out: Path, options: DemoOptions, recipe: Recipe, resume: bool) -> "Com
              f"-> {out / 'train'}")
     stages = Stages(resume)
     # training resumes within an arm itself: the stage works in its folder
-    summaries = stages.run("train", out / "train", lambda folder: {
-        arm: summary.to_dict() for arm, summary in train(recipe, folder, resume=True).items()}, atomic=False)
+    summaries = stages.record(ByName(Nested(TrainSummary, TrainSummary.WHAT)), "train", out / "train",
+                              lambda folder: train(recipe, folder, resume=True), atomic=False)
     for summary in summaries.values():
-        log.info(f"      {summary['arm']}: validation perplexity {summary['initial_val_ppl']:.2f} -> "
-                 f"{summary['final_val_ppl']:.2f} ({where})")
+        log.info(f"      {summary.arm}: validation perplexity {summary.initial_val_ppl:.2f} -> "
+                 f"{summary.final_val_ppl:.2f} ({where})")
     log.info(f"      (conversion, heal and training{_took(stages, 'train') or ': finished by an earlier run'})")
     checkpoints = {
         "original": recipe.source,
@@ -78,12 +81,13 @@ def _demo(out: Path, options: DemoOptions, recipe: Recipe, resume: bool) -> "Com
     swept = ("original", "mixln-trained", "preln-trained")
     log.info(f"[3/4] analysis of {', '.join(checkpoints)} ({where}; the layer sweep of {', '.join(swept)})")
     for name, ckpt in checkpoints.items():
-        result = stages.run(name, out / "analysis" / name, lambda folder, ckpt=ckpt, sweep=name in swept: analyze(
-            ckpt, folder, seq_len=recipe.seq_len, max_tokens=eval_tokens, layer_sweep=sweep,
-            prune_curve=options.prune_curve and sweep, generate=True, force=True).to_dict())
+        result = stages.record(Nested(Analysis, Analysis.WHAT), name, out / "analysis" / name,
+                               lambda folder, ckpt=ckpt, sweep=name in swept: analyze(
+                                   ckpt, folder, seq_len=recipe.seq_len, max_tokens=eval_tokens, layer_sweep=sweep,
+                                   prune_curve=options.prune_curve and sweep, generate=True, force=True))
         took = _took(stages, name)
-        log.info(f"      {name}: perplexity {result['perplexity']:.2f}; greedy continuations repeat "
-                 f"{result['generation']['repeated_4gram_share']:.1%} of their 4-grams"
+        log.info(f"      {name}: perplexity {result.perplexity:.2f}; greedy continuations repeat "
+                 f"{result.generation.repeated_4gram_share:.1%} of their 4-grams"
                  f"{f' (analysis{took})' if took else ''}")
     log.info(f"[4/4] report -> {out / 'report'}")
     return compare([out / "analysis" / name for name in checkpoints] + [out / "train"], out / "report",

@@ -15,7 +15,7 @@ from pathlib import Path
 from ..errors import MixLNError
 from ..io.atomic import atomic_output_dir, hold
 from ..io.paths import check_destination
-from ..io.records import RunRecord, changed_setting, read_json, write_json
+from ..io.records import RunRecord, changed_setting, plain, read_json, write_json
 from ..options import FORCE, OUT, RESUME
 from ..schema import Kind, String, read_record, setting
 
@@ -160,11 +160,11 @@ class Stages:
             claim.working()
         return result
 
-    def record(self, cls, what: str, name: str, folder: Path, work, atomic: bool = True):
-        """:meth:`run` of a stage whose ``work`` returns a record of ``cls``: written as its ``to_dict``, read back
-        (the same, or what a resume finds) as one, checked (``what`` it is, in errors)."""
-        result = self.run(name, folder, lambda tmp: work(tmp).to_dict(), atomic)
-        return read_record(cls, result, str(folder / STAGE_RESULT), what)
+    def record(self, kind: Kind, name: str, folder: Path, work, atomic: bool = True):
+        """:meth:`run` of a stage whose ``work`` returns records: written as JSON, read back (the same, or what a
+        resume finds) with ``kind`` (a record's :class:`~mixln_convert.schema.Nested`, or a ``ByName`` of them)."""
+        result = self.run(name, folder, lambda tmp: plain(work(tmp)), atomic)
+        return kind.record(result, str(folder / STAGE_RESULT), "")
 
 
 def write_checked(file: Path, result) -> None:

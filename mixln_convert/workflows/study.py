@@ -23,6 +23,7 @@ from ..data.shards import is_tokens_folder
 from ..io.paths import checkpoint_path
 from ..io.records import METRICS, read_metrics
 from ..report.study import CLAIMS, LNS_CLAIMS, SCALED_INIT, StudyResult, StudyRow, write_study_report
+from ..schema import Nested
 from ..training.recipe import Conversion, Recipe
 from ..training.summary import TrainSummary
 from .options import STUDY_SCHEMES, StudyOptions
@@ -97,7 +98,7 @@ def _study(out: Path, plans: list, options, source, resume: bool, progress: bool
     resume) typed."""
     data = plans[0].recipe.data
     started, stages = time.time(), Stages(resume)
-    runs = [stages.record(StudyRow, "a study's run", plan.name, plan.folder, lambda folder, plan=plan: _run(
+    runs = [stages.record(Nested(StudyRow, "a study's run"), plan.name, plan.folder, lambda folder, plan=plan: _run(
         plan, stages, options.eval_tokens, progress), atomic=False) for plan in plans]
     result = StudyResult(
         source=str(source), recipe=options.recipe, overrides=list(options.overrides), alpha=options.alpha,
@@ -124,9 +125,9 @@ def _run(plan: StudyRun, stages: Stages, eval_tokens: int, progress: bool) -> St
 
     summary = train(plan.recipe, plan.folder, arms=(plan.engine_arm,), resume=True, progress=progress)[plan.engine_arm]
     final = plan.folder / plan.engine_arm / "final"
-    analysis = stages.record(Analysis, Analysis.WHAT, f"{plan.name} analysis", plan.folder / "analysis", lambda tmp: (
-        analyze(final, tmp, data=analysis_text(plan.recipe), seq_len=plan.recipe.seq_len, max_tokens=eval_tokens,
-                force=True, progress=progress)))
+    analysis = stages.record(Nested(Analysis, Analysis.WHAT), f"{plan.name} analysis", plan.folder / "analysis",
+                             lambda tmp: analyze(final, tmp, data=analysis_text(plan.recipe), max_tokens=eval_tokens,
+                                                 seq_len=plan.recipe.seq_len, force=True, progress=progress))
     return StudyRow(scheme=plan.scheme, seed=plan.seed, arm=plan.arm, folder=str(plan.folder),
                     **measure(plan.folder / plan.engine_arm, summary, analysis))
 

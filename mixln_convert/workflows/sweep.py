@@ -25,6 +25,7 @@ from ..io.records import METRICS, read_metrics
 from ..options import check_force_or_resume
 from ..report.sweep import (AlphaRow, Original, Profile, Recommendation, Scores, SweepResult, TrainedRun,
                             write_sweep_report)
+from ..schema import Nested
 from ..training import Recipe, load_recipe
 from .options import CPU_RECIPE, MAX_GRAD_RATIO, MAX_PPL_INCREASE, SweepOptions
 from .runs import STAGE_RESULT, Stages, claim_run, timed
@@ -124,14 +125,16 @@ def _sweep(src: str, out: Path, options: SweepOptions, source, counts: dict, tra
     data, eval_tokens, num_layers = options.data, options.eval_tokens, source.config["num_hidden_layers"]
     stages = Stages(resume)
     times = {"stages_s": stages.times}
-    original = stages.record(Original, "the original's stage", "original", out / "original", lambda tmp: Original(
-        _scores(src, eval_tokens, progress), _analysis(src, tmp, eval_tokens, progress)))
+    original = stages.record(Nested(Original, "the original's stage"), "original", out / "original",
+                             lambda tmp: Original(_scores(src, eval_tokens, progress),
+                                                  _analysis(src, tmp, eval_tokens, progress)))
 
     def seeded(arm: str, name: str) -> list[TrainedRun]:
         """``arm`` trained once per seed from the source, on the data and order of the alphas' seeds."""
-        return [stages.record(TrainedRun, "a training run", f"{name} (seed {seed})", out / f"{name}-seed{seed}",
-                      lambda tmp, recipe=training.replace(options.flag("seeds"), seed=seed):
-                      _train(recipe, tmp / "train", arm, progress))
+        run = Nested(TrainedRun, "a training run")
+        return [stages.record(run, f"{name} (seed {seed})", out / f"{name}-seed{seed}",
+                              lambda tmp, recipe=training.replace(options.flag("seeds"), seed=seed):
+                              _train(recipe, tmp / "train", arm, progress))
                 for seed in range(options.seeds)]
 
     controls = seeded("preln", "control") if options.train_tokens else []
@@ -144,8 +147,9 @@ def _sweep(src: str, out: Path, options: SweepOptions, source, counts: dict, tra
     for i, (n, given) in enumerate(sorted(counts.items()), 1):
         log.info(f"[alpha {i}/{len(counts)}] alpha {', '.join(f'{a:g}' for a in given)}: {n} of {num_layers} blocks "
                  "Post-LN")
-        row = stages.record(AlphaRow, "a sweep's row", f"post-ln-{n}", _folder(out, n), lambda tmp, n=n, given=given:
-                            _alpha(src, tmp, n, given, stats, options, training, original, controls, progress))
+        row = stages.record(Nested(AlphaRow, "a sweep's row"), f"post-ln-{n}", _folder(out, n),
+                            lambda tmp, n=n, given=given: _alpha(src, tmp, n, given, stats, options, training,
+                                                                 original, controls, progress))
         log.info(f"      converted {row.converted.perplexity:.2f} (original {original.scores.perplexity:.2f})"
                  + (f", healed {row.healed.perplexity:.2f}" if row.healed else ""))
         rows.append(row)
