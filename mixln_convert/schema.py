@@ -398,12 +398,13 @@ def declared(cls) -> dict[str, tuple[dataclasses.Field, Setting]]:
     return {f.name: (f, f.metadata["setting"]) for f in dataclasses.fields(cls) if "setting" in f.metadata}
 
 
-def flag(f: dataclasses.Field) -> str:
-    """The option naming field ``f`` ('--max-tokens'); a field that is no option by its name."""
+def flag(f: dataclasses.Field, off: bool = False) -> str:
+    """The option naming field ``f`` ('--max-tokens'; ``off``: a switch's off side, '--no-layer-sweep'); a field that
+    is no option by its name."""
     found = f.metadata.get("setting")
     if found is None or found.help is None:
         return f.name
-    return (found.flag or f"--{f.name.replace('_', '-')}").split("/")[0]
+    return (found.flag or f"--{f.name.replace('_', '-')}").split("/")[-1 if off else 0]
 
 
 def same_as(cls, name: str, **changes):
@@ -419,9 +420,13 @@ class Declared:
     """A dataclass of declared settings, naming them as its options do."""
 
     @classmethod
-    def flag(cls, name: str) -> str:
+    def flag(cls, name: str, off: bool = False) -> str:
         """The option naming the setting ``name`` (:func:`flag`), for a message written outside the declaration."""
-        return flag(declared(cls)[name][0])
+        return flag(declared(cls)[name][0], off)
+
+    def flagged(self, *names: str) -> dict:
+        """{option: value} of the settings ``names``: what a run records of them (its run.json), by their options."""
+        return {self.flag(name): getattr(self, name) for name in names}
 
 
 def default_of(f: dataclasses.Field):

@@ -20,6 +20,7 @@ from .. import __version__
 from ..architectures import architecture_of_any
 from ..conversion.options import ConvertOptions
 from ..errors import shown, warn
+from ..evaluation.options import EvalOptions
 from ..export.options import ExportOptions
 from ..healing.options import HealCommand, HealOptions
 from ..surgery.options import PruneOptions
@@ -295,7 +296,7 @@ def _done(config: dict, history: History, origin: str | None, trained: Training 
 def _export(exported: Export) -> str:
     folded = (" LayerNorm Scaling's 1/sqrt(l) folded into each block's norm gains;"
               if exported.folded_layernorm_scaling else "")
-    return (f"Exported with `mixln-convert export --to llama` from {_name(exported.source or '')} "
+    return (f"Exported with `mixln-convert export {_export_to(exported)}` from {_name(exported.source or '')} "
             f"(model type `{exported.source_model_type}`) as a plain `{exported.architecture}`:"
             f"{folded} the same logits, no remote code.")
 
@@ -380,8 +381,7 @@ def _convert_options(history: History) -> str:
         given |= {"calibration_tokens": calibration.tokens, "calibration_seq_len": calibration.seq_len}
     if provenance.seed is not None and strategy in ("reinit-post", "scratch"):
         given["seed"] = provenance.seed
-    # a switch is declared on side first: --scaled-init/--no-scaled-init
-    no_scaled_init = f" --no-{ConvertOptions.flag('scaled_init')[2:]}" if provenance.scaled_init is False else ""
+    no_scaled_init = f" {ConvertOptions.flag('scaled_init', off=True)}" if provenance.scaled_init is False else ""
     return _given(ConvertOptions, **given) + no_scaled_init
 
 
@@ -453,7 +453,8 @@ def _measured(heal: Heal | None, trained: Training | None) -> list:
                             f"{validation.seq_len})."))
     if not blocks:
         blocks.append(("p", "No quality figure was measured on the way to this model. `mixln-convert eval` "
-                            "measures perplexity; `mixln-convert eval --tasks` scores lm-evaluation-harness tasks."))
+                            f"measures perplexity; `mixln-convert eval {EvalOptions.flag('tasks')}` scores "
+                            "lm-evaluation-harness tasks."))
     return blocks
 
 

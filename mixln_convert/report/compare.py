@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..analysis.measures import coefficient_of_variation, deep_half
+from ..analysis.options import AnalyzeOptions
 from ..analysis.result import Analysis
 from ..errors import MixLNError
 from ..evaluation.options import Evaluated, Measured, measured_on
@@ -368,8 +369,8 @@ def _analysis_sentences(models: list[Model], numbers: dict[str, ModelNumbers], e
     if layered:
         sentences += _layer_sentences(layered, estimates)
     else:
-        sentences.append("No analysis holds the layer sweep (each was made with --no-layer-sweep), so no layer "
-                         "comparison.")
+        sentences.append(f"No analysis holds the layer sweep (each was made with "
+                         f"{AnalyzeOptions.flag('layer_sweep', off=True)}), so no layer comparison.")
     during = [numbers[m.label] for m in models if numbers[m.label].training_grad_norm_cv is not None]
     if during:  # one training step's gradient: no windows to resample
         sentences.append(_ranking("The same at the last logged training step (one minibatch, no interval)",
@@ -407,7 +408,7 @@ def _layer_sentences(layered: list[ModelNumbers], estimates: dict) -> list[str]:
 def _pruning_sentence(analysed: list[ModelNumbers], found: dict) -> str:
     curves = [f for f in analysed if f.prune is not None]
     if not curves:
-        return "No pruning curves given (make them with `mixln-convert analyze --prune-curve`)."
+        return f"No pruning curves given (make them with `mixln-convert analyze {AnalyzeOptions.flag('prune_curve')}`)."
     reached = [f for f in curves if f.prune[PRUNE_VERDICT]]
     if not reached:
         return f"The pruning curves do not reach N = {PRUNE_VERDICT} removed blocks, so no pruning comparison."

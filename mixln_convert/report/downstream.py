@@ -9,6 +9,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from ..analysis.measures import deep_half
+from ..analysis.options import AnalyzeOptions
 from ..analysis.plots import save, scale_layer_drop_axis, task_drop_file
 from ..io.records import NUMBER, Record
 from ..schema import POSITIVE_NUMBER, TOKENS, TOKENS_OR_ZERO, Flag, String, setting
@@ -63,8 +64,8 @@ def downstream_blocks(numbers: dict) -> list:
         rows = [[f.label, f.layout, *(_task_cell(f.tasks.get(task)) for task in tasks)]
                 for f in numbers.values() if f.tasks is not None]
         blocks += [("h2", "Downstream tasks"), ("table", header, rows),
-                   ("p", "lm-evaluation-harness metrics of `mixln-convert analyze --task`; in brackets the mean "
-                         "change of the metric when one block of the deeper half is skipped.")]
+                   ("p", f"lm-evaluation-harness metrics of `mixln-convert analyze {AnalyzeOptions.flag('tasks')}`; "
+                         "in brackets the mean change of the metric when one block of the deeper half is skipped.")]
     if documents := [f for f in numbers.values() if f.per_document is not None]:
         rows = [[f.label, f.layout, f"{d.documents:,}", f"{d.tokens:,}", f"{d.token_perplexity:,.2f}",
                  f"{d.word_perplexity:,.2f}", f"{d.bits_per_byte:.4f}"]
@@ -72,8 +73,8 @@ def downstream_blocks(numbers: dict) -> list:
         blocks += [("h2", "Per-document perplexity"),
                    ("table", ["model", "layout", "documents", "tokens", "token perplexity", "word perplexity",
                               "bits per byte"], rows),
-                   ("p", "Each held-out document scored on its own from its first token (`analyze --per-document`, "
-                         "lm-evaluation-harness's rolling loglikelihood).")]
+                   ("p", "Each held-out document scored on its own from its first token (`analyze "
+                         f"{AnalyzeOptions.flag('per_document')}`, lm-evaluation-harness's rolling loglikelihood).")]
     return blocks
 
 

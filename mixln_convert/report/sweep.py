@@ -14,6 +14,7 @@ from ..analysis.result import NUMBER_ROWS
 from ..io.records import LAYER_COUNT, NUMBER, NUMBER_LIST, POST_LN_COUNT, SECONDS, STRINGS, Record, Result
 from ..schema import (NONNEGATIVE, POSITIVE_NUMBER, SEED, TOKENS, TOKENS_OR_ZERO, ByName, Count, Kind, Nested, String,
                       setting)
+from ..workflows.options import SweepOptions
 from .render import MISSING, mean_and_range, write_report
 
 
@@ -146,7 +147,8 @@ def verdict_sentences(result: SweepResult) -> list[str]:
     """The recommendation and, plainly, whether any alpha beats the control."""
     recommendation = result.recommendation
     original = result.original.scores.perplexity
-    sentences = [f"Rule: {recommendation.rule} (`--max-ppl-increase`, `--max-grad-ratio`)."]
+    sentences = [f"Rule: {recommendation.rule} (`{SweepOptions.flag('max_ppl_increase')}`, "
+                 f"`{SweepOptions.flag('max_grad_ratio')}`)."]
     if recommendation.post_ln_layers is None:
         sentences.append("No alpha passes the rule: on this model and budget, keep Pre-LN or give the conversion "
                          "more healing or training.")
@@ -176,8 +178,8 @@ def verdict_sentences(result: SweepResult) -> list[str]:
                    default=None)
         if best is not None and best >= original:
             sentences.append(f"No Mix-LN layout beats the original Pre-LN model ({original:.2f}) without training: "
-                             "conversion and heal only limit the loss (`--train-tokens` compares against a trained "
-                             "Pre-LN control).")
+                             f"conversion and heal only limit the loss (`{SweepOptions.flag('train_tokens')}` compares "
+                             "against a trained Pre-LN control).")
     return sentences
 
 

@@ -1,7 +1,9 @@
 """The compare report's tables and the order of its blocks (rendered by :mod:`.render`)."""
 
+from ..analysis.options import AnalyzeOptions
 from ..analysis.plots import checkpoint_name
 from ..evaluation.options import Measured, measured_on
+from ..workflows.options import DemoOptions
 from .compare import ModelNumbers
 from .downstream import downstream_blocks
 from .inputs import PRUNE_FRACTIONS, Model
@@ -12,9 +14,9 @@ PPL_NOTE = ("Validation perplexity is measured by the training run (summary.json
             "perplexity by `mixln-convert analyze` (analysis.json), each on the text, token count and window "
             "length in its 'measured on' column; at the defaults both score the same windows and agree. A window "
             "of S tokens scores S - 1 next-token predictions (its first token has nothing before it): W windows "
-            "hold W x S tokens, the count `--eval-tokens` asks for and the demo's console prints, and score "
-            "W x (S - 1), the count each perplexity rests on. Brackets: 95% bootstrap interval over the n "
-            "evaluation windows.")
+            f"hold W x S tokens, the count `{DemoOptions.flag('eval_tokens')}` asks for and the demo's console "
+            "prints, and score W x (S - 1), the count each perplexity rests on. Brackets: 95% bootstrap interval "
+            "over the n evaluation windows.")
 
 
 def _ppl(value) -> str:
@@ -121,8 +123,8 @@ def report_blocks(models: list[Model], numbers: dict[str, ModelNumbers], summary
     if rows := continuation_rows(models):
         writers = [m for m in models if m.analysis and m.analysis.generation]
         blocks += [("h2", "What the models write"),
-                   ("p", "Greedy continuations of the first fixed prompts (`analyze --generate`; all of them in "
-                         "analysis.json), cut at 160 characters."),
+                   ("p", "Greedy continuations of the first fixed prompts (`analyze "
+                         f"{AnalyzeOptions.flag('generate')}`; all of them in analysis.json), cut at 160 characters."),
                    ("table", ["prompt", *(m.label for m in writers)], rows)]
     blocks += downstream_blocks(numbers)
     if images:

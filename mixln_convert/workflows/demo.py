@@ -104,10 +104,9 @@ def _demo_plan(options: DemoOptions) -> tuple[str | None, Recipe, dict]:
                             eval_interval=max(1, options.train_tokens // CPU_STEP_TOKENS))
     # the heal budget is checked here, once, against the recipe's heal step, naming the demo's flag
     recipe = recipe.replace(options.flag("heal_tokens"), heal=replace(recipe.heal, tokens=options.heal_tokens))
-    settings = {"--source": source, "--alpha": options.alpha, "--heal-tokens": options.heal_tokens,
-                "--train-tokens": options.train_tokens, "--eval-tokens": options.eval_tokens,
-                # the lr: a demo before it was the recipe's
-                "--prune-curve": options.prune_curve, "optim.lr": recipe.optim.lr}
+    settings = {options.flag("source"): source,
+                **options.flagged("alpha", "heal_tokens", "train_tokens", "eval_tokens", "prune_curve"),
+                "optim.lr": recipe.optim.lr}  # the lr: a demo before it was the recipe's
     open_checkpoint(recipe.source)  # a bad --source is refused before --force empties out (opened once: cached)
     return source, recipe, settings
 

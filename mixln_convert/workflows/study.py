@@ -84,10 +84,10 @@ def study(source, out, options: StudyOptions | None = None, *, resume: bool = Fa
         if text is not None and not is_tokens_folder(text):
             check_text(text, f"data.{key}")
     settings = {"SRC": str(Path(source).absolute()), "SRC's files": open_checkpoint(source).fingerprint(),
-                "--recipe and --set": plans[0].recipe.to_dict(), "--alpha": options.alpha, "--seeds": options.seeds,
-                "--init": list(options.schemes), "--post-ln": options.post_ln, "--eval-tokens": options.eval_tokens}
+                "--recipe and --set": plans[0].recipe.to_dict(), **options.flagged("alpha", "seeds"),
+                options.flag("schemes"): list(options.schemes), **options.flagged("post_ln", "eval_tokens")}
     if options.lns:  # recorded only when given: a study begun before the LNS arm existed still resumes
-        settings["--lns"] = True
+        settings[options.flag("lns")] = True
     with claim_run(out, "study", settings, {"SRC": source}, resume, force_hint=False) as claim:
         claim.start()
         return _study(claim.path, plans, options, source, resume, progress)

@@ -93,10 +93,10 @@ def _plan(src: str, options: SweepOptions, resume: bool, force: bool):
     # what every stage's result depends on, which a resume must find unchanged (not the alphas: each block
     # count is a stage of its own, so a resume may add some; not the rule: it only reads the results)
     settings = {"SRC": str(Path(src).absolute()), "SRC's files": source.fingerprint(),
-                "--heal-tokens": options.heal_tokens, "--train-tokens": options.train_tokens,
-                "--data": data_fingerprint(data), "--seeds": options.seeds, "--eval-tokens": options.eval_tokens}
+                **options.flagged("heal_tokens", "train_tokens"), options.flag("data"): data_fingerprint(data),
+                **options.flagged("seeds", "eval_tokens")}
     if options.lns:  # recorded only when given: a sweep begun before the LNS arm existed still resumes
-        settings["--lns"] = True
+        settings[options.flag("lns")] = True
     counts: dict[int, list[float]] = {}
     for alpha in options.alphas:  # equal counts run once
         counts.setdefault(post_ln_count(source.config["num_hidden_layers"], alpha, None), []).append(alpha)
