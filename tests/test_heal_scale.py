@@ -183,7 +183,8 @@ def test_a_damaged_last_checkpoint_is_skipped_for_the_one_before(whole, moved, t
     out = tmp_path / "healed"
     work = _killed_at(moved, tiny_llama, out, 8)
     saved = sorted(work.glob("step-*.pt"), key=lambda f: int(f.stem[5:]))
-    assert len(saved) == 2, saved  # the last two are kept
+    # the last two are kept; a kill between saving one and removing the oldest leaves three (saved first: safe)
+    assert len(saved) in (2, 3) and int(saved[-1].stem[5:]) >= 6, saved
     saved[-1].write_bytes(saved[-1].read_bytes()[:100])  # cut short, as a full disk might have left it
     resumed = cli("heal", moved, "--teacher", tiny_llama, "--out", out, *ARGS, "--checkpoint-interval", 3, "--resume")
     assert resumed.exit_code == 0, resumed.output
